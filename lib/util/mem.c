@@ -1,0 +1,139 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "mem.h"
+
+#include <stdlib.h>
+#include <stdbool.h>
+#include <string.h>
+
+/* A counter rather than a flag so that a sweep can fail each allocation of a
+ * scenario in turn. Negative means "never fail". */
+static long fail_at = -1;
+static long alloc_count;
+
+static bool should_fail(void)
+{
+	long i = alloc_count++;
+
+	return fail_at >= 0 && i >= fail_at;
+}
+
+void efs_mem_fail_after(long n)
+{
+	alloc_count = 0;
+	fail_at = n;
+}
+
+void efs_mem_fail_reset(void)
+{
+	fail_at = -1;
+	alloc_count = 0;
+}
+
+long efs_mem_count(void)
+{
+	return alloc_count;
+}
+
+void *efs_mem_malloc(size_t size)
+{
+	if (should_fail())
+		return NULL;
+	return malloc(size ? size : 1);
+}
+
+void *efs_mem_calloc(size_t nmemb, size_t size)
+{
+	if (should_fail())
+		return NULL;
+	return calloc(nmemb ? nmemb : 1, size ? size : 1);
+}
+
+void *efs_mem_realloc(void *ptr, size_t size)
+{
+	if (should_fail())
+		return NULL;
+	return realloc(ptr, size ? size : 1);
+}
+
+void efs_mem_free(void *ptr)
+{
+	free(ptr);
+}
+
+void *efs_mem_memdup(const void *p, size_t n)
+{
+	void *q = efs_mem_malloc(n);
+
+	if (q && n)
+		memcpy(q, p, n);
+	return q;
+}
+
+char *efs_mem_strndup(const char *s, size_t n)
+{
+	size_t len = strnlen(s, n);
+	char *q = efs_mem_malloc(len + 1);
+
+	if (!q)
+		return NULL;
+	memcpy(q, s, len);
+	q[len] = '\0';
+	return q;
+}
+
+char *efs_mem_strdup(const char *s)
+{
+	return efs_mem_strndup(s, strlen(s));
+}
+
+static void *ng_malloc(size_t size, void *ud)
+{
+	return efs_mem_malloc(size);
+}
+
+static void ng_free(void *ptr, void *ud)
+{
+	efs_mem_free(ptr);
+}
+
+static void *ng_calloc(size_t nmemb, size_t size, void *ud)
+{
+	return efs_mem_calloc(nmemb, size);
+}
+
+static void *ng_realloc(void *ptr, size_t size, void *ud)
+{
+	return efs_mem_realloc(ptr, size);
+}
+
+nghttp2_mem *efs_mem_nghttp2(void)
+{
+	static nghttp2_mem mem = {
+		.malloc = ng_malloc,
+		.free = ng_free,
+		.calloc = ng_calloc,
+		.realloc = ng_realloc,
+	};
+
+	return &mem;
+}
+
+static void *pb_alloc(void *ud, size_t size)
+{
+	return efs_mem_malloc(size);
+}
+
+static void pb_free(void *ud, void *ptr)
+{
+	efs_mem_free(ptr);
+}
+
+ProtobufCAllocator *efs_mem_protobuf(void)
+{
+	static ProtobufCAllocator a = {
+		.alloc = pb_alloc,
+		.free = pb_free,
+	};
+
+	return &a;
+}

@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#pragma once
+
+#include <stddef.h>
+
+#include <nghttp2/nghttp2.h>
+#include <protobuf-c/protobuf-c.h>
+
+/*
+ * Every allocation in libetcfs goes through these, so that a test can make
+ * the Nth allocation fail (failmalloc) and check that each path unwinds
+ * cleanly with -ENOMEM. They never abort: callers check for NULL.
+ */
+void *efs_mem_malloc(size_t size);
+void *efs_mem_calloc(size_t nmemb, size_t size);
+void *efs_mem_realloc(void *ptr, size_t size);
+void efs_mem_free(void *ptr);
+char *efs_mem_strdup(const char *s);
+char *efs_mem_strndup(const char *s, size_t n);
+void *efs_mem_memdup(const void *p, size_t n);
+
+/*
+ * Failure injection. After efs_mem_fail_after(n), the allocation with index
+ * |n| (0-based, counted from this call) and every later one fails until
+ * efs_mem_fail_reset(). efs_mem_count() returns how many allocations were
+ * attempted since the last reset, to size a sweep. Loop thread only.
+ */
+void efs_mem_fail_after(long n);
+void efs_mem_fail_reset(void);
+long efs_mem_count(void);
+
+/* Allocator tables for the libraries we hand memory management to. */
+nghttp2_mem *efs_mem_nghttp2(void);
+ProtobufCAllocator *efs_mem_protobuf(void);

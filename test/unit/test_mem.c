@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "util/mem.h"
+
+TestSuite(mem, .fini = efs_mem_fail_reset, .timeout = 10);
+
+Test(mem, fail_after_fails_exactly_from_the_nth_allocation)
+{
+	void *a, *b;
+
+	efs_mem_fail_after(1);
+	a = efs_mem_malloc(16);
+	cr_assert_not_null(a);
+	b = efs_mem_malloc(16);
+	cr_assert_null(b);
+	cr_assert_null(efs_mem_strdup("x"));
+	cr_assert_eq(efs_mem_count(), 3);
+	efs_mem_fail_reset();
+	b = efs_mem_strdup("abc");
+	cr_assert_str_eq(b, "abc");
+	efs_mem_free(a);
+	efs_mem_free(b);
+}
+
+Test(mem, strndup_stops_at_nul_and_at_n)
+{
+	char *s = efs_mem_strndup("abcdef", 3);
+
+	cr_assert_str_eq(s, "abc");
+	efs_mem_free(s);
+	s = efs_mem_strndup("ab\0cd", 5);
+	cr_assert_str_eq(s, "ab");
+	efs_mem_free(s);
+}
+
+Test(mem, protobuf_and_nghttp2_tables_route_through_the_counter)
+{
+	ProtobufCAllocator *pa = efs_mem_protobuf();
+	nghttp2_mem *nm = efs_mem_nghttp2();
+	void *p;
+
+	efs_mem_fail_after(0);
+	cr_assert_null(pa->alloc(pa->allocator_data, 8));
+	cr_assert_null(nm->malloc(8, nm->mem_user_data));
+	efs_mem_fail_reset();
+	p = pa->alloc(pa->allocator_data, 8);
+	cr_assert_not_null(p);
+	pa->free(pa->allocator_data, p);
+}
