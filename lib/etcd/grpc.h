@@ -8,6 +8,7 @@
  * Unit-tested on its own (test/unit/test_grpc.c) and fuzzed.
  */
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -115,6 +116,25 @@ size_t efs_grpc_percent_decode(const uint8_t *in, size_t len, char *out, size_t 
  */
 int efs_grpc_status_to_errno(int code, const char *message, bool sent_mutation,
 			     bool *ret_unknown);
+
+/*
+ * Errnos of the table that callers must tell apart, each distinct from every
+ * other errno the table returns:
+ *  - EFS_ETCD_ECOMPACTED: "mvcc: required revision has been compacted"
+ *    (OUT_OF_RANGE); re-read at the latest revision.
+ *  - EFS_ETCD_EFUTUREREV: "mvcc: required revision is a future revision"
+ *    (OUT_OF_RANGE); this member is behind, retry later or elsewhere.
+ *  - EFS_ETCD_ELEASETTL: "etcdserver: too large lease TTL" (OUT_OF_RANGE).
+ * Other rows callers commonly test: -ETIMEDOUT (timed out, see
+ * ret_unknown), -EAGAIN (member cannot serve now: no leader, leader changed,
+ * not capable, learner, stopping), -ENOTCONN (other UNAVAILABLE), -ENOSPC
+ * (database space exceeded), -EBUSY (too many requests), -EMSGSIZE (request
+ * or message too large), -E2BIG (too many operations in txn), -ENOENT
+ * (requested lease not found), -EACCES (auth), -EPERM (permission denied).
+ */
+#define EFS_ETCD_ECOMPACTED (-ESTALE)
+#define EFS_ETCD_EFUTUREREV (-ERANGE)
+#define EFS_ETCD_ELEASETTL  (-EOVERFLOW)
 
 /* True when a token error asks for one re-authentication and a retry. */
 bool efs_grpc_is_auth_retry(int code, const char *message);

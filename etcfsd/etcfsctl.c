@@ -1,0 +1,1134 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * etcfsctl: administration commands. Each subcommand is one entry of the
+ * table at the end of this file; the etcd connection flags keep the names
+ * etcdctl users know and are shared by every subcommand.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <uv.h>
+
+#include "config.h"
+#include "etcd/etcd.h"
+#include "etcd/kv.h"
+#include "util/clock.h"
+#include "util/mem.h"
+
+/* Exit codes, shared by the subcommands and documented in usage(). */
+enum {
+	EXIT_FIT = 0,
+	EXIT_UNFIT = 1,
+	EXIT_USAGE = 2,
+	EXIT_NOCONNECT = 3,
+	EXIT_FAILED = 4,
+};
+
+static const char *prog = "etcfsctl";
+
+/* ---- etcd connection flags (shared by subcommands) ---- */
+
+struct conn_args {
+	char *endpoints; /* normalised, owned */
+	const char *cacert;
+	const char *cert;
+	const char *key;
+	char *user; /* owned */
+	char *password; /* owned */
+	uint32_t dial_timeout_ms;
+	uint32_t command_timeout_ms;
+};
+
+enum {
+	OPT_ENDPOINTS = 0x100,
+	OPT_CACERT,
+	OPT_CERT,
+	OPT_KEY,
+	OPT_USER,
+	OPT_PASSWORD,
+	OPT_DIAL_TIMEOUT,
+	OPT_COMMAND_TIMEOUT,
+	OPT_DURATION,
+	OPT_CONCURRENCY,
+	OPT_SAMPLES,
+	OPT_QUOTA,
+	OPT_HELP,
+};
+
+#define CONN_LONGOPTS                                                                      \
+	{"endpoints", required_argument, NULL, OPT_ENDPOINTS},                             \
+	{"cacert", required_argument, NULL, OPT_CACERT},                                   \
+	{"cert", required_argument, NULL, OPT_CERT},                                       \
+	{"key", required_argument, NULL, OPT_KEY},                                         \
+	{"user", required_argument, NULL, OPT_USER},                                       \
+	{"password", required_argument, NULL, OPT_PASSWORD},                               \
+	{"dial-timeout", required_argument, NULL, OPT_DIAL_TIMEOUT},                       \
+	{"command-timeout", required_argument, NULL, OPT_COMMAND_TIMEOUT},                 \
+	{"help", no_argument, NULL, OPT_HELP}
+
+static const char conn_help[] =
+	"etcd connection (the flag names of etcdctl):\n"
+	"  --endpoints URLS         comma-separated client URLs (default\n"
+	"                           http://127.0.0.1:2379); host:port without a scheme is\n"
+	"                           http://, or https:// when a TLS flag is given\n"
+	"  --cacert FILE            CA bundle to verify the servers (TLS)\n"
+	"  --cert FILE              client certificate (TLS client-cert auth)\n"
+	"  --key FILE               client private key\n"
+	"  --user USER[:PASS]       authenticate as USER\n"
+	"  --password PASS          password for --user (else USER:PASS, else prompted\n"
+	"                           on a terminal)\n"
+	"  --dial-timeout SECONDS   connect + TLS handshake limit (default 2)\n"
+	"  --command-timeout SECONDS  deadline of each call (default 5)\n";
+
+static int parse_seconds_ms(const char *s, uint32_t *ret_ms)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || *end || !(v > 0) || v > 86400)
+		return -EINVAL;
+	*ret_ms = (uint32_t)(v * 1000.0 + 0.5);
+	return 0;
+}
+
+static int parse_uint(const char *s, unsigned long max, unsigned long *ret)
+{
+	char *end;
+	unsigned long v;
+
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || end == s || *end || v == 0 || v > max || s[0] == '-')
+		return -EINVAL;
+	*ret = v;
+	return 0;
+}
+
+/* Adds a scheme to endpoints given as host:port. */
+static char *normalise_endpoints(const char *in, bool tls)
+{
+	size_t cap = strlen(in) * 2 + 16, len = 0;
+	char *out = efs_mem_malloc(cap);
+	const char *p = in;
+
+	if (!out)
+		return NULL;
+	out[0] = '\0';
+	while (*p) {
+		size_t n = strcspn(p, ",");
+		const char *scheme = "";
+
+		if (n > 0) {
+			if (!memmem(p, n, "://", 3))
+				scheme = tls ? "https://" : "http://";
+			len += (size_t)snprintf(out + len, cap - len, "%s%s%.*s", len ? "," : "",
+						scheme, (int)n, p);
+		}
+		p += n;
+		if (*p == ',')
+			p++;
+	}
+	return out;
+}
+
+/*
+ * Handles one shared connection option. Returns 1 when |opt| was one, 0
+ * when it is not, -EINVAL (after printing why) for a bad value.
+ */
+static int conn_args_option(struct conn_args *a, int opt, const char *val)
+{
+	switch (opt) {
+	case OPT_ENDPOINTS:
+		efs_mem_free(a->endpoints);
+		a->endpoints = efs_mem_strdup(val);
+		return a->endpoints ? 1 : -ENOMEM;
+	case OPT_CACERT:
+		a->cacert = val;
+		return 1;
+	case OPT_CERT:
+		a->cert = val;
+		return 1;
+	case OPT_KEY:
+		a->key = val;
+		return 1;
+	case OPT_USER: {
+		const char *colon = strchr(val, ':');
+
+		efs_mem_free(a->user);
+		a->user = colon ? efs_mem_strndup(val, (size_t)(colon - val)) : efs_mem_strdup(val);
+		if (!a->user)
+			return -ENOMEM;
+		if (colon && !a->password) {
+			a->password = efs_mem_strdup(colon + 1);
+			if (!a->password)
+				return -ENOMEM;
+		}
+		if (!a->user[0]) {
+			fprintf(stderr, "%s: --user needs a user name\n", prog);
+			return -EINVAL;
+		}
+		return 1;
+	}
+	case OPT_PASSWORD:
+		efs_mem_free(a->password);
+		a->password = efs_mem_strdup(val);
+		return a->password ? 1 : -ENOMEM;
+	case OPT_DIAL_TIMEOUT:
+		if (parse_seconds_ms(val, &a->dial_timeout_ms) < 0) {
+			fprintf(stderr, "%s: --dial-timeout wants seconds > 0, not '%s'\n", prog,
+				val);
+			return -EINVAL;
+		}
+		return 1;
+	case OPT_COMMAND_TIMEOUT:
+		if (parse_seconds_ms(val, &a->command_timeout_ms) < 0) {
+			fprintf(stderr, "%s: --command-timeout wants seconds > 0, not '%s'\n",
+				prog, val);
+			return -EINVAL;
+		}
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+/* Checks and completes the connection flags after parsing. */
+static int conn_args_finish(struct conn_args *a)
+{
+	bool tls = a->cacert || a->cert || a->key;
+	char *norm;
+
+	if (!!a->cert != !!a->key) {
+		fprintf(stderr, "%s: --cert and --key go together\n", prog);
+		return -EINVAL;
+	}
+	if (a->password && !a->user) {
+		fprintf(stderr, "%s: --password needs --user\n", prog);
+		return -EINVAL;
+	}
+	if (a->user && !a->password) {
+		char *pw = isatty(STDIN_FILENO) ? getpass("Password: ") : NULL;
+
+		if (!pw) {
+			fprintf(stderr, "%s: --user %s needs a password (USER:PASS or --password)\n",
+				prog, a->user);
+			return -EINVAL;
+		}
+		a->password = efs_mem_strdup(pw);
+		if (!a->password)
+			return -ENOMEM;
+	}
+	norm = normalise_endpoints(a->endpoints ? a->endpoints : "127.0.0.1:2379", tls);
+	if (!norm)
+		return -ENOMEM;
+	if (!norm[0]) {
+		efs_mem_free(norm);
+		fprintf(stderr, "%s: --endpoints is empty\n", prog);
+		return -EINVAL;
+	}
+	efs_mem_free(a->endpoints);
+	a->endpoints = norm;
+	return 0;
+}
+
+static void conn_args_done(struct conn_args *a)
+{
+	efs_mem_free(a->endpoints);
+	efs_mem_free(a->user);
+	if (a->password)
+		memset(a->password, 0, strlen(a->password));
+	efs_mem_free(a->password);
+}
+
+static void conn_args_to_opts(const struct conn_args *a, const char *endpoints,
+			      struct efs_etcd_opts *o)
+{
+	*o = (struct efs_etcd_opts){
+		.endpoints = endpoints,
+		.cacert = a->cacert,
+		.cert = a->cert,
+		.key = a->key,
+		.user = a->user,
+		.password = a->password,
+		.call_timeout_ms = a->command_timeout_ms,
+		.connect_timeout_ms = a->dial_timeout_ms,
+	};
+}
+
+/* Runs |loop| until |*pending| drops to 0 (or nothing is left to run). */
+static void run_until_done(uv_loop_t *loop, const unsigned *pending)
+{
+	while (*pending > 0 && uv_run(loop, UV_RUN_ONCE))
+		;
+}
+
+static void client_freed(void *arg)
+{
+	unsigned *pending = arg;
+
+	(*pending)--;
+}
+
+/* Closes |c| and waits until its handles are closed. */
+static void client_close(uv_loop_t *loop, struct efs_etcd *c)
+{
+	unsigned pending = 1;
+
+	if (!c)
+		return;
+	efs_etcd_free(c, client_freed, &pending);
+	run_until_done(loop, &pending);
+}
+
+/* ---- etcd-check ---- */
+
+/* Verdict thresholds. */
+#define CHECK_P99_MAX_MS   10.0
+#define CHECK_QUOTA_FRAC   0.8
+#define CHECK_QUOTA_DEFAULT (2ULL << 30)
+
+struct member {
+	uint64_t id;
+	char *name;        /* owned */
+	char *client_urls; /* owned, comma-separated; "" when none */
+	bool learner;
+	/* Status of this member, through its own client. */
+	struct efs_etcd *c;
+	Etcdserverpb__StatusResponse *status; /* owned, NULL if unreachable */
+	char *error; /* owned, why Status failed */
+};
+
+struct check {
+	uv_loop_t loop;
+	struct conn_args conn;
+	double duration_s;
+	unsigned concurrency;
+	unsigned samples;
+	uint64_t quota;
+
+	struct efs_etcd *c; /* all endpoints */
+	uint64_t cluster_id;
+	struct member *members;
+	size_t nmembers;
+	unsigned pending;
+	int err;
+	char errmsg[512];
+
+	/* Scratch keys live under this prefix, removed at the end. */
+	char prefix[64];
+	uint64_t leader;
+
+	/* Latency phase. */
+	uint64_t *lat_ns;
+	size_t nlat;
+	uint64_t t0;
+
+	/* Throughput phase. */
+	uint64_t deadline_ns;
+	uint64_t txns;
+	uint64_t txn_errors;
+	uint64_t *tp_lat_ns;
+	size_t ntp_lat, tp_lat_cap;
+	char tp_errmsg[256];
+
+	/* Verdict reasons. */
+	char reasons[2048];
+	size_t reasons_len;
+};
+
+static void check_reason(struct check *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void check_reason(struct check *k, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (k->reasons_len >= sizeof(k->reasons) - 3)
+		return;
+	if (k->reasons_len) {
+		memcpy(k->reasons + k->reasons_len, "; ", 3);
+		k->reasons_len += 2;
+	}
+	va_start(ap, fmt);
+	n = vsnprintf(k->reasons + k->reasons_len, sizeof(k->reasons) - k->reasons_len, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		k->reasons_len += (size_t)n;
+	if (k->reasons_len >= sizeof(k->reasons))
+		k->reasons_len = sizeof(k->reasons) - 1;
+}
+
+static void member_list_cb(struct efs_etcd_result *r, Etcdserverpb__MemberListResponse *resp,
+			   void *arg)
+{
+	struct check *k = arg;
+
+	k->pending--;
+	if (r->err) {
+		k->err = r->err;
+		snprintf(k->errmsg, sizeof(k->errmsg), "%s", r->message);
+		return;
+	}
+	k->cluster_id = resp->header ? resp->header->cluster_id : 0;
+	k->members = efs_mem_calloc(resp->n_members ? resp->n_members : 1, sizeof(*k->members));
+	if (!k->members) {
+		k->err = -ENOMEM;
+		return;
+	}
+	for (size_t i = 0; i < resp->n_members; i++) {
+		Etcdserverpb__Member *m = resp->members[i];
+		struct member *dst = &k->members[k->nmembers];
+		size_t len = 1;
+
+		for (size_t j = 0; j < m->n_clienturls; j++)
+			len += strlen(m->clienturls[j]) + 1;
+		dst->client_urls = efs_mem_malloc(len);
+		dst->name = efs_mem_strdup(m->name && m->name[0] ? m->name : "(unstarted)");
+		if (!dst->client_urls || !dst->name) {
+			efs_mem_free(dst->client_urls);
+			efs_mem_free(dst->name);
+			k->err = -ENOMEM;
+			return;
+		}
+		dst->client_urls[0] = '\0';
+		for (size_t j = 0; j < m->n_clienturls; j++) {
+			if (j)
+				strcat(dst->client_urls, ",");
+			strcat(dst->client_urls, m->clienturls[j]);
+		}
+		dst->id = m->id;
+		dst->learner = m->islearner;
+		k->nmembers++;
+	}
+}
+
+static void member_status_cb(struct efs_etcd_result *r, Etcdserverpb__StatusResponse *resp,
+			     void *arg)
+{
+	struct member *m = arg;
+
+	if (r->err) {
+		m->error = efs_mem_strdup(r->message[0] ? r->message : strerror(-r->err));
+	} else {
+		m->status = resp;
+		r->resp = NULL;
+	}
+}
+
+struct status_ctx {
+	struct check *k;
+	struct member *m;
+};
+
+static void status_done_cb(struct efs_etcd_result *r, Etcdserverpb__StatusResponse *resp,
+			   void *arg)
+{
+	struct status_ctx *sc = arg;
+
+	member_status_cb(r, resp, sc->m);
+	sc->k->pending--;
+}
+
+static int check_connect(struct check *k)
+{
+	struct efs_etcd_opts o;
+	int r;
+
+	conn_args_to_opts(&k->conn, k->conn.endpoints, &o);
+	r = efs_etcd_new(&k->c, &k->loop, &o);
+	if (r < 0) {
+		fprintf(stderr, "%s: cannot set up a client for %s: %s\n", prog, k->conn.endpoints,
+			strerror(-r));
+		return r == -EINVAL ? EXIT_USAGE : EXIT_NOCONNECT;
+	}
+	r = efs_etcd_member_list(k->c, NULL, member_list_cb, k);
+	if (r < 0) {
+		fprintf(stderr, "%s: MemberList: %s\n", prog, strerror(-r));
+		return EXIT_FAILED;
+	}
+	k->pending = 1;
+	run_until_done(&k->loop, &k->pending);
+	if (k->err) {
+		fprintf(stderr, "%s: cannot reach etcd at %s: %s (%s)\n", prog, k->conn.endpoints,
+			k->errmsg[0] ? k->errmsg : "no reply", strerror(-k->err));
+		return k->err == -ENOMEM ? EXIT_FAILED : EXIT_NOCONNECT;
+	}
+	return EXIT_FIT;
+}
+
+/* Asks every member for its Status through a client of its own, at once. */
+static int check_statuses(struct check *k)
+{
+	struct status_ctx *ctx;
+	struct efs_etcd_callopts co = {.timeout_ms = 3000};
+	int r;
+
+	ctx = efs_mem_calloc(k->nmembers ? k->nmembers : 1, sizeof(*ctx));
+	if (!ctx)
+		return -ENOMEM;
+	k->pending = 0;
+	for (size_t i = 0; i < k->nmembers; i++) {
+		struct member *m = &k->members[i];
+		struct efs_etcd_opts o;
+
+		ctx[i] = (struct status_ctx){k, m};
+		if (!m->client_urls[0]) {
+			m->error = efs_mem_strdup("member has no client URL (not started?)");
+			continue;
+		}
+		conn_args_to_opts(&k->conn, m->client_urls, &o);
+		r = efs_etcd_new(&m->c, &k->loop, &o);
+		if (r == 0)
+			r = efs_etcd_status(m->c, &co, status_done_cb, &ctx[i]);
+		if (r < 0) {
+			char buf[256];
+
+			snprintf(buf, sizeof(buf), "cannot ask %s: %s", m->client_urls,
+				 strerror(-r));
+			m->error = efs_mem_strdup(buf);
+			continue;
+		}
+		k->pending++;
+	}
+	run_until_done(&k->loop, &k->pending);
+	efs_mem_free(ctx);
+	return 0;
+}
+
+static const char *member_name(const struct check *k, uint64_t id)
+{
+	for (size_t i = 0; i < k->nmembers; i++)
+		if (k->members[i].id == id)
+			return k->members[i].name;
+	return NULL;
+}
+
+static void fmt_bytes(char *buf, size_t size, int64_t b)
+{
+	if (b >= 10 * 1048576LL)
+		snprintf(buf, size, "%" PRId64 " B (%.1f MiB)", b, (double)b / 1048576.0);
+	else if (b >= 10 * 1024LL)
+		snprintf(buf, size, "%" PRId64 " B (%.1f KiB)", b, (double)b / 1024.0);
+	else
+		snprintf(buf, size, "%" PRId64 " B", b);
+}
+
+/* Prints the cluster and decides the leader; adds verdict reasons. */
+static void check_report_cluster(struct check *k)
+{
+	size_t unreachable = 0;
+	uint64_t leader = 0;
+	unsigned best = 0;
+	bool split = false;
+
+	printf("cluster id: %016" PRIx64 "\n", k->cluster_id);
+	printf("members: %zu\n", k->nmembers);
+	for (size_t i = 0; i < k->nmembers; i++) {
+		const struct member *m = &k->members[i];
+
+		printf("  member %016" PRIx64 " name=%s client-urls=%s learner=%s\n", m->id,
+		       m->name, m->client_urls[0] ? m->client_urls : "-",
+		       m->learner ? "true" : "false");
+	}
+	/* The leader is what most members that answered report. */
+	for (size_t i = 0; i < k->nmembers; i++) {
+		unsigned votes = 0;
+		uint64_t l;
+
+		if (!k->members[i].status || !k->members[i].status->leader)
+			continue;
+		l = k->members[i].status->leader;
+		for (size_t j = 0; j < k->nmembers; j++)
+			if (k->members[j].status && k->members[j].status->leader == l)
+				votes++;
+		if (leader && l != leader)
+			split = true;
+		if (votes > best) {
+			best = votes;
+			leader = l;
+		}
+	}
+	k->leader = leader;
+	if (leader) {
+		const char *name = member_name(k, leader);
+
+		printf("leader: %016" PRIx64 " (%s)\n", leader, name ? name : "not a listed member");
+	} else {
+		printf("leader: none\n");
+		check_reason(k, "no leader");
+	}
+	if (split)
+		check_reason(k, "members disagree about the leader");
+	printf("status:\n");
+	for (size_t i = 0; i < k->nmembers; i++) {
+		const struct member *m = &k->members[i];
+		const Etcdserverpb__StatusResponse *s = m->status;
+		char db[64], use[64];
+
+		if (!s) {
+			printf("  %s %016" PRIx64 ": unreachable (%s)\n", m->name, m->id,
+			       m->error ? m->error : "no reply");
+			unreachable++;
+			continue;
+		}
+		fmt_bytes(db, sizeof(db), s->dbsize);
+		fmt_bytes(use, sizeof(use), s->dbsizeinuse);
+		printf("  %s %016" PRIx64 ": version %s, db size %s, db size in use %s, raft index "
+		       "%" PRIu64 ", raft term %" PRIu64 ", leader %016" PRIx64 "%s\n",
+		       m->name, m->id, s->version ? s->version : "?", db, use, s->raftindex,
+		       s->raftterm, s->leader, s->islearner ? ", learner" : "");
+		for (size_t j = 0; j < s->n_errors; j++) {
+			printf("    error: %s\n", s->errors[j]);
+			check_reason(k, "%s reports: %s", m->name, s->errors[j]);
+		}
+		if ((double)s->dbsizeinuse >= CHECK_QUOTA_FRAC * (double)k->quota)
+			check_reason(k, "%s db size in use %" PRId64 " B is >= %.0f%% of the quota "
+				     "%" PRIu64 " B",
+				     m->name, s->dbsizeinuse, CHECK_QUOTA_FRAC * 100, k->quota);
+		else if ((double)s->dbsize >= CHECK_QUOTA_FRAC * (double)k->quota)
+			check_reason(k, "%s db size %" PRId64 " B is >= %.0f%% of the quota "
+				     "%" PRIu64 " B (defragment it)",
+				     m->name, s->dbsize, CHECK_QUOTA_FRAC * 100, k->quota);
+	}
+	if (unreachable)
+		check_reason(k, "%zu of %zu members unreachable", unreachable, k->nmembers);
+}
+
+/* -- latency: serial puts to one scratch key -- */
+
+static int lat_next(struct check *k);
+
+static void lat_put_cb(struct efs_etcd_result *r, Etcdserverpb__PutResponse *resp, void *arg)
+{
+	struct check *k = arg;
+	int err;
+
+	if (r->err) {
+		k->err = r->err;
+		snprintf(k->errmsg, sizeof(k->errmsg), "%s", r->message);
+		k->pending--;
+		return;
+	}
+	k->lat_ns[k->nlat++] = efs_clock_mono_ns() - k->t0;
+	if (k->nlat == k->samples) {
+		k->pending--;
+		return;
+	}
+	err = lat_next(k);
+	if (err < 0) {
+		k->err = err;
+		snprintf(k->errmsg, sizeof(k->errmsg), "%s", strerror(-err));
+		k->pending--;
+	}
+}
+
+static int lat_next(struct check *k)
+{
+	char key[96], val[32];
+
+	snprintf(key, sizeof(key), "%slatency", k->prefix);
+	snprintf(val, sizeof(val), "%zu", k->nlat);
+	k->t0 = efs_clock_mono_ns();
+	return efs_etcd_put(k->c, key, strlen(key), val, strlen(val), NULL, NULL, lat_put_cb, k);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* The q-quantile (nearest rank) of |v| sorted, in milliseconds. */
+static double quantile_ms(const uint64_t *v, size_t n, double q)
+{
+	size_t rank;
+
+	if (n == 0)
+		return 0;
+	rank = (size_t)ceil(q * (double)n);
+	if (rank < 1)
+		rank = 1;
+	return (double)v[rank - 1] / 1e6;
+}
+
+static int check_latency(struct check *k, double *ret_p99)
+{
+	int r;
+
+	k->lat_ns = efs_mem_calloc(k->samples, sizeof(*k->lat_ns));
+	if (!k->lat_ns)
+		return -ENOMEM;
+	k->err = 0;
+	k->errmsg[0] = '\0';
+	r = lat_next(k);
+	if (r < 0)
+		return r;
+	k->pending = 1;
+	run_until_done(&k->loop, &k->pending);
+	if (k->err) {
+		printf("commit latency: failed after %zu puts: %s (%s)\n", k->nlat, k->errmsg,
+		       strerror(-k->err));
+		check_reason(k, "writes fail: %s", k->errmsg[0] ? k->errmsg : strerror(-k->err));
+		return 0;
+	}
+	qsort(k->lat_ns, k->nlat, sizeof(*k->lat_ns), cmp_u64);
+	*ret_p99 = quantile_ms(k->lat_ns, k->nlat, 0.99);
+	printf("commit latency (%zu serial puts): p50 %.3f ms, p99 %.3f ms, max %.3f ms\n",
+	       k->nlat, quantile_ms(k->lat_ns, k->nlat, 0.50), *ret_p99,
+	       (double)k->lat_ns[k->nlat - 1] / 1e6);
+	if (*ret_p99 > CHECK_P99_MAX_MS)
+		check_reason(k, "p99 commit latency %.3f ms > %.0f ms", *ret_p99, CHECK_P99_MAX_MS);
+	return 0;
+}
+
+/* -- throughput: N workers, each a compare-and-swap loop on its own key -- */
+
+struct worker {
+	struct check *k;
+	unsigned idx;
+	int64_t mod_rev; /* of our key after our last txn; 0: absent */
+	uint64_t t0;
+	uint64_t seq;
+};
+
+static int worker_next(struct worker *w);
+
+static void tp_record(struct check *k, uint64_t ns)
+{
+	if (k->ntp_lat == k->tp_lat_cap) {
+		size_t cap = k->tp_lat_cap ? k->tp_lat_cap * 2 : 4096;
+		uint64_t *v = efs_mem_realloc(k->tp_lat_ns, cap * sizeof(*v));
+
+		if (!v)
+			return;
+		k->tp_lat_ns = v;
+		k->tp_lat_cap = cap;
+	}
+	k->tp_lat_ns[k->ntp_lat++] = ns;
+}
+
+static void worker_txn_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct worker *w = arg;
+	struct check *k = w->k;
+	int err;
+
+	if (r->err) {
+		k->txn_errors++;
+		if (!k->tp_errmsg[0])
+			snprintf(k->tp_errmsg, sizeof(k->tp_errmsg), "%s", r->message);
+		/* If the txn applied after all, the next compare fails and
+		 * its failure branch tells us the key's revision. */
+	} else if (!resp->succeeded) {
+		/* Someone else wrote our key, or a timed-out txn applied:
+		 * take the revision from the failure branch's Range. */
+		k->txn_errors++;
+		if (!k->tp_errmsg[0])
+			snprintf(k->tp_errmsg, sizeof(k->tp_errmsg),
+				 "compare failed on a key only this check writes");
+		w->mod_rev = 0;
+		if (resp->n_responses == 1 && resp->responses[0]->response_case ==
+			    ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_RANGE) {
+			Etcdserverpb__RangeResponse *rr = resp->responses[0]->response_range;
+
+			if (rr->n_kvs)
+				w->mod_rev = rr->kvs[0]->mod_revision;
+		}
+	} else {
+		k->txns++;
+		tp_record(k, efs_clock_mono_ns() - w->t0);
+		w->mod_rev = resp->header ? resp->header->revision : 0;
+	}
+	if (efs_clock_mono_ns() >= k->deadline_ns) {
+		k->pending--;
+		return;
+	}
+	err = worker_next(w);
+	if (err < 0) {
+		k->txn_errors++;
+		k->pending--;
+	}
+}
+
+static int worker_next(struct worker *w)
+{
+	struct check *k = w->k;
+	char key[96], val[32];
+	Etcdserverpb__Compare cmp = ETCDSERVERPB__COMPARE__INIT;
+	Etcdserverpb__Compare *cmps[1] = {&cmp};
+	Etcdserverpb__PutRequest put = ETCDSERVERPB__PUT_REQUEST__INIT;
+	Etcdserverpb__RangeRequest get = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	Etcdserverpb__RequestOp op_put = ETCDSERVERPB__REQUEST_OP__INIT;
+	Etcdserverpb__RequestOp op_get = ETCDSERVERPB__REQUEST_OP__INIT;
+	Etcdserverpb__RequestOp *succ[1] = {&op_put}, *fail[1] = {&op_get};
+	Etcdserverpb__TxnRequest txn = ETCDSERVERPB__TXN_REQUEST__INIT;
+
+	snprintf(key, sizeof(key), "%sw%u", k->prefix, w->idx);
+	snprintf(val, sizeof(val), "%" PRIu64, w->seq++);
+	/* The kind of guarded write etcfs makes: succeed only if the key is
+	 * still at the revision we last wrote it at. */
+	cmp.key.data = (uint8_t *)key;
+	cmp.key.len = strlen(key);
+	cmp.target = ETCDSERVERPB__COMPARE__COMPARE_TARGET__MOD;
+	cmp.result = ETCDSERVERPB__COMPARE__COMPARE_RESULT__EQUAL;
+	cmp.target_union_case = ETCDSERVERPB__COMPARE__TARGET_UNION_MOD_REVISION;
+	cmp.mod_revision = w->mod_rev;
+	put.key = cmp.key;
+	put.value.data = (uint8_t *)val;
+	put.value.len = strlen(val);
+	op_put.request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT;
+	op_put.request_put = &put;
+	get.key = cmp.key;
+	op_get.request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE;
+	op_get.request_range = &get;
+	txn.n_compare = 1;
+	txn.compare = cmps;
+	txn.n_success = 1;
+	txn.success = succ;
+	txn.n_failure = 1;
+	txn.failure = fail;
+	w->t0 = efs_clock_mono_ns();
+	return efs_etcd_txn(k->c, &txn, NULL, worker_txn_cb, w);
+}
+
+static int check_throughput(struct check *k)
+{
+	struct worker *w;
+	uint64_t start;
+	double secs, p50, p99;
+	int r = 0;
+
+	w = efs_mem_calloc(k->concurrency, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	start = efs_clock_mono_ns();
+	k->deadline_ns = start + (uint64_t)(k->duration_s * 1e9);
+	k->pending = 0;
+	for (unsigned i = 0; i < k->concurrency; i++) {
+		w[i] = (struct worker){.k = k, .idx = i};
+		r = worker_next(&w[i]);
+		if (r < 0)
+			break;
+		k->pending++;
+	}
+	run_until_done(&k->loop, &k->pending);
+	secs = (double)(efs_clock_mono_ns() - start) / 1e9;
+	efs_mem_free(w);
+	if (r < 0 && k->pending == 0 && k->txns == 0)
+		return r;
+	qsort(k->tp_lat_ns, k->ntp_lat, sizeof(*k->tp_lat_ns), cmp_u64);
+	p50 = quantile_ms(k->tp_lat_ns, k->ntp_lat, 0.50);
+	p99 = quantile_ms(k->tp_lat_ns, k->ntp_lat, 0.99);
+	printf("throughput (%u concurrent txns for %.1f s): %.1f txn/s (%" PRIu64 " txns, %" PRIu64
+	       " errors), txn latency p50 %.3f ms, p99 %.3f ms\n",
+	       k->concurrency, secs, (double)k->txns / secs, k->txns, k->txn_errors, p50, p99);
+	if (k->txn_errors)
+		check_reason(k, "%" PRIu64 " of %" PRIu64 " txns failed (first: %s)", k->txn_errors,
+			     k->txns + k->txn_errors, k->tp_errmsg);
+	return 0;
+}
+
+static void cleanup_cb(struct efs_etcd_result *r, Etcdserverpb__DeleteRangeResponse *resp,
+		       void *arg)
+{
+	struct check *k = arg;
+
+	if (r->err)
+		fprintf(stderr, "%s: warning: could not delete the scratch keys under %s: %s\n",
+			prog, k->prefix, r->message);
+	k->pending--;
+}
+
+static void check_cleanup(struct check *k)
+{
+	struct efs_etcd_delete_opts o = {.prefix = true};
+
+	if (efs_etcd_delete(k->c, k->prefix, strlen(k->prefix), &o, NULL, cleanup_cb, k) < 0) {
+		fprintf(stderr, "%s: warning: could not delete the scratch keys under %s\n", prog,
+			k->prefix);
+		return;
+	}
+	k->pending = 1;
+	run_until_done(&k->loop, &k->pending);
+}
+
+static void check_free(struct check *k)
+{
+	for (size_t i = 0; i < k->nmembers; i++) {
+		struct member *m = &k->members[i];
+
+		client_close(&k->loop, m->c);
+		if (m->status)
+			protobuf_c_message_free_unpacked(&m->status->base, efs_mem_protobuf());
+		efs_mem_free(m->name);
+		efs_mem_free(m->client_urls);
+		efs_mem_free(m->error);
+	}
+	efs_mem_free(k->members);
+	client_close(&k->loop, k->c);
+	efs_mem_free(k->lat_ns);
+	efs_mem_free(k->tp_lat_ns);
+	uv_run(&k->loop, UV_RUN_NOWAIT);
+	if (uv_loop_close(&k->loop) < 0)
+		fprintf(stderr, "%s: warning: handles left open on the loop\n", prog);
+	conn_args_done(&k->conn);
+}
+
+static int make_prefix(char *buf, size_t size)
+{
+	uint8_t rnd[8];
+	FILE *f = fopen("/dev/urandom", "re");
+	size_t n;
+
+	if (!f)
+		return -errno;
+	n = fread(rnd, 1, sizeof(rnd), f);
+	fclose(f);
+	if (n != sizeof(rnd))
+		return -EIO;
+	snprintf(buf, size, "/etcfs-check/%02x%02x%02x%02x%02x%02x%02x%02x/", rnd[0], rnd[1],
+		 rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+	return 0;
+}
+
+static void usage_etcd_check(FILE *f)
+{
+	fprintf(f,
+		"Usage: %s etcd-check [OPTIONS]\n"
+		"\n"
+		"Checks whether an etcd cluster is fit to hold etcfs metadata: prints the\n"
+		"cluster id, every member (id, name, client URLs, learner flag), the leader,\n"
+		"each member's version, db size, db size in use and raft index; then measures\n"
+		"commit latency (serial puts to a scratch key) and sustained guarded-txn\n"
+		"throughput, and ends with a verdict line. Scratch keys live under\n"
+		"/etcfs-check/<random>/ and are deleted afterwards.\n"
+		"\n"
+		"%s"
+		"\n"
+		"measurement:\n"
+		"  --samples N              serial puts for the latency figures (default 200)\n"
+		"  --duration SECONDS       length of the throughput run (default 5)\n"
+		"  --concurrency N          txns in flight during it (default 16)\n"
+		"  --quota-bytes N          the cluster's --quota-backend-bytes (default 2 GiB)\n"
+		"  --help                   this text\n"
+		"\n"
+		"The verdict is 'unfit' when the p99 commit latency exceeds %.0f ms, there is no\n"
+		"leader, members disagree about it, a member is unreachable or reports an\n"
+		"error (alarm), writes fail, or a member's db size (in use) reaches %.0f%% of\n"
+		"the quota.\n"
+		"\n"
+		"Exit status: 0 fit; 1 unfit; 2 usage error; 3 cannot connect to etcd;\n"
+		"4 the check itself failed (out of memory, cannot make the scratch prefix).\n",
+		prog, conn_help, CHECK_P99_MAX_MS, CHECK_QUOTA_FRAC * 100);
+}
+
+static int cmd_etcd_check(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		CONN_LONGOPTS,
+		{"duration", required_argument, NULL, OPT_DURATION},
+		{"concurrency", required_argument, NULL, OPT_CONCURRENCY},
+		{"samples", required_argument, NULL, OPT_SAMPLES},
+		{"quota-bytes", required_argument, NULL, OPT_QUOTA},
+		{NULL, 0, NULL, 0},
+	};
+	struct check k = {
+		.duration_s = 5,
+		.concurrency = 16,
+		.samples = 200,
+		.quota = CHECK_QUOTA_DEFAULT,
+	};
+	double p99 = 0;
+	unsigned long v;
+	uint32_t ms;
+	int opt, r, ret;
+
+	for (;;) {
+		opt = getopt_long(argc, argv, "", longopts, NULL);
+		if (opt == -1)
+			break;
+		r = conn_args_option(&k.conn, opt, optarg);
+		if (r < 0) {
+			ret = r == -ENOMEM ? EXIT_FAILED : EXIT_USAGE;
+			goto out_args;
+		}
+		if (r > 0)
+			continue;
+		switch (opt) {
+		case OPT_HELP:
+			usage_etcd_check(stdout);
+			ret = EXIT_FIT;
+			goto out_args;
+		case OPT_DURATION:
+			if (parse_seconds_ms(optarg, &ms) < 0) {
+				fprintf(stderr, "%s: --duration wants seconds > 0, not '%s'\n",
+					prog, optarg);
+				ret = EXIT_USAGE;
+				goto out_args;
+			}
+			k.duration_s = ms / 1000.0;
+			break;
+		case OPT_CONCURRENCY:
+			if (parse_uint(optarg, 10000, &v) < 0) {
+				fprintf(stderr, "%s: --concurrency wants 1..10000, not '%s'\n",
+					prog, optarg);
+				ret = EXIT_USAGE;
+				goto out_args;
+			}
+			k.concurrency = (unsigned)v;
+			break;
+		case OPT_SAMPLES:
+			if (parse_uint(optarg, 1000000, &v) < 0) {
+				fprintf(stderr, "%s: --samples wants 1..1000000, not '%s'\n", prog,
+					optarg);
+				ret = EXIT_USAGE;
+				goto out_args;
+			}
+			k.samples = (unsigned)v;
+			break;
+		case OPT_QUOTA:
+			if (parse_uint(optarg, ULONG_MAX, &v) < 0) {
+				fprintf(stderr, "%s: --quota-bytes wants a byte count, not '%s'\n",
+					prog, optarg);
+				ret = EXIT_USAGE;
+				goto out_args;
+			}
+			k.quota = v;
+			break;
+		default:
+			fprintf(stderr, "Try '%s etcd-check --help'.\n", prog);
+			ret = EXIT_USAGE;
+			goto out_args;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "%s: etcd-check takes no arguments ('%s')\n", prog, argv[optind]);
+		ret = EXIT_USAGE;
+		goto out_args;
+	}
+	r = conn_args_finish(&k.conn);
+	if (r < 0) {
+		ret = r == -ENOMEM ? EXIT_FAILED : EXIT_USAGE;
+		goto out_args;
+	}
+	r = make_prefix(k.prefix, sizeof(k.prefix));
+	if (r < 0) {
+		fprintf(stderr, "%s: cannot make a random scratch prefix: %s\n", prog,
+			strerror(-r));
+		ret = EXIT_FAILED;
+		goto out_args;
+	}
+	r = uv_loop_init(&k.loop);
+	if (r < 0) {
+		fprintf(stderr, "%s: cannot create an event loop: %s\n", prog, uv_strerror(r));
+		ret = EXIT_FAILED;
+		goto out_args;
+	}
+
+	ret = check_connect(&k);
+	if (ret != EXIT_FIT)
+		goto out_free;
+	r = check_statuses(&k);
+	if (r < 0) {
+		fprintf(stderr, "%s: %s\n", prog, strerror(-r));
+		ret = EXIT_FAILED;
+		goto out_free;
+	}
+	check_report_cluster(&k);
+	fflush(stdout);
+	if (!k.leader) {
+		printf("commit latency: not measured (no leader)\n");
+		printf("throughput: not measured (no leader)\n");
+	} else {
+		printf("scratch prefix: %s\n", k.prefix);
+		r = check_latency(&k, &p99);
+		if (r == 0 && !k.err) {
+			fflush(stdout);
+			r = check_throughput(&k);
+		}
+		check_cleanup(&k);
+		if (r < 0) {
+			fprintf(stderr, "%s: measurement failed: %s\n", prog, strerror(-r));
+			ret = EXIT_FAILED;
+			goto out_free;
+		}
+	}
+	if (k.reasons_len) {
+		printf("verdict: unfit: %s\n", k.reasons);
+		ret = EXIT_UNFIT;
+	} else {
+		printf("verdict: fit (p99 commit latency %.3f ms <= %.0f ms, %zu members, leader "
+		       "%016" PRIx64 ")\n",
+		       p99, CHECK_P99_MAX_MS, k.nmembers, k.leader);
+		ret = EXIT_FIT;
+	}
+out_free:
+	check_free(&k);
+	return ret;
+out_args:
+	conn_args_done(&k.conn);
+	return ret;
+}
+
+/* ---- subcommand table ---- */
+
+struct subcmd {
+	const char *name;
+	int (*run)(int argc, char **argv);
+	const char *summary;
+};
+
+static const struct subcmd subcmds[] = {
+	{"etcd-check", cmd_etcd_check, "check that an etcd cluster is fit for etcfs"},
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "Usage: %s COMMAND [OPTIONS]\n\nCommands:\n", prog);
+	for (size_t i = 0; i < sizeof(subcmds) / sizeof(subcmds[0]); i++)
+		fprintf(f, "  %-14s %s\n", subcmds[i].name, subcmds[i].summary);
+	fprintf(f,
+		"\n'%s COMMAND --help' describes a command and its options.\n"
+		"  --version      print the version\n"
+		"\n"
+		"Exit status: 0 success (etcd-check: fit); 1 etcd-check: unfit; 2 usage error;\n"
+		"3 cannot connect to etcd; 4 the command failed.\n",
+		prog);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+		usage(stdout);
+		return 0;
+	}
+	if (!strcmp(argv[1], "--version")) {
+		printf("etcfsctl %s\n", ETCFS_VERSION);
+		return 0;
+	}
+	for (size_t i = 0; i < sizeof(subcmds) / sizeof(subcmds[0]); i++) {
+		if (!strcmp(argv[1], subcmds[i].name)) {
+			/* getopt sees the subcommand as argv[0]. */
+			return subcmds[i].run(argc - 1, argv + 1);
+		}
+	}
+	fprintf(stderr, "%s: unknown command '%s'\n", prog, argv[1]);
+	usage(stderr);
+	return EXIT_USAGE;
+}

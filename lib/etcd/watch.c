@@ -1,0 +1,933 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "etcd/watch.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "config.h"
+#include "etcd/grpc.h"
+#include "util/clock.h"
+#include "util/mem.h"
+
+#define BACKOFF_BASE_MS 25
+#define BACKOFF_MAX_MS  1000
+
+enum wstate {
+	W_NEW,       /* to be (re)created when the stream is open */
+	W_CREATING,  /* create sent, created reply awaited */
+	W_ACTIVE,
+	W_CANCELING, /* cancel sent, confirmation awaited */
+	W_DONE,      /* ended; only efs_etcd_watcher_free remains */
+};
+
+struct wait_req {
+	struct wait_req *next;
+	struct efs_etcd_watcher *w;       /* NULL once the watcher is freed */
+	struct efs_etcd_watch_stream *ws; /* NULL once the stream is freed */
+	int64_t rev;
+	int status;
+	efs_etcd_watch_wait_cb cb;
+	void *arg;
+	struct efs_etcd_call *put; /* a barrier's Put in flight */
+};
+
+struct held {
+	struct held *next;
+	uint64_t due_ns;
+	size_t len;
+	uint8_t data[];
+};
+
+struct efs_etcd_watcher {
+	struct efs_etcd_watch_stream *ws;
+	struct efs_etcd_watcher *prev, *next;
+	int64_t id;
+	uint8_t *key, *range_end;
+	size_t key_len, range_end_len;
+	bool prev_kv, progress_notify, no_put, no_delete;
+	/* The next revision to deliver: where a re-create starts. */
+	int64_t next_rev;
+	enum wstate state;
+	bool created_reported;
+	/* A final update to deliver from the deferred pass. */
+	bool final_pending;
+	enum efs_etcd_watch_kind final_kind;
+	int final_status;
+	/* Events of a fragment group received so far (deep copies). */
+	Mvccpb__Event **frag;
+	size_t n_frag, cap_frag;
+	struct wait_req *waits;
+	efs_etcd_watch_cb cb;
+	void *arg;
+};
+
+struct efs_etcd_watch_stream {
+	struct efs_etcd *c;
+	uv_loop_t *loop;
+	enum efs_etcd_channel channel;
+	struct efs_etcd_stream *s; /* NULL while closed */
+	uv_timer_t reopen;
+	uv_timer_t defer;
+	bool reopen_armed;
+	uint32_t attempt;
+	uint64_t rng;
+	int64_t next_id;
+	struct efs_etcd_watcher *watchers;
+	/* Ids of the creates sent and not yet answered, in order: a failed
+	 * create is answered with id -1, in request order. */
+	int64_t *cq;
+	size_t cq_head, cq_len, cq_cap;
+	/* Fault hook: responses held back, oldest first. */
+	uint32_t delay_ms;
+	struct held *held, *held_tail;
+	struct wait_req *ready, *ready_tail;
+	struct wait_req *barriers;
+	unsigned handles_open;
+	bool freeing;
+	bool dead;
+	struct efs_etcd_watch_stream_stats stats;
+};
+
+static uint32_t backoff_ms(struct efs_etcd_watch_stream *ws)
+{
+	uint64_t ms = BACKOFF_BASE_MS;
+
+	for (uint32_t i = 0; i < ws->attempt && ms < BACKOFF_MAX_MS; i++)
+		ms *= 2;
+	if (ms > BACKOFF_MAX_MS)
+		ms = BACKOFF_MAX_MS;
+	if (ws->attempt < 16)
+		ws->attempt++;
+	ws->rng ^= ws->rng << 13;
+	ws->rng ^= ws->rng >> 7;
+	ws->rng ^= ws->rng << 17;
+	return (uint32_t)(ms * (80 + ws->rng % 41) / 100);
+}
+
+static void kick_defer(struct efs_etcd_watch_stream *ws, uint64_t delay_ms);
+
+/* ---- Small helpers ---- */
+
+static struct efs_etcd_watcher *find_watcher(struct efs_etcd_watch_stream *ws, int64_t id)
+{
+	for (struct efs_etcd_watcher *w = ws->watchers; w; w = w->next)
+		if (w->id == id)
+			return w;
+	return NULL;
+}
+
+static int cq_push(struct efs_etcd_watch_stream *ws, int64_t id)
+{
+	if (ws->cq_head == ws->cq_len)
+		ws->cq_head = ws->cq_len = 0;
+	if (ws->cq_len == ws->cq_cap) {
+		size_t cap = ws->cq_cap ? ws->cq_cap * 2 : 16;
+		int64_t *n = efs_mem_realloc(ws->cq, cap * sizeof(*n));
+
+		if (!n)
+			return -ENOMEM;
+		ws->cq = n;
+		ws->cq_cap = cap;
+	}
+	ws->cq[ws->cq_len++] = id;
+	return 0;
+}
+
+static int64_t cq_pop(struct efs_etcd_watch_stream *ws)
+{
+	if (ws->cq_head == ws->cq_len)
+		return 0;
+	return ws->cq[ws->cq_head++];
+}
+
+static void free_frag(struct efs_etcd_watcher *w)
+{
+	for (size_t i = 0; i < w->n_frag; i++)
+		mvccpb__event__free_unpacked(w->frag[i], efs_mem_protobuf());
+	efs_mem_free(w->frag);
+	w->frag = NULL;
+	w->n_frag = w->cap_frag = 0;
+}
+
+static Mvccpb__Event *copy_event(const Mvccpb__Event *e)
+{
+	size_t len = mvccpb__event__get_packed_size(e);
+	uint8_t *buf = efs_mem_malloc(len);
+	Mvccpb__Event *copy;
+
+	if (!buf)
+		return NULL;
+	mvccpb__event__pack(e, buf);
+	copy = mvccpb__event__unpack(efs_mem_protobuf(), len, buf);
+	efs_mem_free(buf);
+	return copy;
+}
+
+static int reason_errno(const char *reason)
+{
+	/* The same errnos as grpc.c's table gives the unary calls. */
+	if (strstr(reason, "permission denied"))
+		return -EPERM;
+	if (strstr(reason, "invalid auth token") || strstr(reason, "auth store is old") ||
+	    strstr(reason, "user name is empty"))
+		return -EACCES;
+	if (strstr(reason, "range is empty") || strstr(reason, "duplicate watch ID"))
+		return -EINVAL;
+	return -EIO;
+}
+
+static void ready_push(struct efs_etcd_watch_stream *ws, struct wait_req *wr, int status)
+{
+	wr->status = status;
+	wr->next = NULL;
+	if (ws->ready_tail)
+		ws->ready_tail->next = wr;
+	else
+		ws->ready = wr;
+	ws->ready_tail = wr;
+	kick_defer(ws, 0);
+}
+
+/* Moves the waits |w| has satisfied (or all of them, with |status|, when
+ * |all|) to the ready list. */
+static void check_waits(struct efs_etcd_watcher *w, bool all, int status)
+{
+	struct wait_req **pp = &w->waits;
+
+	while (*pp) {
+		struct wait_req *wr = *pp;
+
+		if (all || w->next_rev > wr->rev) {
+			*pp = wr->next;
+			ready_push(w->ws, wr, all ? status : 0);
+		} else {
+			pp = &wr->next;
+		}
+	}
+}
+
+/* ---- Sending ---- */
+
+static int send_create(struct efs_etcd_watcher *w)
+{
+	struct efs_etcd_watch_stream *ws = w->ws;
+	Etcdserverpb__WatchRequest req = ETCDSERVERPB__WATCH_REQUEST__INIT;
+	Etcdserverpb__WatchCreateRequest cr = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
+	Etcdserverpb__WatchCreateRequest__FilterType filters[2];
+	int r;
+
+	cr.key.data = w->key;
+	cr.key.len = w->key_len;
+	cr.range_end.data = w->range_end;
+	cr.range_end.len = w->range_end_len;
+	cr.start_revision = w->next_rev;
+	cr.progress_notify = w->progress_notify;
+	cr.prev_kv = w->prev_kv;
+	cr.watch_id = w->id;
+	cr.fragment = true;
+	if (w->no_put)
+		filters[cr.n_filters++] = ETCDSERVERPB__WATCH_CREATE_REQUEST__FILTER_TYPE__NOPUT;
+	if (w->no_delete)
+		filters[cr.n_filters++] = ETCDSERVERPB__WATCH_CREATE_REQUEST__FILTER_TYPE__NODELETE;
+	cr.filters = cr.n_filters ? filters : NULL;
+	req.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
+	req.create_request = &cr;
+	r = cq_push(ws, w->id);
+	if (r < 0)
+		return r;
+	r = efs_etcd_stream_send(ws->s, &req.base);
+	if (r < 0) {
+		ws->cq_len--;
+		return r;
+	}
+	w->state = W_CREATING;
+	return 0;
+}
+
+static int send_cancel(struct efs_etcd_watch_stream *ws, int64_t id)
+{
+	Etcdserverpb__WatchRequest req = ETCDSERVERPB__WATCH_REQUEST__INIT;
+	Etcdserverpb__WatchCancelRequest cr = ETCDSERVERPB__WATCH_CANCEL_REQUEST__INIT;
+
+	if (!ws->s)
+		return -ENOTCONN;
+	cr.watch_id = id;
+	req.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CANCEL_REQUEST;
+	req.cancel_request = &cr;
+	return efs_etcd_stream_send(ws->s, &req.base);
+}
+
+/* ---- Delivery ---- */
+
+static void deliver(struct efs_etcd_watcher *w, int status, const struct efs_etcd_watch_update *u)
+{
+	if (w->cb)
+		w->cb(w, status, u, w->arg);
+}
+
+/* Ends |w| and delivers its final update now; nothing touches |w| after. */
+static void finish(struct efs_etcd_watcher *w, enum efs_etcd_watch_kind kind, int status,
+		   int64_t revision, int64_t compact_revision, const char *reason)
+{
+	struct efs_etcd_watch_update u = {
+		.kind = kind,
+		.revision = revision,
+		.compact_revision = compact_revision,
+		.reason = reason ? reason : "",
+	};
+
+	w->state = W_DONE;
+	w->final_pending = false;
+	free_frag(w);
+	check_waits(w, true, -ECANCELED);
+	deliver(w, status, &u);
+}
+
+/* Ends |w| from a context where the caller may not be called back now. */
+static void finish_later(struct efs_etcd_watcher *w, enum efs_etcd_watch_kind kind, int status)
+{
+	w->state = W_DONE;
+	w->final_pending = true;
+	w->final_kind = kind;
+	w->final_status = status;
+	free_frag(w);
+	check_waits(w, true, -ECANCELED);
+	kick_defer(w->ws, 0);
+}
+
+static void handle_created(struct efs_etcd_watch_stream *ws,
+			   const Etcdserverpb__WatchResponse *resp, int64_t rev)
+{
+	int64_t head = cq_pop(ws);
+	struct efs_etcd_watcher *w;
+
+	if (resp->watch_id == -1 || resp->canceled) {
+		w = find_watcher(ws, resp->watch_id != -1 ? resp->watch_id : head);
+		if (w && w->state == W_CREATING)
+			finish(w, EFS_ETCD_WATCH_CANCELED, reason_errno(resp->cancel_reason), rev,
+			       0, resp->cancel_reason);
+		return;
+	}
+	w = find_watcher(ws, resp->watch_id);
+	if (!w || w->state != W_CREATING)
+		return;
+	w->state = W_ACTIVE;
+	ws->attempt = 0;
+	if (w->next_rev == 0) {
+		w->next_rev = rev + 1;
+		check_waits(w, false, 0);
+	}
+	if (!w->created_reported) {
+		struct efs_etcd_watch_update u = {
+			.kind = EFS_ETCD_WATCH_CREATED,
+			.revision = rev,
+			.reason = "",
+		};
+
+		w->created_reported = true;
+		deliver(w, 0, &u);
+	}
+}
+
+static void handle_resp(struct efs_etcd_watch_stream *ws, const Etcdserverpb__WatchResponse *resp)
+{
+	int64_t rev = resp->header ? resp->header->revision : 0;
+	struct efs_etcd_watch_update u = {.revision = rev, .reason = ""};
+	struct efs_etcd_watcher *w;
+	Mvccpb__Event **all = NULL;
+	size_t n;
+
+	ws->stats.responses++;
+	if (resp->created) {
+		handle_created(ws, resp, rev);
+		return;
+	}
+	w = find_watcher(ws, resp->watch_id);
+	if (resp->canceled) {
+		if (!w || w->state == W_DONE || w->state == W_NEW)
+			return;
+		if (resp->compact_revision > 0)
+			finish(w, EFS_ETCD_WATCH_COMPACTED, EFS_ETCD_ECOMPACTED, rev,
+			       resp->compact_revision, resp->cancel_reason);
+		else if (w->state == W_CANCELING)
+			finish(w, EFS_ETCD_WATCH_CANCELED, 0, rev, 0, resp->cancel_reason);
+		else
+			finish(w, EFS_ETCD_WATCH_CANCELED, reason_errno(resp->cancel_reason), rev,
+			       0, resp->cancel_reason);
+		return;
+	}
+	/* Id -1 is the stream-wide progress reply; on 3.4.23 it can run ahead
+	 * of queued events, so it never advances a watcher. */
+	if (!w || w->state != W_ACTIVE)
+		return;
+	if (resp->fragment) {
+		ws->stats.fragments++;
+		if (w->n_frag + resp->n_events > w->cap_frag) {
+			size_t cap = (w->n_frag + resp->n_events) * 2;
+			Mvccpb__Event **f = efs_mem_realloc(w->frag, cap * sizeof(*f));
+
+			if (!f)
+				goto fail_nomem;
+			w->frag = f;
+			w->cap_frag = cap;
+		}
+		for (size_t i = 0; i < resp->n_events; i++) {
+			Mvccpb__Event *e = copy_event(resp->events[i]);
+
+			if (!e)
+				goto fail_nomem;
+			w->frag[w->n_frag++] = e;
+		}
+		return;
+	}
+	n = w->n_frag + resp->n_events;
+	if (w->n_frag) {
+		all = efs_mem_malloc(n * sizeof(*all));
+		if (!all)
+			goto fail_nomem;
+		memcpy(all, w->frag, w->n_frag * sizeof(*all));
+		memcpy(all + w->n_frag, resp->events, resp->n_events * sizeof(*all));
+		u.events = all;
+	} else {
+		u.events = resp->events;
+	}
+	u.n_events = n;
+	if (n == 0) {
+		u.kind = EFS_ETCD_WATCH_PROGRESS;
+		if (rev + 1 > w->next_rev)
+			w->next_rev = rev + 1;
+	} else {
+		const Mvccpb__KeyValue *kv = u.events[n - 1]->kv;
+
+		u.kind = EFS_ETCD_WATCH_EVENTS;
+		if (kv && kv->mod_revision + 1 > w->next_rev)
+			w->next_rev = kv->mod_revision + 1;
+		ws->stats.events += n;
+	}
+	check_waits(w, false, 0);
+	/* The frag copies must outlive the callback, which may free |w|:
+	 * detach them first. */
+	{
+		Mvccpb__Event **frag = w->frag;
+		size_t n_frag = w->n_frag;
+
+		w->frag = NULL;
+		w->n_frag = w->cap_frag = 0;
+		deliver(w, 0, &u);
+		for (size_t i = 0; i < n_frag; i++)
+			mvccpb__event__free_unpacked(frag[i], efs_mem_protobuf());
+		efs_mem_free(frag);
+	}
+	efs_mem_free(all);
+	return;
+
+fail_nomem:
+	/* We cannot deliver what we cannot hold; the watcher must not skip
+	 * events silently, so it ends and the caller re-lists. */
+	finish(w, EFS_ETCD_WATCH_CANCELED, -ENOMEM, rev, 0, "out of memory");
+}
+
+/* ---- The HTTP/2 stream ---- */
+
+static void on_msg(struct efs_etcd_stream *s, const ProtobufCMessage *msg, void *arg);
+static void on_close(struct efs_etcd_stream *s, const struct efs_etcd_result *r, void *arg);
+
+static void reopen_fire(uv_timer_t *t);
+
+static void arm_reopen(struct efs_etcd_watch_stream *ws, uint32_t delay_ms)
+{
+	if (ws->reopen_armed || ws->s || ws->freeing || ws->dead)
+		return;
+	ws->reopen_armed = true;
+	uv_timer_start(&ws->reopen, reopen_fire, delay_ms, 0);
+}
+
+static int stream_open(struct efs_etcd_watch_stream *ws)
+{
+	int r;
+
+	if (ws->s || ws->freeing || ws->dead)
+		return 0;
+	r = efs_etcd_stream_open(ws->c, EFS_ETCD_STREAM_WATCH, ws->channel, on_msg, on_close, ws,
+				 &ws->s);
+	if (r < 0) {
+		ws->s = NULL;
+		if (r == -ESHUTDOWN) {
+			ws->dead = true;
+			for (struct efs_etcd_watcher *w = ws->watchers; w; w = w->next)
+				if (w->state != W_DONE)
+					finish_later(w, EFS_ETCD_WATCH_CANCELED, -ESHUTDOWN);
+			return r;
+		}
+		arm_reopen(ws, backoff_ms(ws));
+		return r;
+	}
+	ws->stats.opens++;
+	for (struct efs_etcd_watcher *w = ws->watchers; w; w = w->next)
+		if (w->state == W_NEW)
+			(void)send_create(w);
+	return 0;
+}
+
+static void reopen_fire(uv_timer_t *t)
+{
+	struct efs_etcd_watch_stream *ws = t->data;
+
+	ws->reopen_armed = false;
+	(void)stream_open(ws);
+}
+
+static void drop_held(struct efs_etcd_watch_stream *ws)
+{
+	while (ws->held) {
+		struct held *h = ws->held;
+
+		ws->held = h->next;
+		efs_mem_free(h);
+	}
+	ws->held_tail = NULL;
+}
+
+static void on_close(struct efs_etcd_stream *s, const struct efs_etcd_result *r, void *arg)
+{
+	struct efs_etcd_watch_stream *ws = arg;
+
+	ws->s = NULL;
+	ws->cq_head = ws->cq_len = 0;
+	/* What was held back was not delivered; the re-creates replay it. */
+	drop_held(ws);
+	for (struct efs_etcd_watcher *w = ws->watchers; w; w = w->next) {
+		free_frag(w);
+		if (w->state == W_CANCELING)
+			finish_later(w, EFS_ETCD_WATCH_CANCELED, 0);
+		else if (w->state == W_CREATING || w->state == W_ACTIVE)
+			w->state = W_NEW;
+	}
+	arm_reopen(ws, backoff_ms(ws));
+}
+
+static void on_msg(struct efs_etcd_stream *s, const ProtobufCMessage *msg, void *arg)
+{
+	struct efs_etcd_watch_stream *ws = arg;
+
+	if (ws->delay_ms || ws->held) {
+		size_t len = protobuf_c_message_get_packed_size(msg);
+		struct held *h = efs_mem_malloc(sizeof(*h) + len);
+
+		if (h) {
+			h->next = NULL;
+			h->len = len;
+			h->due_ns = efs_clock_mono_ns() + ws->delay_ms * EFS_NSEC_PER_MSEC;
+			protobuf_c_message_pack(msg, h->data);
+			if (ws->held_tail)
+				ws->held_tail->next = h;
+			else
+				ws->held = h;
+			ws->held_tail = h;
+			kick_defer(ws, ws->delay_ms);
+			return;
+		}
+		/* Out of memory: handle it now rather than lose it. Order
+		 * with held ones is broken, so end the stream instead. */
+		efs_etcd_stream_close(ws->s);
+		on_close(NULL, NULL, ws);
+		return;
+	}
+	handle_resp(ws, (const Etcdserverpb__WatchResponse *)msg);
+}
+
+/* ---- Deferred work: held responses, final updates, waits ---- */
+
+static void defer_fire(uv_timer_t *t)
+{
+	struct efs_etcd_watch_stream *ws = t->data;
+	uint64_t now = efs_clock_mono_ns();
+	struct efs_etcd_watcher *w;
+
+	while (ws->held && ws->held->due_ns <= now) {
+		struct held *h = ws->held;
+		Etcdserverpb__WatchResponse *resp;
+
+		ws->held = h->next;
+		if (!ws->held)
+			ws->held_tail = NULL;
+		resp = etcdserverpb__watch_response__unpack(efs_mem_protobuf(), h->len, h->data);
+		efs_mem_free(h);
+		if (!resp)
+			continue;
+		handle_resp(ws, resp);
+		etcdserverpb__watch_response__free_unpacked(resp, efs_mem_protobuf());
+	}
+again:
+	for (w = ws->watchers; w; w = w->next) {
+		if (w->final_pending) {
+			finish(w, w->final_kind, w->final_status, 0, 0,
+			       w->final_status == -ESHUTDOWN ? "client closing" : "");
+			goto again;
+		}
+	}
+	while (ws->ready) {
+		struct wait_req *wr = ws->ready;
+
+		ws->ready = wr->next;
+		if (!ws->ready)
+			ws->ready_tail = NULL;
+		wr->cb(wr->w, wr->status, wr->arg);
+		efs_mem_free(wr);
+	}
+	if (ws->held) {
+		uint64_t due = ws->held->due_ns, ms = 0;
+
+		now = efs_clock_mono_ns();
+		if (due > now)
+			ms = (due - now + EFS_NSEC_PER_MSEC - 1) / EFS_NSEC_PER_MSEC;
+		uv_timer_start(&ws->defer, defer_fire, ms, 0);
+	}
+}
+
+static void kick_defer(struct efs_etcd_watch_stream *ws, uint64_t delay_ms)
+{
+	uint64_t due = uv_now(ws->loop) + delay_ms;
+
+	if (ws->freeing)
+		return;
+	if (uv_is_active((uv_handle_t *)&ws->defer) &&
+	    uv_timer_get_due_in(&ws->defer) + uv_now(ws->loop) <= due)
+		return;
+	uv_timer_start(&ws->defer, defer_fire, delay_ms, 0);
+}
+
+/* ---- Public API ---- */
+
+int efs_etcd_watch_stream_new(struct efs_etcd_watch_stream **ret, struct efs_etcd *c,
+			      enum efs_etcd_channel channel)
+{
+	struct efs_etcd_watch_stream *ws;
+	int r;
+
+	if (!ret || !c || (unsigned)channel >= EFS_ETCD_NCHANNELS)
+		return -EINVAL;
+	ws = efs_mem_calloc(1, sizeof(*ws));
+	if (!ws)
+		return -ENOMEM;
+	ws->c = c;
+	ws->loop = efs_etcd_loop(c);
+	ws->channel = channel;
+	ws->rng = efs_clock_mono_ns() | 1;
+	ws->next_id = 1;
+	r = efs_etcd_stream_open(c, EFS_ETCD_STREAM_WATCH, channel, on_msg, on_close, ws, &ws->s);
+	if (r < 0) {
+		efs_mem_free(ws);
+		return r;
+	}
+	ws->stats.opens = 1;
+	uv_timer_init(ws->loop, &ws->reopen);
+	uv_timer_init(ws->loop, &ws->defer);
+	ws->reopen.data = ws;
+	ws->defer.data = ws;
+	ws->handles_open = 2;
+	*ret = ws;
+	return 0;
+}
+
+static void ws_handle_closed(uv_handle_t *h)
+{
+	struct efs_etcd_watch_stream *ws = h->data;
+
+	if (--ws->handles_open == 0)
+		efs_mem_free(ws);
+}
+
+static void free_waits(struct wait_req *wr)
+{
+	while (wr) {
+		struct wait_req *next = wr->next;
+
+		efs_mem_free(wr);
+		wr = next;
+	}
+}
+
+static void watcher_release(struct efs_etcd_watcher *w)
+{
+	free_frag(w);
+	efs_mem_free(w->key);
+	efs_mem_free(w->range_end);
+	efs_mem_free(w);
+}
+
+struct efs_etcd_watch_stream *efs_etcd_watch_stream_free(struct efs_etcd_watch_stream *ws)
+{
+	if (!ws)
+		return NULL;
+	ws->freeing = true;
+	while (ws->watchers) {
+		struct efs_etcd_watcher *w = ws->watchers;
+
+		ws->watchers = w->next;
+		free_waits(w->waits);
+		watcher_release(w);
+	}
+	free_waits(ws->ready);
+	ws->ready = ws->ready_tail = NULL;
+	for (struct wait_req *wr = ws->barriers; wr; wr = wr->next) {
+		/* The Put callback frees it. */
+		wr->ws = NULL;
+		efs_etcd_call_cancel(wr->put);
+	}
+	ws->barriers = NULL;
+	drop_held(ws);
+	efs_mem_free(ws->cq);
+	if (ws->s) {
+		efs_etcd_stream_close(ws->s);
+		ws->s = NULL;
+	}
+	uv_close((uv_handle_t *)&ws->reopen, ws_handle_closed);
+	uv_close((uv_handle_t *)&ws->defer, ws_handle_closed);
+	return NULL;
+}
+
+static int set_range(struct efs_etcd_watcher *w, const struct efs_etcd_watch_opts *o)
+{
+	w->key = efs_mem_memdup(o->key, o->key_len);
+	if (!w->key)
+		return -ENOMEM;
+	w->key_len = o->key_len;
+	if (o->prefix) {
+		size_t n = o->key_len;
+
+		w->range_end = efs_mem_memdup(o->key, n);
+		if (!w->range_end)
+			return -ENOMEM;
+		while (n > 0 && w->range_end[n - 1] == 0xff)
+			n--;
+		if (n == 0) {
+			w->range_end[0] = 0;
+			w->range_end_len = 1;
+		} else {
+			w->range_end[n - 1]++;
+			w->range_end_len = n;
+		}
+	} else if (o->range_end && o->range_end_len) {
+		w->range_end = efs_mem_memdup(o->range_end, o->range_end_len);
+		if (!w->range_end)
+			return -ENOMEM;
+		w->range_end_len = o->range_end_len;
+	}
+	return 0;
+}
+
+int efs_etcd_watcher_new(struct efs_etcd_watcher **ret, struct efs_etcd_watch_stream *ws,
+			 const struct efs_etcd_watch_opts *o, efs_etcd_watch_cb cb, void *arg)
+{
+	struct efs_etcd_watcher *w;
+	int r;
+
+	if (!ret || !ws || !o || !o->key || !o->key_len || o->start_revision < 0 || ws->freeing)
+		return -EINVAL;
+	if (o->prefix && o->range_end)
+		return -EINVAL;
+	if (ws->dead)
+		return -ESHUTDOWN;
+	w = efs_mem_calloc(1, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	r = set_range(w, o);
+	if (r < 0) {
+		watcher_release(w);
+		return r;
+	}
+	w->ws = ws;
+	w->id = ws->next_id++;
+	w->prev_kv = o->prev_kv;
+	w->progress_notify = o->progress_notify;
+	w->no_put = o->no_put;
+	w->no_delete = o->no_delete;
+	w->next_rev = o->start_revision;
+	w->state = W_NEW;
+	w->cb = cb;
+	w->arg = arg;
+	w->next = ws->watchers;
+	if (ws->watchers)
+		ws->watchers->prev = w;
+	ws->watchers = w;
+	if (ws->s)
+		(void)send_create(w);
+	else
+		arm_reopen(ws, 0);
+	*ret = w;
+	return 0;
+}
+
+int efs_etcd_watcher_cancel(struct efs_etcd_watcher *w)
+{
+	struct efs_etcd_watch_stream *ws = w->ws;
+
+	switch (w->state) {
+	case W_DONE:
+	case W_CANCELING:
+		return -EALREADY;
+	case W_NEW:
+		/* Not on the server: confirm locally, later. */
+		finish_later(w, EFS_ETCD_WATCH_CANCELED, 0);
+		return 0;
+	case W_CREATING:
+	case W_ACTIVE:
+		break;
+	}
+	w->state = W_CANCELING;
+	free_frag(w);
+	if (send_cancel(ws, w->id) < 0)
+		finish_later(w, EFS_ETCD_WATCH_CANCELED, 0);
+	return 0;
+}
+
+struct efs_etcd_watcher *efs_etcd_watcher_free(struct efs_etcd_watcher *w)
+{
+	struct efs_etcd_watch_stream *ws;
+
+	if (!w)
+		return NULL;
+	ws = w->ws;
+	if (w->state == W_CREATING || w->state == W_ACTIVE)
+		(void)send_cancel(ws, w->id);
+	if (w->prev)
+		w->prev->next = w->next;
+	else
+		ws->watchers = w->next;
+	if (w->next)
+		w->next->prev = w->prev;
+	/* Pending waits complete with -ECANCELED and no watcher. */
+	for (struct wait_req *wr = w->waits; wr; wr = wr->next)
+		wr->w = NULL;
+	while (w->waits) {
+		struct wait_req *wr = w->waits;
+
+		w->waits = wr->next;
+		ready_push(ws, wr, -ECANCELED);
+	}
+	for (struct wait_req *wr = ws->ready; wr; wr = wr->next)
+		if (wr->w == w)
+			wr->w = NULL;
+	for (struct wait_req *wr = ws->barriers; wr; wr = wr->next)
+		if (wr->w == w)
+			wr->w = NULL;
+	watcher_release(w);
+	return NULL;
+}
+
+int64_t efs_etcd_watcher_id(const struct efs_etcd_watcher *w)
+{
+	return w->id;
+}
+
+int64_t efs_etcd_watcher_next_rev(const struct efs_etcd_watcher *w)
+{
+	return w->next_rev;
+}
+
+int efs_etcd_watch_wait_rev(struct efs_etcd_watcher *w, int64_t rev, efs_etcd_watch_wait_cb cb,
+			    void *arg)
+{
+	struct wait_req *wr;
+
+	if (!w || !cb || rev < 0)
+		return -EINVAL;
+	if (w->state == W_DONE)
+		return -ECANCELED;
+	wr = efs_mem_calloc(1, sizeof(*wr));
+	if (!wr)
+		return -ENOMEM;
+	wr->w = w;
+	wr->ws = w->ws;
+	wr->rev = rev;
+	wr->cb = cb;
+	wr->arg = arg;
+	if (w->next_rev > rev) {
+		ready_push(w->ws, wr, 0);
+	} else {
+		wr->next = w->waits;
+		w->waits = wr;
+	}
+	return 0;
+}
+
+static void barrier_put_done(struct efs_etcd_result *r, void *arg)
+{
+	struct wait_req *wr = arg;
+	struct efs_etcd_watch_stream *ws = wr->ws;
+	struct efs_etcd_watcher *w = wr->w;
+	const Etcdserverpb__PutResponse *resp = (const void *)r->resp;
+
+	if (!ws) {
+		efs_mem_free(wr);
+		return;
+	}
+	for (struct wait_req **pp = &ws->barriers; *pp; pp = &(*pp)->next) {
+		if (*pp == wr) {
+			*pp = wr->next;
+			break;
+		}
+	}
+	wr->put = NULL;
+	wr->next = NULL;
+	if (r->err) {
+		ready_push(ws, wr, r->err);
+	} else if (!w || w->state == W_DONE) {
+		ready_push(ws, wr, -ECANCELED);
+	} else {
+		wr->rev = resp->header ? resp->header->revision : 0;
+		if (w->next_rev > wr->rev) {
+			ready_push(ws, wr, 0);
+		} else {
+			wr->next = w->waits;
+			w->waits = wr;
+		}
+	}
+}
+
+int efs_etcd_watch_barrier(struct efs_etcd_watcher *w, const void *key, size_t key_len,
+			   efs_etcd_watch_wait_cb cb, void *arg)
+{
+	Etcdserverpb__PutRequest req = ETCDSERVERPB__PUT_REQUEST__INIT;
+	struct wait_req *wr;
+	int r;
+
+	if (!w || !key || !key_len || !cb || w->no_put)
+		return -EINVAL;
+	if (w->state == W_DONE)
+		return -ECANCELED;
+	wr = efs_mem_calloc(1, sizeof(*wr));
+	if (!wr)
+		return -ENOMEM;
+	wr->w = w;
+	wr->ws = w->ws;
+	wr->cb = cb;
+	wr->arg = arg;
+	req.key.data = (uint8_t *)key;
+	req.key.len = key_len;
+	r = efs_etcd_call(w->ws->c, EFS_ETCD_PUT, &req.base, NULL, barrier_put_done, wr, &wr->put);
+	if (r < 0) {
+		efs_mem_free(wr);
+		return r;
+	}
+	wr->next = w->ws->barriers;
+	w->ws->barriers = wr;
+	return 0;
+}
+
+void efs_etcd_watch_stream_get_stats(const struct efs_etcd_watch_stream *ws,
+				     struct efs_etcd_watch_stream_stats *ret)
+{
+	*ret = ws->stats;
+}
+
+void efs_etcd_watch_stream_fault_delay(struct efs_etcd_watch_stream *ws, uint32_t ms)
+{
+#if EFS_FAULT_HOOKS
+	ws->delay_ms = ms;
+#else
+	(void)ws;
+	(void)ms;
+#endif
+}

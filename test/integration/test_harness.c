@@ -1,0 +1,566 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The etcd test harness against a real etcd: start and stop, leader
+ * changes, pause, TLS, auth, the CLI, and that nothing is left behind.
+ * Every check goes through etcdctl or /proc, never through our own client.
+ */
+#include <criterion/criterion.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static struct efs_harness *h;
+
+static void fini(void)
+{
+	h = efs_harness_free(h);
+}
+
+TestSuite(harness, .fini = fini, .timeout = 90);
+
+static bool path_exists(const char *p)
+{
+	struct stat st;
+
+	return stat(p, &st) == 0;
+}
+
+/* Is |pid| a live (non-zombie) process? */
+static bool pid_alive(pid_t pid)
+{
+	char path[64], buf[512];
+	FILE *f;
+	char *p;
+	bool alive = false;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return false;
+	if (fgets(buf, sizeof(buf), f)) {
+		p = strrchr(buf, ')');
+		alive = p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+	}
+	fclose(f);
+	return alive;
+}
+
+static long long ms_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Runs etcdctl as root (or anonymously without auth); returns status. */
+static int ctl(char **out, const char *a, const char *b, const char *c, const char *d)
+{
+	return efs_harness_etcdctl(h, out, a, b, c, d, NULL);
+}
+
+/* Value of |key| read from member |i| alone (serializable), or NULL. */
+static char *get_from(int i, const char *key)
+{
+	char ep[256], *out = NULL, *nl;
+	int r;
+
+	snprintf(ep, sizeof(ep), "--endpoints=%s", efs_harness_member_url(h, i));
+	r = efs_harness_etcdctl(h, &out, ep, "get", "--consistency=s", "--print-value-only", key,
+				NULL);
+	if (r != 0 || !out || !*out) {
+		free(out);
+		return NULL;
+	}
+	nl = strchr(out, '\n');
+	if (nl)
+		*nl = '\0';
+	return out;
+}
+
+static void assert_put_get(const char *key, const char *val)
+{
+	char *out = NULL;
+
+	cr_assert_eq(ctl(&out, "put", key, val, NULL), 0, "put failed: %s", out);
+	free(out);
+	out = NULL;
+	cr_assert_eq(ctl(&out, "get", "--print-value-only", key, NULL), 0, "get: %s", out);
+	out[strcspn(out, "\n")] = '\0';
+	cr_assert_str_eq(out, val, "got '%s'", out);
+	free(out);
+}
+
+/* Waits until member |i| serves |key| = |val| from its own state. */
+static void assert_member_sees(int i, const char *key, const char *val)
+{
+	long long deadline = ms_now() + 10000;
+	char *v;
+
+	for (;;) {
+		v = get_from(i, key);
+		if (v && !strcmp(v, val))
+			break;
+		free(v);
+		cr_assert_lt(ms_now(), deadline, "member %d never saw %s", i, key);
+		usleep(50000);
+	}
+	free(v);
+}
+
+Test(harness, one_member_serves_and_leaves_nothing)
+{
+	struct efs_harness_opts o = {.members = 1};
+	char dir[256];
+	pid_t pid;
+
+	cr_assert_eq(efs_harness_start(&h, &o), 0);
+	cr_assert_eq(efs_harness_members(h), 1);
+	cr_assert(!strncmp(efs_harness_endpoints(h), "http://127.0.0.1:", 17));
+	cr_assert_str_eq(efs_harness_endpoints(h), efs_harness_member_url(h, 0));
+	cr_assert_null(efs_harness_cacert(h));
+	cr_assert_null(efs_harness_root_password(h));
+	cr_assert_eq(efs_harness_leader(h), 0);
+	cr_assert_eq(efs_harness_follower(h), -ENOENT);
+	assert_put_get("/k", "v1");
+	pid = efs_harness_pid(h, 0);
+	cr_assert_gt(pid, 0);
+	cr_assert(pid_alive(pid));
+	snprintf(dir, sizeof(dir), "%s", efs_harness_dir(h));
+	cr_assert(!strncmp(dir, "/dev/shm/etcfs-harness-", 23));
+	cr_assert(path_exists(efs_harness_log_path(h, 0)));
+	h = efs_harness_free(h);
+	cr_assert(!path_exists(dir), "%s remains", dir);
+	cr_assert(!path_exists((snprintf(dir, sizeof(dir), "/proc/%d", (int)pid), dir)),
+		  "member %d was not reaped", (int)pid);
+}
+
+Test(harness, three_members_serve)
+{
+	struct efs_harness_opts o = {.members = 3};
+	char *out = NULL, *v;
+	int commas = 0, leader, follower;
+
+	cr_assert_eq(efs_harness_start(&h, &o), 0);
+	cr_assert_eq(efs_harness_members(h), 3);
+	for (const char *p = efs_harness_endpoints(h); *p; p++)
+		commas += *p == ',';
+	cr_assert_eq(commas, 2);
+	cr_assert_eq(ctl(&out, "member", "list", NULL, NULL), 0, "%s", out);
+	cr_assert(strstr(out, "m0") && strstr(out, "m1") && strstr(out, "m2"), "%s", out);
+	free(out);
+	out = NULL;
+	cr_assert_eq(ctl(&out, "endpoint", "health", NULL, NULL), 0, "%s", out);
+	free(out);
+	assert_put_get("/three", "yes");
+	for (int i = 0; i < 3; i++)
+		assert_member_sees(i, "/three", "yes");
+	leader = efs_harness_leader(h);
+	follower = efs_harness_follower(h);
+	cr_assert(leader >= 0 && leader < 3);
+	cr_assert(follower >= 0 && follower < 3 && follower != leader);
+	/* The leader gauge agrees with etcdctl's view. */
+	v = NULL;
+	cr_assert_eq(efs_harness_etcdctl(h, &v, "endpoint", "status", "-w", "table", NULL), 0);
+	cr_assert(strstr(v, efs_harness_member_hostport(h, leader)), "%s", v);
+	free(v);
+}
+
+Test(harness, kill_leader_elects_another_and_restart_rejoins)
+{
+	struct efs_harness_opts o = {.members = 3, .heartbeat_ms = 50, .election_ms = 500};
+	pid_t old_pid;
+	int leader, next;
+
+	cr_assert_eq(efs_harness_start(&h, &o), 0);
+	leader = efs_harness_wait_leader(h, 5000);
+	cr_assert_geq(leader, 0);
+	old_pid = efs_harness_pid(h, leader);
+	cr_assert_eq(efs_harness_kill(h, leader), 0);
+	cr_assert_eq(efs_harness_kill(h, leader), -ESRCH);
+	cr_assert_eq(efs_harness_state(h, leader), EFS_HARNESS_DEAD);
+	cr_assert_eq(efs_harness_pid(h, leader), -ESRCH);
+	cr_assert(!pid_alive(old_pid));
+	next = efs_harness_wait_leader(h, 10000);
+	cr_assert_geq(next, 0, "no new leader: %d", next);
+	cr_assert_neq(next, leader);
+	assert_put_get("/after-kill", "1");
+	cr_assert_eq(efs_harness_restart(h, next), -EBUSY);
+	cr_assert_eq(efs_harness_restart(h, leader), 0);
+	cr_assert_eq(efs_harness_state(h, leader), EFS_HARNESS_RUNNING);
+	cr_assert_neq(efs_harness_pid(h, leader), old_pid);
+	assert_member_sees(leader, "/after-kill", "1");
+	cr_assert_geq(efs_harness_wait_leader(h, 5000), 0);
+	/* A graceful stop and restart of a follower. */
+	next = efs_harness_follower(h);
+	cr_assert_geq(next, 0);
+	cr_assert_eq(efs_harness_stop(h, next), 0);
+	assert_put_get("/after-stop", "2");
+	cr_assert_eq(efs_harness_restart(h, next), 0);
+	assert_member_sees(next, "/after-stop", "2");
+}
+
+Test(harness, pause_and_resume)
+{
+	struct efs_harness_opts o = {.members = 3, .heartbeat_ms = 50, .election_ms = 500};
+	int leader, f, next;
+
+	cr_assert_eq(efs_harness_start(&h, &o), 0);
+	f = efs_harness_follower(h);
+	cr_assert_geq(f, 0);
+	cr_assert_eq(efs_harness_pause(h, f), 0);
+	cr_assert_eq(efs_harness_pause(h, f), -EALREADY);
+	cr_assert_eq(efs_harness_state(h, f), EFS_HARNESS_PAUSED);
+	cr_assert_eq(efs_harness_wait_member(h, f, 100), -EBUSY);
+	/* The two others keep serving; the paused one is skipped. */
+	assert_put_get("/paused", "f");
+	cr_assert_eq(efs_harness_resume(h, f), 0);
+	cr_assert_eq(efs_harness_resume(h, f), -EALREADY);
+	cr_assert_eq(efs_harness_wait_member(h, f, 10000), 0);
+	assert_member_sees(f, "/paused", "f");
+
+	/* Pausing the leader makes the others elect a new one. */
+	leader = efs_harness_wait_leader(h, 5000);
+	cr_assert_geq(leader, 0);
+	cr_assert_eq(efs_harness_pause(h, leader), 0);
+	next = efs_harness_wait_leader(h, 10000);
+	cr_assert_geq(next, 0);
+	cr_assert_neq(next, leader);
+	assert_put_get("/paused-leader", "l");
+	cr_assert_eq(efs_harness_resume(h, leader), 0);
+	cr_assert_eq(efs_harness_wait_member(h, leader, 10000), 0);
+	assert_member_sees(leader, "/paused-leader", "l");
+	cr_assert_geq(efs_harness_wait_leader(h, 5000), 0);
+}
+
+Test(harness, tls_with_client_cert_auth)
+{
+	struct efs_harness_opts o = {.members = 1, .tls = true, .client_cert_auth = true};
+	char *out = NULL;
+
+	cr_assert_eq(efs_harness_start(&h, &o), 0);
+	cr_assert(!strncmp(efs_harness_endpoints(h), "https://127.0.0.1:", 18));
+	cr_assert(path_exists(efs_harness_cacert(h)));
+	cr_assert(path_exists(efs_harness_client_cert(h)));
+	cr_assert(path_exists(efs_harness_client_key(h)));
+	assert_put_get("/tls", "ok");
+	/* Without the client certificate the server refuses. */
+	cr_assert_neq(efs_harness_etcdctl(h, &out, "--cert=", "--key=", "--dial-timeout=1s",
+					  "--command-timeout=2s", "get", "/tls", NULL),
+		      0, "%s", out);
+	free(out);
+	out = NULL;
+	/* Nor does it talk plaintext. */
+	{
+		char ep[256];
+
+		snprintf(ep, sizeof(ep), "--endpoints=%s", efs_harness_endpoints(h) + 8);
+		cr_assert_neq(efs_harness_etcdctl(h, &out, ep, "--cacert=", "--cert=", "--key=",
+						  "--dial-timeout=1s", "--command-timeout=2s",
+						  "get", "/tls", NULL),
+			      0, "%s", out);
+		free(out);
+	}
+}
+
+Test(harness, tls_on_another_local_address_three_members)
+{
+	struct efs_harness_opts o = {.members = 3, .tls = true, .listen_addr = "127.0.0.2"};
+
+	cr_assert_eq(efs_harness_start(&h, &o), 0);
+	cr_assert(!strncmp(efs_harness_member_url(h, 1), "https://127.0.0.2:", 18));
+	cr_assert(!strncmp(efs_harness_peer_url(h, 1), "http://127.0.0.2:", 17));
+	cr_assert(!strncmp(efs_harness_metrics_url(h, 2), "http://127.0.0.2:", 17));
+	assert_put_get("/addr", "127.0.0.2");
+	cr_assert_geq(efs_harness_leader(h), 0);
+}
+
+Test(harness, auth_rejects_anonymous_accepts_root_and_user)
+{
+	struct efs_harness_opts o = {.members = 1,
+				     .auth = true,
+				     .root_password = "s3cret pw",
+				     .user = "alice",
+				     .user_prefix = "/a/",
+				     .auth_token_ttl_s = 30};
+	char *out = NULL;
+
+	cr_assert_eq(efs_harness_start(&h, &o), 0);
+	cr_assert_str_eq(efs_harness_root_password(h), "s3cret pw");
+	cr_assert_str_eq(efs_harness_user(h), "alice");
+	cr_assert_str_eq(efs_harness_user_password(h), "etcfs-user-pw");
+	cr_assert_neq(efs_harness_etcdctl_as(h, NULL, NULL, &out, "put", "/x", "1", NULL), 0);
+	cr_assert(strstr(out, "user name is empty"), "%s", out);
+	free(out);
+	out = NULL;
+	cr_assert_neq(efs_harness_etcdctl_as(h, "root", "wrong", &out, "put", "/x", "1", NULL),
+		      0);
+	cr_assert(strstr(out, "authentication failed"), "%s", out);
+	free(out);
+	assert_put_get("/x", "root");
+	out = NULL;
+	cr_assert_eq(efs_harness_etcdctl_as(h, "alice", "etcfs-user-pw", &out, "put", "/a/1", "u",
+					    NULL),
+		     0, "%s", out);
+	free(out);
+	out = NULL;
+	cr_assert_neq(efs_harness_etcdctl_as(h, "alice", "etcfs-user-pw", &out, "put", "/b/1",
+					     "u", NULL),
+		      0);
+	cr_assert(strstr(out, "permission denied"), "%s", out);
+	free(out);
+	out = NULL;
+	cr_assert_eq(ctl(&out, "user", "list", NULL, NULL), 0, "%s", out);
+	cr_assert(strstr(out, "root") && strstr(out, "alice"), "%s", out);
+	free(out);
+}
+
+Test(harness, tls_and_auth_together)
+{
+	struct efs_harness_opts o = {.members = 3, .tls = true, .client_cert_auth = true,
+				     .auth = true};
+	char *out = NULL;
+
+	cr_assert_eq(efs_harness_start(&h, &o), 0);
+	assert_put_get("/both", "yes");
+	/* The default client CN names no user, so the certificate alone is not enough. */
+	cr_assert_neq(efs_harness_etcdctl_as(h, NULL, NULL, &out, "put", "/y", "1", NULL), 0);
+	free(out);
+}
+
+Test(harness, options_reach_etcd)
+{
+	const char *const extra[] = {"--max-txn-ops=256", NULL};
+	struct efs_harness_opts o = {.members = 1,
+				     .auto_compaction = true,
+				     .auto_compaction_retention = "5m",
+				     .quota_bytes = 64LL << 20,
+				     .fsync = true,
+				     .extra_args = extra};
+	char path[64], cmd[8192];
+	double quota = 0;
+	size_t n;
+	FILE *f;
+
+	cr_assert_eq(efs_harness_start(&h, &o), 0);
+	cr_assert_eq(efs_harness_metric(h, 0, "etcd_server_quota_backend_bytes", &quota), 0);
+	cr_assert_eq((long long)quota, 64LL << 20);
+	cr_assert_eq(efs_harness_metric(h, 0, "no_such_metric_xyz", &quota), -ENOENT);
+	snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)efs_harness_pid(h, 0));
+	f = fopen(path, "r");
+	cr_assert_not_null(f);
+	n = fread(cmd, 1, sizeof(cmd) - 1, f);
+	fclose(f);
+	for (size_t i = 0; i < n; i++)
+		cmd[i] = cmd[i] ? cmd[i] : ' ';
+	cmd[n] = '\0';
+	cr_assert(strstr(cmd, "--auto-compaction-mode=periodic"), "%s", cmd);
+	cr_assert(strstr(cmd, "--auto-compaction-retention=5m"), "%s", cmd);
+	cr_assert(strstr(cmd, "--max-txn-ops=256"), "%s", cmd);
+	cr_assert(!strstr(cmd, "--unsafe-no-fsync"), "%s", cmd);
+	assert_put_get("/opt", "1");
+}
+
+Test(harness, bad_options_fail_cleanly)
+{
+	struct efs_harness_opts two = {.members = 2};
+	struct efs_harness_opts addr = {.listen_addr = "localhost"};
+	struct efs_harness_opts cca = {.client_cert_auth = true};
+	struct efs_harness_opts cn = {.tls = true, .client_cert_cn = "a/b"};
+
+	cr_assert_eq(efs_harness_start(&h, &two), -EINVAL);
+	cr_assert_eq(efs_harness_start(&h, &addr), -EINVAL);
+	cr_assert_eq(efs_harness_start(&h, &cca), -EINVAL);
+	cr_assert_eq(efs_harness_start(&h, &cn), -EINVAL);
+	cr_assert_null(h);
+}
+
+Test(harness, etcdctl_reports_failures)
+{
+	char *out = NULL;
+
+	cr_assert_eq(efs_harness_start(&h, NULL), 0);
+	cr_assert_gt(ctl(&out, "no-such-command", NULL, NULL, NULL), 0);
+	free(out);
+	out = NULL;
+	cr_assert_eq(ctl(&out, "get", "--print-value-only", "/absent", NULL), 0);
+	cr_assert_str_eq(out, "");
+	free(out);
+	/* With every member dead there is nothing to ask. */
+	cr_assert_eq(efs_harness_kill(h, 0), 0);
+	cr_assert_eq(ctl(NULL, "get", "/x", NULL, NULL), -ESRCH);
+	cr_assert_eq(efs_harness_leader(h), -ENOENT);
+	cr_assert_eq(efs_harness_wait_leader(h, 100), -ETIMEDOUT);
+}
+
+/*
+ * Free with a paused member, under TLS and auth: every process is gone
+ * (reaped, so not even a zombie) and every directory removed.
+ */
+Test(harness, free_stops_paused_members_and_removes_everything)
+{
+	struct efs_harness_opts o = {.members = 3, .tls = true, .auth = true};
+	char dir[256], proc[64];
+	pid_t pids[3];
+
+	cr_assert_eq(efs_harness_start(&h, &o), 0);
+	snprintf(dir, sizeof(dir), "%s", efs_harness_dir(h));
+	for (int i = 0; i < 3; i++)
+		pids[i] = efs_harness_pid(h, i);
+	cr_assert_eq(efs_harness_pause(h, 1), 0);
+	cr_assert_eq(efs_harness_kill(h, 2), 0);
+	h = efs_harness_free(h);
+	cr_assert(!path_exists(dir), "%s remains", dir);
+	for (int i = 0; i < 3; i++) {
+		snprintf(proc, sizeof(proc), "/proc/%d", (int)pids[i]);
+		cr_assert(!path_exists(proc), "member %d (pid %d) remains", i, (int)pids[i]);
+	}
+}
+
+/*
+ * A test process that dies without cleanup takes its members with it
+ * (PDEATHSIG), and the next start removes its directory.
+ */
+Test(harness, members_die_with_their_process)
+{
+	struct efs_harness_opts o = {.members = 3};
+	char dir[256];
+	pid_t child, pids[3];
+	int p[2], status;
+	long long deadline;
+
+	cr_assert_eq(pipe(p), 0);
+	child = fork();
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		struct efs_harness *ch;
+
+		close(p[0]);
+		if (efs_harness_start(&ch, &o) != 0)
+			_exit(1);
+		snprintf(dir, sizeof(dir), "%s", efs_harness_dir(ch));
+		for (int i = 0; i < 3; i++)
+			pids[i] = efs_harness_pid(ch, i);
+		if (write(p[1], pids, sizeof(pids)) != sizeof(pids) ||
+		    write(p[1], dir, sizeof(dir)) != sizeof(dir))
+			_exit(1);
+		raise(SIGKILL);
+		_exit(1);
+	}
+	close(p[1]);
+	cr_assert_eq(read(p[0], pids, sizeof(pids)), (ssize_t)sizeof(pids));
+	cr_assert_eq(read(p[0], dir, sizeof(dir)), (ssize_t)sizeof(dir));
+	close(p[0]);
+	cr_assert_eq(waitpid(child, &status, 0), child);
+	cr_assert(WIFSIGNALED(status));
+	deadline = ms_now() + 5000;
+	for (int i = 0; i < 3; i++) {
+		while (pid_alive(pids[i]) && ms_now() < deadline)
+			usleep(20000);
+		cr_assert(!pid_alive(pids[i]), "member pid %d outlived its parent", (int)pids[i]);
+	}
+	cr_assert(path_exists(dir));
+	cr_assert_eq(efs_harness_start(&h, NULL), 0);
+	cr_assert(!path_exists(dir), "stale %s was not swept", dir);
+}
+
+/* The CLI: members outlive it, and stop removes them by PID. */
+Test(harness, cli_start_status_fault_stop)
+{
+	const char *root = getenv("ETCFS_BUILD_ROOT");
+	char exe[512], state[256], cmd[1024], line[512], *eps = NULL;
+	int pid = 0, pids[3] = {0}, n = 0, idx;
+	FILE *f;
+
+	cr_assert_not_null(root, "ETCFS_BUILD_ROOT is not set (run through meson test)");
+	snprintf(exe, sizeof(exe), "%s/test/harness/etcd-harness", root);
+	snprintf(state, sizeof(state), "/dev/shm/etcfs-harness-cli-test-%d", (int)getpid());
+	snprintf(cmd, sizeof(cmd), "%s start --members 3 --auth --state %s 2>/dev/null", exe,
+		 state);
+	f = popen(cmd, "r");
+	cr_assert_not_null(f);
+	while (fgets(line, sizeof(line), f)) {
+		if (!strncmp(line, "ETCD_ENDPOINTS=", 15))
+			eps = strdup(line + 15);
+	}
+	cr_assert_eq(pclose(f), 0);
+	cr_assert_not_null(eps);
+	cr_assert(!strncmp(eps, "http://127.0.0.1:", 17), "%s", eps);
+	free(eps);
+
+	snprintf(cmd, sizeof(cmd), "%s status --state %s", exe, state);
+	f = popen(cmd, "r");
+	cr_assert_not_null(f);
+	while (fgets(line, sizeof(line), f) && n < 3) {
+		cr_assert_eq(sscanf(line, "%d %d", &idx, &pid), 2, "%s", line);
+		pids[n++] = pid;
+	}
+	cr_assert_eq(pclose(f), 0);
+	cr_assert_eq(n, 3);
+	for (int i = 0; i < 3; i++)
+		cr_assert(pid_alive(pids[i]));
+
+	snprintf(cmd, sizeof(cmd), "%s etcdctl --state %s -- put /cli 1 >/dev/null", exe, state);
+	cr_assert_eq(system(cmd), 0);
+	snprintf(cmd, sizeof(cmd), "%s etcdctl --anon --state %s -- put /cli 2 >/dev/null 2>&1",
+		 exe, state);
+	cr_assert_neq(system(cmd), 0);
+	snprintf(cmd, sizeof(cmd), "%s kill --state %s follower >/dev/null", exe, state);
+	cr_assert_eq(system(cmd), 0);
+	snprintf(cmd, sizeof(cmd), "%s status --state %s >/dev/null", exe, state);
+	cr_assert_neq(system(cmd), 0, "status must fail with a dead member");
+	snprintf(cmd, sizeof(cmd), "%s stop --state %s", exe, state);
+	cr_assert_eq(system(cmd), 0);
+	for (int i = 0; i < 3; i++)
+		cr_assert(!pid_alive(pids[i]), "pid %d survived stop", pids[i]);
+	cr_assert(!path_exists(state));
+}
+
+Test(harness, etcd_failure_is_reported_and_cleaned_up)
+{
+	const char *const bad[] = {"--no-such-flag", NULL};
+	struct efs_harness_opts o = {.members = 1, .extra_args = bad};
+
+	cr_assert_eq(efs_harness_start(&h, &o), -EIO);
+	cr_assert_null(h);
+}
+
+/*
+ * A restart whose port has been taken fails with -EIO (after retries) and
+ * leaves the member dead; once the port is free again it succeeds.
+ */
+Test(harness, restart_fails_cleanly_when_its_port_is_taken)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	const char *hp;
+	int fd, one = 1;
+
+	cr_assert_eq(efs_harness_start(&h, NULL), 0);
+	assert_put_get("/before", "1");
+	hp = efs_harness_member_hostport(h, 0);
+	sa.sin_port = htons((uint16_t)atoi(strrchr(hp, ':') + 1));
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	cr_assert_eq(efs_harness_kill(h, 0), 0);
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)), 0);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "bind: %s", strerror(errno));
+	cr_assert_eq(listen(fd, 1), 0);
+	cr_assert_eq(efs_harness_restart(h, 0), -EIO);
+	cr_assert_eq(efs_harness_state(h, 0), EFS_HARNESS_DEAD);
+	close(fd);
+	cr_assert_eq(efs_harness_restart(h, 0), 0);
+	cr_assert_eq(efs_harness_leader(h), 0);
+	assert_put_get("/before", "1");
+}

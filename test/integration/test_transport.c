@@ -1,0 +1,873 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The etcd client's transport and call layer against real etcd members
+ * started by test/harness: every unary method, big replies, deadlines,
+ * cancellation, failover, reconnects, lost quorum, TLS, auth, the fault
+ * hooks, streams, keepalive PINGs and many concurrent calls on one
+ * connection.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <uv.h>
+
+#include "etcd/etcd.h"
+#include "harness.h"
+#include "util/clock.h"
+#include "util/mem.h"
+
+static struct efs_harness *h;
+static uv_loop_t loop;
+static struct efs_etcd *cli;
+
+static void init(void)
+{
+	cr_assert_eq(uv_loop_init(&loop), 0);
+}
+
+static void on_freed(void *arg)
+{
+	*(bool *)arg = true;
+}
+
+/* Frees the client and checks that every handle is gone (no leaks: the
+ * sanitizer build runs LeakSanitizer at exit). */
+static void free_client(void)
+{
+	bool freed = false;
+
+	if (!cli)
+		return;
+	efs_etcd_free(cli, on_freed, &freed);
+	cli = NULL;
+	while (!freed)
+		uv_run(&loop, UV_RUN_ONCE);
+	uv_run(&loop, UV_RUN_NOWAIT);
+	cr_assert_eq(uv_loop_close(&loop), 0, "client left handles on the loop");
+}
+
+static void fini(void)
+{
+	free_client();
+	h = efs_harness_free(h);
+}
+
+TestSuite(transport, .init = init, .fini = fini, .timeout = 120);
+
+static void start_cluster(const struct efs_harness_opts *o)
+{
+	int r = efs_harness_start(&h, o);
+
+	cr_assert_eq(r, 0, "harness start: %s", strerror(-r));
+}
+
+static void new_client(const struct efs_etcd_opts *o)
+{
+	int r = efs_etcd_new(&cli, &loop, o);
+
+	cr_assert_eq(r, 0, "efs_etcd_new: %s", strerror(-r));
+}
+
+static void plain_client(void)
+{
+	struct efs_etcd_opts o = { .endpoints = efs_harness_endpoints(h) };
+
+	new_client(&o);
+}
+
+/* ---- Synchronous wrappers ---- */
+
+struct res {
+	bool done;
+	int err;
+	int grpc_status;
+	bool unknown;
+	char msg[512];
+	ProtobufCMessage *resp;
+};
+
+static void on_result(struct efs_etcd_result *r, void *arg)
+{
+	struct res *x = arg;
+
+	cr_assert(!x->done, "callback ran twice");
+	x->done = true;
+	x->err = r->err;
+	x->grpc_status = r->grpc_status;
+	x->unknown = r->outcome_unknown;
+	cr_assert_not_null(r->message);
+	snprintf(x->msg, sizeof(x->msg), "%s", r->message);
+	x->resp = r->resp;
+	r->resp = NULL; /* taken */
+	if (x->err == 0)
+		cr_assert_not_null(x->resp);
+	else
+		cr_assert_null(x->resp);
+}
+
+static void res_done(struct res *x)
+{
+	if (x->resp)
+		protobuf_c_message_free_unpacked(x->resp, efs_mem_protobuf());
+	x->resp = NULL;
+}
+
+static void wait_for(bool *flag)
+{
+	while (!*flag)
+		uv_run(&loop, UV_RUN_ONCE);
+}
+
+static void call_co(enum efs_etcd_method m, const ProtobufCMessage *req,
+		    const struct efs_etcd_callopts *co, struct res *x)
+{
+	int r;
+
+	memset(x, 0, sizeof(*x));
+	r = efs_etcd_call(cli, m, req, co, on_result, x, NULL);
+	cr_assert_eq(r, 0, "efs_etcd_call(%s): %s", efs_etcd_method_name(m), strerror(-r));
+	cr_assert(!x->done, "callback ran inline");
+	wait_for(&x->done);
+}
+
+static void call(enum efs_etcd_method m, const ProtobufCMessage *req, struct res *x)
+{
+	call_co(m, req, NULL, x);
+}
+
+static void call_ok(enum efs_etcd_method m, const ProtobufCMessage *req, struct res *x)
+{
+	call(m, req, x);
+	cr_assert_eq(x->err, 0, "%s failed: %d %s", efs_etcd_method_name(m), x->err, x->msg);
+}
+
+static int put(const char *key, const void *val, size_t len, struct res *x)
+{
+	Etcdserverpb__PutRequest p = ETCDSERVERPB__PUT_REQUEST__INIT;
+
+	p.key.data = (uint8_t *)key;
+	p.key.len = strlen(key);
+	p.value.data = (uint8_t *)val;
+	p.value.len = len;
+	call(EFS_ETCD_PUT, &p.base, x);
+	return x->err;
+}
+
+static void put_ok(const char *key, const char *val)
+{
+	struct res x;
+
+	put(key, val, strlen(val), &x);
+	cr_assert_eq(x.err, 0, "Put %s: %d %s", key, x.err, x.msg);
+	res_done(&x);
+}
+
+/* Value of |key| ("" when absent) into |buf|. */
+static int get(const char *key, char *buf, size_t size)
+{
+	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	Etcdserverpb__RangeResponse *rr;
+	struct res x;
+
+	q.key.data = (uint8_t *)key;
+	q.key.len = strlen(key);
+	call(EFS_ETCD_RANGE, &q.base, &x);
+	if (x.err)
+		return x.err;
+	rr = (Etcdserverpb__RangeResponse *)x.resp;
+	buf[0] = '\0';
+	if (rr->n_kvs)
+		snprintf(buf, size, "%.*s", (int)rr->kvs[0]->value.len,
+			 (const char *)rr->kvs[0]->value.data);
+	res_done(&x);
+	return 0;
+}
+
+static int free_port(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+
+	cr_assert(fd >= 0);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	port = ntohs(a.sin_port);
+	close(fd); /* nothing listens there now */
+	return port;
+}
+
+static uint64_t now_ms(void)
+{
+	return efs_clock_mono_ns() / EFS_NSEC_PER_MSEC;
+}
+
+/* ---- Tests ---- */
+
+Test(transport, bad_options_are_rejected)
+{
+	struct efs_etcd_opts o = { 0 };
+	struct efs_etcd *c = NULL;
+
+	cr_assert_eq(efs_etcd_new(&c, &loop, &o), -EINVAL);
+	o.endpoints = "ftp://x:1";
+	cr_assert_eq(efs_etcd_new(&c, &loop, &o), -EINVAL);
+	o.endpoints = "http://host:99999";
+	cr_assert_eq(efs_etcd_new(&c, &loop, &o), -EINVAL);
+	o.endpoints = "[::1";
+	cr_assert_eq(efs_etcd_new(&c, &loop, &o), -EINVAL);
+	o.endpoints = "https://127.0.0.1:1";
+	o.cacert = "/nonexistent/ca.pem";
+	cr_assert_eq(efs_etcd_new(&c, &loop, &o), -ENOENT);
+	o.cacert = NULL;
+	o.cert = "/etc/hostname";
+	cr_assert_eq(efs_etcd_new(&c, &loop, &o), -EINVAL, "cert without key");
+
+	/* Endpoint forms that parse; the default port is 2379. */
+	o = (struct efs_etcd_opts){ .endpoints = "10.1.2.3, http://h:1/,[::1]:5,[fe80::1]" };
+	cr_assert_eq(efs_etcd_new(&c, &loop, &o), 0);
+	cr_assert_str_eq(efs_etcd_channel_endpoint(c, EFS_ETCD_CH_BULK), "http://10.1.2.3:2379");
+	cr_assert_str_eq(efs_etcd_channel_endpoint(c, EFS_ETCD_CH_PRIO), "http://h:1");
+	efs_etcd_channel_failover(c, EFS_ETCD_CH_BULK);
+	cr_assert_str_eq(efs_etcd_channel_endpoint(c, EFS_ETCD_CH_BULK), "http://h:1");
+	efs_etcd_channel_failover(c, EFS_ETCD_CH_BULK);
+	cr_assert_str_eq(efs_etcd_channel_endpoint(c, EFS_ETCD_CH_BULK), "http://[::1]:5");
+	efs_etcd_channel_failover(c, EFS_ETCD_CH_BULK);
+	cr_assert_str_eq(efs_etcd_channel_endpoint(c, EFS_ETCD_CH_BULK), "http://[fe80::1]:2379");
+	cli = c;
+
+	/* A request of the wrong type is refused at once. */
+	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_PUT, &q.base, NULL, on_result, NULL, NULL),
+		     -EINVAL);
+	cr_assert_str_eq(efs_etcd_method_name(EFS_ETCD_TXN), "Txn");
+}
+
+Test(transport, every_unary_method_round_trips)
+{
+	struct res x;
+
+	start_cluster(NULL);
+	plain_client();
+
+	put_ok("/t/a", "1");
+	put_ok("/t/b", "2");
+
+	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	q.key.data = (uint8_t *)"/t/";
+	q.key.len = 3;
+	q.range_end.data = (uint8_t *)"/t0";
+	q.range_end.len = 3;
+	call_ok(EFS_ETCD_RANGE, &q.base, &x);
+	Etcdserverpb__RangeResponse *rr = (void *)x.resp;
+	cr_assert_eq(rr->n_kvs, 2);
+	cr_assert_eq(rr->kvs[1]->value.len, 1);
+	cr_assert_eq(rr->kvs[1]->value.data[0], '2');
+	int64_t rev = rr->header->revision;
+	res_done(&x);
+
+	Etcdserverpb__Compare cmp = ETCDSERVERPB__COMPARE__INIT;
+	cmp.key.data = (uint8_t *)"/t/a";
+	cmp.key.len = 4;
+	cmp.target = ETCDSERVERPB__COMPARE__COMPARE_TARGET__VALUE;
+	cmp.target_union_case = ETCDSERVERPB__COMPARE__TARGET_UNION_VALUE;
+	cmp.value.data = (uint8_t *)"1";
+	cmp.value.len = 1;
+	Etcdserverpb__Compare *cmps[] = { &cmp };
+	Etcdserverpb__PutRequest tp = ETCDSERVERPB__PUT_REQUEST__INIT;
+	tp.key.data = (uint8_t *)"/t/c";
+	tp.key.len = 4;
+	tp.value.data = (uint8_t *)"3";
+	tp.value.len = 1;
+	Etcdserverpb__RequestOp op = ETCDSERVERPB__REQUEST_OP__INIT;
+	op.request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT;
+	op.request_put = &tp;
+	Etcdserverpb__RequestOp *ops[] = { &op };
+	Etcdserverpb__TxnRequest t = ETCDSERVERPB__TXN_REQUEST__INIT;
+	t.n_compare = 1;
+	t.compare = cmps;
+	t.n_success = 1;
+	t.success = ops;
+	call_ok(EFS_ETCD_TXN, &t.base, &x);
+	cr_assert(((Etcdserverpb__TxnResponse *)x.resp)->succeeded);
+	res_done(&x);
+
+	Etcdserverpb__DeleteRangeRequest d = ETCDSERVERPB__DELETE_RANGE_REQUEST__INIT;
+	d.key = q.key;
+	d.range_end = q.range_end;
+	call_ok(EFS_ETCD_DELETE_RANGE, &d.base, &x);
+	cr_assert_eq(((Etcdserverpb__DeleteRangeResponse *)x.resp)->deleted, 3);
+	res_done(&x);
+
+	Etcdserverpb__CompactionRequest cp = ETCDSERVERPB__COMPACTION_REQUEST__INIT;
+	cp.revision = rev;
+	call_ok(EFS_ETCD_COMPACT, &cp.base, &x);
+	res_done(&x);
+	/* A read below the compacted revision is OUT_OF_RANGE. */
+	q.revision = rev - 1;
+	call(EFS_ETCD_RANGE, &q.base, &x);
+	cr_assert_eq(x.grpc_status, 11, "%d %s", x.grpc_status, x.msg);
+	cr_assert_lt(x.err, 0);
+	cr_assert(strstr(x.msg, "compacted"), "%s", x.msg);
+	q.revision = 0;
+
+	Etcdserverpb__LeaseGrantRequest lg = ETCDSERVERPB__LEASE_GRANT_REQUEST__INIT;
+	lg.ttl = 30;
+	call_ok(EFS_ETCD_LEASE_GRANT, &lg.base, &x);
+	int64_t id = ((Etcdserverpb__LeaseGrantResponse *)x.resp)->id;
+	cr_assert_gt(id, 0);
+	res_done(&x);
+
+	Etcdserverpb__LeaseTimeToLiveRequest ttl = ETCDSERVERPB__LEASE_TIME_TO_LIVE_REQUEST__INIT;
+	ttl.id = id;
+	call_ok(EFS_ETCD_LEASE_TIME_TO_LIVE, &ttl.base, &x);
+	cr_assert_eq(((Etcdserverpb__LeaseTimeToLiveResponse *)x.resp)->grantedttl, 30);
+	res_done(&x);
+
+	Etcdserverpb__LeaseLeasesRequest ll = ETCDSERVERPB__LEASE_LEASES_REQUEST__INIT;
+	call_ok(EFS_ETCD_LEASE_LEASES, &ll.base, &x);
+	cr_assert_eq(((Etcdserverpb__LeaseLeasesResponse *)x.resp)->n_leases, 1);
+	res_done(&x);
+
+	Etcdserverpb__LeaseRevokeRequest lr = ETCDSERVERPB__LEASE_REVOKE_REQUEST__INIT;
+	lr.id = id;
+	call_ok(EFS_ETCD_LEASE_REVOKE, &lr.base, &x);
+	res_done(&x);
+	call(EFS_ETCD_LEASE_REVOKE, &lr.base, &x);
+	cr_assert_eq(x.grpc_status, 5, "revoking twice: %d %s", x.grpc_status, x.msg);
+
+	Etcdserverpb__StatusRequest sr = ETCDSERVERPB__STATUS_REQUEST__INIT;
+	call_ok(EFS_ETCD_STATUS, &sr.base, &x);
+	cr_assert_str_eq(((Etcdserverpb__StatusResponse *)x.resp)->version, "3.4.23");
+	res_done(&x);
+
+	Etcdserverpb__MemberListRequest ml = ETCDSERVERPB__MEMBER_LIST_REQUEST__INIT;
+	call_ok(EFS_ETCD_MEMBER_LIST, &ml.base, &x);
+	cr_assert_eq(((Etcdserverpb__MemberListResponse *)x.resp)->n_members, 1);
+	res_done(&x);
+
+	/* An etcd error arrives trailers-only with its message. */
+	Etcdserverpb__PutRequest bad = ETCDSERVERPB__PUT_REQUEST__INIT;
+	call(EFS_ETCD_PUT, &bad.base, &x);
+	cr_assert_eq(x.grpc_status, 3);
+	cr_assert_eq(x.err, -EINVAL, "%d", x.err);
+	cr_assert(strstr(x.msg, "key is not provided"), "%s", x.msg);
+	cr_assert(!x.unknown);
+
+	struct efs_etcd_stats st;
+	efs_etcd_get_stats(cli, &st);
+	cr_assert_geq(st.calls_started, 15);
+	cr_assert_gt(st.bytes_sent, 0);
+	cr_assert_gt(st.bytes_received, 0);
+}
+
+Test(transport, large_reply_of_20_mib)
+{
+	enum { N = 20, SZ = 1000 * 1000 };
+	char *val = malloc(SZ);
+	struct res x;
+
+	cr_assert_not_null(val);
+	start_cluster(NULL);
+	plain_client();
+	for (int i = 0; i < N; i++) {
+		char key[32];
+
+		memset(val, 'a' + i, SZ);
+		snprintf(key, sizeof(key), "/big/%02d", i);
+		cr_assert_eq(put(key, val, SZ, &x), 0, "%s", x.msg);
+		res_done(&x);
+	}
+	free(val);
+	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	q.key.data = (uint8_t *)"/big/";
+	q.key.len = 5;
+	q.range_end.data = (uint8_t *)"/big0";
+	q.range_end.len = 5;
+	struct efs_etcd_callopts co = { .timeout_ms = 20000 };
+	uint64_t t0 = now_ms();
+	call_co(EFS_ETCD_RANGE, &q.base, &co, &x);
+	cr_assert_eq(x.err, 0, "%s", x.msg);
+	Etcdserverpb__RangeResponse *rr = (void *)x.resp;
+	cr_assert_eq(rr->n_kvs, N);
+	for (int i = 0; i < N; i++) {
+		cr_assert_eq(rr->kvs[i]->value.len, SZ);
+		cr_assert_eq(rr->kvs[i]->value.data[SZ - 1], 'a' + i);
+	}
+	res_done(&x);
+	cr_log_info("20 MB range took %llu ms", (unsigned long long)(now_ms() - t0));
+
+	/* The same reply over a client with a small receive limit fails
+	 * with -EMSGSIZE, and the connection stays usable. */
+	free_client();
+	cr_assert_eq(uv_loop_init(&loop), 0);
+	struct efs_etcd_opts o = { .endpoints = efs_harness_endpoints(h),
+				   .max_recv_msg = 1 << 20 };
+	new_client(&o);
+	call(EFS_ETCD_RANGE, &q.base, &x);
+	cr_assert_eq(x.err, -EMSGSIZE, "%d %s", x.err, x.msg);
+	q.keys_only = true;
+	call_ok(EFS_ETCD_RANGE, &q.base, &x);
+	cr_assert_eq(((Etcdserverpb__RangeResponse *)x.resp)->n_kvs, N);
+	res_done(&x);
+}
+
+Test(transport, local_deadline_and_cancel)
+{
+	struct res x, y;
+	struct efs_etcd_call *handle;
+
+	start_cluster(NULL);
+	plain_client();
+	put_ok("/d", "1");
+
+	/* A stopped member accepts nothing: the local timer ends the call. */
+	cr_assert_eq(efs_harness_pause(h, 0), 0);
+	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	q.key.data = (uint8_t *)"/d";
+	q.key.len = 2;
+	struct efs_etcd_callopts co = { .timeout_ms = 300 };
+	uint64_t t0 = now_ms();
+	call_co(EFS_ETCD_RANGE, &q.base, &co, &x);
+	uint64_t took = now_ms() - t0;
+	cr_assert_eq(x.err, -ETIMEDOUT, "%d %s", x.err, x.msg);
+	cr_assert_eq(x.grpc_status, -1);
+	cr_assert(!x.unknown, "a read has no unknown outcome");
+	cr_assert(took >= 290 && took < 1000, "took %llu ms", (unsigned long long)took);
+
+	/* A mutation that times out after sending has an unknown outcome. */
+	Etcdserverpb__PutRequest p = ETCDSERVERPB__PUT_REQUEST__INIT;
+	p.key = q.key;
+	call_co(EFS_ETCD_PUT, &p.base, &co, &x);
+	cr_assert_eq(x.err, -ETIMEDOUT);
+	cr_assert(x.unknown);
+
+	/* Cancel: the callback runs later, once, with -ECANCELED. */
+	memset(&y, 0, sizeof(y));
+	cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_RANGE, &q.base, NULL, on_result, &y, &handle), 0);
+	uv_run(&loop, UV_RUN_NOWAIT);
+	efs_etcd_call_cancel(handle);
+	cr_assert(!y.done);
+	wait_for(&y.done);
+	cr_assert_eq(y.err, -ECANCELED);
+
+	cr_assert_eq(efs_harness_resume(h, 0), 0);
+	char buf[16];
+	cr_assert_eq(get("/d", buf, sizeof(buf)), 0);
+	cr_assert_str_eq(buf, "1");
+
+	/* Cancelling before anything went out. */
+	memset(&y, 0, sizeof(y));
+	cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_RANGE, &q.base, NULL, on_result, &y, &handle), 0);
+	efs_etcd_call_cancel(handle);
+	wait_for(&y.done);
+	cr_assert_eq(y.err, -ECANCELED);
+	cr_assert(!y.unknown);
+}
+
+Test(transport, failover_past_a_dead_endpoint)
+{
+	char eps[512];
+	struct res x;
+
+	start_cluster(NULL);
+	snprintf(eps, sizeof(eps), "http://127.0.0.1:%d,%s", free_port(),
+		 efs_harness_endpoints(h));
+	struct efs_etcd_opts o = { .endpoints = eps };
+	new_client(&o);
+	cr_assert(strstr(efs_etcd_channel_endpoint(cli, EFS_ETCD_CH_BULK), "127.0.0.1:"));
+	/* A mutation that never reached a server is retried elsewhere. */
+	cr_assert_eq(put("/f", "v", 1, &x), 0, "%s", x.msg);
+	res_done(&x);
+	cr_assert_str_eq(efs_etcd_channel_endpoint(cli, EFS_ETCD_CH_BULK),
+			 efs_harness_member_url(h, 0));
+	/* The priority channel started on the live endpoint (1 mod 2). */
+	cr_assert_str_eq(efs_etcd_channel_endpoint(cli, EFS_ETCD_CH_PRIO),
+			 efs_harness_member_url(h, 0));
+	Etcdserverpb__StatusRequest sr = ETCDSERVERPB__STATUS_REQUEST__INIT;
+	struct efs_etcd_callopts co = { .channel = EFS_ETCD_CH_PRIO };
+	call_co(EFS_ETCD_STATUS, &sr.base, &co, &x);
+	cr_assert_eq(x.err, 0, "%s", x.msg);
+	res_done(&x);
+
+	/* Only dead endpoints: the call ends at its deadline with the
+	 * connect error in the message. */
+	free_client();
+	cr_assert_eq(uv_loop_init(&loop), 0);
+	snprintf(eps, sizeof(eps), "127.0.0.1:%d", free_port());
+	o = (struct efs_etcd_opts){ .endpoints = eps, .call_timeout_ms = 500 };
+	new_client(&o);
+	cr_assert_eq(put("/f", "v", 1, &x), -ETIMEDOUT);
+	cr_assert(!x.unknown, "never sent: %s", x.msg);
+	cr_assert(strstr(x.msg, "refused"), "%s", x.msg);
+}
+
+Test(transport, reconnects_after_the_member_restarts)
+{
+	struct res x;
+	char buf[16];
+
+	start_cluster(NULL);
+	plain_client();
+	put_ok("/r", "1");
+	cr_assert_eq(efs_harness_kill(h, 0), 0);
+	/* Reads retry through the outage until their deadline. */
+	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	q.key.data = (uint8_t *)"/r";
+	q.key.len = 2;
+	struct efs_etcd_callopts co = { .timeout_ms = 20000 };
+	memset(&x, 0, sizeof(x));
+	cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_RANGE, &q.base, &co, on_result, &x, NULL), 0);
+	for (int i = 0; i < 20; i++)
+		uv_run(&loop, UV_RUN_NOWAIT), usleep(10000);
+	cr_assert(!x.done, "failed during the outage: %s", x.msg);
+	cr_assert_eq(efs_harness_restart(h, 0), 0);
+	wait_for(&x.done);
+	cr_assert_eq(x.err, 0, "%s", x.msg);
+	res_done(&x);
+	cr_assert_eq(get("/r", buf, sizeof(buf)), 0);
+	cr_assert_str_eq(buf, "1");
+	struct efs_etcd_stats st;
+	efs_etcd_get_stats(cli, &st);
+	cr_assert_geq(st.reconnects, 1);
+}
+
+Test(transport, lost_quorum_times_out, .timeout = 150)
+{
+	struct efs_harness_opts ho = { .members = 3 };
+	struct res x;
+
+	start_cluster(&ho);
+	struct efs_etcd_opts o = { .endpoints = efs_harness_member_url(h, 0) };
+	new_client(&o);
+	put_ok("/q", "1");
+	cr_assert_eq(efs_harness_kill(h, 1), 0);
+	cr_assert_eq(efs_harness_kill(h, 2), 0);
+	Etcdserverpb__PutRequest p = ETCDSERVERPB__PUT_REQUEST__INIT;
+	p.key.data = (uint8_t *)"/q";
+	p.key.len = 2;
+	struct efs_etcd_callopts co = { .timeout_ms = 1500 };
+	uint64_t t0 = now_ms();
+	call_co(EFS_ETCD_PUT, &p.base, &co, &x);
+	cr_assert_lt(now_ms() - t0, 3000);
+	cr_assert(x.err == -ETIMEDOUT || x.unknown, "%d %s", x.err, x.msg);
+	cr_assert(x.unknown, "a sent Put without an answer has an unknown outcome");
+	/* A linearizable read cannot complete either and is not left hanging. */
+	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	q.key = p.key;
+	call_co(EFS_ETCD_RANGE, &q.base, &co, &x);
+	cr_assert_lt(x.err, 0);
+	/* A serializable one is served by the minority member. */
+	q.serializable = true;
+	call_co(EFS_ETCD_RANGE, &q.base, &co, &x);
+	cr_assert_eq(x.err, 0, "%s", x.msg);
+	res_done(&x);
+}
+
+Test(transport, tls_with_client_certificates)
+{
+	struct efs_harness_opts ho = { .tls = true, .client_cert_auth = true };
+	struct res x;
+	char buf[16];
+
+	start_cluster(&ho);
+	cr_assert(!strncmp(efs_harness_endpoints(h), "https://", 8));
+	struct efs_etcd_opts o = { .endpoints = efs_harness_endpoints(h),
+				   .cacert = efs_harness_cacert(h),
+				   .cert = efs_harness_client_cert(h),
+				   .key = efs_harness_client_key(h) };
+	new_client(&o);
+	put_ok("/tls", "yes");
+	cr_assert_eq(get("/tls", buf, sizeof(buf)), 0);
+	cr_assert_str_eq(buf, "yes");
+	free_client();
+
+	/* Without a client certificate the server refuses the handshake. */
+	cr_assert_eq(uv_loop_init(&loop), 0);
+	o.cert = o.key = NULL;
+	o.call_timeout_ms = 1000;
+	new_client(&o);
+	cr_assert_lt(put("/tls", "x", 1, &x), 0);
+	cr_assert(!x.unknown);
+	free_client();
+
+	/* A name the certificate does not carry fails verification. */
+	cr_assert_eq(uv_loop_init(&loop), 0);
+	o.cert = efs_harness_client_cert(h);
+	o.key = efs_harness_client_key(h);
+	o.server_name = "wrong.example";
+	new_client(&o);
+	cr_assert_lt(put("/tls", "x", 1, &x), 0);
+	cr_assert(strstr(x.msg, "verif"), "%s", x.msg);
+}
+
+Test(transport, auth_token_and_wrong_password)
+{
+	struct efs_harness_opts ho = { .auth = true, .user = "alice" };
+	struct res x;
+	char buf[16];
+
+	start_cluster(&ho);
+	struct efs_etcd_opts o = { .endpoints = efs_harness_endpoints(h),
+				   .user = efs_harness_user(h),
+				   .password = efs_harness_user_password(h) };
+	new_client(&o);
+	put_ok("/auth", "ok");
+	cr_assert_eq(get("/auth", buf, sizeof(buf)), 0);
+	cr_assert_str_eq(buf, "ok");
+	free_client();
+
+	cr_assert_eq(uv_loop_init(&loop), 0);
+	o.password = "wrong";
+	new_client(&o);
+	cr_assert_eq(put("/auth", "x", 1, &x), -EACCES, "%d %s", x.err, x.msg);
+	cr_assert(strstr(x.msg, "alice"), "%s", x.msg);
+	/* Each later call tries again and fails the same way. */
+	cr_assert_eq(put("/auth", "x", 1, &x), -EACCES, "%d %s", x.err, x.msg);
+}
+
+Test(transport, drop_reply_leaves_outcome_unknown)
+{
+	struct res x;
+	char buf[16];
+
+	start_cluster(NULL);
+	plain_client();
+	put_ok("/drop", "before");
+	efs_etcd_fault_drop_reply(cli, EFS_ETCD_PUT, 2);
+	put_ok("/other", "x");
+	cr_assert_eq(put("/drop", "after", 5, &x), -ETIMEDOUT, "%d %s", x.err, x.msg);
+	cr_assert(x.unknown);
+	cr_assert_eq(get("/drop", buf, sizeof(buf)), 0);
+	cr_assert_str_eq(buf, "after", "the dropped Put was applied");
+	put_ok("/drop", "again");
+}
+
+Test(transport, stall_loop_hook)
+{
+	start_cluster(NULL);
+	plain_client();
+	put_ok("/s", "1");
+	uint64_t t0 = now_ms();
+	efs_etcd_fault_stall_loop(cli, 200);
+	put_ok("/s", "2");
+	cr_assert_geq(now_ms() - t0, 200);
+}
+
+#define NPUTS 10000
+
+static void count_cb(struct efs_etcd_result *r, void *arg)
+{
+	int *left = arg;
+
+	cr_assert_eq(r->err, 0, "%s", r->message);
+	(*left)--;
+}
+
+Test(transport, ten_thousand_concurrent_puts)
+{
+	int left = NPUTS;
+
+	start_cluster(NULL);
+	plain_client();
+	for (int i = 0; i < NPUTS; i++) {
+		Etcdserverpb__PutRequest p = ETCDSERVERPB__PUT_REQUEST__INIT;
+		char key[32];
+
+		snprintf(key, sizeof(key), "/many/%05d", i);
+		p.key.data = (uint8_t *)key;
+		p.key.len = strlen(key);
+		p.value = p.key;
+		cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_PUT, &p.base, NULL, count_cb, &left,
+					   NULL), 0);
+	}
+	while (left)
+		uv_run(&loop, UV_RUN_ONCE);
+	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	q.key.data = (uint8_t *)"/many/";
+	q.key.len = 6;
+	q.range_end.data = (uint8_t *)"/many0";
+	q.range_end.len = 6;
+	q.count_only = true;
+	struct res x;
+	call_ok(EFS_ETCD_RANGE, &q.base, &x);
+	cr_assert_eq(((Etcdserverpb__RangeResponse *)x.resp)->count, NPUTS);
+	res_done(&x);
+	struct efs_etcd_stats st;
+	efs_etcd_get_stats(cli, &st);
+	cr_assert_eq(st.reconnects, 0, "all on one connection");
+	cr_assert_eq(st.calls_failed, 0);
+}
+
+/* ---- Streams ---- */
+
+struct watch_state {
+	int created;
+	int events;
+	bool closed;
+	int close_err;
+	char last_key[64];
+};
+
+static void watch_msg(struct efs_etcd_stream *s, const ProtobufCMessage *m, void *arg)
+{
+	const Etcdserverpb__WatchResponse *w = (const void *)m;
+	struct watch_state *ws = arg;
+
+	if (w->created)
+		ws->created++;
+	for (size_t i = 0; i < w->n_events; i++) {
+		ws->events++;
+		snprintf(ws->last_key, sizeof(ws->last_key), "%.*s",
+			 (int)w->events[i]->kv->key.len, (const char *)w->events[i]->kv->key.data);
+	}
+}
+
+static void watch_close(struct efs_etcd_stream *s, const struct efs_etcd_result *r, void *arg)
+{
+	struct watch_state *ws = arg;
+
+	cr_assert(!ws->closed, "close callback ran twice");
+	ws->closed = true;
+	ws->close_err = r->err;
+}
+
+static struct efs_etcd_stream *watch_prefix(struct watch_state *ws, const char *prefix,
+					    enum efs_etcd_channel ch)
+{
+	struct efs_etcd_stream *s;
+	Etcdserverpb__WatchCreateRequest cr = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
+	Etcdserverpb__WatchRequest wr = ETCDSERVERPB__WATCH_REQUEST__INIT;
+	char end[64];
+	size_t n = strlen(prefix);
+
+	memcpy(end, prefix, n);
+	end[n - 1]++;
+	cr_assert_eq(efs_etcd_stream_open(cli, EFS_ETCD_STREAM_WATCH, ch, watch_msg, watch_close,
+					  ws, &s), 0);
+	cr_assert_eq(efs_etcd_stream_last_send_ns(s), 0);
+	cr.key.data = (uint8_t *)prefix;
+	cr.key.len = n;
+	cr.range_end.data = (uint8_t *)end;
+	cr.range_end.len = n;
+	cr.watch_id = 7;
+	wr.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
+	wr.create_request = &cr;
+	cr_assert_eq(efs_etcd_stream_send(s, &wr.base), 0);
+	return s;
+}
+
+static void run_until(bool (*pred)(void *), void *arg, int timeout_ms)
+{
+	uint64_t end = now_ms() + (uint64_t)timeout_ms;
+
+	while (!pred(arg) && now_ms() < end) {
+		uv_run(&loop, UV_RUN_NOWAIT);
+		usleep(1000);
+	}
+}
+
+static bool ws_created(void *arg)
+{
+	return ((struct watch_state *)arg)->created > 0;
+}
+
+static bool ws_has_event(void *arg)
+{
+	return ((struct watch_state *)arg)->events > 0;
+}
+
+static bool ws_closed(void *arg)
+{
+	return ((struct watch_state *)arg)->closed;
+}
+
+Test(transport, watch_stream_and_close)
+{
+	struct watch_state ws = { 0 };
+	struct efs_etcd_stream *s;
+
+	start_cluster(NULL);
+	plain_client();
+	uint64_t t0 = efs_clock_mono_ns();
+	s = watch_prefix(&ws, "/w/", EFS_ETCD_CH_PRIO);
+	run_until(ws_created, &ws, 5000);
+	cr_assert_eq(ws.created, 1);
+	cr_assert_geq(efs_etcd_stream_last_send_ns(s), t0);
+	put_ok("/w/x", "1");
+	run_until(ws_has_event, &ws, 5000);
+	cr_assert_eq(ws.events, 1);
+	cr_assert_str_eq(ws.last_key, "/w/x");
+	efs_etcd_stream_close(s);
+	/* The close callback never runs after stream_close. */
+	put_ok("/w/y", "1");
+	uv_run(&loop, UV_RUN_NOWAIT);
+	cr_assert(!ws.closed);
+
+	/* A stream open when the client is freed closes with -ECANCELED. */
+	struct watch_state ws2 = { 0 };
+	watch_prefix(&ws2, "/w/", EFS_ETCD_CH_BULK);
+	run_until(ws_created, &ws2, 5000);
+	cr_assert_eq(ws2.created, 1);
+	free_client();
+	cr_assert(ws2.closed);
+	cr_assert_eq(ws2.close_err, -ECANCELED);
+}
+
+Test(transport, keepalive_pings_detect_a_stopped_member, .timeout = 60)
+{
+	struct watch_state ws = { 0 };
+
+	start_cluster(NULL);
+	struct efs_etcd_opts o = { .endpoints = efs_harness_endpoints(h),
+				   .ping_interval_ms = 5000, .ping_timeout_ms = 1000 };
+	new_client(&o);
+	watch_prefix(&ws, "/k/", EFS_ETCD_CH_PRIO);
+	run_until(ws_created, &ws, 5000);
+	cr_assert_eq(ws.created, 1);
+	/* An open stream gets PINGs, acknowledged while the member runs. */
+	struct efs_etcd_stats st;
+	run_until(ws_closed, &ws, 5600);
+	efs_etcd_get_stats(cli, &st);
+	cr_assert_geq(st.pings_sent, 1);
+	cr_assert(!ws.closed);
+	/* A stopped member does not acknowledge: the stream fails. */
+	cr_assert_eq(efs_harness_pause(h, 0), 0);
+	uint64_t t0 = now_ms();
+	run_until(ws_closed, &ws, 9000);
+	cr_assert(ws.closed, "no failure after %llu ms", (unsigned long long)(now_ms() - t0));
+	cr_assert_lt(ws.close_err, 0);
+	cr_assert_eq(efs_harness_resume(h, 0), 0);
+}
+
+Test(transport, goaway_on_graceful_stop_moves_on, .timeout = 150)
+{
+	struct efs_harness_opts ho = { .members = 3 };
+	struct watch_state ws = { 0 };
+	char buf[16];
+
+	start_cluster(&ho);
+	plain_client();
+	put_ok("/g", "1");
+	watch_prefix(&ws, "/g/", EFS_ETCD_CH_BULK);
+	run_until(ws_created, &ws, 5000);
+	cr_assert(!strcmp(efs_etcd_channel_endpoint(cli, EFS_ETCD_CH_BULK),
+			  efs_harness_member_url(h, 0)));
+	/* SIGTERM: etcd stops its gRPC server (GOAWAY, then close). */
+	cr_assert_eq(efs_harness_stop(h, 0), 0);
+	run_until(ws_closed, &ws, 10000);
+	cr_assert(ws.closed);
+	cr_assert_lt(ws.close_err, 0);
+	put_ok("/g", "2");
+	cr_assert_eq(get("/g", buf, sizeof(buf)), 0);
+	cr_assert_str_eq(buf, "2");
+	cr_assert_str_neq((char *)efs_etcd_channel_endpoint(cli, EFS_ETCD_CH_BULK),
+			  (char *)efs_harness_member_url(h, 0));
+}
