@@ -677,7 +677,8 @@ static void member_terminate(struct efs_harness *h, struct member *m, int sig, i
 		(void)kill(m->pid, SIGKILL);
 	}
 	if (h->attached) {
-		while (!member_exited(h, m))
+		deadline = now_ms() + STOP_GRACE_MS;
+		while (!member_exited(h, m) && now_ms() < deadline)
 			sleep_ms(5);
 		return;
 	}
@@ -687,61 +688,77 @@ static void member_terminate(struct efs_harness *h, struct member *m, int sig, i
 	m->state = EFS_HARNESS_DEAD;
 }
 
+/* Appends one formatted argument; -ENOMEM leaves |argv| NULL-terminated. */
+static int addf(char **argv, int *k, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int addf(char **argv, int *k, const char *fmt, ...)
+{
+	va_list ap;
+	char *s;
+	int r;
+
+	if (*k >= MAX_ARGS)
+		return -E2BIG;
+	va_start(ap, fmt);
+	r = vasprintf(&s, fmt, ap);
+	va_end(ap);
+	if (r < 0)
+		return -ENOMEM;
+	argv[(*k)++] = s;
+	argv[*k] = NULL;
+	return 0;
+}
+
 /* Builds member |i|'s etcd command line into |argv| (strings malloc'ed). */
 static int member_argv(const struct efs_harness *h, int i, char **argv)
 {
 	const struct member *m = &h->m[i];
-	int k = 0;
+	int k = 0, r = 0;
 
-#define ADD(...)                                  \
-	do {                                      \
-		if (!(argv[k++] = xasprintf(__VA_ARGS__))) \
-			goto nomem;               \
-	} while (0)
-	ADD("etcd");
-	ADD("--name=%s", m->name);
-	ADD("--data-dir=%s", m->data_dir);
-	ADD("--listen-client-urls=%s", m->client_url);
-	ADD("--advertise-client-urls=%s", m->client_url);
-	ADD("--listen-peer-urls=%s", m->peer_url);
-	ADD("--initial-advertise-peer-urls=%s", m->peer_url);
-	ADD("--listen-metrics-urls=%s", m->metrics_url);
-	ADD("--initial-cluster=%s", h->initial_cluster);
-	ADD("--initial-cluster-token=%s", h->token);
-	ADD("--initial-cluster-state=new");
-	ADD("--logger=zap");
-	ADD("--log-outputs=%s", m->log_path);
+	argv[0] = NULL;
+	r |= addf(argv, &k, "etcd");
+	r |= addf(argv, &k, "--name=%s", m->name);
+	r |= addf(argv, &k, "--data-dir=%s", m->data_dir);
+	r |= addf(argv, &k, "--listen-client-urls=%s", m->client_url);
+	r |= addf(argv, &k, "--advertise-client-urls=%s", m->client_url);
+	r |= addf(argv, &k, "--listen-peer-urls=%s", m->peer_url);
+	r |= addf(argv, &k, "--initial-advertise-peer-urls=%s", m->peer_url);
+	r |= addf(argv, &k, "--listen-metrics-urls=%s", m->metrics_url);
+	r |= addf(argv, &k, "--initial-cluster=%s", h->initial_cluster);
+	r |= addf(argv, &k, "--initial-cluster-token=%s", h->token);
+	r |= addf(argv, &k, "--initial-cluster-state=new");
+	r |= addf(argv, &k, "--logger=zap");
+	r |= addf(argv, &k, "--log-outputs=%s", m->log_path);
 	if (!h->fsync)
-		ADD("--unsafe-no-fsync");
+		r |= addf(argv, &k, "--unsafe-no-fsync");
 	if (h->auto_compaction) {
-		ADD("--auto-compaction-mode=periodic");
-		ADD("--auto-compaction-retention=%s", h->retention);
+		r |= addf(argv, &k, "--auto-compaction-mode=periodic");
+		r |= addf(argv, &k, "--auto-compaction-retention=%s", h->retention);
 	}
 	if (h->quota_bytes > 0)
-		ADD("--quota-backend-bytes=%lld", h->quota_bytes);
+		r |= addf(argv, &k, "--quota-backend-bytes=%lld", h->quota_bytes);
 	if (h->heartbeat_ms > 0)
-		ADD("--heartbeat-interval=%d", h->heartbeat_ms);
+		r |= addf(argv, &k, "--heartbeat-interval=%d", h->heartbeat_ms);
 	if (h->election_ms > 0)
-		ADD("--election-timeout=%d", h->election_ms);
+		r |= addf(argv, &k, "--election-timeout=%d", h->election_ms);
 	if (h->auth_token_ttl_s > 0)
-		ADD("--auth-token-ttl=%d", h->auth_token_ttl_s);
+		r |= addf(argv, &k, "--auth-token-ttl=%d", h->auth_token_ttl_s);
 	if (h->tls) {
-		ADD("--cert-file=%s", h->server_cert);
-		ADD("--key-file=%s", h->server_key);
-		ADD("--trusted-ca-file=%s", h->cacert);
+		r |= addf(argv, &k, "--cert-file=%s", h->server_cert);
+		r |= addf(argv, &k, "--key-file=%s", h->server_key);
+		r |= addf(argv, &k, "--trusted-ca-file=%s", h->cacert);
 		if (h->client_cert_auth)
-			ADD("--client-cert-auth");
+			r |= addf(argv, &k, "--client-cert-auth");
 	}
 	for (int e = 0; e < h->n_extra; e++)
-		ADD("%s", h->extra[e]);
-#undef ADD
-	argv[k] = NULL;
+		r |= addf(argv, &k, "%s", h->extra[e]);
+	if (r) {
+		for (int j = 0; j < k; j++)
+			free(argv[j]);
+		argv[0] = NULL;
+		return -ENOMEM;
+	}
 	return 0;
-nomem:
-	for (int j = 0; j < k; j++)
-		free(argv[j]);
-	argv[0] = NULL;
-	return -ENOMEM;
 }
 
 static void free_argv(char **argv)
@@ -1253,45 +1270,50 @@ out:
 	return r;
 }
 
+/* One anonymous etcdctl call of the auth setup; -EIO with its output. */
+static int auth_step(struct efs_harness *h, const char *const *argv)
+{
+	char *out = NULL;
+	int argc = 0, r;
+
+	while (argv[argc])
+		argc++;
+	r = efs_harness_etcdctlv(h, NULL, NULL, &out, argc, argv);
+	if (r != 0) {
+		fprintf(stderr, "etcd-harness: auth setup: etcdctl %s %s failed (%d): %s\n",
+			argv[0], argv[1], r, out ? out : "");
+		r = r < 0 ? r : -EIO;
+	}
+	free(out);
+	return r;
+}
+
 static int setup_auth(struct efs_harness *h)
 {
-	char *out = NULL, *np = NULL, *unp = NULL;
-	int r;
+	char *np = xasprintf("--new-user-password=%s", h->root_pw), *unp = NULL;
+	int r = -ENOMEM;
 
-#define CTL(...)                                                                       \
-	do {                                                                           \
-		free(out);                                                             \
-		out = NULL;                                                            \
-		r = efs_harness_etcdctl_as(h, NULL, NULL, &out, __VA_ARGS__, NULL);    \
-		if (r != 0) {                                                          \
-			fprintf(stderr, "etcd-harness: auth setup failed (%d): %s\n", r, \
-				out ? out : "");                                       \
-			r = r < 0 ? r : -EIO;                                          \
-			goto out;                                                      \
-		}                                                                      \
-	} while (0)
-	r = -ENOMEM;
-	np = xasprintf("--new-user-password=%s", h->root_pw);
 	if (!np)
 		goto out;
-	CTL("user", "add", EFS_HARNESS_ROOT_USER, np);
-	if (h->user) {
+	r = auth_step(h, (const char *const[]){"user", "add", EFS_HARNESS_ROOT_USER, np, NULL});
+	if (r == 0 && h->user) {
 		unp = xasprintf("--new-user-password=%s", h->user_pw);
-		if (!unp) {
-			r = -ENOMEM;
-			goto out;
-		}
-		CTL("role", "add", USER_ROLE);
-		CTL("role", "grant-permission", "--prefix=true", USER_ROLE, "readwrite",
-		    h->user_prefix);
-		CTL("user", "add", h->user, unp);
-		CTL("user", "grant-role", h->user, USER_ROLE);
+		r = unp ? 0 : -ENOMEM;
+		if (r == 0)
+			r = auth_step(h, (const char *const[]){"role", "add", USER_ROLE, NULL});
+		if (r == 0)
+			r = auth_step(h, (const char *const[]){"role", "grant-permission",
+								"--prefix=true", USER_ROLE,
+								"readwrite", h->user_prefix, NULL});
+		if (r == 0)
+			r = auth_step(h, (const char *const[]){"user", "add", h->user, unp, NULL});
+		if (r == 0)
+			r = auth_step(h, (const char *const[]){"user", "grant-role", h->user,
+								USER_ROLE, NULL});
 	}
-	CTL("auth", "enable");
-#undef CTL
-	r = 0;
+	if (r == 0)
+		r = auth_step(h, (const char *const[]){"auth", "enable", NULL});
 out:
-	free(out);
 	free(np);
 	free(unp);
 	return r;
@@ -1331,7 +1353,8 @@ static int wait_all(struct efs_harness *h, long long deadline)
 
 			if (ok[i])
 				continue;
-			st = member_healthy(h, i, left < HTTP_TIMEOUT_MS ? (int)left : HTTP_TIMEOUT_MS);
+			st = member_healthy(h, i,
+					    left < HTTP_TIMEOUT_MS ? (int)left : HTTP_TIMEOUT_MS);
 			if (st == 1) {
 				ok[i] = true;
 				healthy++;

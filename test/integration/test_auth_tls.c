@@ -296,9 +296,9 @@ Test(auth3, authenticated_client_survives_the_loss_of_its_member)
 	efs_etcd_get_stats(efs_etcd_sync_client(s), &before);
 	cr_assert_eq(efs_harness_kill(h, victim), 0);
 
-	/* Reads retry on their own; the token of the dead member is unknown
-	 * to the others (simple tokens are per member), so the client must
-	 * authenticate again there. */
+	/* Reads retry on their own. The token stays good on the other
+	 * members: etcd 3.4 assigns simple tokens through raft, so every
+	 * member knows them (only their TTL is kept per member). */
 	cr_assert_eq(efs_etcd_sync_get(s, "f", 1, NULL, NULL), 0, "%s",
 		     efs_etcd_sync_last_message(s));
 	for (int i = 0; i < 10; i++) {
@@ -313,7 +313,7 @@ Test(auth3, authenticated_client_survives_the_loss_of_its_member)
 		      victim);
 	efs_etcd_get_stats(efs_etcd_sync_client(s), &after);
 	cr_assert_gt(after.reconnects, before.reconnects);
-	cr_assert_gt(after.reauths, before.reauths, "a new member needs a new token");
+	cr_assert_eq(after.calls_failed, before.calls_failed, "no call failed");
 	cr_assert_eq(efs_etcd_sync_close(s), 0);
 }
 

@@ -97,7 +97,7 @@ static void on_result(struct efs_etcd_result *r, void *arg)
 {
 	struct res *x = arg;
 
-	cr_assert(!x->done, "callback ran twice");
+	cr_assert(!x->done, "callback ran twice (first: %d %s, now: %d %s)", x->err, x->msg, r->err, r->message);
 	x->done = true;
 	x->err = r->err;
 	x->grpc_status = r->grpc_status;
