@@ -680,6 +680,21 @@ static void client_freed(void *arg)
 	(void)arg;
 }
 
+/* The client's counters: one connection, no reconnects, no retries. */
+static void print_stats(const struct bench *b)
+{
+	struct efs_etcd_stats st;
+
+	efs_etcd_get_stats(b->client, &st);
+	printf("{\"client\":\"c\",\"test\":\"stats\",\"calls_started\":%" PRIu64
+	       ",\"calls_failed\":%" PRIu64 ",\"calls_retried\":%" PRIu64
+	       ",\"reconnects\":%" PRIu64 ",\"bytes_sent\":%" PRIu64
+	       ",\"bytes_received\":%" PRIu64 "}\n",
+	       st.calls_started, st.calls_failed, st.calls_retried, st.reconnects, st.bytes_sent,
+	       st.bytes_received);
+	fflush(stdout);
+}
+
 static double median(double *v, size_t n)
 {
 	for (size_t i = 1; i < n; i++) {
@@ -924,6 +939,7 @@ int main(int argc, char **argv)
 		ret = 1;
 	if (nres)
 		print_table(res, nres, reps);
+	print_stats(&b);
 	if (do_cleanup)
 		cleanup(&b);
 

@@ -24,6 +24,10 @@
 /* Calls kept for reuse, so that steady traffic allocates no call structs. */
 #define CALL_POOL_MAX 1024
 #define NO_HEAP       SIZE_MAX
+/* Streams in flight per connection; more wait on the channel. etcd answers
+ * "too many requests" once its apply lags commit by 5000 entries, and a
+ * bounded window keeps a burst of calls from getting there. */
+#define MAX_INFLIGHT 1024
 
 struct method_info {
 	const char *name;
@@ -666,6 +670,14 @@ static void call_attempt_end(struct efs_etcd_call *call, struct efs_conn *conn, 
 		call_requeue(call);
 		return;
 	}
+	/* etcd refuses with "too many requests" before proposing anything
+	 * (apply lags commit): safe to resend any call after a pause. */
+	if (code == EFS_GRPC_RESOURCE_EXHAUSTED && !call->no_retry &&
+	    strstr(rpc->st.message, "too many requests")) {
+		snprintf(call->msg, sizeof(call->msg), "%s", rpc->st.message);
+		call_schedule_retry(call);
+		return;
+	}
 	if (code == EFS_GRPC_UNAVAILABLE && call->idempotent && !call->no_retry &&
 	    !call->internal_auth) {
 		snprintf(call->msg, sizeof(call->msg), "%s", rpc->st.message);
@@ -680,6 +692,10 @@ static void call_attempt_end(struct efs_etcd_call *call, struct efs_conn *conn, 
 
 static void call_expire(struct efs_etcd_call *call)
 {
+	struct channel *ch = &call->c->ch[call->rpc.ch];
+
+	if (call->rpc.waiting && ch->last_err[0] && !call->msg[0])
+		snprintf(call->msg, sizeof(call->msg), "%s", ch->last_err);
 	if (call->retry_pending) {
 		call->retry_pending = false;
 		call->wake_ns = call->deadline_ns;
@@ -799,7 +815,8 @@ static int rpc_submit(struct efs_conn *conn, struct efs_rpc *rpc)
 /* Sends what waits on |ch| once its connection is ready. */
 static void channel_submit_waiting(struct channel *ch)
 {
-	while (!efs_list_empty(&ch->waiting) && ch->conn && ch->conn->state == EFS_CONN_READY) {
+	while (!efs_list_empty(&ch->waiting) && ch->conn && ch->conn->state == EFS_CONN_READY &&
+	       ch->conn->nrpcs < MAX_INFLIGHT) {
 		struct efs_rpc *rpc = efs_container_of(ch->waiting.next, struct efs_rpc, link);
 		int r;
 
@@ -877,7 +894,8 @@ static void rpc_enqueue(struct efs_etcd *c, struct efs_rpc *rpc)
 {
 	struct channel *ch = &c->ch[rpc->ch];
 
-	if (ch->conn && ch->conn->state == EFS_CONN_READY && efs_list_empty(&ch->waiting)) {
+	if (ch->conn && ch->conn->state == EFS_CONN_READY && efs_list_empty(&ch->waiting) &&
+	    ch->conn->nrpcs < MAX_INFLIGHT) {
 		int r = rpc_submit(ch->conn, rpc);
 
 		if (r == 0)
@@ -924,8 +942,11 @@ static struct efs_etcd_call *call_alloc(struct efs_etcd *c)
 		if (!call)
 			return NULL;
 	}
+	/* The message buffer is big and needs no clearing. */
 	memset(call, 0, offsetof(struct efs_etcd_call, msg));
 	call->msg[0] = '\0';
+	call->cb = NULL;
+	call->arg = NULL;
 	call->c = c;
 	call->heap_idx = NO_HEAP;
 	efs_list_init(&call->rpc.link);
@@ -1132,6 +1153,9 @@ void efs_client_conn_goaway(struct efs_conn *conn, uint32_t error_code, const ui
 	struct efs_etcd *c = conn->c;
 	struct channel *ch = &c->ch[conn->ch];
 
+	efs_log_debug("etcd: GOAWAY from %s: error %u, last stream %d, \"%.*s\"",
+		      c->eps[conn->ep].url, error_code, conn->goaway_last_id,
+		      (int)(len > 64 ? 64 : len), (const char *)data);
 	if (error_code == NGHTTP2_ENHANCE_YOUR_CALM && len >= 14 &&
 	    memmem(data, len, "too_many_pings", 14)) {
 		if (c->ping_interval_ms < 3600u * 1000)
@@ -1254,6 +1278,11 @@ static void stream_release(struct efs_etcd_stream *s);
 
 void efs_rpc_on_close(struct efs_rpc *rpc, struct efs_conn *conn, uint32_t h2_error)
 {
+	struct channel *ch = &conn->c->ch[conn->ch];
+
+	/* A slot is free on the connection: let the next waiting rpc in. */
+	if (ch->conn == conn && !efs_list_empty(&ch->waiting) && conn->state == EFS_CONN_READY)
+		channel_submit_waiting(ch);
 	if (rpc->is_stream) {
 		struct efs_etcd_stream *s = (struct efs_etcd_stream *)rpc;
 

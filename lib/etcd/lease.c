@@ -433,9 +433,10 @@ static void start_probe(struct efs_etcd_lease *l)
 		l->probe = NULL;
 }
 
-static void tick(uv_timer_t *t)
+static void tick(uv_timer_t *t);
+
+static void tick_once(struct efs_etcd_lease *l)
 {
-	struct efs_etcd_lease *l = t->data;
 	struct efs_etcd_keepalive *ka = l->ka;
 	struct ka_stream *prio = &ka->st[ST_PRIO];
 	uint64_t now = efs_clock_mono_ns();
@@ -486,6 +487,40 @@ static void tick(uv_timer_t *t)
 		l->stats.prio_failovers++;
 		efs_etcd_channel_failover(ka->c, EFS_ETCD_CH_PRIO);
 	}
+}
+
+/* The next moment something is due: a renewal, the failover or at-risk
+ * threshold, a probe; at most TICK_MAX_MS away so that the wire gap is
+ * sampled. A timer rearmed for that moment, rather than a fixed tick, sends
+ * each renewal on time. */
+static void schedule(struct efs_etcd_lease *l)
+{
+	uint64_t now = efs_clock_mono_ns();
+	uint64_t wake = now + TICK_MAX_MS * EFS_NSEC_PER_MSEC;
+	uint64_t ms = 0;
+
+	if (!l->paused && l->next_send_ns < wake)
+		wake = l->next_send_ns;
+	if (!l->degraded && l->last_ack_send_ns + l->failover_ns < wake)
+		wake = l->last_ack_send_ns + l->failover_ns;
+	if (!l->at_risk && l->last_ack_send_ns + l->at_risk_ns < wake)
+		wake = l->last_ack_send_ns + l->at_risk_ns;
+	if (l->at_risk && l->next_probe_ns < wake)
+		wake = l->next_probe_ns;
+	if (wake > now)
+		ms = (wake - now + EFS_NSEC_PER_MSEC - 1) / EFS_NSEC_PER_MSEC;
+	uv_timer_start(&l->tick, tick, ms, 0);
+}
+
+static void tick(uv_timer_t *t)
+{
+	struct efs_etcd_lease *l = t->data;
+
+	tick_once(l);
+	/* |l| stays allocated until its timer handle is closed, even when
+	 * the callback freed it. */
+	if (!l->freed && !l->gone)
+		schedule(l);
 }
 
 int efs_etcd_keepalive_new(struct efs_etcd_keepalive **ret, struct efs_etcd *c)
@@ -574,17 +609,9 @@ int efs_etcd_lease_new(struct efs_etcd_lease **ret, struct efs_etcd_keepalive *k
 	if (ka->leases)
 		ka->leases->prev = l;
 	ka->leases = l;
-	{
-		uint64_t tick_ms = l->interval_ns / EFS_NSEC_PER_MSEC / 4;
-
-		if (tick_ms > TICK_MAX_MS)
-			tick_ms = TICK_MAX_MS;
-		if (tick_ms < 5)
-			tick_ms = 5;
-		/* The first tick runs on the next loop iteration and sends the
-		 * first renewal (opening the stream if needed). */
-		uv_timer_start(&l->tick, tick, 0, tick_ms);
-	}
+	/* The first tick runs on the next loop iteration and sends the first
+	 * renewal (opening the stream if needed). */
+	uv_timer_start(&l->tick, tick, 0, 0);
 	*ret = l;
 	return 0;
 }

@@ -27,7 +27,8 @@ static const char usage_text[] =
 	"  env                  print the env lines again (also in DIR/env)\n"
 	"  leader               print the leader's index\n"
 	"  kill|term|pause|resume|restart MEMBER\n"
-	"                       fault injection; MEMBER is 0..2, leader or follower\n"
+	"                       fault injection; MEMBER is 0..2, leader, follower\n"
+	"                       or dead (the first dead member, for restart)\n"
 	"  etcdctl [--anon | --as USER:PASSWORD] -- ARGS...\n"
 	"                       run etcdctl with the cluster's endpoints, TLS and root\n"
 	"\n"
@@ -50,9 +51,11 @@ static const char usage_text[] =
 	"  --export             prefix env lines with 'export '\n"
 	"\n"
 	"--state may be replaced by $ETCFS_HARNESS_STATE.\n"
-	"Quick start:\n"
-	"  etcd-harness start --state /tmp/etcfs-etcd > /tmp/etcfs-etcd.env\n"
-	"  . /tmp/etcfs-etcd/env; etcdctl put k v    # ETCDCTL_* are set there\n"
+	"DIR/env holds the same KEY=value lines (ETCD_ENDPOINTS, ETCDCTL_*, ...).\n"
+	"\n"
+	"quick start:\n"
+	"  eval \"$(etcd-harness start --export --state /tmp/etcfs-etcd)\"\n"
+	"  etcdctl put k v        # ETCDCTL_API, ETCDCTL_ENDPOINTS... are exported\n"
 	"  etcd-harness stop --state /tmp/etcfs-etcd\n";
 
 enum {
@@ -140,7 +143,7 @@ static void print_env(const char *text, bool export)
 	}
 }
 
-/* MEMBER: an index, "leader" or "follower". */
+/* MEMBER: an index, "leader", "follower" or "dead" (the first dead one). */
 static int resolve_member(struct efs_harness *h, const char *s)
 {
 	long long v;
@@ -157,6 +160,14 @@ static int resolve_member(struct efs_harness *h, const char *s)
 		if (r < 0)
 			fprintf(stderr, "etcd-harness: no follower: %s\n", strerror(-r));
 		return r;
+	}
+	if (!strcmp(s, "dead")) {
+		for (int i = 0; i < efs_harness_members(h); i++) {
+			if (efs_harness_state(h, i) == EFS_HARNESS_DEAD)
+				return i;
+		}
+		fprintf(stderr, "etcd-harness: no member is dead\n");
+		return -ENOENT;
 	}
 	if (!parse_long(s, 0, efs_harness_members(h) - 1, &v))
 		return -EINVAL;
@@ -185,14 +196,16 @@ static int cmd_start(struct efs_harness_opts *o, const char *state, bool export)
 
 		for (int i = 0; i < efs_harness_members(old); i++)
 			alive |= efs_harness_pid(old, i) > 0;
-		(void)efs_harness_detach(old, state);
 		if (alive) {
+			(void)efs_harness_detach(old, state);
 			fprintf(stderr,
 				"etcd-harness: a cluster recorded in %s is still running; "
 				"stop it first\n",
 				state);
 			return 1;
 		}
+		/* A dead cluster's leftovers: remove its directories. */
+		efs_harness_free(old);
 	}
 	o->detached = true;
 	r = efs_harness_start(&h, o);

@@ -39,7 +39,7 @@ extern char **environ;
 #define START_ATTEMPTS	       4
 #define DEFAULT_START_MS       20000
 #define STOP_GRACE_MS	       3000
-#define HTTP_TIMEOUT_MS	       1000
+#define HTTP_TIMEOUT_MS	       2000
 #define CMD_TIMEOUT_MS	       15000
 #define POLL_MS		       20
 #define MAX_EXTRA_ARGS	       32
@@ -295,8 +295,17 @@ child_exec(const char *path, char *const argv[], char *const envp[], int in_fd, 
 	   int errfd, pid_t parent, bool die_with_parent, bool new_session)
 {
 	sigset_t all;
-	int e;
+	int e, in2, out2;
 
+	/*
+	 * Move our descriptors above 2 first: a test that closed its stdin
+	 * may have handed us fd 0 for one of them.
+	 */
+	errfd = fcntl(errfd, F_DUPFD_CLOEXEC, 3);
+	in2 = fcntl(in_fd, F_DUPFD_CLOEXEC, 3);
+	out2 = fcntl(out_fd, F_DUPFD_CLOEXEC, 3);
+	if (errfd < 0 || in2 < 0 || out2 < 0)
+		_exit(127);
 	if (die_with_parent) {
 		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
 			_exit(127);
@@ -309,8 +318,9 @@ child_exec(const char *path, char *const argv[], char *const envp[], int in_fd, 
 		if (s != SIGKILL && s != SIGSTOP)
 			signal(s, SIG_DFL);
 	}
-	if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(out_fd, 2) < 0)
+	if (dup2(in2, 0) < 0 || dup2(out2, 1) < 0 || dup2(out2, 2) < 0)
 		goto fail;
+	/* Everything else the test holds (Criterion's pipes, sockets) stays out. */
 	if (errfd > 3)
 		(void)close_range(3, (unsigned)errfd - 1, 0);
 	(void)close_range((unsigned)errfd + 1, ~0U, 0);
@@ -1851,6 +1861,7 @@ int efs_harness_etcdctlv(struct efs_harness *h, const char *user, const char *pa
 	const char *fixed[MAX_ARGS + 1];
 	size_t eplen = 0;
 	int k = 0, nalloc, r = -ENOMEM;
+	bool own_eps = true;
 
 	if (!h || argc < 0 || argc > MAX_ARGS - 12)
 		return -EINVAL;
@@ -1870,7 +1881,14 @@ int efs_harness_etcdctlv(struct efs_harness *h, const char *user, const char *pa
 		free(eps);
 		return -ESRCH;
 	}
-	args[k++] = xasprintf("--endpoints=%s", eps);
+	/* etcdctl appends repeated --endpoints flags, so a caller's replaces ours. */
+	for (int i = 0; i < argc; i++) {
+		if (!strncmp(argv[i], "--endpoints", 11) &&
+		    (argv[i][11] == '=' || argv[i][11] == '\0'))
+			own_eps = false;
+	}
+	if (own_eps)
+		args[k++] = xasprintf("--endpoints=%s", eps);
 	args[k++] = xasprintf("--dial-timeout=3s");
 	args[k++] = xasprintf("--command-timeout=10s");
 	if (h->tls) {

@@ -9,7 +9,9 @@
  * The etcd test harness: starts real etcd members (from the etcd-server
  * package, /usr/bin/etcd or $ETCFS_ETCD) for the integration tests, the
  * benches and the CLI test/harness/etcd-harness. Nothing here talks to an
- * etcd the user already runs.
+ * etcd the user already runs. etcdctl ($ETCFS_ETCDCTL, /usr/bin/etcdctl)
+ * and openssl ($ETCFS_OPENSSL, /usr/bin/openssl) run with a clean ETCD_*
+ * and ETCDCTL_* environment, so a sourced CLI env file changes nothing.
  *
  * A harness is one cluster of 1 or 3 members on free ports of one local
  * address, with data directories under /dev/shm/etcfs-harness-<pid>-<n>/
@@ -91,7 +93,11 @@ struct efs_harness_opts {
 	const char *user_prefix;
 	/* --auth-token-ttl in seconds (simple tokens) when > 0. */
 	int auth_token_ttl_s;
-	/* --heartbeat-interval and --election-timeout in ms when > 0. */
+	/*
+	 * --heartbeat-interval and --election-timeout in ms when > 0. 50/500
+	 * makes elections after a kill or pause about twice as fast as etcd's
+	 * 100/1000, but also lowers the smallest lease TTL etcd grants.
+	 */
 	int heartbeat_ms;
 	int election_ms;
 	/* Keep etcd's fsyncs (default: --unsafe-no-fsync). */
@@ -131,9 +137,10 @@ struct efs_harness;
 int efs_harness_start(struct efs_harness **ret_h, const struct efs_harness_opts *opts);
 
 /*
- * Stops every member by PID (SIGCONT for paused ones, SIGTERM, SIGKILL after
- * 3 s, reaped) and removes the data, log and certificate directories.
- * Accepts NULL; returns NULL.
+ * Stops every member by PID (SIGCONT for paused ones, then SIGTERM one after
+ * the other, SIGKILL for what is left after 3 s in all, reaped) and removes
+ * the data, log and certificate directories. In a forked child of the
+ * process that started |h| it only frees memory. Accepts NULL; returns NULL.
  */
 struct efs_harness *efs_harness_free(struct efs_harness *h);
 
@@ -168,7 +175,7 @@ const char *efs_harness_user_password(const struct efs_harness *h);
  * Index of the current leader: the one running (not paused) member whose
  * metrics say etcd_server_is_leader 1. -ENOENT when none does, -EAGAIN when
  * more than one does (an old leader that has not stepped down yet). Asks
- * each running member once, bounded by ~1 s per member.
+ * each running member once, bounded by 2 s per member.
  */
 int efs_harness_leader(struct efs_harness *h);
 /*
@@ -189,8 +196,10 @@ int efs_harness_wait_member(struct efs_harness *h, int i, int timeout_ms);
  * already dead). stop: SIGTERM, SIGKILL after 3 s, reap. pause: SIGSTOP
  * (-EALREADY when paused). resume: SIGCONT (-EALREADY when running).
  * restart: starts a dead member again with the same ports, flags and data
- * directory and waits until it serves (-EBUSY when it is not dead). A paused
- * member is resumed before it is killed or stopped.
+ * directory and waits until it serves (-EBUSY when it is not dead; -EIO,
+ * with its log tail on stderr, when it exits, e.g. because another process
+ * took its port meanwhile, which is retried a few times first; -ETIMEDOUT).
+ * A paused member can be killed directly; stop resumes it first.
  */
 int efs_harness_kill(struct efs_harness *h, int i);
 int efs_harness_stop(struct efs_harness *h, int i);
@@ -201,10 +210,13 @@ int efs_harness_restart(struct efs_harness *h, int i);
 /*
  * Runs etcdctl (ETCDCTL_API=3) against the running members, with the
  * harness's TLS flags, timeouts and, when auth is on, root's credentials,
- * followed by the NULL-terminated arguments (later flags win, so an
- * argument may override --endpoints). Returns etcdctl's exit status (0 on
- * success, >0 on failure) or -errno when it could not be run or took longer
- * than 15 s (-ETIMEDOUT, the process is killed), -ESRCH when no member
+ * followed by the NULL-terminated arguments. Later flags win, so an
+ * argument may override --cacert, --cert, --key (e.g. "--cert=" for none)
+ * or the timeouts; an --endpoints argument replaces the harness's list (it
+ * would otherwise add to it), e.g. "--endpoints=" + efs_harness_member_url()
+ * to ask one member alone. Returns etcdctl's exit status (0 on success, >0
+ * on failure) or -errno when it could not be run or took longer than 15 s
+ * (-ETIMEDOUT, the process is killed), -ESRCH when no member
  * is running. If |ret_out| is not NULL, it receives etcdctl's stdout and
  * stderr, NUL-terminated (free() it), whenever the return is >= 0.
  */

@@ -119,6 +119,40 @@ static void assert_member_sees(int i, const char *key, const char *val)
 	free(v);
 }
 
+/* Member |i|'s etcd command line, arguments separated by spaces. */
+static void cmdline_of(int i, char *buf, size_t size)
+{
+	char path[64];
+	size_t n;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)efs_harness_pid(h, i));
+	f = fopen(path, "r");
+	cr_assert_not_null(f);
+	n = fread(buf, 1, size - 1, f);
+	fclose(f);
+	for (size_t k = 0; k < n; k++)
+		buf[k] = buf[k] ? buf[k] : ' ';
+	buf[n] = '\0';
+}
+
+/* Does member |i| itself report that it leads (MemberID == Leader)? */
+static bool etcdctl_says_leader(int i)
+{
+	unsigned long long id = 0, leader = 1;
+	char ep[256], *out = NULL, *p;
+
+	snprintf(ep, sizeof(ep), "--endpoints=%s", efs_harness_member_url(h, i));
+	cr_assert_eq(efs_harness_etcdctl(h, &out, ep, "endpoint", "status", "-w", "fields", NULL),
+		     0, "%s", out);
+	p = strstr(out, "\"MemberID\" : ");
+	cr_assert(p && sscanf(p, "\"MemberID\" : %llu", &id) == 1, "%s", out);
+	p = strstr(out, "\"Leader\" : ");
+	cr_assert(p && sscanf(p, "\"Leader\" : %llu", &leader) == 1, "%s", out);
+	free(out);
+	return id == leader;
+}
+
 Test(harness, one_member_serves_and_leaves_nothing)
 {
 	struct efs_harness_opts o = {.members = 1};
@@ -149,7 +183,7 @@ Test(harness, one_member_serves_and_leaves_nothing)
 Test(harness, three_members_serve)
 {
 	struct efs_harness_opts o = {.members = 3};
-	char *out = NULL, *v;
+	char *out = NULL;
 	int commas = 0, leader, follower;
 
 	cr_assert_eq(efs_harness_start(&h, &o), 0);
@@ -170,11 +204,9 @@ Test(harness, three_members_serve)
 	follower = efs_harness_follower(h);
 	cr_assert(leader >= 0 && leader < 3);
 	cr_assert(follower >= 0 && follower < 3 && follower != leader);
-	/* The leader gauge agrees with etcdctl's view. */
-	v = NULL;
-	cr_assert_eq(efs_harness_etcdctl(h, &v, "endpoint", "status", "-w", "table", NULL), 0);
-	cr_assert(strstr(v, efs_harness_member_hostport(h, leader)), "%s", v);
-	free(v);
+	/* The leader gauge agrees with etcdctl's view of each member. */
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(etcdctl_says_leader(i), i == leader, "member %d", i);
 }
 
 Test(harness, kill_leader_elects_another_and_restart_rejoins)
@@ -294,9 +326,11 @@ Test(harness, auth_rejects_anonymous_accepts_root_and_user)
 				     .user = "alice",
 				     .user_prefix = "/a/",
 				     .auth_token_ttl_s = 30};
-	char *out = NULL;
+	char *out = NULL, cmd[8192];
 
 	cr_assert_eq(efs_harness_start(&h, &o), 0);
+	cmdline_of(0, cmd, sizeof(cmd));
+	cr_assert(strstr(cmd, "--auth-token-ttl=30"), "%s", cmd);
 	cr_assert_str_eq(efs_harness_root_password(h), "s3cret pw");
 	cr_assert_str_eq(efs_harness_user(h), "alice");
 	cr_assert_str_eq(efs_harness_user_password(h), "etcfs-user-pw");
@@ -348,23 +382,14 @@ Test(harness, options_reach_etcd)
 				     .quota_bytes = 64LL << 20,
 				     .fsync = true,
 				     .extra_args = extra};
-	char path[64], cmd[8192];
+	char cmd[8192];
 	double quota = 0;
-	size_t n;
-	FILE *f;
 
 	cr_assert_eq(efs_harness_start(&h, &o), 0);
 	cr_assert_eq(efs_harness_metric(h, 0, "etcd_server_quota_backend_bytes", &quota), 0);
 	cr_assert_eq((long long)quota, 64LL << 20);
 	cr_assert_eq(efs_harness_metric(h, 0, "no_such_metric_xyz", &quota), -ENOENT);
-	snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)efs_harness_pid(h, 0));
-	f = fopen(path, "r");
-	cr_assert_not_null(f);
-	n = fread(cmd, 1, sizeof(cmd) - 1, f);
-	fclose(f);
-	for (size_t i = 0; i < n; i++)
-		cmd[i] = cmd[i] ? cmd[i] : ' ';
-	cmd[n] = '\0';
+	cmdline_of(0, cmd, sizeof(cmd));
 	cr_assert(strstr(cmd, "--auto-compaction-mode=periodic"), "%s", cmd);
 	cr_assert(strstr(cmd, "--auto-compaction-retention=5m"), "%s", cmd);
 	cr_assert(strstr(cmd, "--max-txn-ops=256"), "%s", cmd);
@@ -563,4 +588,69 @@ Test(harness, restart_fails_cleanly_when_its_port_is_taken)
 	cr_assert_eq(efs_harness_restart(h, 0), 0);
 	cr_assert_eq(efs_harness_leader(h), 0);
 	assert_put_get("/before", "1");
+}
+
+/*
+ * A cluster on a veth address that a client in another network namespace
+ * reaches (how multi-node tests use it). Needs root and iproute2, like the
+ * rest of the integration suite's namespace tests.
+ */
+static char ns_name[32], veth_host[16];
+
+static void ns_fini(void)
+{
+	char cmd[128];
+
+	h = efs_harness_free(h);
+	if (veth_host[0]) {
+		snprintf(cmd, sizeof(cmd), "ip link del %s 2>/dev/null", veth_host);
+		(void)system(cmd);
+	}
+	if (ns_name[0]) {
+		snprintf(cmd, sizeof(cmd), "ip netns del %s 2>/dev/null", ns_name);
+		(void)system(cmd);
+	}
+}
+
+Test(harness, listen_address_reachable_from_a_network_namespace, .fini = ns_fini)
+{
+	unsigned pid = (unsigned)getpid();
+	unsigned b = 200 + (pid >> 16) % 50, c = (pid >> 8) & 255, d = (pid & 63) * 4;
+	char addr[32], peer[32], cmd[2048], veth_ns[16];
+	struct efs_harness_opts o = {.members = 3, .tls = true, .auth = true, .listen_addr = addr};
+	FILE *f;
+
+	snprintf(ns_name, sizeof(ns_name), "efsh-%u", pid);
+	snprintf(veth_host, sizeof(veth_host), "efh%ua", pid);
+	snprintf(veth_ns, sizeof(veth_ns), "efh%ub", pid);
+	snprintf(addr, sizeof(addr), "10.%u.%u.%u", b, c, d + 1);
+	snprintf(peer, sizeof(peer), "10.%u.%u.%u", b, c, d + 2);
+	snprintf(cmd, sizeof(cmd),
+		 "set -e; ip netns add %s; ip link add %s type veth peer name %s; "
+		 "ip link set %s netns %s; ip addr add %s/30 dev %s; ip link set %s up; "
+		 "ip netns exec %s ip addr add %s/30 dev %s; "
+		 "ip netns exec %s ip link set %s up",
+		 ns_name, veth_host, veth_ns, veth_ns, ns_name, addr, veth_host, veth_host,
+		 ns_name, peer, veth_ns, ns_name, veth_ns);
+	cr_assert_eq(system(cmd), 0, "cannot set up a network namespace (needs root, iproute2)");
+	cr_assert_eq(efs_harness_start(&h, &o), 0);
+	cr_assert(strstr(efs_harness_member_url(h, 0), addr));
+	/* From inside the namespace, with the harness's CA and root. */
+	snprintf(cmd, sizeof(cmd),
+		 "ip netns exec %s env ETCDCTL_API=3 etcdctl --endpoints=%s --cacert=%s "
+		 "--cert=%s --key=%s --user=root --password=%s --dial-timeout=3s "
+		 "put /from-ns yes 2>&1",
+		 ns_name, efs_harness_endpoints(h), efs_harness_cacert(h),
+		 efs_harness_client_cert(h), efs_harness_client_key(h),
+		 efs_harness_root_password(h));
+	f = popen(cmd, "r");
+	cr_assert_not_null(f);
+	{
+		char line[512] = "";
+
+		(void)!fgets(line, sizeof(line), f);
+		cr_assert_eq(pclose(f), 0, "%s", line);
+		cr_assert(!strncmp(line, "OK", 2), "%s", line);
+	}
+	assert_member_sees(efs_harness_follower(h), "/from-ns", "yes");
 }
