@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: Apache-2.0
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Closed-loop benchmark of the etcd client: one uv loop, one client, one
  * connection (the bulk channel), exactly N unary calls in flight.
@@ -287,11 +287,12 @@ static int slot_issue(struct slot *s)
 	return 0;
 }
 
-static void note_error(struct bench *b, int err, const char *msg)
+static void note_error(struct bench *b, const struct efs_etcd_result *r)
 {
 	if (b->errors++ == 0) {
-		b->first_err = err;
-		snprintf(b->first_msg, sizeof(b->first_msg), "%s", msg ? msg : "");
+		b->first_err = r->err;
+		snprintf(b->first_msg, sizeof(b->first_msg), "grpc-status %d: %s", r->grpc_status,
+			 r->message ? r->message : "");
 	}
 }
 
@@ -359,7 +360,7 @@ static void call_done(struct efs_etcd_result *r, void *arg)
 	}
 	if (r->err) {
 		if (b->phase == PH_MEASURE || b->phase == PH_BURST)
-			note_error(b, r->err, r->message);
+			note_error(b, r);
 		/* The key's revision is unknown after a failed txn; a failed
 		 * compare next time re-reads it. */
 		s->mod_rev = -1;
@@ -510,8 +511,8 @@ static void print_json(const struct bench *b, const struct result *res)
 	       b->value_size);
 	if (res->errors)
 		fprintf(stderr, "etcd_bench: %s c=%u: %" PRIu64 " errors, first %s: %s\n",
-			workload_names[res->wl], res->conc, res->errors,
-			strerror(-b->first_err), b->first_msg);
+			workload_names[res->wl], res->conc, res->errors, strerror(-b->first_err),
+			b->first_msg);
 	fflush(stdout);
 }
 
@@ -590,16 +591,18 @@ static int run_mem(struct bench *b, unsigned n, unsigned rounds)
 		printf("{\"client\":\"c\",\"test\":\"mem\",\"inflight\":%u,\"round\":%u,"
 		       "\"rss_idle_kb\":%ld,\"hwm_kb\":%ld,\"peak_delta_kb\":%ld,"
 		       "\"bytes_per_inflight\":%.0f,\"heap_delta_bytes\":%zd,"
-		       "\"heap_per_inflight\":%.0f,\"heap_after_delta_bytes\":%zd,\"rss_after_kb\":%ld,\"secs\":%.4f,"
+		       "\"heap_per_inflight\":%.0f,\"heap_after_delta_bytes\":%zd,\"rss_after_kb\":"
+		       "%ld,\"secs\":%.4f,"
 		       "\"cpu_us_per_op\":%.3f,\"errors\":%" PRIu64 ",\"retries\":%" PRIu64 "}\n",
 		       n, round, rss_idle, hwm, hwm - rss_idle,
 		       (double)(hwm - rss_idle) * 1024.0 / n, (ssize_t)(b->heap_max - heap_idle),
 		       ((double)b->heap_max - (double)heap_idle) / n,
-		       (ssize_t)(heap_after - heap_idle), rss1,
-		       (double)(t1 - t0) / 1e9, cpu * 1e6 / n, b->errors, b->burst_retries);
+		       (ssize_t)(heap_after - heap_idle), rss1, (double)(t1 - t0) / 1e9,
+		       cpu * 1e6 / n, b->errors, b->burst_retries);
 		fflush(stdout);
 		if (b->errors)
-			fprintf(stderr, "etcd_bench: mem round %u: %" PRIu64 " errors, first %s: %s\n",
+			fprintf(stderr,
+				"etcd_bench: mem round %u: %" PRIu64 " errors, first %s: %s\n",
 				round, b->errors, strerror(-b->first_err), b->first_msg);
 		errs += b->errors;
 		if (first_hwm < 0) {
@@ -634,7 +637,7 @@ static void cleanup_done(struct efs_etcd_result *r, void *arg)
 		fprintf(stderr, "etcd_bench: cleanup: %s: %s\n", strerror(-r->err), r->message);
 	else if (r->resp) {
 		const Etcdserverpb__DeleteRangeResponse *d =
-			(const Etcdserverpb__DeleteRangeResponse *)r->resp;
+		    (const Etcdserverpb__DeleteRangeResponse *)r->resp;
 
 		if (d->header && d->header->revision > b->max_rev)
 			b->max_rev = d->header->revision;
@@ -687,9 +690,8 @@ static void print_stats(const struct bench *b)
 
 	efs_etcd_get_stats(b->client, &st);
 	printf("{\"client\":\"c\",\"test\":\"stats\",\"calls_started\":%" PRIu64
-	       ",\"calls_failed\":%" PRIu64 ",\"calls_retried\":%" PRIu64
-	       ",\"reconnects\":%" PRIu64 ",\"bytes_sent\":%" PRIu64
-	       ",\"bytes_received\":%" PRIu64 "}\n",
+	       ",\"calls_failed\":%" PRIu64 ",\"calls_retried\":%" PRIu64 ",\"reconnects\":%" PRIu64
+	       ",\"bytes_sent\":%" PRIu64 ",\"bytes_received\":%" PRIu64 "}\n",
 	       st.calls_started, st.calls_failed, st.calls_retried, st.reconnects, st.bytes_sent,
 	       st.bytes_received);
 	fflush(stdout);
@@ -735,8 +737,9 @@ static void print_table(const struct result *res, size_t nres, unsigned reps)
 			workload_names[res[i].wl], res[i].conc, median(ops, n), median(p50, n),
 			median(p99, n), median(cpu, n), hwm, errs);
 	}
-	fprintf(stderr, "(medians of %u repetitions; CPU = getrusage user+sys of the process / "
-			"completed requests)\n",
+	fprintf(stderr,
+		"(medians of %u repetitions; CPU = getrusage user+sys of the process / "
+		"completed requests)\n",
 		reps);
 }
 
@@ -768,7 +771,8 @@ static int parse_workloads(const char *s, enum workload *out, size_t *n)
 		int found = -1;
 
 		for (int w = 0; w < WL_N; w++)
-			if (strlen(workload_names[w]) == len && strncmp(s, workload_names[w], len) == 0)
+			if (strlen(workload_names[w]) == len &&
+			    strncmp(s, workload_names[w], len) == 0)
 				found = w;
 		if (found < 0 || *n == MAX_LIST)
 			return -EINVAL;
@@ -782,39 +786,38 @@ static int parse_workloads(const char *s, enum workload *out, size_t *n)
 
 static void usage(FILE *f)
 {
-	fprintf(f,
-		"usage: etcd_bench --endpoint URL [options]\n"
-		"  --workload LIST      put,txn (default put,txn)\n"
-		"  --concurrency LIST   calls in flight (default 1,16,64,256)\n"
-		"  --reps N             repetitions of each configuration (default 3)\n"
-		"  --duration-ms MS     measurement window (default 3000)\n"
-		"  --warmup-ms MS       unrecorded warm-up before each window (default 500)\n"
-		"  --value-size B       Put value size (default 64)\n"
-		"  --mem-inflight N     memory mode: bursts of N calls at once (0: off)\n"
-		"  --mem-rounds N       bursts after the warm-up burst (default 3)\n"
-		"  --prefix P           key prefix (default bench/c<pid>)\n"
-		"  --mem-only           skip the closed-loop runs\n"
-		"  --no-cleanup         keep the keys and do not compact\n"
-		"JSON lines on stdout, a table of medians on stderr.\n");
+	fprintf(f, "usage: etcd_bench --endpoint URL [options]\n"
+		   "  --workload LIST      put,txn (default put,txn)\n"
+		   "  --concurrency LIST   calls in flight (default 1,16,64,256)\n"
+		   "  --reps N             repetitions of each configuration (default 3)\n"
+		   "  --duration-ms MS     measurement window (default 3000)\n"
+		   "  --warmup-ms MS       unrecorded warm-up before each window (default 500)\n"
+		   "  --value-size B       Put value size (default 64)\n"
+		   "  --mem-inflight N     memory mode: bursts of N calls at once (0: off)\n"
+		   "  --mem-rounds N       bursts after the warm-up burst (default 3)\n"
+		   "  --prefix P           key prefix (default bench/c<pid>)\n"
+		   "  --mem-only           skip the closed-loop runs\n"
+		   "  --no-cleanup         keep the keys and do not compact\n"
+		   "JSON lines on stdout, a table of medians on stderr.\n");
 }
 
 int main(int argc, char **argv)
 {
 	static const struct option lopts[] = {
-		{"endpoint", required_argument, NULL, 'e'},
-		{"workload", required_argument, NULL, 'w'},
-		{"concurrency", required_argument, NULL, 'c'},
-		{"reps", required_argument, NULL, 'r'},
-		{"duration-ms", required_argument, NULL, 'd'},
-		{"warmup-ms", required_argument, NULL, 'W'},
-		{"value-size", required_argument, NULL, 'v'},
-		{"mem-inflight", required_argument, NULL, 'm'},
-		{"mem-rounds", required_argument, NULL, 'M'},
-		{"prefix", required_argument, NULL, 'p'},
-		{"no-cleanup", no_argument, NULL, 'n'},
-		{"mem-only", no_argument, NULL, 'o'},
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
+	    {"endpoint", required_argument, NULL, 'e'},
+	    {"workload", required_argument, NULL, 'w'},
+	    {"concurrency", required_argument, NULL, 'c'},
+	    {"reps", required_argument, NULL, 'r'},
+	    {"duration-ms", required_argument, NULL, 'd'},
+	    {"warmup-ms", required_argument, NULL, 'W'},
+	    {"value-size", required_argument, NULL, 'v'},
+	    {"mem-inflight", required_argument, NULL, 'm'},
+	    {"mem-rounds", required_argument, NULL, 'M'},
+	    {"prefix", required_argument, NULL, 'p'},
+	    {"no-cleanup", no_argument, NULL, 'n'},
+	    {"mem-only", no_argument, NULL, 'o'},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
 	};
 	struct efs_etcd_opts opts = {0};
 	struct bench b = {0};

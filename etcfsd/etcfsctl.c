@@ -460,8 +460,12 @@ static int check_connect(struct check *k)
 	k->pending = 1;
 	run_until_done(&k->loop, &k->pending);
 	if (k->err) {
-		fprintf(stderr, "%s: cannot reach etcd at %s: %s (%s)\n", prog, k->conn.endpoints,
-			k->errmsg[0] ? k->errmsg : "no reply", strerror(-k->err));
+		bool denied = k->err == -EACCES || k->err == -EPERM;
+
+		fprintf(stderr, "%s: %s %s: %s (%s)\n", prog,
+			denied ? "etcd refused access at" : "cannot reach etcd at",
+			k->conn.endpoints, k->errmsg[0] ? k->errmsg : "no reply",
+			strerror(-k->err));
 		return k->err == -ENOMEM ? EXIT_FAILED : EXIT_NOCONNECT;
 	}
 	return EXIT_FIT;
@@ -929,7 +933,8 @@ static void usage_etcd_check(FILE *f)
 		"error (alarm), writes fail, or a member's db size (in use) reaches %.0f%% of\n"
 		"the quota.\n"
 		"\n"
-		"Exit status: 0 fit; 1 unfit; 2 usage error; 3 cannot connect to etcd;\n"
+		"Exit status: 0 fit; 1 unfit; 2 usage error; 3 cannot connect to etcd or it\n"
+		"refuses our credentials;\n"
 		"4 the check itself failed (out of memory, cannot make the scratch prefix).\n",
 		prog, conn_help, CHECK_P99_MAX_MS, CHECK_QUOTA_FRAC * 100);
 }
@@ -1069,9 +1074,9 @@ static int cmd_etcd_check(int argc, char **argv)
 		printf("verdict: unfit: %s\n", k.reasons);
 		ret = EXIT_UNFIT;
 	} else {
-		printf("verdict: fit (p99 commit latency %.3f ms <= %.0f ms, %zu members, leader "
-		       "%016" PRIx64 ")\n",
-		       p99, CHECK_P99_MAX_MS, k.nmembers, k.leader);
+		printf("verdict: fit (p99 commit latency %.3f ms <= %.0f ms, %zu member%s, "
+		       "leader %016" PRIx64 ")\n",
+		       p99, CHECK_P99_MAX_MS, k.nmembers, k.nmembers == 1 ? "" : "s", k.leader);
 		ret = EXIT_FIT;
 	}
 out_free:
@@ -1104,7 +1109,7 @@ static void usage(FILE *f)
 		"  --version      print the version\n"
 		"\n"
 		"Exit status: 0 success (etcd-check: fit); 1 etcd-check: unfit; 2 usage error;\n"
-		"3 cannot connect to etcd; 4 the command failed.\n",
+		"3 cannot connect to etcd or it refuses our credentials; 4 the command failed.\n",
 		prog);
 }
 

@@ -139,7 +139,7 @@ int efs_etcd_range_fill(Etcdserverpb__RangeRequest *req, const void *key, size_t
 
 	if (!o)
 		o = &none;
-	if (o->limit < 0 || o->revision < 0)
+	if (o->limit < 0 || o->revision < 0 || (o->prefix && !prefix_buf))
 		return -EINVAL;
 	r = range_bounds(key, keylen, o->prefix, o->range_end, o->range_end_len, prefix_buf,
 			 &end);

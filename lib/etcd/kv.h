@@ -87,10 +87,11 @@ typedef void (*efs_etcd_authenticate_cb)(struct efs_etcd_result *r,
  * Fills |req| (which the caller has initialised with
  * ETCDSERVERPB__RANGE_REQUEST__INIT) from |key| and |o| (NULL: one key,
  * latest, linearizable). The request borrows |key|, |o|'s range end and
- * |prefix_buf| (at least |keylen| bytes, used for the prefix end), so they
- * must outlive it. Used by the wrappers below and by Txn builders that put a
- * Range inside a transaction. Errors: -EINVAL (empty key, both prefix and
- * range_end, negative limit or revision).
+ * |prefix_buf| (at least |keylen| bytes, written with the prefix end; may be
+ * NULL unless o->prefix), so they must outlive it. Used by the wrappers
+ * below and by Txn builders that put a Range inside a transaction. Errors:
+ * -EINVAL (empty key, both prefix and range_end, prefix without
+ * |prefix_buf|, negative limit or revision).
  */
 int efs_etcd_range_fill(Etcdserverpb__RangeRequest *req, const void *key, size_t keylen,
 			const struct efs_etcd_range_opts *o, uint8_t *prefix_buf);

@@ -493,23 +493,32 @@ static void tick_once(struct efs_etcd_lease *l)
  * threshold, a probe; at most TICK_MAX_MS away so that the wire gap is
  * sampled. A timer rearmed for that moment, rather than a fixed tick, sends
  * each renewal on time. */
+static void wake_at(uint64_t *wake, uint64_t t, uint64_t now)
+{
+	if (t > now && t < *wake)
+		*wake = t;
+}
+
 static void schedule(struct efs_etcd_lease *l)
 {
 	uint64_t now = efs_clock_mono_ns();
 	uint64_t wake = now + TICK_MAX_MS * EFS_NSEC_PER_MSEC;
-	uint64_t ms = 0;
+	uint64_t ms;
 
-	if (!l->paused && l->next_send_ns < wake)
-		wake = l->next_send_ns;
-	if (!l->degraded && l->last_ack_send_ns + l->failover_ns < wake)
-		wake = l->last_ack_send_ns + l->failover_ns;
-	if (!l->at_risk && l->last_ack_send_ns + l->at_risk_ns < wake)
-		wake = l->last_ack_send_ns + l->at_risk_ns;
-	if (l->at_risk && l->next_probe_ns < wake)
-		wake = l->next_probe_ns;
-	if (wake > now)
-		ms = (wake - now + EFS_NSEC_PER_MSEC - 1) / EFS_NSEC_PER_MSEC;
-	uv_timer_start(&l->tick, tick, ms, 0);
+	/* Only moments still ahead count: one that has passed was handled by
+	 * this tick or cannot be acted on (paused, probe in flight). A 0 ms
+	 * timer restarted from its own callback would spin inside libuv's
+	 * timer phase without the loop time advancing. */
+	if (!l->paused)
+		wake_at(&wake, l->next_send_ns, now);
+	if (!l->degraded)
+		wake_at(&wake, l->last_ack_send_ns + l->failover_ns + 1, now);
+	if (!l->at_risk)
+		wake_at(&wake, l->last_ack_send_ns + l->at_risk_ns + 1, now);
+	else
+		wake_at(&wake, l->next_probe_ns, now);
+	ms = (wake - now + EFS_NSEC_PER_MSEC - 1) / EFS_NSEC_PER_MSEC;
+	uv_timer_start(&l->tick, tick, ms ? ms : 1, 0);
 }
 
 static void tick(uv_timer_t *t)

@@ -275,10 +275,15 @@ static int member_of(const char *url)
 	return -1;
 }
 
-Test(auth3, authenticated_client_survives_the_loss_of_its_member)
+/*
+ * The client talks to member |first| (its URL first in the endpoint list)
+ * when that member is killed; every call made after that must succeed.
+ */
+static void survive_member_loss(int first)
 {
+	char eps[1024];
 	struct efs_etcd_opts o = {
-		.endpoints = efs_harness_endpoints(h),
+		.endpoints = eps,
 		.user = efs_harness_user(h),
 		.password = efs_harness_user_password(h),
 		.call_timeout_ms = 5000,
@@ -287,12 +292,18 @@ Test(auth3, authenticated_client_survives_the_loss_of_its_member)
 	struct efs_etcd_sync *s;
 	int victim, ok = 0;
 	char key[32];
+	size_t len;
 
+	len = (size_t)snprintf(eps, sizeof(eps), "%s", efs_harness_member_url(h, first));
+	for (int i = 0; i < efs_harness_members(h); i++)
+		if (i != first)
+			len += (size_t)snprintf(eps + len, sizeof(eps) - len, ",%s",
+						efs_harness_member_url(h, i));
 	cr_assert_eq(open_sync(&s, &o), 0);
 	cr_assert_eq(efs_etcd_sync_put(s, "f", 1, "0", 1, 0, NULL), 0, "%s",
 		     efs_etcd_sync_last_message(s));
 	victim = member_of(efs_etcd_channel_endpoint(efs_etcd_sync_client(s), EFS_ETCD_CH_BULK));
-	cr_assert_geq(victim, 0);
+	cr_assert_eq(victim, first);
 	efs_etcd_get_stats(efs_etcd_sync_client(s), &before);
 	cr_assert_eq(efs_harness_kill(h, victim), 0);
 
@@ -314,6 +325,22 @@ Test(auth3, authenticated_client_survives_the_loss_of_its_member)
 	efs_etcd_get_stats(efs_etcd_sync_client(s), &after);
 	cr_assert_gt(after.reconnects, before.reconnects);
 	cr_assert_eq(efs_etcd_sync_close(s), 0);
+}
+
+Test(auth3, authenticated_client_survives_the_loss_of_its_member)
+{
+	int f = efs_harness_follower(h);
+
+	cr_assert_geq(f, 0);
+	survive_member_loss(f);
+}
+
+Test(auth3, authenticated_client_survives_the_loss_of_the_leader)
+{
+	int l = efs_harness_leader(h);
+
+	cr_assert_geq(l, 0);
+	survive_member_loss(l);
 }
 
 static void setup_auth_ttl(void)

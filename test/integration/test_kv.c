@@ -1113,3 +1113,52 @@ Test(cluster, call_without_quorum_fails_within_its_deadline)
 	got_clear();
 	client_free(c);
 }
+
+/* ---- allocation failures ---- */
+
+/*
+ * Fails each allocation of a collected paged range in turn (after the
+ * client is connected): it either refuses to start with -ENOMEM, or ends
+ * once with an error, or delivers the whole range; nothing leaks (ASan).
+ */
+Test(kv, paged_range_survives_every_allocation_failure)
+{
+	struct efs_etcd_paged_opts o = {.prefix = true, .page_size = 10};
+	struct efs_etcd *c = client_new(efs_harness_endpoints(h), 400);
+	struct pages p = {0};
+	long total, n;
+	int r;
+
+	put_many("pg/", 30);
+	/* Connect first so that the sweep covers the paging itself. */
+	cr_assert_eq(efs_etcd_range_paged(c, "pg/", 3, &o, NULL, NULL, paged_done, &p, NULL), 0);
+	wait_pages(&p);
+	pb_free(p.all);
+	memset(&p, 0, sizeof(p));
+	efs_mem_fail_after(-1);
+	cr_assert_eq(efs_etcd_range_paged(c, "pg/", 3, &o, NULL, NULL, paged_done, &p, NULL), 0);
+	wait_pages(&p);
+	total = efs_mem_count();
+	cr_assert_eq(p.err, 0);
+	cr_assert_eq(p.all->n_kvs, 30);
+	pb_free(p.all);
+
+	for (n = 0; n < total; n++) {
+		memset(&p, 0, sizeof(p));
+		efs_mem_fail_after(n);
+		r = efs_etcd_range_paged(c, "pg/", 3, &o, NULL, NULL, paged_done, &p, NULL);
+		if (r < 0) {
+			efs_mem_fail_reset();
+			cr_assert_eq(r, -ENOMEM, "start at %ld: %d", n, r);
+			continue;
+		}
+		wait_pages(&p);
+		efs_mem_fail_reset();
+		if (p.err == 0)
+			cr_assert_eq(p.all->n_kvs, 30, "allocation %ld", n);
+		else
+			cr_assert_null(p.all);
+		pb_free(p.all);
+	}
+	client_free(c);
+}

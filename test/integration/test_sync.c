@@ -375,3 +375,51 @@ Test(etcfsctl, etcd_check_cannot_connect_and_usage_errors)
 	cr_assert_eq(run_ctl("--help", out, sizeof(out)), 0);
 	cr_assert(strstr(out, "etcd-check"), "%s", out);
 }
+
+/* ---- allocation failures ---- */
+
+TestSuite(sync_failmalloc, .init = setup1, .fini = teardown, .timeout = 120);
+
+/*
+ * Fails each allocation of a new/put/get/close scenario in turn: every
+ * step either works or returns an error (-ENOMEM or a failed call), and
+ * close always closes the loop (leaks show under ASan).
+ */
+Test(sync_failmalloc, every_allocation_failure_unwinds)
+{
+	struct efs_etcd_opts o = {.endpoints = efs_harness_endpoints(h), .call_timeout_ms = 400};
+	struct efs_etcd_sync *s;
+	Mvccpb__KeyValue *kv;
+	long total, n;
+	int r;
+
+	/* Count the allocations of one clean run. */
+	efs_mem_fail_after(-1);
+	cr_assert_eq(efs_etcd_sync_new(&s, &o), 0);
+	cr_assert_eq(efs_etcd_sync_put(s, "fm", 2, "v", 1, 0, NULL), 0);
+	cr_assert_eq(efs_etcd_sync_get(s, "fm", 2, &kv, NULL), 0);
+	pb_free(kv);
+	cr_assert_eq(efs_etcd_sync_close(s), 0);
+	total = efs_mem_count();
+	cr_assert_gt(total, 10);
+	cr_log_info("%ld allocations", total);
+
+	for (n = 0; n < total; n++) {
+		kv = NULL;
+		efs_mem_fail_after(n);
+		r = efs_etcd_sync_new(&s, &o);
+		if (r < 0) {
+			efs_mem_fail_reset();
+			cr_assert_eq(r, -ENOMEM, "new at %ld: %d", n, r);
+			continue;
+		}
+		r = efs_etcd_sync_put(s, "fm", 2, "v", 1, 0, NULL);
+		cr_assert_leq(r, 0);
+		r = efs_etcd_sync_get(s, "fm", 2, &kv, NULL);
+		cr_assert_leq(r, 0);
+		if (r == 0)
+			pb_free(kv);
+		efs_mem_fail_reset();
+		cr_assert_eq(efs_etcd_sync_close(s), 0, "close after failing allocation %ld", n);
+	}
+}

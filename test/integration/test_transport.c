@@ -210,6 +210,31 @@ static uint64_t now_ms(void)
 	return efs_clock_mono_ns() / EFS_NSEC_PER_MSEC;
 }
 
+/* SIGSTOP is asynchronous: wait until member |i| really is stopped, so that
+ * nothing sent afterwards can still be answered. */
+static void pause_member(int i)
+{
+	char path[64], buf[512];
+	pid_t pid = efs_harness_pid(h, i);
+
+	cr_assert_gt(pid, 0);
+	cr_assert_eq(efs_harness_pause(h, i), 0);
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	for (int n = 0; n < 2000; n++) {
+		FILE *f = fopen(path, "r");
+		char *p = NULL;
+
+		cr_assert_not_null(f);
+		if (fgets(buf, sizeof(buf), f))
+			p = strrchr(buf, ')');
+		fclose(f);
+		if (p && p[1] == ' ' && p[2] == 'T')
+			return;
+		usleep(1000);
+	}
+	cr_assert_fail("member %d did not stop", i);
+}
+
 /* ---- Tests ---- */
 
 Test(transport, bad_options_are_rejected)
@@ -430,7 +455,7 @@ Test(transport, local_deadline_and_cancel)
 	put_ok("/d", "1");
 
 	/* A stopped member accepts nothing: the local timer ends the call. */
-	cr_assert_eq(efs_harness_pause(h, 0), 0);
+	pause_member(0);
 	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
 	q.key.data = (uint8_t *)"/d";
 	q.key.len = 2;
@@ -841,7 +866,7 @@ Test(transport, keepalive_pings_detect_a_stopped_member, .timeout = 60)
 	cr_assert_geq(st.pings_sent, 1);
 	cr_assert(!ws.closed);
 	/* A stopped member does not acknowledge: the stream fails. */
-	cr_assert_eq(efs_harness_pause(h, 0), 0);
+	pause_member(0);
 	uint64_t t0 = now_ms();
 	run_until(ws_closed, &ws, 9000);
 	cr_assert(ws.closed, "no failure after %llu ms", (unsigned long long)(now_ms() - t0));
