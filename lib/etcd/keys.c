@@ -39,7 +39,8 @@ int efs_etcd_next_key(const uint8_t *key, size_t len, uint8_t *out, size_t outsi
 {
 	if (len >= outsize)
 		return -E2BIG;
-	memmove(out, key, len);
+	if (len)
+		memmove(out, key, len);
 	out[len] = 0;
 	*ret_len = len + 1;
 	return 0;
