@@ -221,8 +221,9 @@ static int conn_args_finish(struct conn_args *a)
 		char *pw = isatty(STDIN_FILENO) ? getpass("Password: ") : NULL;
 
 		if (!pw) {
-			fprintf(stderr, "%s: --user %s needs a password (USER:PASS or --password)\n",
-				prog, a->user);
+			fprintf(stderr,
+				"%s: --user %s needs a password (USER:PASS or --password)\n", prog,
+				a->user);
 			return -EINVAL;
 		}
 		a->password = efs_mem_strdup(pw);
@@ -347,7 +348,8 @@ struct check {
 	size_t reasons_len;
 };
 
-static void check_reason(struct check *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void check_reason(struct check *k, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
 
 static void check_reason(struct check *k, const char *fmt, ...)
 {
@@ -567,7 +569,8 @@ static void check_report_cluster(struct check *k)
 	if (leader) {
 		const char *name = member_name(k, leader);
 
-		printf("leader: %016" PRIx64 " (%s)\n", leader, name ? name : "not a listed member");
+		printf("leader: %016" PRIx64 " (%s)\n", leader,
+		       name ? name : "not a listed member");
 	} else {
 		printf("leader: none\n");
 		check_reason(k, "no leader");

@@ -1637,11 +1637,20 @@ static void run_done(struct efs_etcd *c)
 	}
 }
 
+/* Flushes each connection queued so far once; one that queues itself again
+ * meanwhile waits for the next turn, so that no peer can livelock us. */
 static void flush_dirty(struct efs_etcd *c)
 {
-	while (!efs_list_empty(&c->dirty)) {
-		struct efs_conn *conn = efs_container_of(c->dirty.next, struct efs_conn,
-							 dirty_link);
+	struct efs_list batch;
+
+	if (efs_list_empty(&c->dirty))
+		return;
+	batch = c->dirty;
+	batch.next->prev = &batch;
+	batch.prev->next = &batch;
+	efs_list_init(&c->dirty);
+	while (!efs_list_empty(&batch)) {
+		struct efs_conn *conn = efs_container_of(batch.next, struct efs_conn, dirty_link);
 
 		efs_conn_flush(conn);
 	}

@@ -336,7 +336,9 @@ static void feed_h2(struct efs_conn *conn, const uint8_t *data, size_t len)
 		return;
 	if (n < 0) {
 		/* nghttp2 has queued a GOAWAY for the protocol error; a
-		 * courtesy flush sends it before we close. */
+		 * courtesy flush sends it before we close. Nothing new may
+		 * be opened here meanwhile. */
+		conn->goaway = true;
 		efs_conn_flush(conn);
 		efs_conn_fail(conn, -EPROTO, "HTTP/2 protocol error from server: %s",
 			      nghttp2_strerror((int)n));
@@ -554,6 +556,9 @@ static int on_frame_not_send(nghttp2_session *s, const nghttp2_frame *f, int lib
 		struct efs_rpc *rpc = efs_container_of(l, struct efs_rpc, link);
 
 		if (rpc->stream_id == f->hd.stream_id) {
+			/* Whatever stopped it stops the next one too: open
+			 * nothing more here, or the retry would come back. */
+			conn->goaway = true;
 			detach(conn, rpc);
 			efs_rpc_on_close(rpc, conn, NGHTTP2_REFUSED_STREAM);
 			break;
@@ -645,7 +650,8 @@ int efs_conn_submit(struct efs_conn *conn, struct efs_rpc *rpc, const nghttp2_nv
 
 	if (conn->state == EFS_CONN_DEAD || conn->state == EFS_CONN_DRAINING || conn->goaway)
 		return -EAGAIN;
-	if (nghttp2_session_get_next_stream_id(conn->h2) >= (uint32_t)STREAM_ID_RECYCLE)
+	if (nghttp2_session_get_next_stream_id(conn->h2) >= (uint32_t)STREAM_ID_RECYCLE ||
+	    !nghttp2_session_check_request_allowed(conn->h2))
 		return -EAGAIN;
 	id = nghttp2_submit_request(conn->h2, NULL, nva, nvlen, &dp, rpc);
 	if (id < 0) {

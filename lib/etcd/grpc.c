@@ -47,6 +47,16 @@ static void reader_next(struct efs_grpc_reader *r)
 	r->have = 0;
 }
 
+/* prefix_have past the prefix length marks a reader that failed: feeding it
+ * again returns -EPROTO instead of misreading the bytes after the error. */
+#define READER_FAILED (EFS_GRPC_PREFIX_LEN + 1)
+
+static int reader_fail(struct efs_grpc_reader *r, int err)
+{
+	r->prefix_have = READER_FAILED;
+	return err;
+}
+
 /*
  * A message that arrives whole inside one chunk is handed to the callback in
  * place; only a message split across chunks is copied into |buf|, which is
@@ -56,6 +66,8 @@ static void reader_next(struct efs_grpc_reader *r)
 int efs_grpc_reader_feed(struct efs_grpc_reader *r, const uint8_t *data, size_t len,
 			 efs_grpc_msg_cb cb, void *arg)
 {
+	if (r->prefix_have > EFS_GRPC_PREFIX_LEN)
+		return -EPROTO;
 	while (len > 0 || (r->prefix_have == EFS_GRPC_PREFIX_LEN && r->have == r->need)) {
 		size_t n;
 		int err;
@@ -75,11 +87,11 @@ int efs_grpc_reader_feed(struct efs_grpc_reader *r, const uint8_t *data, size_t 
 			/* Flag values other than 0 are compression (1) or
 			 * garbage; we never negotiate grpc-encoding. */
 			if (r->prefix[0] != 0)
-				return -EPROTO;
+				return reader_fail(r, -EPROTO);
 			mlen = (uint32_t)r->prefix[1] << 24 | (uint32_t)r->prefix[2] << 16 |
 			       (uint32_t)r->prefix[3] << 8 | (uint32_t)r->prefix[4];
 			if (mlen > r->max_msg)
-				return -EMSGSIZE;
+				return reader_fail(r, -EMSGSIZE);
 			r->need = mlen;
 			r->have = 0;
 			if (r->need > 0 && len >= r->need) {
@@ -94,7 +106,7 @@ int efs_grpc_reader_feed(struct efs_grpc_reader *r, const uint8_t *data, size_t 
 			if (r->need > 0) {
 				r->buf = efs_mem_malloc(r->need);
 				if (!r->buf)
-					return -ENOMEM;
+					return reader_fail(r, -ENOMEM);
 			}
 		}
 		n = r->need - r->have;

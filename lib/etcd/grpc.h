@@ -64,7 +64,9 @@ void efs_grpc_reader_done(struct efs_grpc_reader *r);
 /* Feeds |len| bytes. Returns 0, -EMSGSIZE (a prefix announces more than
  * max_msg), -EPROTO (compressed flag set: we never negotiate compression),
  * -ENOMEM, or the callback's negative return. After an error the reader must
- * not be fed again. */
+ * not be fed again (it then returns -EPROTO; the callback's own errors are
+ * the exception: the reader goes on with the next message).
+ * efs_grpc_reader_done() resets it to a fresh reader. */
 int efs_grpc_reader_feed(struct efs_grpc_reader *r, const uint8_t *data, size_t len,
 			 efs_grpc_msg_cb cb, void *arg);
 

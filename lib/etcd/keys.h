@@ -52,8 +52,7 @@ int efs_etcd_next_key(const uint8_t *key, size_t len, uint8_t *out, size_t outsi
 int efs_etcd_next_key_dup(const uint8_t *key, size_t len, ProtobufCBinaryData *ret);
 
 /* True when |key| starts with |prefix| (an empty prefix matches all). */
-bool efs_etcd_key_has_prefix(const uint8_t *key, size_t len, const uint8_t *prefix,
-			     size_t plen);
+bool efs_etcd_key_has_prefix(const uint8_t *key, size_t len, const uint8_t *prefix, size_t plen);
 
 /* etcd's key order: <0, 0 or >0 like memcmp, a proper prefix sorts first. */
 int efs_etcd_key_cmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);

@@ -187,8 +187,8 @@ out_free_pbuf:
 }
 
 int efs_etcd_put(struct efs_etcd *c, const void *key, size_t keylen, const void *value,
-		 size_t vallen, const struct efs_etcd_put_opts *o, const struct efs_etcd_callopts *co,
-		 efs_etcd_put_cb cb, void *arg)
+		 size_t vallen, const struct efs_etcd_put_opts *o,
+		 const struct efs_etcd_callopts *co, efs_etcd_put_cb cb, void *arg)
 {
 	Etcdserverpb__PutRequest req = ETCDSERVERPB__PUT_REQUEST__INIT;
 	struct kv_call *k;

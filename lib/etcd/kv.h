@@ -109,8 +109,8 @@ int efs_etcd_range(struct efs_etcd *c, const void *key, size_t keylen,
  * key), and those of efs_etcd_call().
  */
 int efs_etcd_put(struct efs_etcd *c, const void *key, size_t keylen, const void *value,
-		 size_t vallen, const struct efs_etcd_put_opts *o, const struct efs_etcd_callopts *co,
-		 efs_etcd_put_cb cb, void *arg);
+		 size_t vallen, const struct efs_etcd_put_opts *o,
+		 const struct efs_etcd_callopts *co, efs_etcd_put_cb cb, void *arg);
 
 /* DeleteRange: deletes |key| or the range |o| describes. Errors: -EINVAL
  * (empty key, both prefix and range_end), and those of efs_etcd_call(). */

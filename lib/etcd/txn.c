@@ -262,7 +262,8 @@ static bool nested_put_conflicts(Etcdserverpb__RequestOp *const *ops, size_t nop
 	for (size_t i = 0; i < nops; i++) {
 		if (is_del(ops[i]) && del_covers(ops[i]->request_delete_range, k))
 			return true;
-		if (i < j && is_txn(ops[i]) && (tree_has_put(ops[i], k) || tree_del_covers(ops[i], k)))
+		if (i < j && is_txn(ops[i]) &&
+		    (tree_has_put(ops[i], k) || tree_del_covers(ops[i], k)))
 			return true;
 	}
 	return false;
@@ -319,7 +320,8 @@ static bool branch_has_duplicate(Etcdserverpb__RequestOp *const *ops, size_t n)
 				return true;
 			if (is_del(o) && del_covers(o->request_delete_range, k))
 				return true;
-			if (i < j && o->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT &&
+			if (i < j &&
+			    o->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT &&
 			    bytes_cmp(&o->request_put->key, k) == 0)
 				return true;
 		}
@@ -632,7 +634,8 @@ int efs_etcd_txn_nested(struct efs_etcd_txn *t, enum efs_etcd_txn_branch branch,
 /* ---- Responses ---- */
 
 static int resp_op(const Etcdserverpb__TxnResponse *resp, size_t i,
-		   Etcdserverpb__ResponseOp__ResponseCase want, const Etcdserverpb__ResponseOp **ret)
+		   Etcdserverpb__ResponseOp__ResponseCase want,
+		   const Etcdserverpb__ResponseOp **ret)
 {
 	const Etcdserverpb__ResponseOp *op;
 

@@ -31,6 +31,11 @@ struct wait_req {
 	struct efs_etcd_call *put; /* a barrier's Put in flight */
 };
 
+struct refresh {
+	struct efs_etcd_watch_stream *ws; /* NULL once the stream is freed */
+	struct efs_etcd_call *call;
+};
+
 struct held {
 	struct held *next;
 	uint64_t due_ns;
@@ -49,6 +54,9 @@ struct efs_etcd_watcher {
 	int64_t next_rev;
 	enum wstate state;
 	bool created_reported;
+	/* A create refused for a token error was retried on a fresh stream;
+	 * cleared once a create succeeds. */
+	bool auth_retried;
 	/* A final update to deliver from the deferred pass. */
 	bool final_pending;
 	enum efs_etcd_watch_kind final_kind;
@@ -82,6 +90,8 @@ struct efs_etcd_watch_stream {
 	struct held *held, *held_tail;
 	struct wait_req *ready, *ready_tail;
 	struct wait_req *barriers;
+	/* A unary call in flight that makes the client renew its token. */
+	struct refresh *refresh;
 	unsigned handles_open;
 	bool freeing;
 	bool dead;
@@ -105,6 +115,7 @@ static uint32_t backoff_ms(struct efs_etcd_watch_stream *ws)
 }
 
 static void kick_defer(struct efs_etcd_watch_stream *ws, uint64_t delay_ms);
+static int refresh_token(struct efs_etcd_watch_stream *ws, struct efs_etcd_watcher *w);
 
 /* ---- Small helpers ---- */
 
@@ -302,16 +313,28 @@ static void handle_created(struct efs_etcd_watch_stream *ws,
 	struct efs_etcd_watcher *w;
 
 	if (resp->watch_id == -1 || resp->canceled) {
+		int err = reason_errno(resp->cancel_reason);
+
 		w = find_watcher(ws, resp->watch_id != -1 ? resp->watch_id : head);
-		if (w && w->state == W_CREATING)
-			finish(w, EFS_ETCD_WATCH_CANCELED, reason_errno(resp->cancel_reason), rev,
-			       0, resp->cancel_reason);
+		if (!w || w->state != W_CREATING)
+			return;
+		/* etcd checks the stream's token at every create, and a simple
+		 * token expires after --auth-token-ttl without use: a stream
+		 * opened long ago refuses new watchers with "invalid auth
+		 * token". Renew the token and retry once on a new stream. */
+		if (err == -EACCES && !w->auth_retried && refresh_token(ws, w) == 0) {
+			w->auth_retried = true;
+			w->state = W_NEW;
+			return;
+		}
+		finish(w, EFS_ETCD_WATCH_CANCELED, err, rev, 0, resp->cancel_reason);
 		return;
 	}
 	w = find_watcher(ws, resp->watch_id);
 	if (!w || w->state != W_CREATING)
 		return;
 	w->state = W_ACTIVE;
+	w->auth_retried = false;
 	ws->attempt = 0;
 	if (w->next_rev == 0) {
 		w->next_rev = rev + 1;
@@ -488,10 +511,9 @@ static void drop_held(struct efs_etcd_watch_stream *ws)
 	ws->held_tail = NULL;
 }
 
-static void on_close(struct efs_etcd_stream *s, const struct efs_etcd_result *r, void *arg)
+/* The HTTP/2 stream is gone: what it carried must be recreated. */
+static void stream_reset(struct efs_etcd_watch_stream *ws)
 {
-	struct efs_etcd_watch_stream *ws = arg;
-
 	ws->s = NULL;
 	ws->cq_head = ws->cq_len = 0;
 	/* What was held back was not delivered; the re-creates replay it. */
@@ -503,7 +525,60 @@ static void on_close(struct efs_etcd_stream *s, const struct efs_etcd_result *r,
 		else if (w->state == W_CREATING || w->state == W_ACTIVE)
 			w->state = W_NEW;
 	}
+}
+
+static void on_close(struct efs_etcd_stream *s, const struct efs_etcd_result *r, void *arg)
+{
+	struct efs_etcd_watch_stream *ws = arg;
+
+	stream_reset(ws);
 	arm_reopen(ws, backoff_ms(ws));
+}
+
+static void refresh_done(struct efs_etcd_result *r, void *arg)
+{
+	struct refresh *rf = arg;
+	struct efs_etcd_watch_stream *ws = rf->ws;
+
+	efs_mem_free(rf);
+	if (!ws)
+		return;
+	ws->refresh = NULL;
+	/* Whatever the Range says (the user may not read the key), the
+	 * client has renewed its token if it had to. A new stream carries
+	 * it; every watcher resumes from its next revision. */
+	if (ws->s) {
+		efs_etcd_stream_close(ws->s);
+		stream_reset(ws);
+	}
+	if (!ws->reopen_armed)
+		(void)stream_open(ws);
+}
+
+/* Starts one small unary call (a count-only Range of |w|'s key), whose
+ * token error makes the client authenticate again. */
+static int refresh_token(struct efs_etcd_watch_stream *ws, struct efs_etcd_watcher *w)
+{
+	Etcdserverpb__RangeRequest req = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	struct refresh *rf;
+	int r;
+
+	if (ws->refresh)
+		return 0;
+	rf = efs_mem_calloc(1, sizeof(*rf));
+	if (!rf)
+		return -ENOMEM;
+	rf->ws = ws;
+	req.key.data = w->key;
+	req.key.len = w->key_len;
+	req.count_only = true;
+	r = efs_etcd_call(ws->c, EFS_ETCD_RANGE, &req.base, NULL, refresh_done, rf, &rf->call);
+	if (r < 0) {
+		efs_mem_free(rf);
+		return r;
+	}
+	ws->refresh = rf;
+	return 0;
 }
 
 static void on_msg(struct efs_etcd_stream *s, const ProtobufCMessage *msg, void *arg)
@@ -530,7 +605,8 @@ static void on_msg(struct efs_etcd_stream *s, const ProtobufCMessage *msg, void 
 		/* Out of memory: handle it now rather than lose it. Order
 		 * with held ones is broken, so end the stream instead. */
 		efs_etcd_stream_close(ws->s);
-		on_close(NULL, NULL, ws);
+		stream_reset(ws);
+		arm_reopen(ws, backoff_ms(ws));
 		return;
 	}
 	handle_resp(ws, (const Etcdserverpb__WatchResponse *)msg);
@@ -676,6 +752,11 @@ struct efs_etcd_watch_stream *efs_etcd_watch_stream_free(struct efs_etcd_watch_s
 		efs_etcd_call_cancel(wr->put);
 	}
 	ws->barriers = NULL;
+	if (ws->refresh) {
+		ws->refresh->ws = NULL;
+		efs_etcd_call_cancel(ws->refresh->call);
+		ws->refresh = NULL;
+	}
 	drop_held(ws);
 	efs_mem_free(ws->cq);
 	if (ws->s) {

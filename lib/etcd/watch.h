@@ -11,7 +11,11 @@
  * When the stream ends (member killed, connection lost, leaderless member
  * with hasleader) it is reopened with backoff, and every watcher is created
  * again from the revision after the last one it delivered, so the caller
- * sees every event once, in order (ETCD-GRPC.md "Watch resumption"). A
+ * sees every event once, in order (ETCD-GRPC.md "Watch resumption"). etcd
+ * checks the stream's auth token at each create; a create refused with
+ * "invalid auth token" (an expired simple token on a long-lived stream) is
+ * retried once after a unary call has made the client renew its token, on a
+ * new stream that all watchers move to. A
  * response split into fragments is delivered as one update once its last
  * fragment arrives; revisions advance only after whole updates.
  *

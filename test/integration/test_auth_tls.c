@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
@@ -84,8 +85,9 @@ static void make_other_ca(char *dir, size_t size, char *ca, size_t casize)
 	snprintf(dir, size, "/dev/shm/etcfs-test-ca-%d", (int)getpid());
 	snprintf(ca, casize, "%s/ca.pem", dir);
 	snprintf(cmd, sizeof(cmd),
-		 "mkdir -p %s && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
-		 "-nodes -subj /CN=other-ca -days 1 -keyout %s/ca.key -out %s >/dev/null 2>&1",
+		 "mkdir -p %s && openssl req -x509 -newkey ec "
+		 "-pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=other-ca -days 1 "
+		 "-keyout %s/ca.key -out %s >/dev/null 2>&1",
 		 dir, dir, ca);
 	cr_assert_eq(system(cmd), 0, "openssl failed");
 }
@@ -114,7 +116,10 @@ Test(tls, wrong_ca_fails_with_a_clear_error)
 
 	make_other_ca(dir, sizeof(dir), ca, sizeof(ca));
 	o.cacert = ca;
-	cr_assert_eq(open_sync(&s, &o), 0);
+	r = open_sync(&s, &o);
+	/* The client has loaded the CA: nothing needs the files any more. */
+	remove_dir(dir);
+	cr_assert_eq(r, 0);
 	t0 = efs_clock_mono_ns();
 	r = efs_etcd_sync_put(s, "tls", 3, "no", 2, 0, NULL);
 	msg = efs_etcd_sync_last_message(s);
@@ -123,7 +128,6 @@ Test(tls, wrong_ca_fails_with_a_clear_error)
 	cr_assert(strstr(msg, "certificate") || strstr(msg, "verif"),
 		  "the error should name the certificate problem: %d %s", r, msg);
 	cr_assert_eq(efs_etcd_sync_close(s), 0);
-	remove_dir(dir);
 }
 
 Test(tls, missing_client_cert_fails_clearly)
@@ -378,4 +382,90 @@ Test(auth_ttl, expired_token_is_renewed_transparently)
 	efs_etcd_get_stats(efs_etcd_sync_client(s), &after);
 	cr_assert_gt(after.reauths, before.reauths, "the expired token was replaced");
 	cr_assert_eq(efs_etcd_sync_close(s), 0);
+}
+
+/* ---- etcfsctl with TLS client certificates and a user ---- */
+
+static void setup_tls_auth(void)
+{
+	struct efs_harness_opts o = {
+		.tls = true,
+		.client_cert_auth = true,
+		.auth = true,
+		.user = "etcfs",
+	};
+
+	start(&o);
+}
+
+TestSuite(ctl_tls_auth, .init = setup_tls_auth, .fini = teardown, .timeout = 60);
+
+static int run_ctl(const char *args, char *out, size_t outsize)
+{
+	const char *root = getenv("ETCFS_BUILD_ROOT");
+	char cmd[4096];
+	size_t n = 0;
+	FILE *f;
+	int st;
+
+	cr_assert_not_null(root, "ETCFS_BUILD_ROOT is not set");
+	snprintf(cmd, sizeof(cmd), "%s/etcfsd/etcfsctl %s 2>&1 </dev/null", root, args);
+	f = popen(cmd, "r");
+	cr_assert_not_null(f);
+	while (n + 1 < outsize) {
+		size_t got = fread(out + n, 1, outsize - 1 - n, f);
+
+		if (got == 0)
+			break;
+		n += got;
+	}
+	out[n] = '\0';
+	st = pclose(f);
+	cr_assert(WIFEXITED(st), "etcfsctl did not exit normally:\n%s", out);
+	return WEXITSTATUS(st);
+}
+
+Test(ctl_tls_auth, etcd_check_takes_etcdctl_tls_and_user_flags)
+{
+	static char out[65536];
+	char args[2048];
+	int st;
+
+	snprintf(args, sizeof(args),
+		 "etcd-check --endpoints %s --cacert %s --cert %s --key %s --user %s:%s "
+		 "--duration 0.5 --concurrency 4 --samples 20",
+		 efs_harness_endpoints(h), efs_harness_cacert(h), efs_harness_client_cert(h),
+		 efs_harness_client_key(h), efs_harness_user(h), efs_harness_user_password(h));
+	st = run_ctl(args, out, sizeof(out));
+	cr_assert(st == 0 || st == 1, "exit %d:\n%s", st, out);
+	cr_assert(strstr(out, "members: 1\n"), "%s", out);
+	cr_assert(strstr(out, " txn/s "), "%s", out);
+	cr_assert(strstr(out, "verdict: "), "%s", out);
+
+	/* The same with --password, host:port endpoints (https implied). */
+	snprintf(args, sizeof(args),
+		 "etcd-check --endpoints %s --cacert %s --cert %s --key %s --user %s "
+		 "--password %s --duration 0.5 --concurrency 2 --samples 10",
+		 efs_harness_member_hostport(h, 0), efs_harness_cacert(h),
+		 efs_harness_client_cert(h), efs_harness_client_key(h), efs_harness_user(h),
+		 efs_harness_user_password(h));
+	st = run_ctl(args, out, sizeof(out));
+	cr_assert(st == 0 || st == 1, "exit %d:\n%s", st, out);
+	cr_assert(strstr(out, "verdict: "), "%s", out);
+
+	/* A wrong password: exit 3 and says so. */
+	snprintf(args, sizeof(args),
+		 "etcd-check --endpoints %s --cacert %s --cert %s --key %s --user %s:wrong",
+		 efs_harness_endpoints(h), efs_harness_cacert(h), efs_harness_client_cert(h),
+		 efs_harness_client_key(h), efs_harness_user(h));
+	st = run_ctl(args, out, sizeof(out));
+	cr_assert_eq(st, 3, "exit %d:\n%s", st, out);
+	cr_assert(strstr(out, "authentication failed"), "%s", out);
+
+	/* A user without a password and no terminal to ask on: usage error. */
+	snprintf(args, sizeof(args), "etcd-check --endpoints %s --user %s",
+		 efs_harness_endpoints(h), efs_harness_user(h));
+	st = run_ctl(args, out, sizeof(out));
+	cr_assert_eq(st, 2, "exit %d:\n%s", st, out);
+	cr_assert(strstr(out, "needs a password"), "%s", out);
 }

@@ -18,6 +18,7 @@
 #include "etcd/grpc.h"
 #include "etcd/kv.h"
 #include "etcd/sync.h"
+#include "etcd/txn.h"
 #include "harness.h"
 #include "util/clock.h"
 #include "util/mem.h"
@@ -810,8 +811,8 @@ Test(kv, txn_every_compare_target_with_every_result)
 				bool ok = compare1(cmp_new(&c, "t", t, res, actual[t] + d,
 							   vals[d + 1]));
 
-				cr_assert_eq(ok, want, "%s %s (operand %+d): got %d", target_names[t],
-					     result_names[res], d, ok);
+				cr_assert_eq(ok, want, "%s %s (operand %+d): got %d",
+					     target_names[t], result_names[res], d, ok);
 			}
 		}
 	}
@@ -961,6 +962,43 @@ Test(kv, txn_branches_and_nested_txn)
 	resp = txn_run(&txn);
 	cr_assert_eq(resp->header->revision, rev_before);
 	pb_free(resp);
+}
+
+Test(kv, txn_from_the_builder_runs_through_the_wrapper)
+{
+	struct efs_etcd_txn *t, *inner;
+	Etcdserverpb__TxnResponse *resp, *nested;
+	Etcdserverpb__RangeResponse *rr;
+	int64_t rev = put_ok("b/x", "1");
+
+	/* if mod(b/x) == rev: put b/x = 2, and (if b/y absent) put b/y;
+	 * else: read b/x */
+	cr_assert_eq(efs_etcd_txn_new(&t, 0), 0);
+	cr_assert_eq(efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, "b/x", 3, rev),
+		     0);
+	cr_assert_eq(efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, "b/x", 3, "2", 1, 0), 0);
+	cr_assert_eq(efs_etcd_txn_nested(t, EFS_ETCD_TXN_SUCCESS, &inner), 0);
+	cr_assert_eq(efs_etcd_txn_compare(inner, EFS_ETCD_CMP_VERSION, EFS_ETCD_CMP_EQUAL, "b/y",
+					  3, 0),
+		     0);
+	cr_assert_eq(efs_etcd_txn_put(inner, EFS_ETCD_TXN_SUCCESS, "b/y", 3, "y", 1, 0), 0);
+	cr_assert_eq(efs_etcd_txn_range(t, EFS_ETCD_TXN_FAILURE, "b/x", 3, NULL, 0), 0);
+
+	resp = txn_run(efs_etcd_txn_request(t));
+	cr_assert_not_null(resp, "%s", got.msg);
+	cr_assert(resp->succeeded);
+	cr_assert_eq(efs_etcd_txn_resp_txn(resp, 1, &nested), 0);
+	cr_assert(nested->succeeded);
+	pb_free(resp);
+
+	/* Run again: the compare now fails and the failure branch reads. */
+	resp = txn_run(efs_etcd_txn_request(t));
+	cr_assert_not_null(resp, "%s", got.msg);
+	cr_assert(!resp->succeeded);
+	cr_assert_eq(efs_etcd_txn_resp_range(resp, 0, &rr), 0);
+	cr_assert(kv_is(rr->kvs[0], "b/x", "2"));
+	pb_free(resp);
+	efs_etcd_txn_free(t);
 }
 
 static Etcdserverpb__TxnResponse *txn_puts(int n, bool same_key)
@@ -1124,7 +1162,10 @@ Test(cluster, call_without_quorum_fails_within_its_deadline)
 Test(kv, paged_range_survives_every_allocation_failure)
 {
 	struct efs_etcd_paged_opts o = {.prefix = true, .page_size = 10};
-	struct efs_etcd *c = client_new(efs_harness_endpoints(h), 400);
+	struct efs_etcd *c = client_new(efs_harness_endpoints(h), 0);
+	/* Once allocation fails, every later one fails too, so most runs
+	 * end at their deadline: keep it short. */
+	struct efs_etcd_callopts co = {.timeout_ms = 100};
 	struct pages p = {0};
 	long total, n;
 	int r;
@@ -1146,7 +1187,7 @@ Test(kv, paged_range_survives_every_allocation_failure)
 	for (n = 0; n < total; n++) {
 		memset(&p, 0, sizeof(p));
 		efs_mem_fail_after(n);
-		r = efs_etcd_range_paged(c, "pg/", 3, &o, NULL, NULL, paged_done, &p, NULL);
+		r = efs_etcd_range_paged(c, "pg/", 3, &o, &co, NULL, paged_done, &p, NULL);
 		if (r < 0) {
 			efs_mem_fail_reset();
 			cr_assert_eq(r, -ENOMEM, "start at %ld: %d", n, r);

@@ -614,6 +614,30 @@ Test(transport, tls_with_client_certificates)
 	put_ok("/tls", "yes");
 	cr_assert_eq(get("/tls", buf, sizeof(buf)), 0);
 	cr_assert_str_eq(buf, "yes");
+	/* Multi-MiB replies go through TLS records and flow control too. */
+	enum { SZ = 1000 * 1000 };
+	char *val = malloc(SZ);
+	cr_assert_not_null(val);
+	for (int i = 0; i < 4; i++) {
+		char key[32];
+
+		memset(val, 'a' + i, SZ);
+		snprintf(key, sizeof(key), "/tlsbig/%d", i);
+		cr_assert_eq(put(key, val, SZ, &x), 0, "%s", x.msg);
+		res_done(&x);
+	}
+	free(val);
+	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	q.key.data = (uint8_t *)"/tlsbig/";
+	q.key.len = 8;
+	q.range_end.data = (uint8_t *)"/tlsbig0";
+	q.range_end.len = 8;
+	call_ok(EFS_ETCD_RANGE, &q.base, &x);
+	Etcdserverpb__RangeResponse *rr = (void *)x.resp;
+	cr_assert_eq(rr->n_kvs, 4);
+	cr_assert_eq(rr->kvs[3]->value.len, SZ);
+	cr_assert_eq(rr->kvs[3]->value.data[SZ - 1], 'd');
+	res_done(&x);
 	free_client();
 
 	/* Without a client certificate the server refuses the handshake. */
@@ -633,31 +657,6 @@ Test(transport, tls_with_client_certificates)
 	new_client(&o);
 	cr_assert_lt(put("/tls", "x", 1, &x), 0);
 	cr_assert(strstr(x.msg, "verif"), "%s", x.msg);
-}
-
-Test(transport, auth_token_and_wrong_password)
-{
-	struct efs_harness_opts ho = { .auth = true, .user = "alice" };
-	struct res x;
-	char buf[16];
-
-	start_cluster(&ho);
-	struct efs_etcd_opts o = { .endpoints = efs_harness_endpoints(h),
-				   .user = efs_harness_user(h),
-				   .password = efs_harness_user_password(h) };
-	new_client(&o);
-	put_ok("/auth", "ok");
-	cr_assert_eq(get("/auth", buf, sizeof(buf)), 0);
-	cr_assert_str_eq(buf, "ok");
-	free_client();
-
-	cr_assert_eq(uv_loop_init(&loop), 0);
-	o.password = "wrong";
-	new_client(&o);
-	cr_assert_eq(put("/auth", "x", 1, &x), -EACCES, "%d %s", x.err, x.msg);
-	cr_assert(strstr(x.msg, "alice"), "%s", x.msg);
-	/* Each later call tries again and fails the same way. */
-	cr_assert_eq(put("/auth", "x", 1, &x), -EACCES, "%d %s", x.err, x.msg);
 }
 
 Test(transport, drop_reply_leaves_outcome_unknown)
@@ -906,4 +905,71 @@ Test(transport, goaway_on_graceful_stop_moves_on, .timeout = 150)
 	struct efs_etcd_stats st;
 	efs_etcd_get_stats(cli, &st);
 	cr_log_info("goaways seen: %lu", (unsigned long)st.goaways);
+}
+
+Test(transport, auth_token_and_wrong_password)
+{
+	struct efs_harness_opts ho = { .auth = true, .user = "alice", .auth_token_ttl_s = 1 };
+	struct res x;
+	char buf[16];
+
+	start_cluster(&ho);
+	struct efs_etcd_opts o = { .endpoints = efs_harness_endpoints(h),
+				   .user = efs_harness_user(h),
+				   .password = efs_harness_user_password(h) };
+	new_client(&o);
+	put_ok("/auth", "ok");
+	cr_assert_eq(get("/auth", buf, sizeof(buf)), 0);
+	cr_assert_str_eq(buf, "ok");
+
+	/* Streams carry the token too: a watch under auth gets its events. */
+	struct watch_state ws = { 0 };
+	watch_prefix(&ws, "/auth/", EFS_ETCD_CH_PRIO);
+	run_until(ws_created, &ws, 5000);
+	cr_assert_eq(ws.created, 1);
+	put_ok("/auth/w", "1");
+	run_until(ws_has_event, &ws, 5000);
+	cr_assert_eq(ws.events, 1);
+
+	/* An expired token (TTL 1 s, unused for 2.5 s) is renewed and the
+	 * call retried once, invisibly. */
+	usleep(2500 * 1000);
+	put_ok("/auth", "again");
+	struct efs_etcd_stats st;
+	efs_etcd_get_stats(cli, &st);
+	cr_assert_geq(st.reauths, 1);
+	free_client();
+
+	cr_assert_eq(uv_loop_init(&loop), 0);
+	o.password = "wrong";
+	new_client(&o);
+	cr_assert_eq(put("/auth", "x", 1, &x), -EACCES, "%d %s", x.err, x.msg);
+	cr_assert(strstr(x.msg, "alice"), "%s", x.msg);
+	/* Each later call tries again and fails the same way. */
+	cr_assert_eq(put("/auth", "x", 1, &x), -EACCES, "%d %s", x.err, x.msg);
+}
+
+Test(transport, free_cancels_pending_calls)
+{
+	struct res x[3];
+
+	start_cluster(NULL);
+	plain_client();
+	put_ok("/p", "1");
+	pause_member(0);
+	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	q.key.data = (uint8_t *)"/p";
+	q.key.len = 2;
+	for (int i = 0; i < 3; i++) {
+		memset(&x[i], 0, sizeof(x[i]));
+		cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_RANGE, &q.base, NULL, on_result, &x[i],
+					   NULL), 0);
+	}
+	uv_run(&loop, UV_RUN_NOWAIT);
+	free_client();
+	for (int i = 0; i < 3; i++) {
+		cr_assert(x[i].done);
+		cr_assert_eq(x[i].err, -ECANCELED);
+	}
+	cr_assert_eq(efs_harness_resume(h, 0), 0);
 }

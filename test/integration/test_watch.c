@@ -227,7 +227,8 @@ static void copy_str(char *dst, size_t size, const ProtobufCBinaryData *b)
 {
 	size_t n = b->len < size - 1 ? b->len : size - 1;
 
-	memcpy(dst, b->data, n);
+	if (n)
+		memcpy(dst, b->data, n);
 	dst[n] = '\0';
 }
 
@@ -873,4 +874,57 @@ Test(watch, the_delay_fault_delays_delivery_but_loses_nothing)
 	efs_etcd_watch_stream_free(ws);
 	client_free(c);
 	free(r);
+}
+
+/*
+ * etcd 3.4.23 checks a watch stream's token at each create, and answers an
+ * expired simple token with "permission denied" like a real denial. A
+ * watcher created long after the stream opened must still work.
+ */
+Test(watch, a_watcher_created_after_the_token_expired_is_not_denied)
+{
+	struct efs_harness_opts ho = {.members = 1, .auth = true, .user = "u",
+				      .user_prefix = "/mine/", .auth_token_ttl_s = 2};
+	struct efs_etcd_opts co = {0};
+	struct efs_etcd *c;
+	struct efs_etcd_watch_stream *ws;
+	struct efs_etcd_watcher *w1, *w2, *denied;
+	struct rec *r1 = rec_new("first"), *r2 = rec_new("late"), *rd = rec_new("denied");
+	int64_t rev;
+
+	start_cluster(1, &ho);
+	co.endpoints = efs_harness_endpoints(h);
+	co.user = efs_harness_user(h);
+	co.password = efs_harness_user_password(h);
+	cr_assert_eq(efs_etcd_new(&c, &loop, &co), 0);
+	cr_assert_eq(efs_etcd_watch_stream_new(&ws, c, EFS_ETCD_CH_BULK), 0);
+	w1 = watch(ws, "/mine/a/", true, 0, r1);
+	wait_created(r1);
+	/* Idle past the token TTL (etcd's token sweep runs every second). */
+	run_for(4500);
+	w2 = watch(ws, "/mine/b/", true, 0, r2);
+	denied = watch(ws, "/theirs/", true, 0, rd);
+	struct efs_etcd_watch_stream_stats st;
+
+	cr_assert(run_until(&r2->created, 15000) || r2->ended, "late watcher not created");
+	cr_assert_eq(r2->ended, false, "late watcher ended: %d %s", r2->end_status, r2->reason);
+	/* It took a new stream with a renewed token. */
+	efs_etcd_watch_stream_get_stats(ws, &st);
+	cr_assert_geq(st.opens, 2);
+	cr_assert(run_until(&rd->ended, 15000));
+	cr_assert_eq(rd->end_status, -EPERM, "status %d (%s)", rd->end_status, rd->reason);
+	rev = put(c, "/mine/a/x", "1");
+	put(c, "/mine/b/x", "1");
+	wait_rev(w1, rev, 10000);
+	wait_rev(w2, rev + 1, 10000);
+	cr_assert_eq(r1->n, 1);
+	cr_assert_eq(r2->n, 1);
+	efs_etcd_watcher_free(w1);
+	efs_etcd_watcher_free(w2);
+	efs_etcd_watcher_free(denied);
+	efs_etcd_watch_stream_free(ws);
+	client_free(c);
+	free(r1);
+	free(r2);
+	free(rd);
 }

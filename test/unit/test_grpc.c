@@ -420,6 +420,30 @@ Test(grpc, compressed_flag_is_eproto_even_when_split_across_chunks)
 	assert_no_leaks();
 }
 
+Test(grpc, a_failed_reader_refuses_further_input)
+{
+	static const uint8_t bad[] = {1, 0, 0, 0, 0};
+	static const uint8_t good[] = {0, 0, 0, 0, 0};
+	struct efs_grpc_reader r;
+	struct sink s;
+
+	sink_init(&s);
+	efs_grpc_reader_init(&r, 10);
+	cr_assert_eq(efs_grpc_reader_feed(&r, bad, 5, sink_cb, &s), -EPROTO);
+	cr_assert(!efs_grpc_reader_is_idle(&r));
+	cr_assert_eq(efs_grpc_reader_feed(&r, good, 5, sink_cb, &s), -EPROTO);
+	cr_assert_eq(efs_grpc_reader_feed(&r, NULL, 0, sink_cb, &s), -EPROTO);
+	cr_assert_eq(s.n, 0);
+	efs_grpc_reader_done(&r);
+	/* done() makes it a fresh, idle reader again. */
+	cr_assert(efs_grpc_reader_is_idle(&r));
+	cr_assert_eq(efs_grpc_reader_feed(&r, good, 5, sink_cb, &s), 0);
+	cr_assert_eq(s.n, 1);
+	efs_grpc_reader_done(&r);
+	sink_done(&s);
+	assert_no_leaks();
+}
+
 Test(grpc, callback_error_stops_feeding_and_is_returned)
 {
 	uint8_t buf[400];
@@ -852,7 +876,8 @@ static const struct row rows[] = {
 	{EFS_GRPC_INVALID_ARGUMENT, "etcdserver: revision of auth store is old", -EACCES, false,
 	 true},
 	{EFS_GRPC_INVALID_ARGUMENT, "etcdserver: user name is empty", -EACCES, false, true},
-	{EFS_GRPC_INVALID_ARGUMENT, "etcdserver: authentication failed, invalid user ID or password",
+	{EFS_GRPC_INVALID_ARGUMENT,
+	 "etcdserver: authentication failed, invalid user ID or password",
 	 -EACCES, false, false},
 	{EFS_GRPC_DEADLINE_EXCEEDED, "context deadline exceeded", -ETIMEDOUT, true, false},
 	{EFS_GRPC_NOT_FOUND, "etcdserver: requested lease not found", -ENOENT, false, false},

@@ -432,8 +432,8 @@ Test(txn, nested_txn_round_trips_with_its_own_compares_and_branches)
 		     0);
 	cr_assert_eq(efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, S("a"), S("1"), 0), 0);
 	cr_assert_eq(efs_etcd_txn_nested(t, EFS_ETCD_TXN_SUCCESS, &child), 0);
-	cr_assert_eq(efs_etcd_txn_compare(child, EFS_ETCD_CMP_LEASE, EFS_ETCD_CMP_EQUAL, S("l"), 42),
-		     0);
+	cr_assert_eq(
+		efs_etcd_txn_compare(child, EFS_ETCD_CMP_LEASE, EFS_ETCD_CMP_EQUAL, S("l"), 42), 0);
 	cr_assert_eq(efs_etcd_txn_put(child, EFS_ETCD_TXN_SUCCESS, S("b"), S("2"), 42), 0);
 	cr_assert_eq(efs_etcd_txn_range(child, EFS_ETCD_TXN_FAILURE, S("b"), NULL, 0), 0);
 	cr_assert_eq(efs_etcd_txn_nested(child, EFS_ETCD_TXN_FAILURE, &grand), 0);
@@ -507,13 +507,13 @@ Test(txn, default_limit_is_128_ops_per_branch_and_compares)
 	char key[16];
 
 	for (int i = 0; i < 128; i++) {
-		int n = snprintf(key, sizeof(key), "k%d", i);
+		size_t kl = (size_t)snprintf(key, sizeof(key), "k%d", i);
+		int err;
 
-		cr_assert_eq(efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, key, (size_t)n, "", 0, 0), 0);
-		cr_assert_eq(efs_etcd_txn_put(t, EFS_ETCD_TXN_FAILURE, key, (size_t)n, "", 0, 0), 0);
-		cr_assert_eq(efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_LESS, key,
-						  (size_t)n, 5),
-			     0);
+		cr_assert_eq(efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, key, kl, "", 0, 0), 0);
+		cr_assert_eq(efs_etcd_txn_put(t, EFS_ETCD_TXN_FAILURE, key, kl, "", 0, 0), 0);
+		err = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_LESS, key, kl, 5);
+		cr_assert_eq(err, 0);
 	}
 	lb = packed(t, before, sizeof(before));
 	cr_assert_eq(efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, S("x"), S("1"), 0), -E2BIG);
