@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "etcd/grpc.h"
+#include "etcd/keys.h"
 #include "util/mem.h"
 
 /*
@@ -87,27 +88,6 @@ static struct kv_call *kv_call_new(void *arg)
 	return k;
 }
 
-/*
- * The range end for "every key starting with |key|": the key with its last
- * byte that is not 0xff incremented and the rest dropped; a key of only 0xff
- * bytes has no end short of the whole space ("\0"). Writes at most |len|
- * bytes (len >= 1) to |out|.
- */
-static size_t prefix_end(const uint8_t *key, size_t len, uint8_t *out)
-{
-	size_t i = len;
-
-	while (i > 0 && key[i - 1] == 0xff)
-		i--;
-	if (i == 0) {
-		out[0] = 0;
-		return 1;
-	}
-	memcpy(out, key, i);
-	out[i - 1]++;
-	return i;
-}
-
 static int range_bounds(const void *key, size_t keylen, bool prefix, const void *range_end,
 			size_t range_end_len, uint8_t *prefix_buf, ProtobufCBinaryData *ret_end)
 {
@@ -116,7 +96,7 @@ static int range_bounds(const void *key, size_t keylen, bool prefix, const void 
 	if (prefix && range_end)
 		return -EINVAL;
 	if (prefix) {
-		ret_end->len = prefix_end(key, keylen, prefix_buf);
+		ret_end->len = efs_etcd_prefix_end(key, keylen, prefix_buf);
 		ret_end->data = prefix_buf;
 	} else if (range_end) {
 		if (range_end_len == 0)

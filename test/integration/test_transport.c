@@ -18,6 +18,7 @@
 
 #include <uv.h>
 
+#include "etcd/client-int.h"
 #include "etcd/etcd.h"
 #include "harness.h"
 #include "util/clock.h"
@@ -972,4 +973,192 @@ Test(transport, free_cancels_pending_calls)
 		cr_assert_eq(x[i].err, -ECANCELED);
 	}
 	cr_assert_eq(efs_harness_resume(h, 0), 0);
+}
+
+/* ---- In-memory peer (no etcd): exact server behaviour on demand ---- */
+
+static size_t h2_frame(uint8_t *out, uint8_t type, uint8_t flags, uint32_t sid,
+		       const uint8_t *payload, size_t len)
+{
+	out[0] = (uint8_t)(len >> 16);
+	out[1] = (uint8_t)(len >> 8);
+	out[2] = (uint8_t)len;
+	out[3] = type;
+	out[4] = flags;
+	out[5] = (uint8_t)(sid >> 24);
+	out[6] = (uint8_t)(sid >> 16);
+	out[7] = (uint8_t)(sid >> 8);
+	out[8] = (uint8_t)sid;
+	if (len)
+		memcpy(out + 9, payload, len);
+	return 9 + len;
+}
+
+/* HPACK literal header fields without indexing, no Huffman. */
+static size_t hpack(uint8_t *out, const char *const *kv)
+{
+	size_t n = 0;
+
+	for (; kv[0]; kv += 2) {
+		size_t nl = strlen(kv[0]), vl = strlen(kv[1]);
+
+		out[n++] = 0;
+		out[n++] = (uint8_t)nl;
+		memcpy(out + n, kv[0], nl);
+		n += nl;
+		out[n++] = (uint8_t)vl;
+		memcpy(out + n, kv[1], vl);
+		n += vl;
+	}
+	return n;
+}
+
+static void feed(const uint8_t *b, size_t n)
+{
+	cr_assert_eq(efs_etcd_test_feed(cli, b, n), 0);
+	uv_run(&loop, UV_RUN_NOWAIT);
+}
+
+static void feed_settings(void)
+{
+	uint8_t b[16];
+
+	uv_run(&loop, UV_RUN_NOWAIT);
+	feed(b, h2_frame(b, 4, 0, 0, NULL, 0));
+	uv_run(&loop, UV_RUN_NOWAIT);
+}
+
+/* A complete successful Range reply on stream |sid|. */
+static void feed_range_reply(uint32_t sid)
+{
+	static const char *const resp[] = { ":status", "200", "content-type", "application/grpc",
+					    NULL };
+	static const char *const ok[] = { "grpc-status", "0", NULL };
+	Etcdserverpb__RangeResponse rr = ETCDSERVERPB__RANGE_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader hd = ETCDSERVERPB__RESPONSE_HEADER__INIT;
+	uint8_t hb[256], b[1024], msg[256];
+	size_t n = 0, len;
+
+	hd.revision = 42;
+	rr.header = &hd;
+	rr.count = 7;
+	len = protobuf_c_message_pack(&rr.base, msg + 5);
+	msg[0] = 0;
+	msg[1] = msg[2] = msg[3] = 0;
+	msg[4] = (uint8_t)len;
+	n += h2_frame(b + n, 1, 4, sid, hb, hpack(hb, resp));
+	n += h2_frame(b + n, 0, 0, sid, msg, len + 5);
+	n += h2_frame(b + n, 1, 5, sid, hb, hpack(hb, ok));
+	feed(b, n);
+}
+
+static void mem_client(void)
+{
+	struct efs_etcd_opts o = { .endpoints = "http://127.0.0.1:1" };
+	int r = efs_etcd_test_new(&cli, &loop, &o);
+
+	cr_assert_eq(r, 0);
+}
+
+Test(transport, goaway_retries_unprocessed_calls)
+{
+	struct res x, y;
+	uint8_t b[64], pl[32];
+	size_t len;
+
+	mem_client();
+	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	q.key.data = (uint8_t *)"k";
+	q.key.len = 1;
+	memset(&x, 0, sizeof(x));
+	cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_RANGE, &q.base, NULL, on_result, &x, NULL), 0);
+	Etcdserverpb__PutRequest p = ETCDSERVERPB__PUT_REQUEST__INIT;
+	p.key = q.key;
+	memset(&y, 0, sizeof(y));
+	cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_PUT, &p.base, NULL, on_result, &y, NULL), 0);
+	feed_settings();
+	len = efs_etcd_test_output(cli, &len) ? len : 0;
+	const uint8_t *out = efs_etcd_test_output(cli, &len);
+	cr_assert_geq(len, 24);
+	cr_assert(!memcmp(out, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24), "client preface first");
+	cr_assert(memmem(out, len, "/etcdserverpb.KV/Range", 22), "request headers went out");
+
+	/* GOAWAY(last_stream_id 1, too_many_pings): stream 1 (Range) may
+	 * finish, stream 3 (Put) was not processed and must move to a new
+	 * connection, writes included. */
+	memcpy(pl, "\0\0\0\1\0\0\0\x0btoo_many_pings", 22);
+	feed(b, h2_frame(b, 7, 0, 0, pl, 22));
+	feed_range_reply(1);
+	wait_for(&x.done);
+	cr_assert_eq(x.err, 0, "%s", x.msg);
+	cr_assert_eq(((Etcdserverpb__RangeResponse *)x.resp)->count, 7);
+	res_done(&x);
+	cr_assert(!y.done);
+
+	/* The Put goes out on the replacement connection as its stream 1. */
+	efs_etcd_test_output_clear(cli);
+	feed_settings();
+	out = efs_etcd_test_output(cli, &len);
+	cr_assert(memmem(out, len, "/etcdserverpb.KV/Put", 20), "Put resent after GOAWAY");
+	static const char *const err[] = { ":status", "200", "content-type", "application/grpc",
+					   "grpc-status", "3", "grpc-message",
+					   "etcdserver: key is not provided", NULL };
+	uint8_t hb[256];
+	feed(b, 0);
+	uint8_t big[512];
+	feed(big, h2_frame(big, 1, 5, 1, hb, hpack(hb, err)));
+	wait_for(&y.done);
+	cr_assert_eq(y.err, -EINVAL, "%d %s", y.err, y.msg);
+	cr_assert_str_eq(y.msg, "etcdserver: key is not provided");
+
+	struct efs_etcd_stats st;
+	efs_etcd_get_stats(cli, &st);
+	cr_assert_eq(st.goaways, 1);
+	cr_assert_geq(st.calls_retried, 1);
+	cr_assert_eq(st.reconnects, 1);
+}
+
+Test(transport, broken_server_bytes_fail_cleanly)
+{
+	struct res x, y;
+	uint8_t b[64];
+
+	mem_client();
+	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	q.key.data = (uint8_t *)"k";
+	q.key.len = 1;
+	memset(&x, 0, sizeof(x));
+	cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_RANGE, &q.base, NULL, on_result, &x, NULL), 0);
+	Etcdserverpb__PutRequest p = ETCDSERVERPB__PUT_REQUEST__INIT;
+	p.key = q.key;
+	memset(&y, 0, sizeof(y));
+	cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_PUT, &p.base, NULL, on_result, &y, NULL), 0);
+	feed_settings();
+	/* A frame of an unknown length class: connection error. The sent
+	 * Put's outcome is unknown; the Range is retried. */
+	memset(b, 0xff, sizeof(b));
+	feed(b, sizeof(b));
+	wait_for(&y.done);
+	cr_assert_eq(y.err, -ECONNRESET, "%d %s", y.err, y.msg);
+	cr_assert(y.unknown);
+	cr_assert(!x.done);
+	feed_settings();
+	feed_range_reply(1);
+	wait_for(&x.done);
+	cr_assert_eq(x.err, 0, "%s", x.msg);
+	res_done(&x);
+
+	/* Garbage protobuf in a well-formed reply: -EBADMSG, no retry. */
+	memset(&x, 0, sizeof(x));
+	cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_RANGE, &q.base, NULL, on_result, &x, NULL), 0);
+	uv_run(&loop, UV_RUN_NOWAIT);
+	static const char *const resp[] = { ":status", "200", "content-type", "application/grpc",
+					    NULL };
+	uint8_t hb[128], f[256];
+	size_t n = h2_frame(f, 1, 4, 3, hb, hpack(hb, resp));
+	const uint8_t bad[] = { 0, 0, 0, 0, 3, 0xff, 0xff, 0xff };
+	n += h2_frame(f + n, 0, 1, 3, bad, sizeof(bad));
+	feed(f, n);
+	wait_for(&x.done);
+	cr_assert_eq(x.err, -EBADMSG, "%d %s", x.err, x.msg);
 }

@@ -585,7 +585,8 @@ Test(watch, a_txn_larger_than_a_fragment_arrives_whole)
 	struct efs_etcd_watch_stream *ws;
 	struct efs_etcd_watcher *w;
 	struct rec *r = rec_new("frag");
-	struct efs_etcd_watch_opts o = {.key = "/f/", .key_len = 3, .prefix = true, .prev_kv = true};
+	struct efs_etcd_watch_opts o = {.key = "/f/", .key_len = 3, .prefix = true,
+					.prev_kv = true};
 	Etcdserverpb__TxnRequest txn = ETCDSERVERPB__TXN_REQUEST__INIT;
 	Etcdserverpb__RequestOp ops[NKEYS], *opp[NKEYS];
 	Etcdserverpb__PutRequest puts[NKEYS];
@@ -890,6 +891,7 @@ Test(watch, a_watcher_created_after_the_token_expired_is_not_denied)
 	struct efs_etcd_watch_stream *ws;
 	struct efs_etcd_watcher *w1, *w2, *denied;
 	struct rec *r1 = rec_new("first"), *r2 = rec_new("late"), *rd = rec_new("denied");
+	struct efs_etcd_watch_stream_stats st;
 	int64_t rev;
 
 	start_cluster(1, &ho);
@@ -904,8 +906,6 @@ Test(watch, a_watcher_created_after_the_token_expired_is_not_denied)
 	run_for(4500);
 	w2 = watch(ws, "/mine/b/", true, 0, r2);
 	denied = watch(ws, "/theirs/", true, 0, rd);
-	struct efs_etcd_watch_stream_stats st;
-
 	cr_assert(run_until(&r2->created, 15000) || r2->ended, "late watcher not created");
 	cr_assert_eq(r2->ended, false, "late watcher ended: %d %s", r2->end_status, r2->reason);
 	/* It took a new stream with a renewed token. */

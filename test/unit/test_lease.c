@@ -131,9 +131,10 @@ int efs_etcd_call(struct efs_etcd *c, enum efs_etcd_method method, const Protobu
 
 static void complete_ttl(struct fake_call *fc, int err, int64_t ttl)
 {
-	Etcdserverpb__LeaseTimeToLiveResponse resp = ETCDSERVERPB__LEASE_TIME_TO_LIVE_RESPONSE__INIT;
+	Etcdserverpb__LeaseTimeToLiveResponse resp;
 	struct efs_etcd_result r = {.err = err, .grpc_status = err ? -1 : 0, .message = ""};
 
+	etcdserverpb__lease_time_to_live_response__init(&resp);
 	resp.id = fc->id;
 	resp.ttl = ttl;
 	r.resp = err ? NULL : &resp.base;
@@ -193,8 +194,8 @@ static uint64_t now_ms(void)
 static struct efs_etcd_stream *find_stream(enum efs_etcd_channel ch, size_t nth)
 {
 	for (size_t i = 0; i < n_streams; i++)
-		if (streams[i]->channel == ch && streams[i]->kind == EFS_ETCD_STREAM_LEASE_KEEPALIVE &&
-		    nth-- == 0)
+		if (streams[i]->channel == ch &&
+		    streams[i]->kind == EFS_ETCD_STREAM_LEASE_KEEPALIVE && nth-- == 0)
 			return streams[i];
 	return NULL;
 }
@@ -222,7 +223,12 @@ static void lrec_cb(struct efs_etcd_lease *l, int status, enum efs_etcd_lease_ev
 	size_t n = strlen(r->order);
 
 	cr_assert_lt(n, 31);
-	r->order[n] = ev == EFS_ETCD_LEASE_AT_RISK ? 'R' : ev == EFS_ETCD_LEASE_RECOVERED ? 'O' : 'G';
+	if (ev == EFS_ETCD_LEASE_AT_RISK)
+		r->order[n] = 'R';
+	else if (ev == EFS_ETCD_LEASE_RECOVERED)
+		r->order[n] = 'O';
+	else
+		r->order[n] = 'G';
 	r->at[n] = at_ns;
 	r->status[n] = status;
 	if (ev == EFS_ETCD_LEASE_GONE && r->free_on_gone)

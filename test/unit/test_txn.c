@@ -700,6 +700,279 @@ Test(txn, sibling_nested_txns_conflict_as_etcd_orders_them)
 	assert_no_leaks();
 }
 
+/* ---- Differential check against etcd's checkIntervals ---- */
+
+/*
+ * A literal port of etcd's v3rpc checkIntervals (maps and interval tree
+ * replaced by arrays) over a model tree built alongside a builder. Random
+ * small transactions over a three-letter alphabet then show that the
+ * builder rejects exactly the adds that make etcd answer "duplicate key
+ * given in txn request".
+ */
+#define MODEL_NODES 32
+#define MODEL_OPS   12
+#define MODEL_SET   256
+
+enum model_kind { M_PUT, M_DEL, M_TXN };
+
+struct model_op {
+	enum model_kind kind;
+	char key[4];
+	char end[4];
+	size_t end_len;
+	int child;
+};
+
+struct model_node {
+	struct model_op ops[2][MODEL_OPS];
+	int n[2];
+	struct efs_etcd_txn *b;
+};
+
+/* Go's adt.StringAffineComparable: bytewise, but "" is +infinity. */
+static int affine_cmp(const char *a, size_t al, const char *b, size_t bl)
+{
+	size_t m = al < bl ? al : bl;
+	int c;
+
+	if (al == 0)
+		return bl == 0 ? 0 : 1;
+	if (bl == 0)
+		return -1;
+	c = memcmp(a, b, m);
+	if (c)
+		return c;
+	return (al > bl) - (al < bl);
+}
+
+struct model_iv {
+	char b[4];
+	size_t bl;
+	char e[5];
+	size_t el;
+};
+
+struct model_set {
+	char puts[MODEL_SET][4];
+	int nputs;
+	struct model_iv dels[MODEL_SET];
+	int ndels;
+};
+
+static bool set_has(const struct model_set *s, const char *k)
+{
+	for (int i = 0; i < s->nputs; i++)
+		if (strcmp(s->puts[i], k) == 0)
+			return true;
+	return false;
+}
+
+static void set_add(struct model_set *s, const char *k)
+{
+	if (!set_has(s, k)) {
+		cr_assert_lt(s->nputs, MODEL_SET);
+		strcpy(s->puts[s->nputs++], k);
+	}
+}
+
+/* adt.Interval.Compare of the point [k, k+"\0") with each delete. */
+static bool set_dels_hit(const struct model_set *s, const char *k)
+{
+	size_t kl = strlen(k);
+	char kz[5];
+
+	memcpy(kz, k, kl);
+	kz[kl] = '\0';
+	for (int i = 0; i < s->ndels; i++) {
+		const struct model_iv *v = &s->dels[i];
+
+		if (affine_cmp(k, kl, v->b, v->bl) < 0 && affine_cmp(kz, kl + 1, v->b, v->bl) <= 0)
+			continue;
+		if (affine_cmp(k, kl, v->e, v->el) >= 0)
+			continue;
+		return true;
+	}
+	return false;
+}
+
+static void set_add_del(struct model_set *s, const struct model_iv *v)
+{
+	cr_assert_lt(s->ndels, MODEL_SET);
+	s->dels[s->ndels++] = *v;
+}
+
+/* checkIntervals(reqs) for branch |br| of |node|: true on a duplicate;
+ * otherwise *out receives the branch's puts and deletes. */
+static bool model_check(struct model_node *nodes, int node, int br, struct model_set *out)
+{
+	struct model_node *nd = &nodes[node];
+	struct model_set *acc = calloc(1, sizeof(*acc));
+	bool bad = false;
+
+	cr_assert_not_null(acc);
+	out->nputs = 0;
+	out->ndels = 0;
+	for (int i = 0; i < nd->n[br]; i++) {
+		const struct model_op *o = &nd->ops[br][i];
+		struct model_iv v = {.bl = strlen(o->key)};
+
+		if (o->kind != M_DEL)
+			continue;
+		memcpy(v.b, o->key, v.bl);
+		if (o->end_len) {
+			memcpy(v.e, o->end, o->end_len);
+			v.el = o->end_len;
+		} else {
+			memcpy(v.e, o->key, v.bl);
+			v.e[v.bl] = '\0';
+			v.el = v.bl + 1;
+		}
+		set_add_del(out, &v);
+	}
+	for (int i = 0; i < nd->n[br] && !bad; i++) {
+		const struct model_op *o = &nd->ops[br][i];
+		struct model_set *th, *el;
+
+		if (o->kind != M_TXN)
+			continue;
+		th = calloc(1, sizeof(*th));
+		el = calloc(1, sizeof(*el));
+		cr_assert(th && el);
+		bad = model_check(nodes, o->child, 0, th) || model_check(nodes, o->child, 1, el);
+		for (int j = 0; j < th->nputs && !bad; j++) {
+			bad = set_has(acc, th->puts[j]) || set_dels_hit(out, th->puts[j]);
+			set_add(acc, th->puts[j]);
+		}
+		for (int j = 0; j < el->nputs && !bad; j++) {
+			bad = (set_has(acc, el->puts[j]) && !set_has(th, el->puts[j])) ||
+			      set_dels_hit(out, el->puts[j]);
+			set_add(acc, el->puts[j]);
+		}
+		for (int j = 0; j < th->ndels; j++)
+			set_add_del(out, &th->dels[j]);
+		for (int j = 0; j < el->ndels; j++)
+			set_add_del(out, &el->dels[j]);
+		free(th);
+		free(el);
+	}
+	for (int i = 0; i < nd->n[br] && !bad; i++) {
+		const struct model_op *o = &nd->ops[br][i];
+
+		if (o->kind != M_PUT)
+			continue;
+		bad = set_has(acc, o->key) || set_dels_hit(out, o->key);
+		set_add(acc, o->key);
+	}
+	memcpy(out->puts, acc->puts, sizeof(acc->puts));
+	out->nputs = acc->nputs;
+	free(acc);
+	return bad;
+}
+
+static bool model_rejects(struct model_node *nodes)
+{
+	struct model_set *s = calloc(1, sizeof(*s));
+	bool bad;
+
+	cr_assert_not_null(s);
+	bad = model_check(nodes, 0, 0, s) || model_check(nodes, 0, 1, s);
+	free(s);
+	return bad;
+}
+
+static void random_key(char k[4], unsigned *seed)
+{
+	int len = rand_r(seed) % 2 + 1;
+
+	for (int i = 0; i < len; i++)
+		k[i] = "abc"[rand_r(seed) % 3];
+	k[len] = '\0';
+}
+
+/* Adds a random op to a random node of the model and of the builder;
+ * returns the builder's answer. */
+static int random_add(struct model_node *nodes, int *nnodes, unsigned *seed,
+		      struct model_op **ret_op, int **ret_count)
+{
+	int ni = rand_r(seed) % *nnodes, br = rand_r(seed) % 2;
+	struct model_node *nd = &nodes[ni];
+	struct model_op *o;
+	struct efs_etcd_txn *child;
+	int err, mode;
+
+	if (nd->n[br] >= MODEL_OPS)
+		return 1;
+	o = &nd->ops[br][nd->n[br]];
+	memset(o, 0, sizeof(*o));
+	o->kind = (enum model_kind)(rand_r(seed) % 3);
+	if (o->kind == M_TXN && *nnodes >= MODEL_NODES)
+		o->kind = M_PUT;
+	random_key(o->key, seed);
+	switch (o->kind) {
+	case M_PUT:
+		err = efs_etcd_txn_put(nd->b, br, o->key, strlen(o->key), "v", 1, 0);
+		break;
+	case M_DEL:
+		mode = rand_r(seed) % 3;
+		if (mode == 1) {
+			random_key(o->end, seed);
+			o->end_len = strlen(o->end);
+		} else if (mode == 2) {
+			o->end_len = 1; /* "\0": to the end */
+		}
+		err = efs_etcd_txn_delete(nd->b, br, o->key, strlen(o->key), o->end, o->end_len,
+					  false);
+		break;
+	default:
+		o->child = *nnodes;
+		memset(&nodes[*nnodes], 0, sizeof(nodes[0]));
+		err = efs_etcd_txn_nested(nd->b, br, &child);
+		if (err == 0)
+			nodes[(*nnodes)++].b = child;
+		break;
+	}
+	nd->n[br]++;
+	*ret_op = o;
+	*ret_count = &nd->n[br];
+	return err;
+}
+
+Test(txn, duplicate_checks_agree_with_a_port_of_etcds_check_intervals)
+{
+	static struct model_node nodes[MODEL_NODES];
+	unsigned seed = 20260;
+	long adds = 0, rejected = 0;
+
+	for (int round = 0; round < 3000; round++) {
+		int nnodes = 1, steps = rand_r(&seed) % 14 + 1;
+
+		memset(nodes, 0, sizeof(nodes));
+		nodes[0].b = txn_new(0);
+		for (int s = 0; s < steps; s++) {
+			struct model_op *o;
+			int *count;
+			int err = random_add(nodes, &nnodes, &seed, &o, &count);
+			bool bad;
+
+			if (err == 1)
+				continue;
+			bad = model_rejects(nodes);
+			cr_assert(err == 0 || err == -EINVAL, "round %d: error %d", round, err);
+			cr_assert_eq(err == -EINVAL, bad, "round %d step %d: builder %d, etcd %s",
+				     round, s, err, bad ? "rejects" : "accepts");
+			adds++;
+			if (bad) {
+				(*count)--;
+				rejected++;
+			}
+		}
+		efs_etcd_txn_free(nodes[0].b);
+	}
+	/* The random mix must exercise both answers. */
+	cr_assert_gt(rejected, adds / 50);
+	cr_assert_lt(rejected, adds / 2);
+}
+
 /* ---- Responses ---- */
 
 Test(txn, response_accessors_check_index_and_kind)

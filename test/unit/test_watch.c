@@ -495,3 +495,36 @@ Test(watch, the_delay_hook_holds_responses_in_order)
 	efs_etcd_watcher_free(w);
 	efs_etcd_watch_stream_free(ws);
 }
+
+Test(watch, a_token_error_at_create_is_retried_once_on_a_new_stream)
+{
+	struct efs_etcd_watch_stream *ws;
+	struct efs_etcd_watcher *w;
+	struct efs_etcd_stream *old;
+	struct rec r = {0};
+	Etcdserverpb__WatchResponse resp = ETCDSERVERPB__WATCH_RESPONSE__INIT;
+	struct efs_etcd_result ok = {.err = 0, .grpc_status = 0, .message = ""};
+	char reason[] = "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token";
+
+	cr_assert_eq(efs_etcd_watch_stream_new(&ws, &client, EFS_ETCD_CH_BULK), 0);
+	w = new_watcher(ws, 0, &r);
+	old = last_stream();
+	resp.watch_id = -1;
+	resp.created = true;
+	resp.canceled = true;
+	resp.cancel_reason = reason;
+	inject(old, &resp);
+	cr_assert_not(r.ended, "a token error ended the watcher at once");
+	cr_assert_eq(n_calls, 1, "no call renews the token");
+	calls[0].cb(&ok, calls[0].arg);
+	cr_assert(old->closed_by_caller);
+	cr_assert_eq(n_streams, 2);
+	cr_assert_eq(sent_create(last_stream(), 0)->watch_id, efs_etcd_watcher_id(w));
+	/* Refused again on the fresh stream: reported. */
+	inject(last_stream(), &resp);
+	cr_assert(r.ended);
+	cr_assert_eq(r.final_status, -EACCES);
+	cr_assert_eq(n_calls, 1);
+	efs_etcd_watcher_free(w);
+	efs_etcd_watch_stream_free(ws);
+}
