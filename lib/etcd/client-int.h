@@ -86,8 +86,9 @@ void efs_client_mem_peer_write(struct efs_etcd *c, const uint8_t *data, size_t l
  */
 int efs_etcd_test_new(struct efs_etcd **ret, uv_loop_t *loop, const struct efs_etcd_opts *opts);
 
-/* Feeds server bytes to the bulk channel's in-memory connection. Returns
- * 0, or -ENOTCONN when there is no such connection right now. */
+/* Feeds server bytes to the oldest live in-memory connection (a draining
+ * one after a GOAWAY, else the bulk channel's). Returns 0, or -ENOTCONN when
+ * there is no such connection right now (|len| 0 just asks). */
 int efs_etcd_test_feed(struct efs_etcd *c, const uint8_t *data, size_t len);
 
 /* The bytes the client has written to its in-memory peer so far. */

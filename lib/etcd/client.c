@@ -2035,12 +2035,18 @@ int efs_etcd_test_new(struct efs_etcd **ret, uv_loop_t *loop, const struct efs_e
 
 int efs_etcd_test_feed(struct efs_etcd *c, const uint8_t *data, size_t len)
 {
-	struct efs_conn *conn = c->ch[EFS_ETCD_CH_BULK].conn;
+	struct efs_list *l;
 
-	if (!conn || !conn->mem_peer)
-		return -ENOTCONN;
-	efs_conn_feed(conn, data, len);
-	return 0;
+	for (l = c->conns.next; l != &c->conns; l = l->next) {
+		struct efs_conn *conn = efs_container_of(l, struct efs_conn, link);
+
+		if (conn->mem_peer && conn->state != EFS_CONN_DEAD) {
+			if (len)
+				efs_conn_feed(conn, data, len);
+			return 0;
+		}
+	}
+	return -ENOTCONN;
 }
 
 const uint8_t *efs_etcd_test_output(const struct efs_etcd *c, size_t *ret_len)

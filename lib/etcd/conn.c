@@ -182,6 +182,8 @@ static void arm_ping_timer(struct efs_conn *conn, uint64_t ms)
 	uv_timer_start(&conn->timer, on_timer, ms ? ms : 1, 0);
 }
 
+static bool session_over(struct efs_conn *conn);
+
 /* ---- Output ---- */
 
 void efs_conn_mark_dirty(struct efs_conn *conn)
@@ -294,13 +296,20 @@ void efs_conn_flush(struct efs_conn *conn)
 	} else {
 		conn->wlen = len;
 	}
-	if (!conn->wlen)
+	if (!conn->wlen) {
+		if (session_over(conn))
+			efs_conn_fail(conn, -ECONNRESET, "HTTP/2 session ended%s%s",
+				      conn->h2err[0] ? ": " : "", conn->h2err);
 		return;
+	}
 	efs_client_stats(conn->c)->bytes_sent += conn->wlen;
 	if (conn->mem_peer) {
 		efs_client_mem_peer_write(conn->c, conn->wbuf, conn->wlen);
 		conn->wlen = 0;
-		if (conn->h2 && nghttp2_session_want_write(conn->h2))
+		if (session_over(conn))
+			efs_conn_fail(conn, -ECONNRESET, "HTTP/2 connection error%s%s",
+				      conn->h2err[0] ? ": " : "", conn->h2err);
+		else if (conn->h2 && nghttp2_session_want_write(conn->h2))
 			efs_conn_mark_dirty(conn);
 		return;
 	}
@@ -314,6 +323,10 @@ void efs_conn_flush(struct efs_conn *conn)
 	}
 	conn->writing = true;
 	conn->handles++;
+	/* A connection error's GOAWAY is the last thing nghttp2 sends. */
+	if (session_over(conn))
+		efs_conn_fail(conn, -ECONNRESET, "HTTP/2 connection error%s%s",
+			      conn->h2err[0] ? ": " : "", conn->h2err);
 }
 
 /* ---- Input ---- */
@@ -346,8 +359,9 @@ static void feed_h2(struct efs_conn *conn, const uint8_t *data, size_t len)
 	}
 	if (nghttp2_session_want_write(conn->h2))
 		efs_conn_mark_dirty(conn);
-	else if (!nghttp2_session_want_read(conn->h2) && !conn->nrpcs)
-		efs_conn_fail(conn, -ECONNRESET, "session ended by the server");
+	else if (session_over(conn))
+		efs_conn_fail(conn, -ECONNRESET, "HTTP/2 session ended%s%s",
+			      conn->h2err[0] ? ": " : "", conn->h2err);
 }
 
 static void tls_progress(struct efs_conn *conn)
@@ -591,6 +605,24 @@ static ssize_t read_body(nghttp2_session *s, int32_t id, uint8_t *buf, size_t le
 	return efs_rpc_read_body(rpc, buf, len, flags);
 }
 
+/* nghttp2's description of a connection error it found, kept for the
+ * result messages of the calls that fail with it. */
+static int on_h2_error(nghttp2_session *s, int lib_error, const char *msg, size_t len, void *ud)
+{
+	struct efs_conn *conn = ud;
+
+	snprintf(conn->h2err, sizeof(conn->h2err), "%.*s", (int)len, msg);
+	return 0;
+}
+
+/* True once nghttp2 has nothing left to do: it sent or got a GOAWAY for a
+ * connection error and every stream is gone. */
+static bool session_over(struct efs_conn *conn)
+{
+	return conn->h2 && !nghttp2_session_want_read(conn->h2) &&
+	       !nghttp2_session_want_write(conn->h2);
+}
+
 static nghttp2_session_callbacks *h2_callbacks(void)
 {
 	static nghttp2_session_callbacks *cbs;
@@ -605,6 +637,7 @@ static nghttp2_session_callbacks *h2_callbacks(void)
 	nghttp2_session_callbacks_set_on_frame_send_callback(cbs, on_frame_send);
 	nghttp2_session_callbacks_set_on_frame_not_send_callback(cbs, on_frame_not_send);
 	nghttp2_session_callbacks_set_on_stream_close_callback(cbs, on_stream_close);
+	nghttp2_session_callbacks_set_error_callback2(cbs, on_h2_error);
 	return cbs;
 }
 

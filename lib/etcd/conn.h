@@ -115,6 +115,7 @@ struct efs_conn {
 	char *token;       /* auth token for this member, or NULL */
 	bool auth_in_flight;
 	char err[256];     /* why it died, for logs and call results */
+	char h2err[128];   /* nghttp2's text of a connection error */
 };
 
 /*

@@ -607,7 +607,9 @@ int efs_etcd_lease_new(struct efs_etcd_lease **ret, struct efs_etcd_keepalive *k
 	l->interval_ns = o->interval_ms ? o->interval_ms * EFS_NSEC_PER_MSEC : ttl_ns / 6;
 	l->failover_ns = o->failover_ms ? o->failover_ms * EFS_NSEC_PER_MSEC : ttl_ns / 4;
 	l->at_risk_ns = o->at_risk_ms ? o->at_risk_ms * EFS_NSEC_PER_MSEC : ttl_ns / 2;
-	l->last_ack_send_ns = o->granted_ns ? o->granted_ns : efs_clock_mono_ns();
+	l->last_ack_send_ns = efs_clock_mono_ns();
+	if (o->granted_ns && o->granted_ns < l->last_ack_send_ns)
+		l->last_ack_send_ns = o->granted_ns;
 	l->next_send_ns = 0;
 	l->cb = cb;
 	l->arg = arg;

@@ -92,8 +92,9 @@ struct efs_etcd_lease_opts {
 	int64_t id;          /* required: a granted lease */
 	int64_t ttl_s;       /* required: its granted TTL */
 	/* Mono time the grant (or the last renewal known to be acknowledged)
-	 * was sent; the first deadline is this + ttl_s. 0: now, which is only
-	 * right when the grant was sent just before. */
+	 * was sent; the first deadline is this + ttl_s. 0 (or a time in the
+	 * future): now, which is only right when the grant was sent just
+	 * before. */
 	uint64_t granted_ns;
 	uint32_t interval_ms; /* renewal interval (0: TTL/6) */
 	uint32_t failover_ms; /* also renew via the bulk channel after this

@@ -1128,16 +1128,13 @@ Test(cluster, call_without_quorum_fails_within_its_deadline)
 
 	/* A linearizable read cannot be served either. When etcd's copy of
 	 * our deadline fires first it answers UNKNOWN "context deadline
-	 * exceeded".
-	 * FIXME: grpc.c maps that to -EIO; accept it only with that text
-	 * until the table says -ETIMEDOUT. */
+	 * exceeded", which the status table also maps to -ETIMEDOUT. */
 	got_clear();
 	t0 = efs_clock_mono_ns();
 	wait_got(efs_etcd_range(c, "q", 1, NULL, NULL, range_cb, NULL));
 	ms = (efs_clock_mono_ns() - t0) / EFS_NSEC_PER_MSEC;
-	cr_assert(got.err == -ETIMEDOUT || got.err == -EAGAIN ||
-			  (got.err == -EIO && strstr(got.msg, "deadline exceeded")),
-		  "err %d (%s): %s", got.err, strerror(-got.err), got.msg);
+	cr_assert(got.err == -ETIMEDOUT || got.err == -EAGAIN, "err %d (%s): %s", got.err,
+		  strerror(-got.err), got.msg);
 	cr_assert_leq(ms, 2000 + 1500, "took %" PRIu64 " ms", ms);
 
 	/* ...but a serializable one is, from the survivor's own state. */

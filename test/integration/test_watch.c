@@ -148,6 +148,10 @@ static void call_done(struct efs_etcd_result *r, void *arg)
 		const Etcdserverpb__TxnResponse *p = (const void *)m;
 
 		cr->rev = p->header ? p->header->revision : 0;
+	} else if (m->descriptor == &etcdserverpb__delete_range_response__descriptor) {
+		const Etcdserverpb__DeleteRangeResponse *p = (const void *)m;
+
+		cr->rev = p->header ? p->header->revision : 0;
 	} else if (m->descriptor == &etcdserverpb__compaction_response__descriptor) {
 		const Etcdserverpb__CompactionResponse *p = (const void *)m;
 
@@ -576,6 +580,62 @@ Test(watch, start_revision_replays_history_and_prev_kv_carries_old_values)
 	client_free(c);
 	free(r);
 	free(rp);
+}
+
+static int64_t del(struct efs_etcd *c, const char *key)
+{
+	Etcdserverpb__DeleteRangeRequest req = ETCDSERVERPB__DELETE_RANGE_REQUEST__INIT;
+	struct call_res cr = {0};
+
+	req.key.data = (uint8_t *)key;
+	req.key.len = strlen(key);
+	cr_assert_eq(efs_etcd_call(c, EFS_ETCD_DELETE_RANGE, &req.base, NULL, call_done, &cr, NULL),
+		     0);
+	cr_assert(run_until(&cr.done, 15000));
+	cr_assert_eq(cr.err, 0, "delete %s: %d", key, cr.err);
+	return cr.rev;
+}
+
+Test(watch, filters_drop_puts_or_deletes)
+{
+	struct efs_etcd *c;
+	struct efs_etcd_watch_stream *ws;
+	struct efs_etcd_watcher *wnp, *wnd;
+	struct rec *rnp = rec_new("noput"), *rnd = rec_new("nodelete");
+	struct efs_etcd_watch_opts o = {.key = "/f/", .key_len = 3, .prefix = true};
+	int64_t last;
+
+	start_cluster(1, NULL);
+	c = client_new(efs_harness_endpoints(h));
+	cr_assert_eq(efs_etcd_watch_stream_new(&ws, c, EFS_ETCD_CH_BULK), 0);
+	o.no_put = true;
+	cr_assert_eq(efs_etcd_watcher_new(&wnp, ws, &o, rec_cb, rnp), 0);
+	o.no_put = false;
+	o.no_delete = true;
+	cr_assert_eq(efs_etcd_watcher_new(&wnd, ws, &o, rec_cb, rnd), 0);
+	cr_assert_eq(efs_etcd_watch_barrier(wnp, "/f/x", 4, wait_done, NULL), -EINVAL);
+	wait_created(rnp);
+	wait_created(rnd);
+	put(c, "/f/1", "a");
+	put(c, "/f/2", "b");
+	del(c, "/f/1");
+	last = put(c, "/f/3", "c");
+	wait_rev(wnd, last, 10000);
+	last = del(c, "/f/2");
+	wait_rev(wnp, last, 10000);
+	cr_assert_eq(rnd->n, 3);
+	for (size_t i = 0; i < rnd->n; i++)
+		cr_assert_eq(rnd->ev[i].type, MVCCPB__EVENT__EVENT_TYPE__PUT);
+	cr_assert_eq(rnp->n, 2);
+	cr_assert_eq(rnp->ev[0].type, MVCCPB__EVENT__EVENT_TYPE__DELETE);
+	cr_assert_str_eq(rnp->ev[0].key, "/f/1");
+	cr_assert_str_eq(rnp->ev[1].key, "/f/2");
+	efs_etcd_watcher_free(wnp);
+	efs_etcd_watcher_free(wnd);
+	efs_etcd_watch_stream_free(ws);
+	client_free(c);
+	free(rnp);
+	free(rnd);
 }
 
 Test(watch, a_txn_larger_than_a_fragment_arrives_whole)
