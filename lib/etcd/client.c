@@ -88,9 +88,11 @@ static const struct {
 	[EFS_ETCD_STREAM_WATCH] = { "/etcdserverpb.Watch/Watch",
 				    &etcdserverpb__watch_request__descriptor,
 				    &etcdserverpb__watch_response__descriptor },
-	[EFS_ETCD_STREAM_LEASE_KEEPALIVE] = { "/etcdserverpb.Lease/LeaseKeepAlive",
-					      &etcdserverpb__lease_keep_alive_request__descriptor,
-					      &etcdserverpb__lease_keep_alive_response__descriptor },
+	[EFS_ETCD_STREAM_LEASE_KEEPALIVE] = {
+		"/etcdserverpb.Lease/LeaseKeepAlive",
+		&etcdserverpb__lease_keep_alive_request__descriptor,
+		&etcdserverpb__lease_keep_alive_response__descriptor,
+	},
 };
 
 struct efs_etcd_call {
@@ -512,12 +514,11 @@ static void call_finish(struct efs_etcd_call *call, int err, int gs, bool unknow
 	}
 	if (call->rpc.conn)
 		efs_conn_reset(call->rpc.conn, &call->rpc, NGHTTP2_CANCEL);
+	/* A NULL |fmt| keeps the message already in call->msg. */
 	if (fmt) {
 		va_start(ap, fmt);
 		vsnprintf(call->msg, sizeof(call->msg), fmt, ap);
 		va_end(ap);
-	} else {
-		call->msg[0] = '\0';
 	}
 	call->res.err = err;
 	call->res.grpc_status = gs;
@@ -609,8 +610,8 @@ static void call_conn_lost(struct efs_etcd_call *call, struct efs_conn *conn, in
 		call_schedule_retry(call);
 		return;
 	}
-	call_finish(call, -ECONNRESET, -1, call->mutation, "connection to %s lost after sending: %s",
-		    c->eps[conn->ep].url, conn->err);
+	call_finish(call, -ECONNRESET, -1, call->mutation,
+		    "connection to %s lost after sending: %s", c->eps[conn->ep].url, conn->err);
 }
 
 static void conn_reauth(struct efs_conn *conn);
@@ -625,12 +626,13 @@ static void call_attempt_end(struct efs_etcd_call *call, struct efs_conn *conn, 
 
 	if (rpc->local_err) {
 		err = rpc->local_err;
-		call_finish(call, err, -1, false, "%s", call->msg);
+		call_finish(call, err, -1, false, NULL);
 		return;
 	}
 	if (call->drop_reply) {
 		call_finish(call, -ETIMEDOUT, -1, call->mutation,
-			    "reply to %s dropped (fault hook): outcome unknown", methods[call->m].name);
+			    "reply to %s dropped (fault hook): outcome unknown",
+			    methods[call->m].name);
 		return;
 	}
 	if (rpc->st.code < 0 && h2_error != NGHTTP2_NO_ERROR) {
@@ -653,6 +655,7 @@ static void call_attempt_end(struct efs_etcd_call *call, struct efs_conn *conn, 
 				    "%s reply without a response message", methods[call->m].name);
 			return;
 		}
+		call->msg[0] = '\0';
 		call_finish(call, 0, 0, false, NULL);
 		return;
 	}
@@ -703,14 +706,20 @@ static void call_expire(struct efs_etcd_call *call)
 		call_start_attempt(call);
 		return;
 	}
-	if (call->msg[0])
+	if (call->msg[0]) {
+		char last[EFS_GRPC_MESSAGE_MAX];
+
+		/* call_finish() writes call->msg: format from a copy. */
+		memcpy(last, call->msg, sizeof(last));
 		call_finish(call, -ETIMEDOUT, -1, mutation_sent(call),
 			    "%s deadline of %u ms exceeded (last error: %.400s)",
-			    methods[call->m].name, call->timeout_ms, call->msg);
-	else
+			    methods[call->m].name, call->timeout_ms, last);
+	}
+	else {
 		call_finish(call, -ETIMEDOUT, -1, mutation_sent(call),
 			    "%s deadline of %u ms exceeded", methods[call->m].name,
 			    call->timeout_ms);
+	}
 }
 
 static void on_timer(uv_timer_t *t)
@@ -831,8 +840,8 @@ static void channel_submit_waiting(struct channel *ch)
 			return;
 		}
 		if (rpc->is_stream)
-			stream_finish((struct efs_etcd_stream *)rpc, r, -1, "cannot open stream: %s",
-				      strerror(-r));
+			stream_finish((struct efs_etcd_stream *)rpc, r, -1,
+				      "cannot open stream: %s", strerror(-r));
 		else
 			call_finish((struct efs_etcd_call *)rpc, r, -1, false,
 				    "cannot start call: %s", strerror(-r));
@@ -1433,9 +1442,12 @@ static void stream_finish(struct efs_etcd_stream *s, int err, int gs, const char
 	}
 	if (s->rpc.conn)
 		efs_conn_reset(s->rpc.conn, &s->rpc, NGHTTP2_CANCEL);
-	va_start(ap, fmt);
-	vsnprintf(s->msg, sizeof(s->msg), fmt, ap);
-	va_end(ap);
+	/* A NULL |fmt| keeps the message already in s->msg. */
+	if (fmt) {
+		va_start(ap, fmt);
+		vsnprintf(s->msg, sizeof(s->msg), fmt, ap);
+		va_end(ap);
+	}
 	s->res.err = err;
 	s->res.grpc_status = gs;
 	s->res.message = s->msg;
@@ -1494,7 +1506,7 @@ static void stream_attempt_end(struct efs_etcd_stream *s, struct efs_conn *conn,
 	if (s->finished)
 		return;
 	if (rpc->local_err) {
-		stream_finish(s, rpc->local_err, -1, "%s", s->msg);
+		stream_finish(s, rpc->local_err, -1, NULL);
 		return;
 	}
 	if (rpc->st.code < 0 && h2_error != NGHTTP2_NO_ERROR) {

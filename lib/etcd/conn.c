@@ -143,12 +143,27 @@ static void on_timer(uv_timer_t *t)
 
 	if (conn->state == EFS_CONN_DEAD)
 		return;
+	/* libuv timers count from the loop's cached time, which is stale when
+	 * the loop has not run for a while: decide on the real clock. */
+	now = efs_clock_mono_ns();
 	if (conn->state < EFS_CONN_AUTH) {
+		if (now < conn->connect_deadline_ns) {
+			arm_ping_timer(conn,
+				       (conn->connect_deadline_ns - now) / EFS_NSEC_PER_MSEC + 1);
+			return;
+		}
 		efs_conn_fail(conn, -ETIMEDOUT, "connect timed out after %u ms",
 			      efs_client_connect_timeout_ms(conn->c));
 		return;
 	}
 	if (conn->ping_outstanding) {
+		uint64_t limit = efs_client_ping_timeout_ms(conn->c) * EFS_NSEC_PER_MSEC;
+
+		if (now - conn->ping_sent_ns < limit) {
+			arm_ping_timer(conn,
+				       (limit - (now - conn->ping_sent_ns)) / EFS_NSEC_PER_MSEC + 1);
+			return;
+		}
 		efs_conn_fail(conn, -ETIMEDOUT, "no PING ACK within %u ms",
 			      efs_client_ping_timeout_ms(conn->c));
 		return;
@@ -156,7 +171,6 @@ static void on_timer(uv_timer_t *t)
 	/* PING only while a stream is open: etcd counts PINGs on an idle
 	 * connection as abuse (too_many_pings). */
 	interval = efs_client_ping_interval_ms(conn->c);
-	now = efs_clock_mono_ns();
 	if (!conn->nrpcs) {
 		arm_ping_timer(conn, interval);
 		return;
@@ -850,6 +864,8 @@ int efs_conn_new(struct efs_conn **ret, struct efs_etcd *c, int ch, size_t epi, 
 	conn->timer.data = conn;
 	uv_unref((uv_handle_t *)&conn->timer);
 	conn->handles = 1;
+	conn->connect_deadline_ns = efs_clock_mono_ns() +
+				    efs_client_connect_timeout_ms(c) * EFS_NSEC_PER_MSEC;
 	uv_timer_start(&conn->timer, on_timer, efs_client_connect_timeout_ms(c), 0);
 
 	if (mem_peer) {

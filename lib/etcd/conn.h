@@ -50,7 +50,8 @@ static inline void efs_list_del(struct efs_list *n)
 	n->prev = n->next = n;
 }
 
-#define efs_container_of(ptr, type, member) ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+#define efs_container_of(ptr, type, member)                                                        \
+	((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
 /* One parsed endpoint URL. */
 struct efs_endpoint {
@@ -105,6 +106,7 @@ struct efs_conn {
 	bool dirty;
 	struct efs_list dirty_link; /* in the client's list of connections to flush */
 
+	uint64_t connect_deadline_ns; /* mono time the connect timeout ends */
 	bool ping_outstanding;
 	uint64_t ping_sent_ns;
 	uint64_t last_ping_ns;
