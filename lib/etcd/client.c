@@ -674,8 +674,9 @@ static void call_attempt_end(struct efs_etcd_call *call, struct efs_conn *conn, 
 		return;
 	}
 	/* etcd refuses with "too many requests" before proposing anything
-	 * (apply lags commit): safe to resend any call after a pause. */
-	if (code == EFS_GRPC_RESOURCE_EXHAUSTED && !call->no_retry &&
+	 * (apply lags commit): safe to resend any call after a pause. 3.4
+	 * sends it as RESOURCE_EXHAUSTED or, raw, as UNKNOWN. */
+	if ((code == EFS_GRPC_RESOURCE_EXHAUSTED || code == EFS_GRPC_UNKNOWN) && !call->no_retry &&
 	    strstr(rpc->st.message, "too many requests")) {
 		snprintf(call->msg, sizeof(call->msg), "%s", rpc->st.message);
 		call_schedule_retry(call);
