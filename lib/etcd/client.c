@@ -28,6 +28,9 @@
  * "too many requests" once its apply lags commit by 5000 entries, and a
  * bounded window keeps a burst of calls from getting there. */
 #define MAX_INFLIGHT 1024
+/* A pooled call keeps its request buffer up to this size, so that steady
+ * traffic of small requests frames them without a malloc. */
+#define REQ_KEEP_MAX 4096
 
 struct method_info {
 	const char *name;
@@ -112,7 +115,7 @@ struct efs_etcd_call {
 	bool internal_auth;
 	struct efs_conn *auth_conn; /* internal Authenticate: its connection */
 	uint8_t *req;
-	size_t req_len, req_off;
+	size_t req_len, req_off, req_cap;
 	uint32_t timeout_ms;
 	uint64_t deadline_ns;
 	uint64_t wake_ns;  /* heap key: retry time or deadline */
@@ -146,6 +149,10 @@ struct efs_etcd_stream {
 	uint64_t last_send_ns;
 	bool finished; /* close queued */
 	bool in_close_cb;
+	/* Inside efs_grpc_reader_feed(), i.e. maybe inside msg_cb: the
+	 * reader and the struct are in use, so a release is deferred. */
+	bool in_feed;
+	bool release_deferred;
 	struct efs_etcd_result res;
 	char msg[EFS_GRPC_MESSAGE_MAX];
 };
@@ -476,9 +483,13 @@ static void call_free(struct efs_etcd_call *call)
 	struct efs_etcd *c = call->c;
 
 	efs_grpc_reader_done(&call->rpc.reader);
-	efs_mem_free(call->req);
 	if (call->resp)
 		protobuf_c_message_free_unpacked(call->resp, efs_mem_protobuf());
+	if (call->req_cap > REQ_KEEP_MAX || c->npool >= CALL_POOL_MAX) {
+		efs_mem_free(call->req);
+		call->req = NULL;
+		call->req_cap = 0;
+	}
 	if (c->npool < CALL_POOL_MAX) {
 		call->pool_next = c->pool;
 		c->pool = call;
@@ -625,8 +636,11 @@ static void call_attempt_end(struct efs_etcd_call *call, struct efs_conn *conn, 
 	int code, err;
 
 	if (rpc->local_err) {
+		/* The server answered something we could not take (undecodable
+		 * or oversized reply, malformed header): a mutation on the wire
+		 * may well have been applied. */
 		err = rpc->local_err;
-		call_finish(call, err, -1, false, NULL);
+		call_finish(call, err, -1, mutation_sent(call), NULL);
 		return;
 	}
 	if (call->drop_reply) {
@@ -754,8 +768,13 @@ static size_t build_headers(nghttp2_nv *nv, struct efs_conn *conn, const char *p
 	nv[n++] = NV(":authority", ep->authority, strlen(ep->authority));
 	nv[n++] = NV("content-type", "application/grpc", 16);
 	nv[n++] = NV("te", "trailers", 8);
-	if (timeout)
-		nv[n++] = NV("grpc-timeout", timeout, strlen(timeout));
+	if (timeout) {
+		/* The value changes with nearly every call: indexing it would
+		 * add (malloc) and evict an HPACK dynamic-table entry per call
+		 * on both sides, for nothing. */
+		nv[n] = NV("grpc-timeout", timeout, strlen(timeout));
+		nv[n++].flags |= NGHTTP2_NV_FLAG_NO_INDEX;
+	}
 	if (conn->token) {
 		nv[n] = NV("token", conn->token, strlen(conn->token));
 		nv[n++].flags = NGHTTP2_NV_FLAG_NO_COPY_NAME;
@@ -943,10 +962,14 @@ static void call_start_attempt(struct efs_etcd_call *call)
 static struct efs_etcd_call *call_alloc(struct efs_etcd *c)
 {
 	struct efs_etcd_call *call = c->pool;
+	uint8_t *req = NULL;
+	size_t req_cap = 0;
 
 	if (call) {
 		c->pool = call->pool_next;
 		c->npool--;
+		req = call->req; /* kept by call_free() for reuse */
+		req_cap = call->req_cap;
 	} else {
 		call = efs_mem_malloc(sizeof(*call));
 		if (!call)
@@ -954,6 +977,8 @@ static struct efs_etcd_call *call_alloc(struct efs_etcd *c)
 	}
 	/* The message buffer is big and needs no clearing. */
 	memset(call, 0, offsetof(struct efs_etcd_call, msg));
+	call->req = req;
+	call->req_cap = req_cap;
 	call->msg[0] = '\0';
 	call->cb = NULL;
 	call->arg = NULL;
@@ -999,7 +1024,7 @@ static void conn_reauth(struct efs_conn *conn)
 		goto out_fail;
 	req.name = c->user;
 	req.password = c->password ? c->password : (char *)"";
-	r = efs_grpc_frame(&req.base, &call->req, &call->req_len);
+	r = efs_grpc_frame_into(&req.base, &call->req, &call->req_cap, &call->req_len);
 	if (r < 0) {
 		call_free(call);
 		goto out_fail;
@@ -1201,7 +1226,16 @@ static int call_on_msg(const uint8_t *msg, size_t len, void *arg)
 			 methods[call->m].name);
 		return -EPROTO;
 	}
+	unsigned long failures = efs_mem_failures();
+
 	call->resp = protobuf_c_message_unpack(methods[call->m].resp, efs_mem_protobuf(), len, msg);
+	if (!call->resp && efs_mem_failures() != failures) {
+		/* protobuf-c says NULL for both: an allocation failed. */
+		call->rpc.local_err = -ENOMEM;
+		snprintf(call->msg, sizeof(call->msg), "out of memory decoding the %s reply",
+			 methods[call->m].name);
+		return -ENOMEM;
+	}
 	if (!call->resp) {
 		call->rpc.local_err = -EBADMSG;
 		snprintf(call->msg, sizeof(call->msg), "%s reply does not decode",
@@ -1214,9 +1248,15 @@ static int call_on_msg(const uint8_t *msg, size_t len, void *arg)
 static int stream_on_msg(const uint8_t *msg, size_t len, void *arg)
 {
 	struct efs_etcd_stream *s = arg;
+	unsigned long failures = efs_mem_failures();
 	ProtobufCMessage *m;
 
 	m = protobuf_c_message_unpack(stream_kinds[s->kind].resp, efs_mem_protobuf(), len, msg);
+	if (!m && efs_mem_failures() != failures) {
+		s->rpc.local_err = -ENOMEM;
+		snprintf(s->msg, sizeof(s->msg), "out of memory decoding a stream message");
+		return -ENOMEM;
+	}
 	if (!m) {
 		s->rpc.local_err = -EBADMSG;
 		snprintf(s->msg, sizeof(s->msg), "stream message does not decode");
@@ -1253,10 +1293,28 @@ int efs_rpc_on_data(struct efs_rpc *rpc, const uint8_t *data, size_t len)
 
 	if (rpc->reset)
 		return 0;
-	if (rpc->is_stream)
+	/* nghttp2 runs without HTTP messaging checks (conn.c, h2_start), so
+	 * this is where a body is refused unless a "200, application/grpc"
+	 * response header block came first. Such a body (a proxy's error page,
+	 * the JSON gateway) is dropped, and the stream's end reports the
+	 * status synthesised from :status (efs_grpc_status_finish). */
+	if (rpc->st.http_status != 200 || !rpc->st.content_type_ok)
+		return 0;
+	if (rpc->is_stream) {
+		struct efs_etcd_stream *s = (struct efs_etcd_stream *)rpc;
+
+		s->in_feed = true;
 		r = efs_grpc_reader_feed(&rpc->reader, data, len, stream_on_msg, rpc);
-	else
+		s->in_feed = false;
+		if (s->release_deferred) {
+			/* Released while in use; conn.c sees the connection
+			 * dead and touches |rpc| no more. */
+			stream_release(s);
+			return 0;
+		}
+	} else {
 		r = efs_grpc_reader_feed(&rpc->reader, data, len, call_on_msg, rpc);
+	}
 	if (r >= 0 || r == -ECANCELED)
 		return 0;
 	if (rpc->local_err)
@@ -1368,7 +1426,7 @@ int efs_etcd_call(struct efs_etcd *c, enum efs_etcd_method m, const ProtobufCMes
 	call = call_alloc(c);
 	if (!call)
 		return -ENOMEM;
-	r = efs_grpc_frame(req, &call->req, &call->req_len);
+	r = efs_grpc_frame_into(req, &call->req, &call->req_cap, &call->req_len);
 	if (r < 0) {
 		call_free(call);
 		return r;
@@ -1460,6 +1518,14 @@ static void stream_finish(struct efs_etcd_stream *s, int err, int gs, const char
 
 static void stream_release(struct efs_etcd_stream *s)
 {
+	/* An orphan's connection can die while its message callback runs
+	 * (the callback closed the stream and then failed the connection,
+	 * e.g. through efs_etcd_channel_failover() or efs_etcd_free()):
+	 * efs_rpc_on_data() frees it once the reader has returned. */
+	if (s->in_feed) {
+		s->release_deferred = true;
+		return;
+	}
 	efs_grpc_reader_done(&s->rpc.reader);
 	sendq_clear(s);
 	efs_mem_free(s);
@@ -1854,6 +1920,7 @@ static void client_free_mem(struct efs_etcd *c)
 		struct efs_etcd_call *call = c->pool;
 
 		c->pool = call->pool_next;
+		efs_mem_free(call->req);
 		efs_mem_free(call);
 	}
 	efs_tls_ctx_free(c->tls);

@@ -26,6 +26,7 @@ void efs_grpc_reader_done(struct efs_grpc_reader *r)
 {
 	efs_mem_free(r->buf);
 	r->buf = NULL;
+	r->cap = 0;
 	r->prefix_have = 0;
 	r->need = 0;
 	r->have = 0;
@@ -42,9 +43,37 @@ static void reader_next(struct efs_grpc_reader *r)
 {
 	efs_mem_free(r->buf);
 	r->buf = NULL;
+	r->cap = 0;
 	r->prefix_have = 0;
 	r->need = 0;
 	r->have = 0;
+}
+
+/* The first allocation for a split message. A prefix is only a claim: a
+ * broken or hostile server could announce max_msg-sized messages on many
+ * streams and send nothing more, so the buffer grows with the bytes that
+ * actually arrive instead of being sized from the prefix up front. */
+#define READER_INITIAL_CAP (64 * 1024)
+
+/* Makes room for |more| body bytes (have + more <= need). */
+static int reader_reserve(struct efs_grpc_reader *r, size_t more)
+{
+	size_t want = r->have + more, ncap;
+	uint8_t *n;
+
+	if (want <= r->cap)
+		return 0;
+	ncap = r->cap ? r->cap : READER_INITIAL_CAP;
+	while (ncap < want)
+		ncap = ncap > r->need / 2 ? r->need : ncap * 2;
+	if (ncap > r->need)
+		ncap = r->need;
+	n = efs_mem_realloc(r->buf, ncap);
+	if (!n)
+		return -ENOMEM;
+	r->buf = n;
+	r->cap = ncap;
+	return 0;
 }
 
 /* prefix_have past the prefix length marks a reader that failed: feeding it
@@ -59,9 +88,9 @@ static int reader_fail(struct efs_grpc_reader *r, int err)
 
 /*
  * A message that arrives whole inside one chunk is handed to the callback in
- * place; only a message split across chunks is copied into |buf|, which is
- * allocated at its announced size once the prefix is complete (bounded by
- * max_msg, which the prefix check enforces first).
+ * place; only a message split across chunks is copied into |buf|, which
+ * grows (doubling, at most to the announced size, itself bounded by max_msg)
+ * as its bytes arrive.
  */
 int efs_grpc_reader_feed(struct efs_grpc_reader *r, const uint8_t *data, size_t len,
 			 efs_grpc_msg_cb cb, void *arg)
@@ -103,16 +132,13 @@ int efs_grpc_reader_feed(struct efs_grpc_reader *r, const uint8_t *data, size_t 
 					return err;
 				continue;
 			}
-			if (r->need > 0) {
-				r->buf = efs_mem_malloc(r->need);
-				if (!r->buf)
-					return reader_fail(r, -ENOMEM);
-			}
 		}
 		n = r->need - r->have;
 		if (n > len)
 			n = len;
 		if (n > 0) {
+			if (reader_reserve(r, n) < 0)
+				return reader_fail(r, -ENOMEM);
 			memcpy(r->buf + r->have, data, n);
 			r->have += n;
 			data += n;
@@ -125,6 +151,35 @@ int efs_grpc_reader_feed(struct efs_grpc_reader *r, const uint8_t *data, size_t 
 		if (err < 0)
 			return err;
 	}
+	return 0;
+}
+
+int efs_grpc_frame_into(const ProtobufCMessage *msg, uint8_t **buf, size_t *cap,
+			size_t *ret_len)
+{
+	size_t len = protobuf_c_message_get_packed_size(msg);
+	uint8_t *b;
+
+	if (len > UINT32_MAX)
+		return -EMSGSIZE;
+	if (EFS_GRPC_PREFIX_LEN + len > *cap) {
+		/* No realloc: the old contents are not wanted. */
+		b = efs_mem_malloc(EFS_GRPC_PREFIX_LEN + len);
+		if (!b)
+			return -ENOMEM;
+		efs_mem_free(*buf);
+		*buf = b;
+		*cap = EFS_GRPC_PREFIX_LEN + len;
+	}
+	b = *buf;
+	b[0] = 0;
+	b[1] = (uint8_t)(len >> 24);
+	b[2] = (uint8_t)(len >> 16);
+	b[3] = (uint8_t)(len >> 8);
+	b[4] = (uint8_t)len;
+	if (protobuf_c_message_pack(msg, b + EFS_GRPC_PREFIX_LEN) != len)
+		return -EPROTO;
+	*ret_len = EFS_GRPC_PREFIX_LEN + len;
 	return 0;
 }
 

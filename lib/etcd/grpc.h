@@ -51,6 +51,7 @@ struct efs_grpc_reader {
 	uint8_t *buf;       /* message body being filled, or NULL */
 	size_t need;        /* body length from the prefix */
 	size_t have;        /* body bytes in |buf| */
+	size_t cap;         /* bytes allocated at |buf| (grows with |have|) */
 	size_t max_msg;
 };
 
@@ -75,6 +76,16 @@ bool efs_grpc_reader_is_idle(const struct efs_grpc_reader *r);
 
 /* Serialises |msg| behind a 5-byte prefix into a new efs_mem buffer. */
 int efs_grpc_frame(const ProtobufCMessage *msg, uint8_t **ret_buf, size_t *ret_len);
+
+/*
+ * Like efs_grpc_frame(), but into the caller's reusable efs_mem buffer
+ * |*buf| of |*cap| bytes (NULL/0 at first), which is reallocated only when
+ * too small. Returns 0 with the framed length in *ret_len, or -ENOMEM /
+ * -EMSGSIZE / -EPROTO with |*buf| and |*cap| still valid (to be freed by the
+ * caller) and their contents unspecified.
+ */
+int efs_grpc_frame_into(const ProtobufCMessage *msg, uint8_t **buf, size_t *cap,
+			size_t *ret_len);
 
 /* ---- Response headers and trailers ---- */
 

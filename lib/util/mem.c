@@ -9,12 +9,33 @@
  * scenario in turn. Negative means "never fail". */
 static long fail_at = -1;
 static long alloc_count;
+/* Every allocation that returned NULL, injected or real; never reset, so
+ * that a caller can compare it before and after a library call that does
+ * not say why it failed (protobuf-c's unpack returns NULL both for bad input
+ * and for exhausted memory). Loop thread only, like the injection. */
+static unsigned long failures;
 
 static bool should_fail(void)
 {
 	long i = alloc_count++;
 
-	return fail_at >= 0 && i >= fail_at;
+	if (fail_at >= 0 && i >= fail_at) {
+		failures++;
+		return true;
+	}
+	return false;
+}
+
+static void *note(void *p)
+{
+	if (!p)
+		failures++;
+	return p;
+}
+
+unsigned long efs_mem_failures(void)
+{
+	return failures;
 }
 
 void efs_mem_fail_after(long n)
@@ -38,21 +59,21 @@ void *efs_mem_malloc(size_t size)
 {
 	if (should_fail())
 		return NULL;
-	return malloc(size ? size : 1);
+	return note(malloc(size ? size : 1));
 }
 
 void *efs_mem_calloc(size_t nmemb, size_t size)
 {
 	if (should_fail())
 		return NULL;
-	return calloc(nmemb ? nmemb : 1, size ? size : 1);
+	return note(calloc(nmemb ? nmemb : 1, size ? size : 1));
 }
 
 void *efs_mem_realloc(void *ptr, size_t size)
 {
 	if (should_fail())
 		return NULL;
-	return realloc(ptr, size ? size : 1);
+	return note(realloc(ptr, size ? size : 1));
 }
 
 void efs_mem_free(void *ptr)

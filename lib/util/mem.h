@@ -29,6 +29,14 @@ void efs_mem_fail_after(long n);
 void efs_mem_fail_reset(void);
 long efs_mem_count(void);
 
+/*
+ * How many allocations have failed so far (injected or real). Compare the
+ * value around a call into a library that reports failure without a
+ * reason, such as protobuf_c_message_unpack(), to tell -ENOMEM from bad
+ * input. Loop thread only.
+ */
+unsigned long efs_mem_failures(void);
+
 /* Allocator tables for the libraries we hand memory management to. */
 nghttp2_mem *efs_mem_nghttp2(void);
 ProtobufCAllocator *efs_mem_protobuf(void);

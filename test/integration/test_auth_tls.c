@@ -22,6 +22,8 @@
 #include "util/clock.h"
 #include "util/mem.h"
 
+#include "../support/leak.h"
+
 static struct efs_harness *h;
 
 static void start(const struct efs_harness_opts *o)
@@ -75,6 +77,8 @@ Test(tls, right_ca_and_client_cert_work)
 	cr_assert_eq(kv->value.len, 2);
 	pb_free(kv);
 	cr_assert_eq(efs_etcd_sync_close(s), 0);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 /* Makes a CA of our own that never signed the server's certificate. */
@@ -128,6 +132,8 @@ Test(tls, wrong_ca_fails_with_a_clear_error)
 	cr_assert(strstr(msg, "certificate") || strstr(msg, "verif"),
 		  "the error should name the certificate problem: %d %s", r, msg);
 	cr_assert_eq(efs_etcd_sync_close(s), 0);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(tls, missing_client_cert_fails_clearly)
@@ -153,6 +159,8 @@ Test(tls, missing_client_cert_fails_clearly)
 			  strstr(msg, "tls"),
 		  "the error should say TLS refused us: %d %s", r, msg);
 	cr_assert_eq(efs_etcd_sync_close(s), 0);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- auth ---- */
@@ -202,6 +210,8 @@ Test(auth, wrong_password_is_rejected_and_right_one_accepted)
 		     efs_etcd_sync_last_message(s));
 	cr_assert_eq(efs_etcd_sync_get(s, "a", 1, NULL, NULL), 0);
 	cr_assert_eq(efs_etcd_sync_close(s), 0);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 struct auth_got {
@@ -258,6 +268,8 @@ Test(auth, authenticate_wrapper_returns_a_token_or_eacces)
 	while (!freed)
 		uv_run(&loop, UV_RUN_ONCE);
 	cr_assert_eq(uv_loop_close(&loop), 0);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- auth with failover and token expiry ---- */
@@ -337,6 +349,8 @@ Test(auth3, authenticated_client_survives_the_loss_of_its_member)
 
 	cr_assert_geq(f, 0);
 	survive_member_loss(f);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(auth3, authenticated_client_survives_the_loss_of_the_leader)
@@ -345,6 +359,8 @@ Test(auth3, authenticated_client_survives_the_loss_of_the_leader)
 
 	cr_assert_geq(l, 0);
 	survive_member_loss(l);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 static void setup_auth_ttl(void)
@@ -382,6 +398,8 @@ Test(auth_ttl, expired_token_is_renewed_transparently)
 	efs_etcd_get_stats(efs_etcd_sync_client(s), &after);
 	cr_assert_gt(after.reauths, before.reauths, "the expired token was replaced");
 	cr_assert_eq(efs_etcd_sync_close(s), 0);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- etcfsctl with TLS client certificates and a user ---- */
@@ -468,4 +486,6 @@ Test(ctl_tls_auth, etcd_check_takes_etcdctl_tls_and_user_flags)
 	st = run_ctl(args, out, sizeof(out));
 	cr_assert_eq(st, 2, "exit %d:\n%s", st, out);
 	cr_assert(strstr(out, "needs a password"), "%s", out);
+	teardown();
+	efs_test_assert_no_leaks();
 }

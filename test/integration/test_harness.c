@@ -20,6 +20,8 @@
 
 #include "harness.h"
 
+#include "../support/leak.h"
+
 static struct efs_harness *h;
 
 static void fini(void)
@@ -178,6 +180,8 @@ Test(harness, one_member_serves_and_leaves_nothing)
 	cr_assert(!path_exists(dir), "%s remains", dir);
 	cr_assert(!path_exists((snprintf(dir, sizeof(dir), "/proc/%d", (int)pid), dir)),
 		  "member %d was not reaped", (int)pid);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(harness, three_members_serve)
@@ -207,6 +211,8 @@ Test(harness, three_members_serve)
 	/* The leader gauge agrees with etcdctl's view of each member. */
 	for (int i = 0; i < 3; i++)
 		cr_assert_eq(etcdctl_says_leader(i), i == leader, "member %d", i);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(harness, kill_leader_elects_another_and_restart_rejoins)
@@ -241,6 +247,8 @@ Test(harness, kill_leader_elects_another_and_restart_rejoins)
 	assert_put_get("/after-stop", "2");
 	cr_assert_eq(efs_harness_restart(h, next), 0);
 	assert_member_sees(next, "/after-stop", "2");
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(harness, pause_and_resume)
@@ -274,6 +282,8 @@ Test(harness, pause_and_resume)
 	cr_assert_eq(efs_harness_wait_member(h, leader, 10000), 0);
 	assert_member_sees(leader, "/paused-leader", "l");
 	cr_assert_geq(efs_harness_wait_leader(h, 5000), 0);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(harness, tls_with_client_cert_auth)
@@ -304,6 +314,8 @@ Test(harness, tls_with_client_cert_auth)
 			      0, "%s", out);
 		free(out);
 	}
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(harness, tls_on_another_local_address_three_members)
@@ -316,6 +328,8 @@ Test(harness, tls_on_another_local_address_three_members)
 	cr_assert(!strncmp(efs_harness_metrics_url(h, 2), "http://127.0.0.2:", 17));
 	assert_put_get("/addr", "127.0.0.2");
 	cr_assert_geq(efs_harness_leader(h), 0);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(harness, auth_rejects_anonymous_accepts_root_and_user)
@@ -358,6 +372,8 @@ Test(harness, auth_rejects_anonymous_accepts_root_and_user)
 	cr_assert_eq(ctl(&out, "user", "list", NULL, NULL), 0, "%s", out);
 	cr_assert(strstr(out, "root") && strstr(out, "alice"), "%s", out);
 	free(out);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(harness, tls_and_auth_together)
@@ -371,6 +387,8 @@ Test(harness, tls_and_auth_together)
 	/* The default client CN names no user, so the certificate alone is not enough. */
 	cr_assert_neq(efs_harness_etcdctl_as(h, NULL, NULL, &out, "put", "/y", "1", NULL), 0);
 	free(out);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(harness, options_reach_etcd)
@@ -395,6 +413,8 @@ Test(harness, options_reach_etcd)
 	cr_assert(strstr(cmd, "--max-txn-ops=256"), "%s", cmd);
 	cr_assert(!strstr(cmd, "--unsafe-no-fsync"), "%s", cmd);
 	assert_put_get("/opt", "1");
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(harness, bad_options_fail_cleanly)
@@ -409,6 +429,8 @@ Test(harness, bad_options_fail_cleanly)
 	cr_assert_eq(efs_harness_start(&h, &cca), -EINVAL);
 	cr_assert_eq(efs_harness_start(&h, &cn), -EINVAL);
 	cr_assert_null(h);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(harness, etcdctl_reports_failures)
@@ -427,6 +449,8 @@ Test(harness, etcdctl_reports_failures)
 	cr_assert_eq(ctl(NULL, "get", "/x", NULL, NULL), -ESRCH);
 	cr_assert_eq(efs_harness_leader(h), -ENOENT);
 	cr_assert_eq(efs_harness_wait_leader(h, 100), -ETIMEDOUT);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 /*
@@ -451,6 +475,8 @@ Test(harness, free_stops_paused_members_and_removes_everything)
 		snprintf(proc, sizeof(proc), "/proc/%d", (int)pids[i]);
 		cr_assert(!path_exists(proc), "member %d (pid %d) remains", i, (int)pids[i]);
 	}
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 /*
@@ -498,6 +524,8 @@ Test(harness, members_die_with_their_process)
 	cr_assert(path_exists(dir));
 	cr_assert_eq(efs_harness_start(&h, NULL), 0);
 	cr_assert(!path_exists(dir), "stale %s was not swept", dir);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 /* The CLI: members outlive it, and stop removes them by PID. */
@@ -550,6 +578,8 @@ Test(harness, cli_start_status_fault_stop)
 	for (int i = 0; i < 3; i++)
 		cr_assert(!pid_alive(pids[i]), "pid %d survived stop", pids[i]);
 	cr_assert(!path_exists(state));
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(harness, etcd_failure_is_reported_and_cleaned_up)
@@ -559,6 +589,8 @@ Test(harness, etcd_failure_is_reported_and_cleaned_up)
 
 	cr_assert_eq(efs_harness_start(&h, &o), -EIO);
 	cr_assert_null(h);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 /*
@@ -588,6 +620,8 @@ Test(harness, restart_fails_cleanly_when_its_port_is_taken)
 	cr_assert_eq(efs_harness_restart(h, 0), 0);
 	cr_assert_eq(efs_harness_leader(h), 0);
 	assert_put_get("/before", "1");
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 /*
@@ -605,10 +639,12 @@ static void ns_fini(void)
 	if (veth_host[0]) {
 		snprintf(cmd, sizeof(cmd), "ip link del %s 2>/dev/null", veth_host);
 		(void)system(cmd);
+		veth_host[0] = '\0';
 	}
 	if (ns_name[0]) {
 		snprintf(cmd, sizeof(cmd), "ip netns del %s 2>/dev/null", ns_name);
 		(void)system(cmd);
+		ns_name[0] = '\0';
 	}
 }
 
@@ -653,4 +689,6 @@ Test(harness, listen_address_reachable_from_a_network_namespace, .fini = ns_fini
 		cr_assert(!strncmp(line, "OK", 2), "%s", line);
 	}
 	assert_member_sees(efs_harness_follower(h), "/from-ns", "yes");
+	ns_fini();
+	efs_test_assert_no_leaks();
 }

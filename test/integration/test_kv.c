@@ -23,6 +23,8 @@
 #include "util/clock.h"
 #include "util/mem.h"
 
+#include "../support/leak.h"
+
 /* ---- a loop, a client, and a way to wait for one callback ---- */
 
 static uv_loop_t loop;
@@ -124,11 +126,14 @@ static void client_free(struct efs_etcd *c)
 		uv_run(&loop, UV_RUN_ONCE);
 }
 
+static bool loop_open;
+
 static void setup_n(int members)
 {
 	struct efs_harness_opts ho = {.members = members};
 
 	cr_assert_eq(uv_loop_init(&loop), 0);
+	loop_open = true;
 	cr_assert_eq(efs_harness_start(&h, &ho), 0, "cannot start etcd");
 	cli = client_new(efs_harness_endpoints(h), 0);
 }
@@ -143,14 +148,22 @@ static void setup3(void)
 	setup_n(3);
 }
 
+/*
+ * Frees the client, the loop and the cluster. Each test calls it before its
+ * leak check, and .fini again for a test that failed first: the second call
+ * does nothing.
+ */
 static void teardown(void)
 {
 	got_clear();
 	if (cli)
 		client_free(cli);
 	cli = NULL;
-	uv_run(&loop, UV_RUN_NOWAIT);
-	cr_expect_eq(uv_loop_close(&loop), 0, "handles left open on the loop");
+	if (loop_open) {
+		uv_run(&loop, UV_RUN_NOWAIT);
+		cr_expect_eq(uv_loop_close(&loop), 0, "handles left open on the loop");
+		loop_open = false;
+	}
 	h = efs_harness_free(h);
 }
 
@@ -264,6 +277,8 @@ Test(kv, range_one_key_prefix_and_explicit_range_end)
 	cr_assert_eq(r->n_kvs, 0);
 	cr_assert_eq(r->count, 0);
 	pb_free(r);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(kv, range_rejects_bad_arguments_without_calling_back)
@@ -278,6 +293,8 @@ Test(kv, range_rejects_bad_arguments_without_calling_back)
 	cr_assert_eq(efs_etcd_compact(cli, 0, false, NULL, compact_cb, NULL), -EINVAL);
 	uv_run(&loop, UV_RUN_NOWAIT);
 	cr_assert(!got.done);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(kv, prefix_of_0xff_bytes_covers_the_rest_of_the_keyspace)
@@ -296,6 +313,8 @@ Test(kv, prefix_of_0xff_bytes_covers_the_rest_of_the_keyspace)
 	cr_assert_eq(r->n_kvs, 1);
 	cr_assert(kv_is(r->kvs[0], "\xff\xff", "4"));
 	pb_free(r);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(kv, range_limit_sets_more_and_count_counts_everything)
@@ -318,6 +337,8 @@ Test(kv, range_limit_sets_more_and_count_counts_everything)
 	cr_assert_eq(r->n_kvs, 5);
 	cr_assert(!r->more);
 	pb_free(r);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(kv, range_at_an_old_revision_sees_old_values)
@@ -347,6 +368,8 @@ Test(kv, range_at_an_old_revision_sees_old_values)
 	o.revision = r2 + 1000;
 	wait_got(efs_etcd_range(cli, "rev", 3, &o, NULL, range_cb, NULL));
 	cr_assert_eq(got.err, EFS_ETCD_EFUTUREREV, "%d %s", got.err, got.msg);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(kv, keys_only_count_only_and_serializable)
@@ -374,6 +397,8 @@ Test(kv, keys_only_count_only_and_serializable)
 	cr_assert_eq(r->n_kvs, 1);
 	cr_assert(kv_is(r->kvs[0], "k/2", "value2"));
 	pb_free(r);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- paged range ---- */
@@ -507,6 +532,8 @@ Test(kv, paged_range_delivers_pages_in_order_at_one_revision)
 	cr_assert_eq(p.npages, 15);
 	cr_assert(p.sorted);
 	cr_assert_str_eq(p.last, "pg/0099");
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(kv, paged_range_collects_the_whole_result)
@@ -545,6 +572,8 @@ Test(kv, paged_range_collects_the_whole_result)
 	wait_pages(&p);
 	cr_assert_eq(p.all->n_kvs, 95);
 	pb_free(p.all);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(kv, paged_range_stops_on_page_callback_error)
@@ -558,6 +587,8 @@ Test(kv, paged_range_stops_on_page_callback_error)
 	wait_pages(&p);
 	cr_assert_eq(p.err, -ECANCELED);
 	cr_assert_eq(p.npages, 2);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(kv, paged_range_reports_compaction_of_the_pinned_revision)
@@ -573,6 +604,8 @@ Test(kv, paged_range_reports_compaction_of_the_pinned_revision)
 	cr_assert_eq(p.npages, 1);
 	cr_assert(strstr(p.msg, "compacted while paging"), "%s", p.msg);
 	cr_assert(strstr(p.msg, "latest revision"), "%s", p.msg);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Put ---- */
@@ -628,6 +661,8 @@ Test(kv, put_with_lease_and_prev_kv)
 	wait_got(efs_etcd_put(cli, "nokey", 5, NULL, 0, &po, NULL, put_cb, NULL));
 	cr_assert_eq(got.err, -EINVAL, "%d %s", got.err, got.msg);
 	cr_assert(strstr(got.msg, "key not found"), "%s", got.msg);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- DeleteRange ---- */
@@ -671,6 +706,8 @@ Test(kv, delete_one_key_a_prefix_and_prev_kv)
 	r = range_ok("e", NULL);
 	cr_assert_eq(r->n_kvs, 0);
 	pb_free(r);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Compact ---- */
@@ -706,6 +743,8 @@ Test(kv, compacted_revisions_cannot_be_read)
 	got_clear();
 	wait_got(efs_etcd_compact(cli, r1, false, NULL, compact_cb, NULL));
 	cr_assert_eq(got.err, EFS_ETCD_ECOMPACTED, "%d %s", got.err, got.msg);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Txn ---- */
@@ -816,6 +855,8 @@ Test(kv, txn_every_compare_target_with_every_result)
 			}
 		}
 	}
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(kv, txn_missing_key_compares_as_zero_and_value_never_matches)
@@ -840,6 +881,8 @@ Test(kv, txn_missing_key_compares_as_zero_and_value_never_matches)
 		cr_assert(!compare1(cmp_new(&c, "absent", 3, res, 0, "x")), "VALUE %s x",
 			  result_names[res]);
 	}
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(kv, txn_range_end_compare_needs_every_key_to_match)
@@ -869,6 +912,8 @@ Test(kv, txn_range_end_compare_needs_every_key_to_match)
 	c.result = ETCDSERVERPB__COMPARE__COMPARE_RESULT__NOT_EQUAL;
 	c.value.data = (uint8_t *)"z";
 	cr_assert(compare1(&c), "every value != z");
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(kv, txn_branches_and_nested_txn)
@@ -962,6 +1007,8 @@ Test(kv, txn_branches_and_nested_txn)
 	resp = txn_run(&txn);
 	cr_assert_eq(resp->header->revision, rev_before);
 	pb_free(resp);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(kv, txn_from_the_builder_runs_through_the_wrapper)
@@ -999,6 +1046,8 @@ Test(kv, txn_from_the_builder_runs_through_the_wrapper)
 	cr_assert(kv_is(rr->kvs[0], "b/x", "2"));
 	pb_free(resp);
 	efs_etcd_txn_free(t);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 static Etcdserverpb__TxnResponse *txn_puts(int n, bool same_key)
@@ -1050,6 +1099,8 @@ Test(kv, txn_limits_too_many_ops_and_duplicate_keys)
 	r = range_ok("big/", &o);
 	cr_assert_eq(r->count, 128);
 	pb_free(r);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Status, MemberList, quorum loss: 3 members ---- */
@@ -1103,6 +1154,8 @@ Test(cluster, member_list_and_status_of_each_member)
 		client_free(c);
 	}
 	pb_free(ml);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(cluster, call_without_quorum_fails_within_its_deadline)
@@ -1147,6 +1200,8 @@ Test(cluster, call_without_quorum_fails_within_its_deadline)
 	}
 	got_clear();
 	client_free(c);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- allocation failures ---- */
@@ -1199,4 +1254,6 @@ Test(kv, paged_range_survives_every_allocation_failure)
 		pb_free(p.all);
 	}
 	client_free(c);
+	teardown();
+	efs_test_assert_no_leaks();
 }

@@ -20,6 +20,8 @@
 #include "util/clock.h"
 #include "util/mem.h"
 
+#include "../support/leak.h"
+
 static uv_loop_t loop;
 static uv_timer_t ticker;
 static struct efs_harness *h;
@@ -58,7 +60,8 @@ static int other_handles(void)
 /*
  * A passing test has freed everything, so the loop empties at once. A test
  * that failed an assertion may have left clients open: give closing
- * handles a bounded time and never block on the rest.
+ * handles a bounded time and never block on the rest. Each test calls it
+ * before its leak check, and .fini again: the second call does nothing.
  */
 static void teardown(void)
 {
@@ -70,6 +73,7 @@ static void teardown(void)
 		uv_close((uv_handle_t *)&ticker, NULL);
 		uv_run(&loop, UV_RUN_NOWAIT);
 		cr_expect_eq(uv_loop_close(&loop), 0, "handles left open on the loop");
+		memset(&ticker, 0, sizeof(ticker));
 	}
 	h = efs_harness_free(h);
 }
@@ -346,6 +350,8 @@ Test(lease, grant_time_to_live_and_revoke)
 	cr_assert_eq(t.ttl, -1);
 	cr_assert_eq(revoke_lease(c, g.id), -ENOENT);
 	client_free(c);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(lease, kept_alive_across_a_leader_kill)
@@ -382,6 +388,8 @@ Test(lease, kept_alive_across_a_leader_kill)
 	cr_assert_gt(t.ttl, 0, "etcd says the lease is gone");
 	efs_etcd_keepalive_free(ka);
 	client_free(c);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 /* Submits the puts in slices of 500 per loop iteration, so that the test's
@@ -474,6 +482,8 @@ Test(lease, renewals_keep_their_interval_under_10000_puts_on_the_same_loop)
 	client_free(c);
 	free(f.cr);
 	free(val);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(lease, expiry_deletes_its_keys_and_reports_gone)
@@ -512,6 +522,8 @@ Test(lease, expiry_deletes_its_keys_and_reports_gone)
 	efs_etcd_lease_free(l);
 	efs_etcd_keepalive_free(ka);
 	client_free(c);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(lease, at_risk_then_recovered_or_moved_when_its_member_is_stopped)
@@ -554,6 +566,8 @@ Test(lease, at_risk_then_recovered_or_moved_when_its_member_is_stopped)
 	cr_assert_gt(t.ttl, 0, "etcd says the lease is gone");
 	efs_etcd_keepalive_free(ka);
 	client_free(c);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(lease, revoke_by_another_client_reports_gone)
@@ -587,4 +601,6 @@ Test(lease, revoke_by_another_client_reports_gone)
 	efs_etcd_keepalive_free(ka);
 	client_free(other);
 	client_free(c);
+	teardown();
+	efs_test_assert_no_leaks();
 }

@@ -22,6 +22,8 @@
 #include "util/clock.h"
 #include "util/mem.h"
 
+#include "../support/leak.h"
+
 static struct efs_harness *h;
 
 static void start(int members)
@@ -151,6 +153,8 @@ Test(sync, put_get_delete_txn_status_member_list)
 	pb_free(ml);
 
 	cr_assert_eq(efs_etcd_sync_close(s), 0, "the loop closes cleanly");
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(sync, generic_call_and_error_reporting)
@@ -189,6 +193,8 @@ Test(sync, generic_call_and_error_reporting)
 	cr_assert_str_eq(efs_etcd_sync_last_message(s), "");
 	pb_free(resp);
 	cr_assert_eq(efs_etcd_sync_close(s), 0);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(sync, dead_endpoint_fails_within_the_deadline)
@@ -216,6 +222,8 @@ Test(sync, dead_endpoint_fails_within_the_deadline)
 	cr_assert_leq(ms, 1500 + 1000, "took %" PRIu64 " ms", ms);
 	cr_assert_eq(efs_etcd_sync_close(s), 0, "the loop closes cleanly after failures");
 	(void)msg;
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(sync, new_and_close_leave_no_descriptors_behind)
@@ -244,6 +252,8 @@ Test(sync, new_and_close_leave_no_descriptors_behind)
 	cr_assert_eq(efs_etcd_sync_close(NULL), 0);
 	after = count_fds();
 	cr_assert_eq(after, before, "%d descriptors before, %d after", before, after);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- etcfsctl ---- */
@@ -331,6 +341,8 @@ Test(etcfsctl, etcd_check_reports_a_three_member_cluster)
 		cr_assert(!strstr(o, "/etcfs-check/"), "left behind: %s", o);
 		free(o);
 	}
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(etcfsctl, etcd_check_with_a_dead_member_is_unfit)
@@ -348,6 +360,8 @@ Test(etcfsctl, etcd_check_with_a_dead_member_is_unfit)
 	cr_assert(strstr(out, "unreachable"), "%s", out);
 	cr_assert(strstr(out, "verdict: unfit"), "%s", out);
 	cr_assert(strstr(out, "1 of 3 members unreachable"), "%s", out);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(etcfsctl, etcd_check_cannot_connect_and_usage_errors)
@@ -374,6 +388,8 @@ Test(etcfsctl, etcd_check_cannot_connect_and_usage_errors)
 	cr_assert_eq(run_ctl("no-such-command", out, sizeof(out)), 2);
 	cr_assert_eq(run_ctl("--help", out, sizeof(out)), 0);
 	cr_assert(strstr(out, "etcd-check"), "%s", out);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- allocation failures ---- */
@@ -422,4 +438,6 @@ Test(sync_failmalloc, every_allocation_failure_unwinds)
 		efs_mem_fail_reset();
 		cr_assert_eq(efs_etcd_sync_close(s), 0, "close after failing allocation %ld", n);
 	}
+	teardown();
+	efs_test_assert_no_leaks();
 }

@@ -26,6 +26,8 @@
 #include "util/log.h"
 #include "util/mem.h"
 
+#include "../support/leak.h"
+
 static struct efs_harness *h;
 static uv_loop_t loop;
 static struct efs_etcd *cli;
@@ -40,8 +42,8 @@ static void on_freed(void *arg)
 	*(bool *)arg = true;
 }
 
-/* Frees the client and checks that every handle is gone (no leaks: the
- * sanitizer build runs LeakSanitizer at exit). */
+/* Frees the client and checks that every handle is gone (leaks are checked
+ * at the end of each test, after fini()). */
 static void free_client(void)
 {
 	bool freed = false;
@@ -56,6 +58,8 @@ static void free_client(void)
 	cr_assert_eq(uv_loop_close(&loop), 0, "client left handles on the loop");
 }
 
+/* Frees the client and the cluster. Each test calls it before its leak
+ * check, and .fini again for a test that failed first: then it does nothing. */
 static void fini(void)
 {
 	free_client();
@@ -277,6 +281,8 @@ Test(transport, bad_options_are_rejected)
 	cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_PUT, &q.base, NULL, on_result, NULL, NULL),
 		     -EINVAL);
 	cr_assert_str_eq(efs_etcd_method_name(EFS_ETCD_TXN), "Txn");
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(transport, every_unary_method_round_trips)
@@ -395,6 +401,8 @@ Test(transport, every_unary_method_round_trips)
 	cr_assert_geq(st.calls_started, 15);
 	cr_assert_gt(st.bytes_sent, 0);
 	cr_assert_gt(st.bytes_received, 0);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(transport, large_reply_of_20_mib)
@@ -446,6 +454,8 @@ Test(transport, large_reply_of_20_mib)
 	call_ok(EFS_ETCD_RANGE, &q.base, &x);
 	cr_assert_eq(((Etcdserverpb__RangeResponse *)x.resp)->n_kvs, N);
 	res_done(&x);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(transport, local_deadline_and_cancel)
@@ -500,6 +510,8 @@ Test(transport, local_deadline_and_cancel)
 	wait_for(&y.done);
 	cr_assert_eq(y.err, -ECANCELED);
 	cr_assert(!y.unknown);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(transport, failover_past_a_dead_endpoint)
@@ -537,6 +549,8 @@ Test(transport, failover_past_a_dead_endpoint)
 	cr_assert_eq(put("/f", "v", 1, &x), -ETIMEDOUT);
 	cr_assert(!x.unknown, "never sent: %s", x.msg);
 	cr_assert(strstr(x.msg, "refused"), "%s", x.msg);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 /* A listener that never accepts: TCP connects (the kernel's backlog) but
@@ -588,6 +602,8 @@ Test(transport, connect_timeout_moves_to_the_next_endpoint)
 	cr_assert(!x.unknown, "never sent: %s", x.msg);
 	cr_assert(strstr(x.msg, "connect timed out"), "%s", x.msg);
 	close(fd);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(transport, reconnects_after_the_member_restarts)
@@ -626,6 +642,8 @@ Test(transport, reconnects_after_the_member_restarts)
 	put_ok("/r", "2");
 	efs_etcd_get_stats(cli, &st);
 	cr_assert_eq(st.reconnects, before + 1);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(transport, lost_quorum_times_out, .timeout = 150)
@@ -658,6 +676,8 @@ Test(transport, lost_quorum_times_out, .timeout = 150)
 	call_co(EFS_ETCD_RANGE, &q.base, &co, &x);
 	cr_assert_eq(x.err, 0, "%s", x.msg);
 	res_done(&x);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(transport, tls_with_client_certificates)
@@ -719,6 +739,8 @@ Test(transport, tls_with_client_certificates)
 	new_client(&o);
 	cr_assert_lt(put("/tls", "x", 1, &x), 0);
 	cr_assert(strstr(x.msg, "verif"), "%s", x.msg);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 #if EFS_FAULT_HOOKS
@@ -737,6 +759,8 @@ Test(transport, drop_reply_leaves_outcome_unknown)
 	cr_assert_eq(get("/drop", buf, sizeof(buf)), 0);
 	cr_assert_str_eq(buf, "after", "the dropped Put was applied");
 	put_ok("/drop", "again");
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(transport, stall_loop_hook)
@@ -748,6 +772,8 @@ Test(transport, stall_loop_hook)
 	efs_etcd_fault_stall_loop(cli, 200);
 	put_ok("/s", "2");
 	cr_assert_geq(now_ms() - t0, 200);
+	fini();
+	efs_test_assert_no_leaks();
 }
 #endif
 
@@ -794,6 +820,8 @@ Test(transport, ten_thousand_concurrent_puts)
 	efs_etcd_get_stats(cli, &st);
 	cr_assert_eq(st.reconnects, 0, "all on one connection");
 	cr_assert_eq(st.calls_failed, 0);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Streams ---- */
@@ -909,6 +937,8 @@ Test(transport, watch_stream_and_close)
 	free_client();
 	cr_assert(ws2.closed);
 	cr_assert_eq(ws2.close_err, -ECANCELED);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(transport, keepalive_pings_detect_a_stopped_member, .timeout = 60)
@@ -935,6 +965,8 @@ Test(transport, keepalive_pings_detect_a_stopped_member, .timeout = 60)
 	cr_assert(ws.closed, "no failure after %llu ms", (unsigned long long)(now_ms() - t0));
 	cr_assert_lt(ws.close_err, 0);
 	cr_assert_eq(efs_harness_resume(h, 0), 0);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(transport, goaway_on_graceful_stop_moves_on, .timeout = 150)
@@ -969,6 +1001,8 @@ Test(transport, goaway_on_graceful_stop_moves_on, .timeout = 150)
 	struct efs_etcd_stats st;
 	efs_etcd_get_stats(cli, &st);
 	cr_log_info("goaways seen: %lu", (unsigned long)st.goaways);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(transport, auth_token_and_wrong_password)
@@ -1011,6 +1045,8 @@ Test(transport, auth_token_and_wrong_password)
 	cr_assert(strstr(x.msg, "alice"), "%s", x.msg);
 	/* Each later call tries again and fails the same way. */
 	cr_assert_eq(put("/auth", "x", 1, &x), -EACCES, "%d %s", x.err, x.msg);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(transport, free_cancels_pending_calls)
@@ -1036,6 +1072,8 @@ Test(transport, free_cancels_pending_calls)
 		cr_assert_eq(x[i].err, -ECANCELED);
 	}
 	cr_assert_eq(efs_harness_resume(h, 0), 0);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- In-memory peer (no etcd): exact server behaviour on demand ---- */
@@ -1183,6 +1221,8 @@ Test(transport, goaway_retries_unprocessed_calls)
 	cr_assert_eq(st.goaways, 1);
 	cr_assert_geq(st.calls_retried, 1);
 	cr_assert_eq(st.reconnects, 1);
+	fini();
+	efs_test_assert_no_leaks();
 }
 
 Test(transport, broken_server_bytes_fail_cleanly)
@@ -1228,4 +1268,6 @@ Test(transport, broken_server_bytes_fail_cleanly)
 	feed(f, n);
 	wait_for(&x.done);
 	cr_assert_eq(x.err, -EBADMSG, "%d %s", x.err, x.msg);
+	fini();
+	efs_test_assert_no_leaks();
 }

@@ -21,6 +21,8 @@
 #include "util/clock.h"
 #include "util/mem.h"
 
+#include "../support/leak.h"
+
 static uv_loop_t loop;
 static uv_timer_t ticker;
 static struct efs_harness *h;
@@ -62,7 +64,8 @@ static int other_handles(void)
 /*
  * A passing test has freed everything, so the loop empties at once. A test
  * that failed an assertion may have left clients open: give closing
- * handles a bounded time and never block on the rest.
+ * handles a bounded time and never block on the rest. Each test calls it
+ * before its leak check, and .fini again: the second call does nothing.
  */
 static void teardown(void)
 {
@@ -74,6 +77,7 @@ static void teardown(void)
 		uv_close((uv_handle_t *)&ticker, NULL);
 		uv_run(&loop, UV_RUN_NOWAIT);
 		cr_expect_eq(uv_loop_close(&loop), 0, "handles left open on the loop");
+		memset(&ticker, 0, sizeof(ticker));
 	}
 	h = efs_harness_free(h);
 }
@@ -484,6 +488,8 @@ Test(watch, delivers_every_event_in_order_across_a_member_kill)
 	client_free(wc);
 	client_free(c);
 	free(r);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(watch, many_watchers_on_one_stream_and_on_two_streams)
@@ -537,6 +543,8 @@ Test(watch, many_watchers_on_one_stream_and_on_two_streams)
 	free(ra);
 	free(rb);
 	free(ra2);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(watch, start_revision_replays_history_and_prev_kv_carries_old_values)
@@ -580,6 +588,8 @@ Test(watch, start_revision_replays_history_and_prev_kv_carries_old_values)
 	client_free(c);
 	free(r);
 	free(rp);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 static int64_t del(struct efs_etcd *c, const char *key)
@@ -636,6 +646,8 @@ Test(watch, filters_drop_puts_or_deletes)
 	client_free(c);
 	free(rnp);
 	free(rnd);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(watch, a_txn_larger_than_a_fragment_arrives_whole)
@@ -706,6 +718,8 @@ Test(watch, a_txn_larger_than_a_fragment_arrives_whole)
 	client_free(c);
 	free(r);
 	free(val);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(watch, a_compacted_start_revision_is_reported_as_compacted)
@@ -742,6 +756,8 @@ Test(watch, a_compacted_start_revision_is_reported_as_compacted)
 	efs_etcd_watch_stream_free(ws);
 	client_free(c);
 	free(r);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(watch, cancel_is_confirmed_and_nothing_follows)
@@ -776,6 +792,8 @@ Test(watch, cancel_is_confirmed_and_nothing_follows)
 	client_free(c);
 	free(r);
 	free(r2);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(watch, an_empty_range_is_refused_at_creation)
@@ -803,6 +821,8 @@ Test(watch, an_empty_range_is_refused_at_creation)
 	client_free(c);
 	free(r);
 	free(rok);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(watch, permission_denied_is_reported_at_creation)
@@ -837,6 +857,8 @@ Test(watch, permission_denied_is_reported_at_creation)
 	client_free(c);
 	free(r);
 	free(rok);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(watch, barrier_and_wait_rev_mean_everything_before_was_delivered)
@@ -891,6 +913,8 @@ Test(watch, barrier_and_wait_rev_mean_everything_before_was_delivered)
 	efs_etcd_watch_stream_free(ws);
 	client_free(c);
 	free(r);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(watch, the_delay_fault_delays_delivery_but_loses_nothing)
@@ -935,6 +959,8 @@ Test(watch, the_delay_fault_delays_delivery_but_loses_nothing)
 	efs_etcd_watch_stream_free(ws);
 	client_free(c);
 	free(r);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 /*
@@ -987,4 +1013,6 @@ Test(watch, a_watcher_created_after_the_token_expired_is_not_denied)
 	free(r1);
 	free(r2);
 	free(rd);
+	teardown();
+	efs_test_assert_no_leaks();
 }

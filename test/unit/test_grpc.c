@@ -11,42 +11,7 @@
 #include "rpc.pb-c.h"
 #include "util/mem.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define HAVE_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HAVE_LSAN 1
-#endif
-#endif
-#ifdef HAVE_LSAN
-#include <sanitizer/lsan_interface.h>
-#endif
-
-#ifdef HAVE_LSAN
-/* Zeroes the dead stack below the caller, where earlier frames of the test
- * were, so that stale copies of a leaked pointer do not look like roots. */
-__attribute__((noinline)) static void scrub_stack(void)
-{
-	volatile char pad[64 * 1024];
-
-	for (size_t i = 0; i < sizeof(pad); i++)
-		pad[i] = 0;
-}
-#endif
-
-/*
- * Criterion's workers end without LeakSanitizer's exit-time check, and a
- * failure in .fini is only a warning, so tests whose error paths free
- * memory end with this: under ASan, memory the test made unreachable fails
- * it. Without ASan it checks nothing.
- */
-static void assert_no_leaks(void)
-{
-#ifdef HAVE_LSAN
-	scrub_stack();
-	cr_assert_eq(__lsan_do_recoverable_leak_check(), 0, "LeakSanitizer found a leak");
-#endif
-}
+#include "../support/leak.h"
 
 TestSuite(grpc, .fini = efs_mem_fail_reset, .timeout = 30);
 
@@ -169,7 +134,7 @@ Test(grpc, frame_then_read_round_trips_a_protobuf_message)
 	efs_grpc_reader_done(&r);
 	efs_mem_free(buf);
 	sink_done(&s);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, frame_of_an_empty_message_is_five_zero_bytes)
@@ -183,7 +148,7 @@ Test(grpc, frame_of_an_empty_message_is_five_zero_bytes)
 	cr_assert_eq(len, 5);
 	cr_assert_eq(memcmp(buf, zeros, 5), 0);
 	efs_mem_free(buf);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, frame_reports_enomem_and_leaves_outputs_untouched)
@@ -196,6 +161,7 @@ Test(grpc, frame_reports_enomem_and_leaves_outputs_untouched)
 	cr_assert_eq(efs_grpc_frame(&req.base, &buf, &len), -ENOMEM);
 	cr_assert_eq(buf, (uint8_t *)&req);
 	cr_assert_eq(len, 77);
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, several_messages_in_one_chunk_are_all_delivered_in_order)
@@ -212,7 +178,7 @@ Test(grpc, several_messages_in_one_chunk_are_all_delivered_in_order)
 	cr_assert(efs_grpc_reader_is_idle(&r));
 	efs_grpc_reader_done(&r);
 	sink_done(&s);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, a_split_at_every_byte_boundary_yields_the_same_messages)
@@ -234,7 +200,7 @@ Test(grpc, a_split_at_every_byte_boundary_yields_the_same_messages)
 		efs_grpc_reader_done(&r);
 		sink_done(&s);
 	}
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, two_splits_at_every_pair_of_boundaries_yield_the_same_messages)
@@ -263,7 +229,7 @@ Test(grpc, two_splits_at_every_pair_of_boundaries_yield_the_same_messages)
 			sink_done(&s);
 		}
 	}
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, byte_at_a_time_feeding_reassembles_everything)
@@ -280,7 +246,7 @@ Test(grpc, byte_at_a_time_feeding_reassembles_everything)
 	check_three(&s);
 	efs_grpc_reader_done(&r);
 	sink_done(&s);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, one_large_message_over_many_chunks_is_delivered_once_whole)
@@ -304,7 +270,7 @@ Test(grpc, one_large_message_over_many_chunks_is_delivered_once_whole)
 	efs_grpc_reader_done(&r);
 	sink_done(&s);
 	free(buf);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, a_message_whole_inside_one_chunk_is_delivered_without_copying)
@@ -327,7 +293,7 @@ Test(grpc, a_message_whole_inside_one_chunk_is_delivered_without_copying)
 	check_body(&s, 3, 9, 4);
 	efs_grpc_reader_done(&r);
 	sink_done(&s);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, zero_length_message_is_delivered_with_a_valid_pointer)
@@ -348,7 +314,7 @@ Test(grpc, zero_length_message_is_delivered_with_a_valid_pointer)
 	cr_assert_eq(s.n, 2);
 	efs_grpc_reader_done(&r);
 	sink_done(&s);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, feeding_nothing_is_a_no_op)
@@ -362,7 +328,7 @@ Test(grpc, feeding_nothing_is_a_no_op)
 	cr_assert_eq(s.n, 0);
 	cr_assert(efs_grpc_reader_is_idle(&r));
 	efs_grpc_reader_done(&r);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, message_of_exactly_max_size_passes_and_one_more_byte_is_emsgsize)
@@ -383,7 +349,7 @@ Test(grpc, message_of_exactly_max_size_passes_and_one_more_byte_is_emsgsize)
 	cr_assert_eq(s.n, 1);
 	efs_grpc_reader_done(&r);
 	sink_done(&s);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, announced_length_of_four_gib_minus_one_is_refused_without_allocating)
@@ -398,7 +364,7 @@ Test(grpc, announced_length_of_four_gib_minus_one_is_refused_without_allocating)
 	cr_assert_eq(efs_grpc_reader_feed(&r, pfx, 5, sink_cb, &s), -EMSGSIZE);
 	cr_assert_eq(efs_mem_count(), 0);
 	efs_grpc_reader_done(&r);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, compressed_flag_is_eproto_even_when_split_across_chunks)
@@ -417,7 +383,7 @@ Test(grpc, compressed_flag_is_eproto_even_when_split_across_chunks)
 	cr_assert_eq(efs_grpc_reader_feed(&r, two, 5, sink_cb, &s), -EPROTO);
 	cr_assert_eq(s.n, 0);
 	efs_grpc_reader_done(&r);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, a_failed_reader_refuses_further_input)
@@ -441,7 +407,7 @@ Test(grpc, a_failed_reader_refuses_further_input)
 	cr_assert_eq(s.n, 1);
 	efs_grpc_reader_done(&r);
 	sink_done(&s);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, callback_error_stops_feeding_and_is_returned)
@@ -469,7 +435,7 @@ Test(grpc, callback_error_stops_feeding_and_is_returned)
 		efs_grpc_reader_done(&r);
 		sink_done(&s);
 	}
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, callback_error_on_the_first_message_skips_the_rest_of_the_chunk)
@@ -486,7 +452,7 @@ Test(grpc, callback_error_on_the_first_message_skips_the_rest_of_the_chunk)
 	cr_assert_eq(efs_grpc_reader_feed(&r, buf, n, sink_cb, &s), -EIO);
 	cr_assert_eq(s.n, 0);
 	efs_grpc_reader_done(&r);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, reader_is_not_idle_inside_a_prefix_or_a_body)
@@ -508,7 +474,7 @@ Test(grpc, reader_is_not_idle_inside_a_prefix_or_a_body)
 	cr_assert_eq(s.n, 1);
 	efs_grpc_reader_done(&r);
 	sink_done(&s);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 /* Leaves a reader holding a partial message and ends it; noinline so that
@@ -532,7 +498,7 @@ __attribute__((noinline)) static void feed_partial_then_done(void)
 Test(grpc, reader_done_mid_message_frees_the_partial_buffer)
 {
 	feed_partial_then_done();
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 /* The scenario of the sweep: every message split so the buffered path (the
@@ -573,6 +539,7 @@ Test(grpc, reader_failmalloc_sweep_gives_enomem_at_every_allocation)
 	}
 	efs_mem_fail_after(count);
 	cr_assert_eq(reader_scenario(&msgs), 0);
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Headers and trailers ---- */
@@ -598,6 +565,7 @@ Test(grpc, normal_response_takes_status_from_the_trailers)
 	cr_assert_eq(st.http_status, 200);
 	cr_assert(st.content_type_ok);
 	cr_assert_str_eq(st.message, "");
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, trailers_only_response_carries_code_and_decoded_message)
@@ -612,6 +580,7 @@ Test(grpc, trailers_only_response_carries_code_and_decoded_message)
 	cr_assert_eq(efs_grpc_status_finish(&st), EFS_GRPC_UNAVAILABLE);
 	cr_assert_str_eq(st.message, "etcdserver: no leader (50%)");
 	cr_assert(st.content_type_ok);
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, missing_grpc_status_after_200_is_unknown_with_a_message)
@@ -624,6 +593,7 @@ Test(grpc, missing_grpc_status_after_200_is_unknown_with_a_message)
 	cr_assert_eq(efs_grpc_status_finish(&st), EFS_GRPC_UNKNOWN);
 	cr_assert_eq(st.code, EFS_GRPC_UNKNOWN);
 	cr_assert_not_null(strstr(st.message, "grpc-status"));
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, missing_status_and_http_status_is_internal)
@@ -633,6 +603,7 @@ Test(grpc, missing_status_and_http_status_is_internal)
 	efs_grpc_status_init(&st);
 	cr_assert_eq(efs_grpc_status_finish(&st), EFS_GRPC_INTERNAL);
 	cr_assert_not_null(strstr(st.message, ":status"));
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, non_200_without_grpc_status_follows_the_http_table)
@@ -659,6 +630,7 @@ Test(grpc, non_200_without_grpc_status_follows_the_http_table)
 		cr_assert_eq(efs_grpc_status_finish(&st), rows[i].code, "HTTP %s", rows[i].http);
 		cr_assert_not_null(strstr(st.message, rows[i].http));
 	}
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, grpc_status_wins_over_a_non_200_http_status)
@@ -671,6 +643,7 @@ Test(grpc, grpc_status_wins_over_a_non_200_http_status)
 	cr_assert_eq(hdr(&st, "grpc-message", "etcdserver: requested lease not found"), 0);
 	cr_assert_eq(efs_grpc_status_finish(&st), EFS_GRPC_NOT_FOUND);
 	cr_assert_str_eq(st.message, "etcdserver: requested lease not found");
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, malformed_grpc_status_values_are_eproto_and_leave_code_unset)
@@ -684,6 +657,7 @@ Test(grpc, malformed_grpc_status_values_are_eproto_and_leave_code_unset)
 		cr_assert_eq(hdr(&st, "grpc-status", bad[i]), -EPROTO, "value '%s'", bad[i]);
 		cr_assert_eq(st.code, -1);
 	}
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, unassigned_grpc_status_is_kept_and_maps_to_eproto)
@@ -696,6 +670,7 @@ Test(grpc, unassigned_grpc_status_is_kept_and_maps_to_eproto)
 	cr_assert_eq(efs_grpc_status_finish(&st), 99);
 	cr_assert_eq(efs_grpc_status_to_errno(99, "", false, &unknown), -EPROTO);
 	cr_assert(!unknown);
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, malformed_http_status_values_are_eproto)
@@ -709,6 +684,7 @@ Test(grpc, malformed_http_status_values_are_eproto)
 		cr_assert_eq(hdr(&st, ":status", bad[i]), -EPROTO, "value '%s'", bad[i]);
 		cr_assert_eq(st.http_status, 0);
 	}
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, content_type_accepts_grpc_variants_only)
@@ -730,6 +706,7 @@ Test(grpc, content_type_accepts_grpc_variants_only)
 		cr_assert_eq(hdr(&st, "content-type", rows[i].v), 0);
 		cr_assert_eq(st.content_type_ok, rows[i].ok, "content-type '%s'", rows[i].v);
 	}
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, header_names_match_exactly)
@@ -742,6 +719,7 @@ Test(grpc, header_names_match_exactly)
 	cr_assert_eq(hdr(&st, ":statusx", "zzz"), 0);
 	cr_assert_eq(st.code, -1);
 	cr_assert_eq(st.http_status, 0);
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, rst_stream_codes_map_to_grpc_codes)
@@ -757,6 +735,7 @@ Test(grpc, rst_stream_codes_map_to_grpc_codes)
 	cr_assert_eq(efs_grpc_code_from_rst(NGHTTP2_INTERNAL_ERROR), EFS_GRPC_INTERNAL);
 	cr_assert_eq(efs_grpc_code_from_rst(NGHTTP2_FLOW_CONTROL_ERROR), EFS_GRPC_INTERNAL);
 	cr_assert_eq(efs_grpc_code_from_rst(0xdeadbeef), EFS_GRPC_INTERNAL);
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Percent-decoding ---- */
@@ -780,6 +759,7 @@ Test(grpc, percent_decode_decodes_valid_escapes_in_either_case)
 	cr_assert_eq(n, 10);
 	cr_assert_str_eq(pdec("", 64, &n), "");
 	cr_assert_eq(n, 0);
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, percent_decode_keeps_truncated_and_invalid_escapes)
@@ -793,6 +773,7 @@ Test(grpc, percent_decode_keeps_truncated_and_invalid_escapes)
 	cr_assert_str_eq(pdec("%4G%41", 64, &n), "%4GA");
 	cr_assert_str_eq(pdec("%%41", 64, &n), "%A");
 	cr_assert_str_eq(pdec("%00x", 64, &n), "%00x");
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, percent_decode_yields_utf8_and_passes_raw_non_ascii_through)
@@ -802,6 +783,7 @@ Test(grpc, percent_decode_yields_utf8_and_passes_raw_non_ascii_through)
 	cr_assert_str_eq(pdec("caf%C3%A9", 64, &n), "caf\xc3\xa9");
 	cr_assert_eq(n, 5);
 	cr_assert_str_eq(pdec("raw \xe2\x82\xac", 64, &n), "raw \xe2\x82\xac");
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, percent_decode_truncates_without_splitting_a_utf8_character)
@@ -826,6 +808,7 @@ Test(grpc, percent_decode_truncates_without_splitting_a_utf8_character)
 	cr_assert_str_eq(pdec("ab%C3%A9", 4, &n), "ab");
 	cr_assert_str_eq(pdec("x", 1, &n), "");
 	cr_assert_eq(n, 0);
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, percent_decode_with_no_room_writes_nothing)
@@ -834,6 +817,7 @@ Test(grpc, percent_decode_with_no_room_writes_nothing)
 
 	cr_assert_eq(efs_grpc_percent_decode((const uint8_t *)"abc", 3, out, 0), 0);
 	cr_assert_eq(out[0], 'Z');
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, grpc_message_longer_than_the_buffer_is_truncated_and_terminated)
@@ -846,6 +830,7 @@ Test(grpc, grpc_message_longer_than_the_buffer_is_truncated_and_terminated)
 	efs_grpc_status_init(&st);
 	cr_assert_eq(hdr(&st, "grpc-message", big), 0);
 	cr_assert_eq(strlen(st.message), EFS_GRPC_MESSAGE_MAX - 1);
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Status -> errno ---- */
@@ -938,6 +923,7 @@ Test(grpc, status_table_maps_every_documented_row)
 		cr_assert(!unknown, "code %d '%s': unknown without a sent mutation", rows[i].code,
 			  rows[i].msg);
 	}
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, status_table_marks_outcome_unknown_only_for_ambiguous_sent_mutations)
@@ -949,6 +935,7 @@ Test(grpc, status_table_marks_outcome_unknown_only_for_ambiguous_sent_mutations)
 			     rows[i].err);
 		cr_assert_eq(unknown, rows[i].unknown, "code %d '%s'", rows[i].code, rows[i].msg);
 	}
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, auth_retry_is_exactly_the_token_errors)
@@ -959,6 +946,7 @@ Test(grpc, auth_retry_is_exactly_the_token_errors)
 	/* The text alone is not enough: it must come with its code. */
 	cr_assert(!efs_grpc_is_auth_retry(EFS_GRPC_UNKNOWN, "etcdserver: invalid auth token"));
 	cr_assert(!efs_grpc_is_auth_retry(EFS_GRPC_UNAUTHENTICATED, NULL));
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, named_errnos_are_distinct_from_each_other_and_from_the_rest_of_the_table)
@@ -976,6 +964,7 @@ Test(grpc, named_errnos_are_distinct_from_each_other_and_from_the_rest_of_the_ta
 				      rows[i].msg);
 		}
 	}
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, status_table_tolerates_null_message_and_null_unknown_pointer)
@@ -989,6 +978,7 @@ Test(grpc, status_table_tolerates_null_message_and_null_unknown_pointer)
 		     -ENOBUFS);
 	cr_assert_eq(efs_grpc_status_to_errno(EFS_GRPC_OK, NULL, true, &unknown), 0);
 	cr_assert(!unknown);
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, unknown_codes_are_eproto_and_ambiguous_for_sent_mutations)
@@ -1000,6 +990,7 @@ Test(grpc, unknown_codes_are_eproto_and_ambiguous_for_sent_mutations)
 	cr_assert_eq(efs_grpc_status_to_errno(-1, "x", false, &unknown), -EPROTO);
 	cr_assert(!unknown);
 	cr_assert_eq(efs_grpc_status_to_errno(1000000, "", false, &unknown), -EPROTO);
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, synthesised_statuses_map_sensibly)
@@ -1018,6 +1009,7 @@ Test(grpc, synthesised_statuses_map_sensibly)
 	cr_assert_eq(efs_grpc_status_to_errno(efs_grpc_code_from_rst(NGHTTP2_REFUSED_STREAM), "",
 					      false, &unknown),
 		     -ENOTCONN);
+	efs_test_assert_no_leaks();
 }
 
 /* ---- grpc-timeout ---- */
@@ -1037,11 +1029,13 @@ Test(grpc, timeout_uses_milliseconds_while_they_fit_in_eight_digits)
 	cr_assert_str_eq(tmo(1), "1m");
 	cr_assert_str_eq(tmo(1500), "1500m");
 	cr_assert_str_eq(tmo(99999999), "99999999m");
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, timeout_of_zero_is_sent_as_one_millisecond)
 {
 	cr_assert_str_eq(tmo(0), "1m");
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, timeout_moves_to_coarser_units_rounding_up)
@@ -1053,12 +1047,14 @@ Test(grpc, timeout_moves_to_coarser_units_rounding_up)
 	cr_assert_str_eq(tmo(99999999ull * 60000), "99999999M");
 	cr_assert_str_eq(tmo(99999999ull * 60000 + 1), "1666667H");
 	cr_assert_str_eq(tmo(99999999ull * 3600000), "99999999H");
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, timeout_saturates_beyond_the_largest_encodable_value)
 {
 	cr_assert_str_eq(tmo(99999999ull * 3600000 + 1), "99999999H");
 	cr_assert_str_eq(tmo(UINT64_MAX), "99999999H");
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Backoff ---- */
@@ -1082,6 +1078,7 @@ Test(grpc, backoff_doubles_from_base_until_the_cap)
 		want = want * 2 > 5000 ? 5000 : want * 2;
 	}
 	cr_assert_eq(want, 5000);
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, backoff_jitter_stays_within_twenty_percent_and_spreads)
@@ -1106,6 +1103,7 @@ Test(grpc, backoff_jitter_stays_within_twenty_percent_and_spreads)
 	cr_assert_geq(hi, 1195);
 	cr_assert(sum / draws > 990 && sum / draws < 1010, "mean %llu",
 		  (unsigned long long)(sum / draws));
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, backoff_reset_starts_again_from_base)
@@ -1120,6 +1118,7 @@ Test(grpc, backoff_reset_starts_again_from_base)
 	cr_assert_eq(b.attempt, 0);
 	check_jittered(efs_backoff_next(&b), 10);
 	check_jittered(efs_backoff_next(&b), 20);
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, backoff_survives_huge_attempt_counts_without_overflow)
@@ -1138,6 +1137,7 @@ Test(grpc, backoff_survives_huge_attempt_counts_without_overflow)
 	check_jittered(efs_backoff_next(&b), 2000);
 	cr_assert_eq(b.attempt, UINT32_MAX);
 	check_jittered(efs_backoff_next(&b), 2000);
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, backoff_with_base_above_cap_is_capped_from_the_start)
@@ -1146,6 +1146,7 @@ Test(grpc, backoff_with_base_above_cap_is_capped_from_the_start)
 
 	efs_backoff_init(&b, 5000, 300, 9);
 	check_jittered(efs_backoff_next(&b), 300);
+	efs_test_assert_no_leaks();
 }
 
 Test(grpc, backoff_is_deterministic_per_seed_and_seed_zero_still_jitters)
@@ -1172,4 +1173,5 @@ Test(grpc, backoff_is_deterministic_per_seed_and_seed_zero_still_jitters)
 	for (int i = 0; i < 10; i++)
 		differs |= efs_backoff_next(&a) != efs_backoff_next(&b);
 	cr_assert(differs);
+	efs_test_assert_no_leaks();
 }

@@ -9,42 +9,7 @@
 #include "etcd/keys.h"
 #include "util/mem.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define HAVE_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HAVE_LSAN 1
-#endif
-#endif
-#ifdef HAVE_LSAN
-#include <sanitizer/lsan_interface.h>
-#endif
-
-#ifdef HAVE_LSAN
-/* Zeroes the dead stack below the caller, where earlier frames of the test
- * were, so that stale copies of a leaked pointer do not look like roots. */
-__attribute__((noinline)) static void scrub_stack(void)
-{
-	volatile char pad[64 * 1024];
-
-	for (size_t i = 0; i < sizeof(pad); i++)
-		pad[i] = 0;
-}
-#endif
-
-/*
- * Criterion's workers end without LeakSanitizer's exit-time check, and a
- * failure in .fini is only a warning, so tests whose error paths free
- * memory end with this: under ASan, memory the test made unreachable fails
- * it. Without ASan it checks nothing.
- */
-static void assert_no_leaks(void)
-{
-#ifdef HAVE_LSAN
-	scrub_stack();
-	cr_assert_eq(__lsan_do_recoverable_leak_check(), 0, "LeakSanitizer found a leak");
-#endif
-}
+#include "../support/leak.h"
 
 TestSuite(keys, .fini = efs_mem_fail_reset, .timeout = 30);
 
@@ -68,6 +33,7 @@ Test(keys, prefix_end_increments_the_last_byte)
 	cr_assert_eq(out[0], 1);
 	cr_assert_eq(pend("a\xfe", 2, out), 2);
 	cr_assert_eq(memcmp(out, "a\xff", 2), 0);
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, prefix_end_drops_trailing_ff_bytes_and_carries)
@@ -80,6 +46,7 @@ Test(keys, prefix_end_drops_trailing_ff_bytes_and_carries)
 	cr_assert_eq(memcmp(out, "ac", 2), 0);
 	cr_assert_eq(pend("\x01\xff", 2, out), 1);
 	cr_assert_eq(out[0], 2);
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, prefix_end_of_all_ff_or_empty_is_a_single_zero_byte)
@@ -92,6 +59,7 @@ Test(keys, prefix_end_of_all_ff_or_empty_is_a_single_zero_byte)
 	cr_assert_eq(out[0], 0);
 	cr_assert_eq(pend("", 0, out), 1);
 	cr_assert_eq(out[0], 0);
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, prefix_end_bounds_exactly_the_keys_with_the_prefix)
@@ -114,6 +82,7 @@ Test(keys, prefix_end_bounds_exactly_the_keys_with_the_prefix)
 			}
 		}
 	}
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, prefix_end_may_work_in_place)
@@ -122,6 +91,7 @@ Test(keys, prefix_end_may_work_in_place)
 
 	cr_assert_eq(efs_etcd_prefix_end(buf, 3, buf), 1);
 	cr_assert_eq(buf[0], 'y');
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, prefix_end_dup_allocates_the_same_result)
@@ -136,7 +106,7 @@ Test(keys, prefix_end_dup_allocates_the_same_result)
 	cr_assert_eq(d.len, 1);
 	cr_assert_eq(d.data[0], 0);
 	efs_mem_free(d.data);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, dup_helpers_report_enomem_and_leave_outputs_untouched)
@@ -153,6 +123,7 @@ Test(keys, dup_helpers_report_enomem_and_leave_outputs_untouched)
 	cr_assert_eq(efs_etcd_key_dup(&k, &d), -ENOMEM);
 	cr_assert_eq(d.len, 7);
 	cr_assert_str_eq((const char *)d.data, "x");
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Next key ---- */
@@ -169,6 +140,7 @@ Test(keys, next_key_appends_one_zero_byte)
 	cr_assert_gt(efs_etcd_key_cmp(out, n, (const uint8_t *)"abc", 3), 0);
 	cr_assert_lt(efs_etcd_key_cmp(out, n, (const uint8_t *)"abc\x01", 4), 0);
 	cr_assert_lt(efs_etcd_key_cmp(out, n, (const uint8_t *)"abd", 3), 0);
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, next_key_without_room_is_e2big_and_writes_nothing)
@@ -183,6 +155,7 @@ Test(keys, next_key_without_room_is_e2big_and_writes_nothing)
 	cr_assert_eq(efs_etcd_next_key(NULL, 0, out, 1, &n), 0);
 	cr_assert_eq(n, 1);
 	cr_assert_eq(out[0], 0);
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, next_key_dup_allocates_key_plus_zero)
@@ -193,7 +166,7 @@ Test(keys, next_key_dup_allocates_key_plus_zero)
 	cr_assert_eq(d.len, 3);
 	cr_assert_eq(memcmp(d.data, "k\xff\0", 3), 0);
 	efs_mem_free(d.data);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Order ---- */
@@ -208,6 +181,7 @@ Test(keys, key_cmp_is_unsigned_bytewise_with_shorter_prefix_first)
 	cr_assert_eq(efs_etcd_key_cmp((const uint8_t *)"ab", 2, (const uint8_t *)"ab", 2), 0);
 	cr_assert_eq(efs_etcd_key_cmp(NULL, 0, NULL, 0), 0);
 	cr_assert_lt(efs_etcd_key_cmp(NULL, 0, (const uint8_t *)"", 1), 0);
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, has_prefix_checks_length_and_bytes)
@@ -217,6 +191,7 @@ Test(keys, has_prefix_checks_length_and_bytes)
 	cr_assert(efs_etcd_key_has_prefix((const uint8_t *)"abc", 3, NULL, 0));
 	cr_assert(!efs_etcd_key_has_prefix((const uint8_t *)"ab", 2, (const uint8_t *)"abc", 3));
 	cr_assert(!efs_etcd_key_has_prefix((const uint8_t *)"abc", 3, (const uint8_t *)"b", 1));
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Big-endian ---- */
@@ -235,6 +210,7 @@ Test(keys, be32_and_be64_round_trip_with_the_most_significant_byte_first)
 	cr_assert_eq(efs_etcd_be64_get(b), UINT64_MAX);
 	efs_etcd_be32_put(b, UINT32_MAX);
 	cr_assert_eq(efs_etcd_be32_get(b), UINT32_MAX);
+	efs_test_assert_no_leaks();
 }
 
 /* Deterministic pseudo-random values that hit every byte position. */
@@ -266,6 +242,7 @@ Test(keys, big_endian_encodings_sort_bytewise_in_numeric_order)
 		c = efs_etcd_key_cmp(ea, 4, eb, 4);
 		cr_assert_eq(c < 0, (uint32_t)a < (uint32_t)b);
 	}
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, signed_encoding_sorts_negatives_first_and_round_trips)
@@ -281,6 +258,7 @@ Test(keys, signed_encoding_sorts_negatives_first_and_round_trips)
 				     (long long)v[i]);
 		memcpy(prev, cur, 8);
 	}
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, get_integer_from_key_checks_bounds)
@@ -300,6 +278,7 @@ Test(keys, get_integer_from_key_checks_bounds)
 	cr_assert_eq(v32, 0x000102aa);
 	cr_assert_eq(efs_etcd_key_get_u32(key, 3, 0, &v32), -EINVAL);
 	cr_assert_eq(efs_etcd_key_get_u32(key, sizeof(key), SIZE_MAX - 1, &v32), -EINVAL);
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Builder ---- */
@@ -322,6 +301,7 @@ Test(keys, builder_concatenates_prefix_and_segments)
 			    k.len),
 		     0);
 	cr_assert_eq(k.err, 0);
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, builder_overflow_is_e2big_sticky_and_keeps_the_key)
@@ -341,6 +321,7 @@ Test(keys, builder_overflow_is_e2big_sticky_and_keeps_the_key)
 	cr_assert_eq(k.err, -E2BIG);
 	cr_assert_eq(efs_etcd_key_dup(&k, &d), -E2BIG);
 	cr_assert_null(d.data);
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, builder_fills_to_exactly_its_capacity)
@@ -354,6 +335,7 @@ Test(keys, builder_fills_to_exactly_its_capacity)
 	cr_assert_eq(k.len, 12);
 	cr_assert_eq(efs_etcd_key_add(&k, "", 0), 0);
 	cr_assert_eq(efs_etcd_key_add(&k, "z", 1), -E2BIG);
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, builder_name_longer_than_name_max_is_enametoolong)
@@ -372,6 +354,7 @@ Test(keys, builder_name_longer_than_name_max_is_enametoolong)
 	cr_assert_eq(efs_etcd_key_add_name(&k, name), -ENAMETOOLONG);
 	cr_assert_eq(k.len, EFS_ETCD_NAME_MAX);
 	cr_assert_eq(efs_etcd_key_add_str(&k, "x"), -ENAMETOOLONG);
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, builder_name_must_be_non_empty_and_slash_free)
@@ -386,6 +369,7 @@ Test(keys, builder_name_must_be_non_empty_and_slash_free)
 	cr_assert_eq(k.len, 0);
 	efs_etcd_key_init(&k, buf, sizeof(buf));
 	cr_assert_eq(efs_etcd_key_add_name(&k, "\xc3\xa9t\xc3\xa9"), 0);
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, builder_name_that_does_not_fit_is_e2big)
@@ -396,6 +380,7 @@ Test(keys, builder_name_that_does_not_fit_is_e2big)
 	efs_etcd_key_init(&k, buf, sizeof(buf));
 	cr_assert_eq(efs_etcd_key_add_name(&k, "abcde"), -E2BIG);
 	cr_assert_eq(k.len, 0);
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, builder_dup_copies_the_bytes)
@@ -412,7 +397,7 @@ Test(keys, builder_dup_copies_the_bytes)
 	cr_assert_neq(d.data, buf);
 	cr_assert_eq(memcmp(d.data, "p/\x01\x02\x03\x04", 6), 0);
 	efs_mem_free(d.data);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(keys, builder_keys_with_integers_sort_numerically_under_a_prefix)
@@ -432,4 +417,5 @@ Test(keys, builder_keys_with_integers_sort_numerically_under_a_prefix)
 		elen = efs_etcd_prefix_end((const uint8_t *)"ino/", 4, end);
 		cr_assert_lt(efs_etcd_key_cmp(b, kb.len, end, elen), 0);
 	}
+	efs_test_assert_no_leaks();
 }

@@ -5,6 +5,8 @@
 
 #include "util/mem.h"
 
+#include "../support/leak.h"
+
 TestSuite(mem, .fini = efs_mem_fail_reset, .timeout = 10);
 
 Test(mem, fail_after_fails_exactly_from_the_nth_allocation)
@@ -23,6 +25,7 @@ Test(mem, fail_after_fails_exactly_from_the_nth_allocation)
 	cr_assert_str_eq(b, "abc");
 	efs_mem_free(a);
 	efs_mem_free(b);
+	efs_test_assert_no_leaks();
 }
 
 Test(mem, strndup_stops_at_nul_and_at_n)
@@ -34,6 +37,7 @@ Test(mem, strndup_stops_at_nul_and_at_n)
 	s = efs_mem_strndup("ab\0cd", 5);
 	cr_assert_str_eq(s, "ab");
 	efs_mem_free(s);
+	efs_test_assert_no_leaks();
 }
 
 Test(mem, protobuf_and_nghttp2_tables_route_through_the_counter)
@@ -49,4 +53,5 @@ Test(mem, protobuf_and_nghttp2_tables_route_through_the_counter)
 	p = pa->alloc(pa->allocator_data, 8);
 	cr_assert_not_null(p);
 	pa->free(pa->allocator_data, p);
+	efs_test_assert_no_leaks();
 }

@@ -10,42 +10,7 @@
 #include "etcd/txn.h"
 #include "util/mem.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define HAVE_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HAVE_LSAN 1
-#endif
-#endif
-#ifdef HAVE_LSAN
-#include <sanitizer/lsan_interface.h>
-#endif
-
-#ifdef HAVE_LSAN
-/* Zeroes the dead stack below the caller, where earlier frames of the test
- * were, so that stale copies of a leaked pointer do not look like roots. */
-__attribute__((noinline)) static void scrub_stack(void)
-{
-	volatile char pad[64 * 1024];
-
-	for (size_t i = 0; i < sizeof(pad); i++)
-		pad[i] = 0;
-}
-#endif
-
-/*
- * Criterion's workers end without LeakSanitizer's exit-time check, and a
- * failure in .fini is only a warning, so tests whose error paths free
- * memory end with this: under ASan, memory the test made unreachable fails
- * it. Without ASan it checks nothing.
- */
-static void assert_no_leaks(void)
-{
-#ifdef HAVE_LSAN
-	scrub_stack();
-	cr_assert_eq(__lsan_do_recoverable_leak_check(), 0, "LeakSanitizer found a leak");
-#endif
-}
+#include "../support/leak.h"
 
 TestSuite(txn, .fini = efs_mem_fail_reset, .timeout = 60);
 
@@ -169,7 +134,7 @@ Test(txn, every_compare_target_and_result_round_trips)
 	}
 	etcdserverpb__txn_request__free_unpacked(back, NULL);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, compare_helpers_build_the_usual_guards)
@@ -193,7 +158,7 @@ Test(txn, compare_helpers_build_the_usual_guards)
 	assert_bytes(back->compare[2]->value, S("v"));
 	etcdserverpb__txn_request__free_unpacked(back, NULL);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, invalid_compares_are_einval_and_change_nothing)
@@ -214,7 +179,7 @@ Test(txn, invalid_compares_are_einval_and_change_nothing)
 	cr_assert_eq(efs_etcd_txn_compare_ex(t, &c), -EINVAL);
 	cr_assert_eq(efs_etcd_txn_request(t)->n_compare, 0);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Operations ---- */
@@ -261,7 +226,7 @@ Test(txn, put_with_every_option_round_trips)
 	cr_assert(q->ignore_value && q->ignore_lease && !q->prev_kv);
 	etcdserverpb__txn_request__free_unpacked(back, NULL);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, puts_that_etcd_would_refuse_are_einval)
@@ -284,7 +249,7 @@ Test(txn, puts_that_etcd_would_refuse_are_einval)
 		     -EINVAL);
 	cr_assert_eq(efs_etcd_txn_request(t)->n_success, 0);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, range_with_every_option_round_trips)
@@ -333,7 +298,7 @@ Test(txn, range_with_every_option_round_trips)
 	cr_assert_eq(q->limit, 0);
 	etcdserverpb__txn_request__free_unpacked(back, NULL);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, ranges_etcd_would_refuse_are_einval)
@@ -352,7 +317,7 @@ Test(txn, ranges_etcd_would_refuse_are_einval)
 	cr_assert_eq(efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, "", 0, NULL, 0, false), -EINVAL);
 	cr_assert_eq(efs_etcd_txn_request(t)->n_success, 0);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, delete_range_with_prev_kv_round_trips)
@@ -376,7 +341,7 @@ Test(txn, delete_range_with_prev_kv_round_trips)
 	cr_assert(!q->prev_kv);
 	etcdserverpb__txn_request__free_unpacked(back, NULL);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, builder_copies_every_byte_string)
@@ -399,7 +364,7 @@ Test(txn, builder_copies_every_byte_string)
 	assert_bytes(back->failure[0]->request_range->range_end, S("kez"));
 	etcdserverpb__txn_request__free_unpacked(back, NULL);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, copied_request_does_not_share_the_callers_unknown_fields)
@@ -419,7 +384,7 @@ Test(txn, copied_request_does_not_share_the_callers_unknown_fields)
 	cr_assert_eq(efs_etcd_txn_request(t)->success[0]->request_put->base.n_unknown_fields, 0);
 	cr_assert_null(efs_etcd_txn_request(t)->success[0]->request_put->base.unknown_fields);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, nested_txn_round_trips_with_its_own_compares_and_branches)
@@ -463,7 +428,7 @@ Test(txn, nested_txn_round_trips_with_its_own_compares_and_branches)
 	cr_assert_null(efs_etcd_txn_free(child));
 	cr_assert_null(efs_etcd_txn_free(t));
 	cr_assert_null(efs_etcd_txn_free(NULL));
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, many_large_ops_grow_the_arena_and_all_survive)
@@ -494,7 +459,7 @@ Test(txn, many_large_ops_grow_the_arena_and_all_survive)
 	}
 	etcdserverpb__txn_request__free_unpacked(back, NULL);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Limits ---- */
@@ -527,7 +492,7 @@ Test(txn, default_limit_is_128_ops_per_branch_and_compares)
 	cr_assert_eq(efs_etcd_txn_request(t)->n_success, 128);
 	cr_assert_eq(efs_etcd_txn_request(t)->n_compare, 128);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, configured_limit_applies)
@@ -539,7 +504,7 @@ Test(txn, configured_limit_applies)
 	cr_assert_eq(efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, S("c"), NULL, 0), -E2BIG);
 	cr_assert_eq(efs_etcd_txn_range(t, EFS_ETCD_TXN_FAILURE, S("c"), NULL, 0), 0);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, nested_txns_share_the_op_budget_of_their_ancestors)
@@ -572,7 +537,7 @@ Test(txn, nested_txns_share_the_op_budget_of_their_ancestors)
 	cr_assert_eq(efs_etcd_txn_range(grand, EFS_ETCD_TXN_SUCCESS, S("y"), NULL, 0), -E2BIG);
 	cr_assert_eq(efs_etcd_txn_request(child)->n_failure, 1);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Duplicate keys ---- */
@@ -594,7 +559,7 @@ Test(txn, putting_the_same_key_twice_in_a_branch_is_einval)
 	/* Reads of a put key are fine. */
 	cr_assert_eq(efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, S("k"), NULL, 0), 0);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, putting_a_key_the_branch_deletes_is_einval_in_either_order)
@@ -614,7 +579,7 @@ Test(txn, putting_a_key_the_branch_deletes_is_einval_in_either_order)
 	/* Two overlapping deletes are not a conflict for etcd. */
 	cr_assert_eq(efs_etcd_txn_delete(t, EFS_ETCD_TXN_FAILURE, S("s\0"), S("t"), false), 0);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, delete_to_the_end_of_keyspace_does_not_conflict_as_in_etcd)
@@ -625,7 +590,7 @@ Test(txn, delete_to_the_end_of_keyspace_does_not_conflict_as_in_etcd)
 	cr_assert_eq(efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, S("a"), "\0", 1, false), 0);
 	cr_assert_eq(efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, S("b"), S("1"), 0), 0);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, nested_success_and_failure_may_put_the_same_key)
@@ -637,7 +602,7 @@ Test(txn, nested_success_and_failure_may_put_the_same_key)
 	cr_assert_eq(efs_etcd_txn_put(c, EFS_ETCD_TXN_FAILURE, S("k"), S("2"), 0), 0);
 	cr_assert_eq(efs_etcd_txn_put(c, EFS_ETCD_TXN_FAILURE, S("k"), S("3"), 0), -EINVAL);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, duplicates_inside_a_nested_branch_are_einval)
@@ -654,7 +619,7 @@ Test(txn, duplicates_inside_a_nested_branch_are_einval)
 	cr_assert_eq(efs_etcd_txn_request(c)->n_success, 2);
 	cr_assert_eq(efs_etcd_txn_request(g)->n_success, 1);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, nested_puts_conflict_with_the_parents_puts_and_deletes)
@@ -676,7 +641,7 @@ Test(txn, nested_puts_conflict_with_the_parents_puts_and_deletes)
 	/* The parent's other branch is unaffected. */
 	cr_assert_eq(efs_etcd_txn_put(t, EFS_ETCD_TXN_FAILURE, S("xa"), S("1"), 0), 0);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 Test(txn, sibling_nested_txns_conflict_as_etcd_orders_them)
@@ -697,7 +662,7 @@ Test(txn, sibling_nested_txns_conflict_as_etcd_orders_them)
 	cr_assert_eq(efs_etcd_txn_put(c, EFS_ETCD_TXN_FAILURE, S("k"), S("1"), 0), -EINVAL);
 	cr_assert_eq(efs_etcd_txn_put(c, EFS_ETCD_TXN_FAILURE, S("n"), S("1"), 0), 0);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Differential check against etcd's checkIntervals ---- */
@@ -971,6 +936,7 @@ Test(txn, duplicate_checks_agree_with_a_port_of_etcds_check_intervals)
 	/* The random mix must exercise both answers. */
 	cr_assert_gt(rejected, adds / 50);
 	cr_assert_lt(rejected, adds / 2);
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Responses ---- */
@@ -1044,6 +1010,7 @@ Test(txn, response_accessors_check_index_and_kind)
 	cr_assert_eq(efs_etcd_txn_resp_put(&resp, 5, &p), -EBADMSG);
 	resp.responses[0] = NULL;
 	cr_assert_eq(efs_etcd_txn_resp_range(&resp, 0, &r), -EBADMSG);
+	efs_test_assert_no_leaks();
 }
 
 /* ---- Failmalloc ---- */
@@ -1120,5 +1087,5 @@ Test(txn, failmalloc_sweep_gives_enomem_at_every_allocation_and_stays_usable)
 	efs_mem_fail_after(count);
 	cr_assert_eq(txn_scenario(&t), 0);
 	efs_etcd_txn_free(t);
-	assert_no_leaks();
+	efs_test_assert_no_leaks();
 }

@@ -18,6 +18,8 @@
 #include "etcd/watch.h"
 #include "util/mem.h"
 
+#include "../support/leak.h"
+
 /* ---- The fake transport ---- */
 
 #define MAX_SENT 64
@@ -137,15 +139,26 @@ void efs_etcd_call_cancel(struct efs_etcd_call *call)
 
 /* ---- Test helpers ---- */
 
+static bool loop_open;
+
 static void setup(void)
 {
 	cr_assert_eq(uv_loop_init(&loop), 0);
+	loop_open = true;
 }
 
+/*
+ * Closes the loop and frees the fake streams. Each test calls it before its
+ * leak check, and .fini again for a test that failed first: the second call
+ * does nothing.
+ */
 static void teardown(void)
 {
-	uv_run(&loop, UV_RUN_DEFAULT);
-	cr_expect_eq(uv_loop_close(&loop), 0);
+	if (loop_open) {
+		uv_run(&loop, UV_RUN_DEFAULT);
+		cr_expect_eq(uv_loop_close(&loop), 0);
+		loop_open = false;
+	}
 	for (size_t i = 0; i < n_streams; i++) {
 		stream_release(streams[i]);
 		free(streams[i]);
@@ -314,6 +327,8 @@ Test(watch, create_request_carries_id_range_and_fragment)
 	cr_assert_eq(efs_etcd_watcher_next_rev(w), 11);
 	efs_etcd_watcher_free(w);
 	efs_etcd_watch_stream_free(ws);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(watch, a_reconnect_resumes_after_the_last_delivered_revision)
@@ -350,6 +365,8 @@ Test(watch, a_reconnect_resumes_after_the_last_delivered_revision)
 	cr_assert_eq(efs_etcd_watcher_next_rev(w), 15);
 	efs_etcd_watcher_free(w);
 	efs_etcd_watch_stream_free(ws);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(watch, a_failed_create_is_matched_in_request_order)
@@ -378,6 +395,8 @@ Test(watch, a_failed_create_is_matched_in_request_order)
 	efs_etcd_watcher_free(w1);
 	efs_etcd_watcher_free(w2);
 	efs_etcd_watch_stream_free(ws);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(watch, compaction_ends_the_watcher_with_its_revision)
@@ -402,6 +421,8 @@ Test(watch, compaction_ends_the_watcher_with_its_revision)
 	cr_assert_eq(r.compact_rev, 40);
 	efs_etcd_watcher_free(w);
 	efs_etcd_watch_stream_free(ws);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(watch, a_cancel_pending_at_a_reconnect_is_confirmed_and_waits_fail)
@@ -431,6 +452,8 @@ Test(watch, a_cancel_pending_at_a_reconnect_is_confirmed_and_waits_fail)
 	cr_assert_eq(waited, -ECANCELED);
 	efs_etcd_watcher_free(w);
 	efs_etcd_watch_stream_free(ws);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(watch, wait_rev_completes_later_and_progress_advances)
@@ -466,6 +489,8 @@ Test(watch, wait_rev_completes_later_and_progress_advances)
 	cr_assert_eq(efs_etcd_watcher_next_rev(w), 41);
 	efs_etcd_watcher_free(w);
 	efs_etcd_watch_stream_free(ws);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(watch, the_delay_hook_holds_responses_in_order)
@@ -494,6 +519,8 @@ Test(watch, the_delay_hook_holds_responses_in_order)
 	cr_assert_eq(r.revs[1], 12);
 	efs_etcd_watcher_free(w);
 	efs_etcd_watch_stream_free(ws);
+	teardown();
+	efs_test_assert_no_leaks();
 }
 
 Test(watch, a_token_error_at_create_is_retried_once_on_a_new_stream)
@@ -527,4 +554,6 @@ Test(watch, a_token_error_at_create_is_retried_once_on_a_new_stream)
 	cr_assert_eq(n_calls, 1);
 	efs_etcd_watcher_free(w);
 	efs_etcd_watch_stream_free(ws);
+	teardown();
+	efs_test_assert_no_leaks();
 }
