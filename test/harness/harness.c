@@ -41,6 +41,7 @@ extern char **environ;
 #define STOP_GRACE_MS	       3000
 #define HTTP_TIMEOUT_MS	       2000
 #define CMD_TIMEOUT_MS	       15000
+#define SIGSTOP_WAIT_MS	       3000
 #define POLL_MS		       20
 #define MAX_EXTRA_ARGS	       32
 #define MAX_ARGS	       (48 + MAX_EXTRA_ARGS)
@@ -638,6 +639,83 @@ static bool foreign_alive(const struct member *m)
 	}
 	close(fd);
 	return ok;
+}
+
+/* State letter of the thread whose stat file is |path| ('R', 'S', 'T', 'Z', ...), 0 if gone. */
+static char stat_state(const char *path)
+{
+	char *stat = read_file(path, 4096), *p, c = 0;
+
+	if (!stat)
+		return 0;
+	p = strrchr(stat, ')');
+	if (p && p[1] == ' ')
+		c = p[2];
+	free(stat);
+	return c;
+}
+
+/*
+ * Counts the threads of process |pid| in job-control stop (state 'T') into
+ * *|stopped| and all its threads into *|total|. SIGSTOP stops the threads
+ * one by one, each when it next handles the signal, so the process is
+ * stopped once every thread is. -ESRCH when the process is gone or a zombie.
+ */
+static int proc_stop_count(pid_t pid, int *stopped, int *total)
+{
+	char path[96];
+	struct dirent *de;
+	DIR *d;
+	char c;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	c = stat_state(path);
+	if (!c || c == 'Z' || c == 'X')
+		return -ESRCH;
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	d = opendir(path);
+	if (!d)
+		return -ESRCH;
+	*stopped = *total = 0;
+	while ((de = readdir(d))) {
+		if (de->d_name[0] < '0' || de->d_name[0] > '9')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%.16s/stat", (int)pid, de->d_name);
+		c = stat_state(path);
+		if (!c || c == 'Z' || c == 'X')
+			continue; /* a thread that has just exited */
+		(*total)++;
+		if (c == 'T')
+			(*stopped)++;
+	}
+	closedir(d);
+	return *total ? 0 : -ESRCH;
+}
+
+static bool member_exited(struct efs_harness *h, struct member *m);
+
+/*
+ * After SIGSTOP (|stopped| true) or SIGCONT: waits, at most SIGSTOP_WAIT_MS,
+ * until every thread of member |m| is stopped, or none is any more. Signals
+ * are delivered asynchronously, so without this a member could still answer
+ * right after pause() returned. -ESRCH when it died, -ETIMEDOUT.
+ */
+static int wait_stop_state(struct efs_harness *h, struct member *m, bool stopped)
+{
+	long long deadline = now_ms() + SIGSTOP_WAIT_MS;
+	int n_stopped, total;
+
+	for (;;) {
+		if (proc_stop_count(m->pid, &n_stopped, &total) < 0) {
+			if (member_exited(h, m))
+				return -ESRCH;
+		} else if (stopped ? n_stopped == total : n_stopped == 0) {
+			return 0;
+		}
+		if (now_ms() >= deadline)
+			return -ETIMEDOUT;
+		sleep_ms(1);
+	}
 }
 
 /*
@@ -1798,7 +1876,7 @@ int efs_harness_pause(struct efs_harness *h, int i)
 	if (kill(m->pid, SIGSTOP) < 0)
 		return -errno;
 	m->state = EFS_HARNESS_PAUSED;
-	return 0;
+	return wait_stop_state(h, m, true);
 }
 
 int efs_harness_resume(struct efs_harness *h, int i)
@@ -1815,7 +1893,7 @@ int efs_harness_resume(struct efs_harness *h, int i)
 	if (kill(m->pid, SIGCONT) < 0)
 		return -errno;
 	m->state = EFS_HARNESS_RUNNING;
-	return 0;
+	return wait_stop_state(h, m, false);
 }
 
 int efs_harness_restart(struct efs_harness *h, int i)

@@ -193,8 +193,13 @@ int efs_harness_wait_member(struct efs_harness *h, int i, int timeout_ms);
 
 /*
  * Fault injection on member |i|. kill: SIGKILL and reap (-ESRCH when
- * already dead). stop: SIGTERM, SIGKILL after 3 s, reap. pause: SIGSTOP
- * (-EALREADY when paused). resume: SIGCONT (-EALREADY when running).
+ * already dead). stop: SIGTERM, SIGKILL after 3 s, reap. pause: SIGSTOP,
+ * then waits until every thread of the member is stopped (/proc state T),
+ * so that it answers nothing once pause returns (-EALREADY when paused).
+ * resume: SIGCONT, then waits until no thread is stopped any more
+ * (-EALREADY when running). Both wait at most 3 s (-ETIMEDOUT; the member
+ * counts as paused, or running, all the same) and return -ESRCH when the
+ * member dies meanwhile.
  * restart: starts a dead member again with the same ports, flags and data
  * directory and waits until it serves (-EBUSY when it is not dead; -EIO,
  * with its log tail on stderr, when it exits, e.g. because another process

@@ -6,6 +6,7 @@
  */
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -56,6 +57,51 @@ static bool pid_alive(pid_t pid)
 	}
 	fclose(f);
 	return alive;
+}
+
+/*
+ * Counts the threads of |pid| in job-control stop (state T) into *|stopped|
+ * and all of them into *|total|, read from /proc at once (no waiting).
+ */
+static void count_stopped_threads(pid_t pid, int *stopped, int *total)
+{
+	char path[96], buf[512], *p;
+	struct dirent *de;
+	DIR *d;
+	FILE *f;
+
+	*stopped = *total = 0;
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	d = opendir(path);
+	cr_assert_not_null(d, "no %s", path);
+	while ((de = readdir(d))) {
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%.16s/stat", (int)pid, de->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		p = fgets(buf, sizeof(buf), f) ? strrchr(buf, ')') : NULL;
+		fclose(f);
+		if (p && p[1] == ' ') {
+			(*total)++;
+			*stopped += p[2] == 'T';
+		}
+	}
+	closedir(d);
+	cr_assert_gt(*total, 0);
+}
+
+/* Member |i| is stopped (every thread) or running (none stopped) right now. */
+static void assert_stopped_now(int i, bool stopped)
+{
+	int n, total;
+
+	count_stopped_threads(efs_harness_pid(h, i), &n, &total);
+	if (stopped)
+		cr_assert_eq(n, total, "member %d: %d of %d threads stopped", i, n, total);
+	else
+		cr_assert_eq(n, 0, "member %d: %d of %d threads still stopped", i, n, total);
 }
 
 static long long ms_now(void)
@@ -260,12 +306,15 @@ Test(harness, pause_and_resume)
 	f = efs_harness_follower(h);
 	cr_assert_geq(f, 0);
 	cr_assert_eq(efs_harness_pause(h, f), 0);
+	/* Stopped when pause returns, not some time later. */
+	assert_stopped_now(f, true);
 	cr_assert_eq(efs_harness_pause(h, f), -EALREADY);
 	cr_assert_eq(efs_harness_state(h, f), EFS_HARNESS_PAUSED);
 	cr_assert_eq(efs_harness_wait_member(h, f, 100), -EBUSY);
 	/* The two others keep serving; the paused one is skipped. */
 	assert_put_get("/paused", "f");
 	cr_assert_eq(efs_harness_resume(h, f), 0);
+	assert_stopped_now(f, false);
 	cr_assert_eq(efs_harness_resume(h, f), -EALREADY);
 	cr_assert_eq(efs_harness_wait_member(h, f, 10000), 0);
 	assert_member_sees(f, "/paused", "f");
@@ -274,6 +323,7 @@ Test(harness, pause_and_resume)
 	leader = efs_harness_wait_leader(h, 5000);
 	cr_assert_geq(leader, 0);
 	cr_assert_eq(efs_harness_pause(h, leader), 0);
+	assert_stopped_now(leader, true);
 	next = efs_harness_wait_leader(h, 10000);
 	cr_assert_geq(next, 0);
 	cr_assert_neq(next, leader);

@@ -1433,6 +1433,7 @@ Test(client, goaway_at_or_above_a_put_lets_it_finish_on_the_old_connection, .ini
 	cr_assert_eq(x.err, 0, "%s", x.msg);
 	pump_for(20);
 	cr_assert_eq(F.nreq, 1, "a processed Put was resent");
+	res_done(&x);
 	finish();
 }
 
