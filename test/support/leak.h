@@ -18,7 +18,9 @@
  * test's callees left stale copies of pointers, so that a leaked block is
  * not kept "reachable" by such a copy, and runs the check below that area.
  * (A helper's own frame would sit in that dead area, with uninitialised
- * slots that can hold such copies.)
+ * slots that can hold such copies.) Each use takes 256 KiB of stack (an
+ * alloca) until the test function returns: in a loop, call it only a few
+ * times (the worker's stack is 8 MiB).
  *
  * Include this file by relative path: #include "../support/leak.h".
  */
