@@ -23,6 +23,7 @@
 #include "util/mem.h"
 
 #include "../support/leak.h"
+#include "../support/loop.h"
 
 static struct efs_harness *h;
 
@@ -34,12 +35,6 @@ static void start(const struct efs_harness_opts *o)
 static void teardown(void)
 {
 	h = efs_harness_free(h);
-}
-
-static void pb_free(void *m)
-{
-	if (m)
-		protobuf_c_message_free_unpacked(m, efs_mem_protobuf());
 }
 
 static int open_sync(struct efs_etcd_sync **ret, const struct efs_etcd_opts *o)
@@ -75,7 +70,7 @@ Test(tls, right_ca_and_client_cert_work)
 		     efs_etcd_sync_last_message(s));
 	cr_assert_eq(efs_etcd_sync_get(s, "tls", 3, &kv, NULL), 0);
 	cr_assert_eq(kv->value.len, 2);
-	pb_free(kv);
+	efs_test_pb_free(kv);
 	cr_assert_eq(efs_etcd_sync_close(s), 0);
 	teardown();
 	efs_test_assert_no_leaks();
@@ -233,11 +228,6 @@ static void auth_cb(struct efs_etcd_result *r, Etcdserverpb__AuthenticateRespons
 		snprintf(g->token, sizeof(g->token), "%s", resp->token);
 }
 
-static void freed_cb(void *arg)
-{
-	*(bool *)arg = true;
-}
-
 Test(auth, authenticate_wrapper_returns_a_token_or_eacces)
 {
 	struct efs_etcd_opts o = {.endpoints = efs_harness_endpoints(h)};
@@ -264,7 +254,7 @@ Test(auth, authenticate_wrapper_returns_a_token_or_eacces)
 	cr_assert_eq(g.err, 0, "%s", g.msg);
 	cr_assert_gt(strlen(g.token), 8, "token '%s'", g.token);
 
-	efs_etcd_free(c, freed_cb, &freed);
+	efs_etcd_free(c, efs_test_freed_cb, &freed);
 	while (!freed)
 		uv_run(&loop, UV_RUN_ONCE);
 	cr_assert_eq(uv_loop_close(&loop), 0);
@@ -394,7 +384,7 @@ Test(auth_ttl, expired_token_is_renewed_transparently)
 		     efs_etcd_sync_last_message(s));
 	cr_assert_eq(efs_etcd_sync_get(s, "t", 1, &kv, NULL), 0);
 	cr_assert_eq(kv->value.data[0], '2');
-	pb_free(kv);
+	efs_test_pb_free(kv);
 	efs_etcd_get_stats(efs_etcd_sync_client(s), &after);
 	cr_assert_gt(after.reauths, before.reauths, "the expired token was replaced");
 	cr_assert_eq(efs_etcd_sync_close(s), 0);

@@ -24,6 +24,7 @@
 #include "util/mem.h"
 
 #include "../support/leak.h"
+#include "../support/loop.h"
 
 /* ---- a loop, a client, and a way to wait for one callback ---- */
 
@@ -78,15 +79,9 @@ static void raw_cb(struct efs_etcd_result *r, void *arg)
 	capture(r);
 }
 
-static void pb_free(void *m)
-{
-	if (m)
-		protobuf_c_message_free_unpacked(m, efs_mem_protobuf());
-}
-
 static void got_clear(void)
 {
-	pb_free(got.resp);
+	efs_test_pb_free(got.resp);
 	memset(&got, 0, sizeof(got));
 }
 
@@ -112,16 +107,11 @@ static struct efs_etcd *client_new(const char *endpoints, uint32_t timeout_ms)
 	return c;
 }
 
-static void freed_cb(void *arg)
-{
-	*(bool *)arg = true;
-}
-
 static void client_free(struct efs_etcd *c)
 {
 	bool done = false;
 
-	efs_etcd_free(c, freed_cb, &done);
+	efs_etcd_free(c, efs_test_freed_cb, &done);
 	while (!done)
 		uv_run(&loop, UV_RUN_ONCE);
 }
@@ -252,31 +242,31 @@ Test(kv, range_one_key_prefix_and_explicit_range_end)
 	cr_assert(kv_is(r->kvs[0], "p/b", "2"));
 	cr_assert_eq(r->count, 1);
 	cr_assert_gt(r->header->revision, 0);
-	pb_free(r);
+	efs_test_pb_free(r);
 
 	r = range_ok("p/", &o);
 	cr_assert_eq(r->n_kvs, 3);
 	cr_assert(kv_is(r->kvs[0], "p/a", "1"));
 	cr_assert(kv_is(r->kvs[1], "p/b", "2"));
 	cr_assert(kv_is(r->kvs[2], "p/c", "3"));
-	pb_free(r);
+	efs_test_pb_free(r);
 
 	o = (struct efs_etcd_range_opts){.range_end = "p/c", .range_end_len = 3};
 	r = range_ok("p/a", &o);
 	cr_assert_eq(r->n_kvs, 2, "range end is exclusive");
-	pb_free(r);
+	efs_test_pb_free(r);
 
 	/* A single "\0" as range end: every key from |key| on. */
 	o = (struct efs_etcd_range_opts){.range_end = "", .range_end_len = 1};
 	r = range_ok("p/c", &o);
 	cr_assert_eq(r->n_kvs, 2);
 	cr_assert(kv_is(r->kvs[1], "p0", "outside"));
-	pb_free(r);
+	efs_test_pb_free(r);
 
 	r = range_ok("missing", NULL);
 	cr_assert_eq(r->n_kvs, 0);
 	cr_assert_eq(r->count, 0);
-	pb_free(r);
+	efs_test_pb_free(r);
 	teardown();
 	efs_test_assert_no_leaks();
 }
@@ -308,11 +298,11 @@ Test(kv, prefix_of_0xff_bytes_covers_the_rest_of_the_keyspace)
 	put_ok("\xff\xff", "4");
 	r = range_ok("a\xff", &o);
 	cr_assert_eq(r->n_kvs, 2, "a\\xff... must not include b");
-	pb_free(r);
+	efs_test_pb_free(r);
 	r = range_ok("\xff", &o);
 	cr_assert_eq(r->n_kvs, 1);
 	cr_assert(kv_is(r->kvs[0], "\xff\xff", "4"));
-	pb_free(r);
+	efs_test_pb_free(r);
 	teardown();
 	efs_test_assert_no_leaks();
 }
@@ -331,12 +321,12 @@ Test(kv, range_limit_sets_more_and_count_counts_everything)
 	cr_assert_eq(r->n_kvs, 2);
 	cr_assert(r->more);
 	cr_assert_eq(r->count, 5);
-	pb_free(r);
+	efs_test_pb_free(r);
 	o.limit = 5;
 	r = range_ok("l/", &o);
 	cr_assert_eq(r->n_kvs, 5);
 	cr_assert(!r->more);
-	pb_free(r);
+	efs_test_pb_free(r);
 	teardown();
 	efs_test_assert_no_leaks();
 }
@@ -355,13 +345,13 @@ Test(kv, range_at_an_old_revision_sees_old_values)
 	cr_assert(kv_is(r->kvs[0], "rev", "one"));
 	cr_assert_eq(r->kvs[0]->version, 1);
 	cr_assert_eq(r->kvs[0]->mod_revision, r1);
-	pb_free(r);
+	efs_test_pb_free(r);
 	o.revision = r2;
 	r = range_ok("rev", &o);
 	cr_assert(kv_is(r->kvs[0], "rev", "two"));
 	cr_assert_eq(r->kvs[0]->version, 2);
 	cr_assert_eq(r->kvs[0]->create_revision, r1);
-	pb_free(r);
+	efs_test_pb_free(r);
 
 	/* A future revision is its own error. */
 	got_clear();
@@ -384,19 +374,19 @@ Test(kv, keys_only_count_only_and_serializable)
 	cr_assert(kv_is(r->kvs[0], "k/1", NULL));
 	cr_assert_eq(r->kvs[0]->value.len, 0, "keys_only returns no values");
 	cr_assert_gt(r->kvs[0]->mod_revision, 0);
-	pb_free(r);
+	efs_test_pb_free(r);
 
 	o = (struct efs_etcd_range_opts){.prefix = true, .count_only = true};
 	r = range_ok("k/", &o);
 	cr_assert_eq(r->n_kvs, 0);
 	cr_assert_eq(r->count, 2);
-	pb_free(r);
+	efs_test_pb_free(r);
 
 	o = (struct efs_etcd_range_opts){.serializable = true};
 	r = range_ok("k/2", &o);
 	cr_assert_eq(r->n_kvs, 1);
 	cr_assert(kv_is(r->kvs[0], "k/2", "value2"));
-	pb_free(r);
+	efs_test_pb_free(r);
 	teardown();
 	efs_test_assert_no_leaks();
 }
@@ -511,7 +501,7 @@ static void put_many(const char *prefix, int n)
 		txn.success = opp;
 		resp = txn_run(&txn);
 		cr_assert_not_null(resp, "bulk put: %s", got.msg);
-		pb_free(resp);
+		efs_test_pb_free(resp);
 	}
 }
 
@@ -556,7 +546,7 @@ Test(kv, paged_range_collects_the_whole_result)
 		cr_assert(kv_is(p.all->kvs[i], k, NULL), "key %zu out of order", i);
 		cr_assert_eq(p.all->kvs[i]->value.len, 0);
 	}
-	pb_free(p.all);
+	efs_test_pb_free(p.all);
 
 	/* An empty range and an exact page multiple end cleanly too. */
 	memset(&p, 0, sizeof(p));
@@ -565,13 +555,13 @@ Test(kv, paged_range_collects_the_whole_result)
 	wait_pages(&p);
 	cr_assert_eq(p.err, 0);
 	cr_assert_eq(p.all->n_kvs, 0);
-	pb_free(p.all);
+	efs_test_pb_free(p.all);
 	memset(&p, 0, sizeof(p));
 	o.page_size = 19;
 	cr_assert_eq(efs_etcd_range_paged(cli, "pg/", 3, &o, NULL, NULL, paged_done, &p, NULL), 0);
 	wait_pages(&p);
 	cr_assert_eq(p.all->n_kvs, 95);
-	pb_free(p.all);
+	efs_test_pb_free(p.all);
 	teardown();
 	efs_test_assert_no_leaks();
 }
@@ -625,7 +615,7 @@ Test(kv, put_with_lease_and_prev_kv)
 	cr_assert_null(pr->prev_kv, "no prev_kv unless asked");
 	r = range_ok("lk", NULL);
 	cr_assert_eq(r->kvs[0]->lease, lease);
-	pb_free(r);
+	efs_test_pb_free(r);
 
 	po = (struct efs_etcd_put_opts){.prev_kv = true, .ignore_lease = true};
 	got_clear();
@@ -638,7 +628,7 @@ Test(kv, put_with_lease_and_prev_kv)
 	r = range_ok("lk", NULL);
 	cr_assert(kv_is(r->kvs[0], "lk", "v2"));
 	cr_assert_eq(r->kvs[0]->lease, lease, "ignore_lease keeps the lease");
-	pb_free(r);
+	efs_test_pb_free(r);
 
 	/* ignore_value keeps the value; a plain Put detaches the lease. */
 	po = (struct efs_etcd_put_opts){.ignore_value = true, .ignore_lease = false};
@@ -648,7 +638,7 @@ Test(kv, put_with_lease_and_prev_kv)
 	r = range_ok("lk", NULL);
 	cr_assert(kv_is(r->kvs[0], "lk", "v2"));
 	cr_assert_eq(r->kvs[0]->lease, 0);
-	pb_free(r);
+	efs_test_pb_free(r);
 
 	/* An unknown lease is -ENOENT; ignore_value on a missing key is -EINVAL. */
 	po = (struct efs_etcd_put_opts){.lease = lease + 12345};
@@ -705,7 +695,7 @@ Test(kv, delete_one_key_a_prefix_and_prev_kv)
 	cr_assert_eq(((Etcdserverpb__DeleteRangeResponse *)got.resp)->deleted, 1);
 	r = range_ok("e", NULL);
 	cr_assert_eq(r->n_kvs, 0);
-	pb_free(r);
+	efs_test_pb_free(r);
 	teardown();
 	efs_test_assert_no_leaks();
 }
@@ -737,7 +727,7 @@ Test(kv, compacted_revisions_cannot_be_read)
 	o.revision = r2;
 	r = range_ok("c", &o);
 	cr_assert(kv_is(r->kvs[0], "c", "3"));
-	pb_free(r);
+	efs_test_pb_free(r);
 
 	/* Compacting again at or below it fails the same way. */
 	got_clear();
@@ -796,7 +786,7 @@ static bool compare1(Etcdserverpb__Compare *c)
 	cr_assert_not_null(resp, "txn failed: %s", got.msg);
 	ok = resp->succeeded;
 	cr_assert_eq(resp->n_responses, 0);
-	pb_free(resp);
+	efs_test_pb_free(resp);
 	return ok;
 }
 
@@ -838,7 +828,7 @@ Test(kv, txn_every_compare_target_with_every_result)
 	cr_assert_eq(actual[0], 2);
 	cr_assert_lt(actual[1], actual[2]);
 	cr_assert_eq(actual[4], lease);
-	pb_free(r);
+	efs_test_pb_free(r);
 
 	for (int t = 0; t < 5; t++) {
 		for (int res = 0; res < 4; res++) {
@@ -978,10 +968,10 @@ Test(kv, txn_branches_and_nested_txn)
 	cr_assert(resp->responses[1]->response_txn->succeeded);
 	cr_assert_eq(resp->responses[1]->response_txn->n_responses, 1);
 	cr_assert_eq(resp->header->revision, rev_before + 1, "one txn, one revision");
-	pb_free(resp);
+	efs_test_pb_free(resp);
 	r = range_ok("n/y", NULL);
 	cr_assert(kv_is(r->kvs[0], "n/y", "new"));
-	pb_free(r);
+	efs_test_pb_free(r);
 
 	/* Compare holds: the success branch runs. */
 	cmp_new(&c, "n/x", ETCDSERVERPB__COMPARE__COMPARE_TARGET__VALUE, 0, 0, "old");
@@ -991,10 +981,10 @@ Test(kv, txn_branches_and_nested_txn)
 	cr_assert_eq(resp->n_responses, 1);
 	cr_assert_eq(resp->responses[0]->response_case,
 		     ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_PUT);
-	pb_free(resp);
+	efs_test_pb_free(resp);
 	r = range_ok("n/x", NULL);
 	cr_assert(kv_is(r->kvs[0], "n/x", "new"));
-	pb_free(r);
+	efs_test_pb_free(r);
 
 	/* A read-only txn does not move the revision. */
 	txn.n_compare = 0;
@@ -1003,10 +993,10 @@ Test(kv, txn_branches_and_nested_txn)
 	resp = txn_run(&txn);
 	cr_assert_not_null(resp);
 	rev_before = resp->header->revision;
-	pb_free(resp);
+	efs_test_pb_free(resp);
 	resp = txn_run(&txn);
 	cr_assert_eq(resp->header->revision, rev_before);
-	pb_free(resp);
+	efs_test_pb_free(resp);
 	teardown();
 	efs_test_assert_no_leaks();
 }
@@ -1036,7 +1026,7 @@ Test(kv, txn_from_the_builder_runs_through_the_wrapper)
 	cr_assert(resp->succeeded);
 	cr_assert_eq(efs_etcd_txn_resp_txn(resp, 1, &nested), 0);
 	cr_assert(nested->succeeded);
-	pb_free(resp);
+	efs_test_pb_free(resp);
 
 	/* Run again: the compare now fails and the failure branch reads. */
 	resp = txn_run(efs_etcd_txn_request(t));
@@ -1044,7 +1034,7 @@ Test(kv, txn_from_the_builder_runs_through_the_wrapper)
 	cr_assert(!resp->succeeded);
 	cr_assert_eq(efs_etcd_txn_resp_range(resp, 0, &rr), 0);
 	cr_assert(kv_is(rr->kvs[0], "b/x", "2"));
-	pb_free(resp);
+	efs_test_pb_free(resp);
 	efs_etcd_txn_free(t);
 	teardown();
 	efs_test_assert_no_leaks();
@@ -1081,7 +1071,7 @@ Test(kv, txn_limits_too_many_ops_and_duplicate_keys)
 	resp = txn_puts(128, false);
 	cr_assert_not_null(resp, "128 ops are allowed: %s", got.msg);
 	cr_assert_eq(resp->n_responses, 128);
-	pb_free(resp);
+	efs_test_pb_free(resp);
 
 	resp = txn_puts(129, false);
 	cr_assert_null(resp);
@@ -1098,7 +1088,7 @@ Test(kv, txn_limits_too_many_ops_and_duplicate_keys)
 	/* Neither rejected txn wrote anything. */
 	r = range_ok("big/", &o);
 	cr_assert_eq(r->count, 128);
-	pb_free(r);
+	efs_test_pb_free(r);
 	teardown();
 	efs_test_assert_no_leaks();
 }
@@ -1153,7 +1143,7 @@ Test(cluster, member_list_and_status_of_each_member)
 		got_clear();
 		client_free(c);
 	}
-	pb_free(ml);
+	efs_test_pb_free(ml);
 	teardown();
 	efs_test_assert_no_leaks();
 }
@@ -1226,7 +1216,7 @@ Test(kv, paged_range_survives_every_allocation_failure)
 	/* Connect first so that the sweep covers the paging itself. */
 	cr_assert_eq(efs_etcd_range_paged(c, "pg/", 3, &o, NULL, NULL, paged_done, &p, NULL), 0);
 	wait_pages(&p);
-	pb_free(p.all);
+	efs_test_pb_free(p.all);
 	memset(&p, 0, sizeof(p));
 	efs_mem_fail_after(-1);
 	cr_assert_eq(efs_etcd_range_paged(c, "pg/", 3, &o, NULL, NULL, paged_done, &p, NULL), 0);
@@ -1234,7 +1224,7 @@ Test(kv, paged_range_survives_every_allocation_failure)
 	total = efs_mem_count();
 	cr_assert_eq(p.err, 0);
 	cr_assert_eq(p.all->n_kvs, 30);
-	pb_free(p.all);
+	efs_test_pb_free(p.all);
 
 	for (n = 0; n < total; n++) {
 		memset(&p, 0, sizeof(p));
@@ -1251,7 +1241,7 @@ Test(kv, paged_range_survives_every_allocation_failure)
 			cr_assert_eq(p.all->n_kvs, 30, "allocation %ld", n);
 		else
 			cr_assert_null(p.all);
-		pb_free(p.all);
+		efs_test_pb_free(p.all);
 	}
 	client_free(c);
 	teardown();

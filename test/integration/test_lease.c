@@ -21,15 +21,9 @@
 #include "util/mem.h"
 
 #include "../support/leak.h"
+#include "../support/loop.h"
 
-static uv_loop_t loop;
-static uv_timer_t ticker;
 static struct efs_harness *h;
-
-static void on_tick(uv_timer_t *t)
-{
-	(void)t;
-}
 
 static void start_cluster(int members)
 {
@@ -38,88 +32,14 @@ static void start_cluster(int members)
 
 	r = efs_harness_start(&h, &o);
 	cr_assert_eq(r, 0, "harness start: %d", r);
-	cr_assert_eq(uv_loop_init(&loop), 0);
-	uv_timer_init(&loop, &ticker);
-	uv_timer_start(&ticker, on_tick, 10, 10);
+	efs_test_loop_init();
 }
 
-static void count_handle(uv_handle_t *hd, void *arg)
-{
-	if (hd != (uv_handle_t *)&ticker)
-		(*(int *)arg)++;
-}
-
-static int other_handles(void)
-{
-	int n = 0;
-
-	uv_walk(&loop, count_handle, &n);
-	return n;
-}
-
-/*
- * A passing test has freed everything, so the loop empties at once. A test
- * that failed an assertion may have left clients open: give closing
- * handles a bounded time and never block on the rest. Each test calls it
- * before its leak check, and .fini again: the second call does nothing.
- */
+/* Each test calls it before its leak check, and .fini again. */
 static void teardown(void)
 {
-	if (ticker.loop) {
-		uint64_t end = efs_clock_mono_ns() / EFS_NSEC_PER_MSEC + 3000;
-
-		while (other_handles() && efs_clock_mono_ns() / EFS_NSEC_PER_MSEC < end)
-			uv_run(&loop, UV_RUN_ONCE);
-		uv_close((uv_handle_t *)&ticker, NULL);
-		uv_run(&loop, UV_RUN_NOWAIT);
-		cr_expect_eq(uv_loop_close(&loop), 0, "handles left open on the loop");
-		memset(&ticker, 0, sizeof(ticker));
-	}
+	efs_test_loop_fini();
 	h = efs_harness_free(h);
-}
-
-static uint64_t now_ms(void)
-{
-	return efs_clock_mono_ns() / EFS_NSEC_PER_MSEC;
-}
-
-static bool run_until(const bool *flag, uint64_t ms)
-{
-	uint64_t end = now_ms() + ms;
-
-	while (!*flag && now_ms() < end)
-		uv_run(&loop, UV_RUN_ONCE);
-	return *flag;
-}
-
-static void run_for(uint64_t ms)
-{
-	bool never = false;
-
-	run_until(&never, ms);
-}
-
-static struct efs_etcd *client_new(const char *endpoints)
-{
-	struct efs_etcd_opts o = {.endpoints = endpoints};
-	struct efs_etcd *c;
-	int r = efs_etcd_new(&c, &loop, &o);
-
-	cr_assert_eq(r, 0, "efs_etcd_new: %d", r);
-	return c;
-}
-
-static void freed_cb(void *arg)
-{
-	*(bool *)arg = true;
-}
-
-static void client_free(struct efs_etcd *c)
-{
-	bool done = false;
-
-	efs_etcd_free(c, freed_cb, &done);
-	cr_assert(run_until(&done, 10000), "client free did not finish");
 }
 
 static int member_of_url(const char *url)
@@ -153,7 +73,7 @@ static struct efs_etcd_lease_grant_info grant(struct efs_etcd *c, int64_t ttl)
 	struct grant_res g = {0};
 
 	cr_assert_eq(efs_etcd_lease_grant(c, ttl, 0, grant_done, &g), 0);
-	cr_assert(run_until(&g.done, 15000), "grant timed out");
+	cr_assert(efs_test_run_until(&g.done, 15000), "grant timed out");
 	cr_assert_eq(g.status, 0, "grant: %d", g.status);
 	cr_assert_gt(g.info.id, 0);
 	cr_assert_gt(g.info.sent_ns, 0);
@@ -178,7 +98,7 @@ static int revoke_lease(struct efs_etcd *c, int64_t id)
 	struct status_res s = {0};
 
 	cr_assert_eq(efs_etcd_lease_revoke(c, id, status_done, &s), 0);
-	cr_assert(run_until(&s.done, 15000), "revoke timed out");
+	cr_assert(efs_test_run_until(&s.done, 15000), "revoke timed out");
 	return s.status;
 }
 
@@ -203,7 +123,7 @@ static struct ttl_res time_to_live(struct efs_etcd *c, int64_t id)
 	struct ttl_res t = {0};
 
 	cr_assert_eq(efs_etcd_lease_time_to_live(c, id, ttl_done, &t), 0);
-	cr_assert(run_until(&t.done, 15000), "TimeToLive timed out");
+	cr_assert(efs_test_run_until(&t.done, 15000), "TimeToLive timed out");
 	cr_assert_eq(t.status, 0, "TimeToLive: %d", t.status);
 	return t;
 }
@@ -240,7 +160,7 @@ static void put_leased(struct efs_etcd *c, const char *key, int64_t lease)
 	req.key.len = strlen(key);
 	req.lease = lease;
 	cr_assert_eq(efs_etcd_call(c, EFS_ETCD_PUT, &req.base, NULL, call_done, &cr, NULL), 0);
-	cr_assert(run_until(&cr.done, 15000));
+	cr_assert(efs_test_run_until(&cr.done, 15000));
 	cr_assert_eq(cr.err, 0, "put: %d", cr.err);
 }
 
@@ -253,7 +173,7 @@ static int64_t count_keys(struct efs_etcd *c, const char *key)
 	req.key.len = strlen(key);
 	req.count_only = true;
 	cr_assert_eq(efs_etcd_call(c, EFS_ETCD_RANGE, &req.base, NULL, call_done, &cr, NULL), 0);
-	cr_assert(run_until(&cr.done, 15000));
+	cr_assert(efs_test_run_until(&cr.done, 15000));
 	cr_assert_eq(cr.err, 0, "range: %d", cr.err);
 	return cr.count;
 }
@@ -319,7 +239,7 @@ Test(lease, grant_time_to_live_and_revoke)
 	struct efs_etcd_lease_opts o = {0};
 
 	start_cluster(1);
-	c = client_new(efs_harness_endpoints(h));
+	c = efs_test_client_new(efs_harness_endpoints(h));
 	g = grant(c, 5);
 	cr_assert_eq(g.ttl_s, 5);
 	t = time_to_live(c, g.id);
@@ -349,7 +269,7 @@ Test(lease, grant_time_to_live_and_revoke)
 	t = time_to_live(c, g.id);
 	cr_assert_eq(t.ttl, -1);
 	cr_assert_eq(revoke_lease(c, g.id), -ENOENT);
-	client_free(c);
+	efs_test_client_free(c);
 	teardown();
 	efs_test_assert_no_leaks();
 }
@@ -366,17 +286,17 @@ Test(lease, kept_alive_across_a_leader_kill)
 	int leader;
 
 	start_cluster(3);
-	c = client_new(efs_harness_endpoints(h));
+	c = efs_test_client_new(efs_harness_endpoints(h));
 	g = grant(c, 3);
 	cr_assert_eq(efs_etcd_keepalive_new(&ka, c), 0);
 	l = keep(ka, &g, &r);
-	run_for(1500);
+	efs_test_run_for(1500);
 	efs_etcd_lease_get_stats(l, &before);
 	cr_assert_gt(before.renewals_acked, 0);
 	leader = efs_harness_leader(h);
 	cr_assert_geq(leader, 0, "no leader: %d", leader);
 	cr_assert_eq(efs_harness_kill(h, leader), 0);
-	run_for(8000);
+	efs_test_run_for(8000);
 	cr_assert_eq(r.gone, 0, "lease reported gone (events %s)", r.order);
 	efs_etcd_lease_get_stats(l, &after);
 	cr_assert_gt(after.renewals_acked, before.renewals_acked + 5,
@@ -387,7 +307,7 @@ Test(lease, kept_alive_across_a_leader_kill)
 	t = time_to_live(c, g.id);
 	cr_assert_gt(t.ttl, 0, "etcd says the lease is gone");
 	efs_etcd_keepalive_free(ka);
-	client_free(c);
+	efs_test_client_free(c);
 	teardown();
 	efs_test_assert_no_leaks();
 }
@@ -449,18 +369,18 @@ Test(lease, renewals_keep_their_interval_under_10000_puts_on_the_same_loop)
 	memset(val, 'x', VLEN);
 	f.val = val;
 	start_cluster(1);
-	c = client_new(efs_harness_endpoints(h));
+	c = efs_test_client_new(efs_harness_endpoints(h));
 	f.c = c;
 	g = grant(c, 2);
 	cr_assert_eq(efs_etcd_keepalive_new(&ka, c), 0);
 	l = keep(ka, &g, &r);
-	run_for(1000);
+	efs_test_run_for(1000);
 	t0 = efs_clock_mono_ns();
-	uv_timer_init(&loop, &feeder);
+	uv_timer_init(&efs_test_loop, &feeder);
 	feeder.data = &f;
 	uv_timer_start(&feeder, feed, 0, 1);
-	while (f.completed < NPUTS && now_ms() < t0 / EFS_NSEC_PER_MSEC + 120000)
-		uv_run(&loop, UV_RUN_ONCE);
+	while (f.completed < NPUTS && efs_test_now_ms() < t0 / EFS_NSEC_PER_MSEC + 120000)
+		uv_run(&efs_test_loop, UV_RUN_ONCE);
 	elapsed = efs_clock_mono_ns() - t0;
 	uv_close((uv_handle_t *)&feeder, NULL);
 	efs_etcd_lease_get_stats(l, &st);
@@ -479,7 +399,7 @@ Test(lease, renewals_keep_their_interval_under_10000_puts_on_the_same_loop)
 	cr_assert_lt(st.max_wire_gap_ns, 500 * EFS_NSEC_PER_MSEC,
 		     "renewals sent %" PRIu64 " ms apart", st.max_wire_gap_ns / 1000000);
 	efs_etcd_keepalive_free(ka);
-	client_free(c);
+	efs_test_client_free(c);
 	free(f.cr);
 	free(val);
 	teardown();
@@ -497,18 +417,18 @@ Test(lease, expiry_deletes_its_keys_and_reports_gone)
 	uint64_t end;
 
 	start_cluster(1);
-	c = client_new(efs_harness_endpoints(h));
+	c = efs_test_client_new(efs_harness_endpoints(h));
 	g = grant(c, 2);
 	put_leased(c, "/leased/a", g.id);
 	put_leased(c, "/leased/b", g.id);
 	cr_assert_eq(efs_etcd_keepalive_new(&ka, c), 0);
 	l = keep(ka, &g, &r);
-	run_for(3000);
+	efs_test_run_for(3000);
 	cr_assert_eq(count_keys(c, "/leased/a"), 1, "key gone while renewed");
 	efs_etcd_lease_fault_pause(l, true);
-	end = now_ms() + 15000;
-	while (!gone && now_ms() < end) {
-		uv_run(&loop, UV_RUN_ONCE);
+	end = efs_test_now_ms() + 15000;
+	while (!gone && efs_test_now_ms() < end) {
+		uv_run(&efs_test_loop, UV_RUN_ONCE);
 		gone = r.gone > 0;
 	}
 	cr_assert(gone, "no gone event (events %s)", r.order);
@@ -521,7 +441,7 @@ Test(lease, expiry_deletes_its_keys_and_reports_gone)
 	cr_assert_eq(count_keys(c, "/leased/b"), 0);
 	efs_etcd_lease_free(l);
 	efs_etcd_keepalive_free(ka);
-	client_free(c);
+	efs_test_client_free(c);
 	teardown();
 	efs_test_assert_no_leaks();
 }
@@ -538,19 +458,19 @@ Test(lease, at_risk_then_recovered_or_moved_when_its_member_is_stopped)
 	int victim;
 
 	start_cluster(3);
-	c = client_new(efs_harness_endpoints(h));
+	c = efs_test_client_new(efs_harness_endpoints(h));
 	g = grant(c, 2);
 	cr_assert_eq(efs_etcd_keepalive_new(&ka, c), 0);
 	l = keep(ka, &g, &r);
-	run_for(1500);
+	efs_test_run_for(1500);
 	efs_etcd_lease_get_stats(l, &before);
 	cr_assert_gt(before.renewals_acked, 0);
 	victim = member_of_url(efs_etcd_channel_endpoint(c, EFS_ETCD_CH_PRIO));
 	cr_assert_geq(victim, 0);
 	cr_assert_eq(efs_harness_pause(h, victim), 0);
-	run_for(1500);
+	efs_test_run_for(1500);
 	cr_assert_eq(efs_harness_resume(h, victim), 0);
-	run_for(5000);
+	efs_test_run_for(5000);
 	efs_etcd_lease_get_stats(l, &st);
 	cr_log_info("events %s; acks %" PRIu64 " (bulk %" PRIu64 "), prio failovers %" PRIu64,
 		    r.order, st.renewals_acked, st.acks_bulk, st.prio_failovers);
@@ -565,7 +485,7 @@ Test(lease, at_risk_then_recovered_or_moved_when_its_member_is_stopped)
 	t = time_to_live(c, g.id);
 	cr_assert_gt(t.ttl, 0, "etcd says the lease is gone");
 	efs_etcd_keepalive_free(ka);
-	client_free(c);
+	efs_test_client_free(c);
 	teardown();
 	efs_test_assert_no_leaks();
 }
@@ -581,16 +501,16 @@ Test(lease, revoke_by_another_client_reports_gone)
 	uint64_t end;
 
 	start_cluster(1);
-	c = client_new(efs_harness_endpoints(h));
-	other = client_new(efs_harness_endpoints(h));
+	c = efs_test_client_new(efs_harness_endpoints(h));
+	other = efs_test_client_new(efs_harness_endpoints(h));
 	g = grant(c, 5);
 	cr_assert_eq(efs_etcd_keepalive_new(&ka, c), 0);
 	l = keep(ka, &g, &r);
-	run_for(1000);
+	efs_test_run_for(1000);
 	cr_assert_eq(revoke_lease(other, g.id), 0);
-	end = now_ms() + 10000;
-	while (!gone && now_ms() < end) {
-		uv_run(&loop, UV_RUN_ONCE);
+	end = efs_test_now_ms() + 10000;
+	while (!gone && efs_test_now_ms() < end) {
+		uv_run(&efs_test_loop, UV_RUN_ONCE);
 		gone = r.gone > 0;
 	}
 	cr_assert(gone, "no gone event (events %s)", r.order);
@@ -599,8 +519,8 @@ Test(lease, revoke_by_another_client_reports_gone)
 	/* Freeing from outside after gone, and freeing the set after. */
 	efs_etcd_lease_free(l);
 	efs_etcd_keepalive_free(ka);
-	client_free(other);
-	client_free(c);
+	efs_test_client_free(other);
+	efs_test_client_free(c);
 	teardown();
 	efs_test_assert_no_leaks();
 }

@@ -23,6 +23,7 @@
 #include "util/mem.h"
 
 #include "../support/leak.h"
+#include "../support/loop.h"
 
 static struct efs_harness *h;
 
@@ -46,12 +47,6 @@ static void setup3(void)
 static void teardown(void)
 {
 	h = efs_harness_free(h);
-}
-
-static void pb_free(void *m)
-{
-	if (m)
-		protobuf_c_message_free_unpacked(m, efs_mem_protobuf());
 }
 
 static struct efs_etcd_sync *sync_new(const char *endpoints, uint32_t timeout_ms)
@@ -116,7 +111,7 @@ Test(sync, put_get_delete_txn_status_member_list)
 	cr_assert_eq(kv->value.len, 5);
 	cr_assert_eq(memcmp(kv->value.data, "hello", 5), 0);
 	cr_assert_eq(kv->mod_revision, rev);
-	pb_free(kv);
+	efs_test_pb_free(kv);
 
 	rev2 = 0;
 	cr_assert_eq(efs_etcd_sync_get(s, "s/none", 6, NULL, &rev2), -ENOENT);
@@ -131,11 +126,11 @@ Test(sync, put_get_delete_txn_status_member_list)
 	txn.compare = &cmpp;
 	cr_assert_eq(efs_etcd_sync_txn(s, &txn, &tr), 0);
 	cr_assert(tr->succeeded);
-	pb_free(tr);
+	efs_test_pb_free(tr);
 	cmp.mod_revision = rev - 1;
 	cr_assert_eq(efs_etcd_sync_txn(s, &txn, &tr), 0);
 	cr_assert(!tr->succeeded, "a failed compare is not an error");
-	pb_free(tr);
+	efs_test_pb_free(tr);
 	cr_assert_eq(efs_etcd_sync_txn(s, &txn, NULL), 0);
 
 	cr_assert_eq(efs_etcd_sync_put(s, "s/b", 3, "", 0, 0, NULL), 0);
@@ -146,11 +141,11 @@ Test(sync, put_get_delete_txn_status_member_list)
 	cr_assert_eq(efs_etcd_sync_status(s, &st), 0);
 	cr_assert_str_eq(st->version, "3.4.23");
 	cr_assert_neq(st->leader, 0);
-	pb_free(st);
+	efs_test_pb_free(st);
 	cr_assert_eq(efs_etcd_sync_member_list(s, &ml), 0);
 	cr_assert_eq(ml->n_members, 1);
 	cr_assert_str_eq(ml->members[0]->clienturls[0], efs_harness_member_url(h, 0));
-	pb_free(ml);
+	efs_test_pb_free(ml);
 
 	cr_assert_eq(efs_etcd_sync_close(s), 0, "the loop closes cleanly");
 	teardown();
@@ -191,7 +186,7 @@ Test(sync, generic_call_and_error_reporting)
 	cr_assert_not_null(resp);
 	cr_assert_eq(resp->descriptor, &etcdserverpb__range_response__descriptor);
 	cr_assert_str_eq(efs_etcd_sync_last_message(s), "");
-	pb_free(resp);
+	efs_test_pb_free(resp);
 	cr_assert_eq(efs_etcd_sync_close(s), 0);
 	teardown();
 	efs_test_assert_no_leaks();
@@ -414,7 +409,7 @@ Test(sync_failmalloc, every_allocation_failure_unwinds)
 	cr_assert_eq(efs_etcd_sync_new(&s, &o), 0);
 	cr_assert_eq(efs_etcd_sync_put(s, "fm", 2, "v", 1, 0, NULL), 0);
 	cr_assert_eq(efs_etcd_sync_get(s, "fm", 2, &kv, NULL), 0);
-	pb_free(kv);
+	efs_test_pb_free(kv);
 	cr_assert_eq(efs_etcd_sync_close(s), 0);
 	total = efs_mem_count();
 	cr_assert_gt(total, 10);
@@ -434,7 +429,7 @@ Test(sync_failmalloc, every_allocation_failure_unwinds)
 		r = efs_etcd_sync_get(s, "fm", 2, &kv, NULL);
 		cr_assert_leq(r, 0);
 		if (r == 0)
-			pb_free(kv);
+			efs_test_pb_free(kv);
 		efs_mem_fail_reset();
 		cr_assert_eq(efs_etcd_sync_close(s), 0, "close after failing allocation %ld", n);
 	}

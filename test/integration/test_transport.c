@@ -27,6 +27,7 @@
 #include "util/mem.h"
 
 #include "../support/leak.h"
+#include "../support/loop.h"
 
 static struct efs_harness *h;
 static uv_loop_t loop;
@@ -37,11 +38,6 @@ static void init(void)
 	cr_assert_eq(uv_loop_init(&loop), 0);
 }
 
-static void on_freed(void *arg)
-{
-	*(bool *)arg = true;
-}
-
 /* Frees the client and checks that every handle is gone (leaks are checked
  * at the end of each test, after fini()). */
 static void free_client(void)
@@ -50,7 +46,7 @@ static void free_client(void)
 
 	if (!cli)
 		return;
-	efs_etcd_free(cli, on_freed, &freed);
+	efs_etcd_free(cli, efs_test_freed_cb, &freed);
 	cli = NULL;
 	while (!freed)
 		uv_run(&loop, UV_RUN_ONCE);
@@ -210,11 +206,6 @@ static int free_port(void)
 	port = ntohs(a.sin_port);
 	close(fd); /* nothing listens there now */
 	return port;
-}
-
-static uint64_t now_ms(void)
-{
-	return efs_clock_mono_ns() / EFS_NSEC_PER_MSEC;
 }
 
 /* SIGSTOP is asynchronous: wait until member |i| really is stopped, so that
@@ -429,7 +420,7 @@ Test(transport, large_reply_of_20_mib)
 	q.range_end.data = (uint8_t *)"/big0";
 	q.range_end.len = 5;
 	struct efs_etcd_callopts co = { .timeout_ms = 20000 };
-	uint64_t t0 = now_ms();
+	uint64_t t0 = efs_test_now_ms();
 	call_co(EFS_ETCD_RANGE, &q.base, &co, &x);
 	cr_assert_eq(x.err, 0, "%s", x.msg);
 	Etcdserverpb__RangeResponse *rr = (void *)x.resp;
@@ -439,7 +430,7 @@ Test(transport, large_reply_of_20_mib)
 		cr_assert_eq(rr->kvs[i]->value.data[SZ - 1], 'a' + i);
 	}
 	res_done(&x);
-	cr_log_info("20 MB range took %llu ms", (unsigned long long)(now_ms() - t0));
+	cr_log_info("20 MB range took %llu ms", (unsigned long long)(efs_test_now_ms() - t0));
 
 	/* The same reply over a client with a small receive limit fails
 	 * with -EMSGSIZE, and the connection stays usable. */
@@ -473,9 +464,9 @@ Test(transport, local_deadline_and_cancel)
 	q.key.data = (uint8_t *)"/d";
 	q.key.len = 2;
 	struct efs_etcd_callopts co = { .timeout_ms = 300 };
-	uint64_t t0 = now_ms();
+	uint64_t t0 = efs_test_now_ms();
 	call_co(EFS_ETCD_RANGE, &q.base, &co, &x);
-	uint64_t took = now_ms() - t0;
+	uint64_t took = efs_test_now_ms() - t0;
 	cr_assert_eq(x.err, -ETIMEDOUT, "%d %s", x.err, x.msg);
 	cr_assert_eq(x.grpc_status, -1);
 	cr_assert(!x.unknown, "a read has no unknown outcome");
@@ -580,10 +571,10 @@ Test(transport, connect_timeout_moves_to_the_next_endpoint)
 	snprintf(eps, sizeof(eps), "http://127.0.0.1:%d,%s", port, efs_harness_endpoints(h));
 	struct efs_etcd_opts o = { .endpoints = eps, .connect_timeout_ms = 300 };
 	new_client(&o);
-	uint64_t t0 = now_ms();
+	uint64_t t0 = efs_test_now_ms();
 	cr_assert_eq(put("/ct", "v", 1, &x), 0, "%s", x.msg);
 	res_done(&x);
-	uint64_t took = now_ms() - t0;
+	uint64_t took = efs_test_now_ms() - t0;
 	struct efs_etcd_stats st;
 	efs_etcd_get_stats(cli, &st);
 	cr_assert(took >= 280 && took < 2000, "took %llu ms", (unsigned long long)took);
@@ -661,9 +652,9 @@ Test(transport, lost_quorum_times_out, .timeout = 150)
 	p.key.data = (uint8_t *)"/q";
 	p.key.len = 2;
 	struct efs_etcd_callopts co = { .timeout_ms = 1500 };
-	uint64_t t0 = now_ms();
+	uint64_t t0 = efs_test_now_ms();
 	call_co(EFS_ETCD_PUT, &p.base, &co, &x);
-	cr_assert_lt(now_ms() - t0, 3000);
+	cr_assert_lt(efs_test_now_ms() - t0, 3000);
 	cr_assert(x.err == -ETIMEDOUT || x.unknown, "%d %s", x.err, x.msg);
 	cr_assert(x.unknown, "a sent Put without an answer has an unknown outcome");
 	/* A linearizable read cannot complete either and is not left hanging. */
@@ -768,10 +759,10 @@ Test(transport, stall_loop_hook)
 	start_cluster(NULL);
 	plain_client();
 	put_ok("/s", "1");
-	uint64_t t0 = now_ms();
+	uint64_t t0 = efs_test_now_ms();
 	efs_etcd_fault_stall_loop(cli, 200);
 	put_ok("/s", "2");
-	cr_assert_geq(now_ms() - t0, 200);
+	cr_assert_geq(efs_test_now_ms() - t0, 200);
 	fini();
 	efs_test_assert_no_leaks();
 }
@@ -884,9 +875,9 @@ static struct efs_etcd_stream *watch_prefix(struct watch_state *ws, const char *
 
 static void run_until(bool (*pred)(void *), void *arg, int timeout_ms)
 {
-	uint64_t end = now_ms() + (uint64_t)timeout_ms;
+	uint64_t end = efs_test_now_ms() + (uint64_t)timeout_ms;
 
-	while (!pred(arg) && now_ms() < end) {
+	while (!pred(arg) && efs_test_now_ms() < end) {
 		uv_run(&loop, UV_RUN_NOWAIT);
 		usleep(1000);
 	}
@@ -960,9 +951,10 @@ Test(transport, keepalive_pings_detect_a_stopped_member, .timeout = 60)
 	cr_assert(!ws.closed);
 	/* A stopped member does not acknowledge: the stream fails. */
 	pause_member(0);
-	uint64_t t0 = now_ms();
+	uint64_t t0 = efs_test_now_ms();
 	run_until(ws_closed, &ws, 9000);
-	cr_assert(ws.closed, "no failure after %llu ms", (unsigned long long)(now_ms() - t0));
+	cr_assert(ws.closed, "no failure after %llu ms",
+		  (unsigned long long)(efs_test_now_ms() - t0));
 	cr_assert_lt(ws.close_err, 0);
 	cr_assert_eq(efs_harness_resume(h, 0), 0);
 	fini();
@@ -1123,10 +1115,10 @@ static void feed(const uint8_t *b, size_t n)
 static void feed_settings(void)
 {
 	uint8_t b[16];
-	uint64_t end = now_ms() + 2000;
+	uint64_t end = efs_test_now_ms() + 2000;
 
 	/* A retry may wait for its backoff before it connects again. */
-	while (efs_etcd_test_feed(cli, NULL, 0) != 0 && now_ms() < end) {
+	while (efs_etcd_test_feed(cli, NULL, 0) != 0 && efs_test_now_ms() < end) {
 		uv_run(&loop, UV_RUN_NOWAIT);
 		usleep(1000);
 	}

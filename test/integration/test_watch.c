@@ -22,15 +22,9 @@
 #include "util/mem.h"
 
 #include "../support/leak.h"
+#include "../support/loop.h"
 
-static uv_loop_t loop;
-static uv_timer_t ticker;
 static struct efs_harness *h;
-
-static void on_tick(uv_timer_t *t)
-{
-	(void)t;
-}
 
 static void start_cluster(int members, const struct efs_harness_opts *o)
 {
@@ -42,89 +36,14 @@ static void start_cluster(int members, const struct efs_harness_opts *o)
 	def.members = members;
 	r = efs_harness_start(&h, o);
 	cr_assert_eq(r, 0, "harness start: %d", r);
-	cr_assert_eq(uv_loop_init(&loop), 0);
-	uv_timer_init(&loop, &ticker);
-	uv_timer_start(&ticker, on_tick, 10, 10);
+	efs_test_loop_init();
 }
 
-static void count_handle(uv_handle_t *hd, void *arg)
-{
-	if (hd != (uv_handle_t *)&ticker)
-		(*(int *)arg)++;
-}
-
-static int other_handles(void)
-{
-	int n = 0;
-
-	uv_walk(&loop, count_handle, &n);
-	return n;
-}
-
-/*
- * A passing test has freed everything, so the loop empties at once. A test
- * that failed an assertion may have left clients open: give closing
- * handles a bounded time and never block on the rest. Each test calls it
- * before its leak check, and .fini again: the second call does nothing.
- */
+/* Each test calls it before its leak check, and .fini again. */
 static void teardown(void)
 {
-	if (ticker.loop) {
-		uint64_t end = efs_clock_mono_ns() / EFS_NSEC_PER_MSEC + 3000;
-
-		while (other_handles() && efs_clock_mono_ns() / EFS_NSEC_PER_MSEC < end)
-			uv_run(&loop, UV_RUN_ONCE);
-		uv_close((uv_handle_t *)&ticker, NULL);
-		uv_run(&loop, UV_RUN_NOWAIT);
-		cr_expect_eq(uv_loop_close(&loop), 0, "handles left open on the loop");
-		memset(&ticker, 0, sizeof(ticker));
-	}
+	efs_test_loop_fini();
 	h = efs_harness_free(h);
-}
-
-static uint64_t now_ms(void)
-{
-	return efs_clock_mono_ns() / EFS_NSEC_PER_MSEC;
-}
-
-/* Runs the loop until *|flag| or |ms| elapse; returns *|flag|. */
-static bool run_until(const bool *flag, uint64_t ms)
-{
-	uint64_t end = now_ms() + ms;
-
-	while (!*flag && now_ms() < end)
-		uv_run(&loop, UV_RUN_ONCE);
-	return *flag;
-}
-
-static void run_for(uint64_t ms)
-{
-	bool never = false;
-
-	run_until(&never, ms);
-}
-
-static struct efs_etcd *client_new(const char *endpoints)
-{
-	struct efs_etcd_opts o = {.endpoints = endpoints};
-	struct efs_etcd *c;
-	int r = efs_etcd_new(&c, &loop, &o);
-
-	cr_assert_eq(r, 0, "efs_etcd_new: %d", r);
-	return c;
-}
-
-static void freed_cb(void *arg)
-{
-	*(bool *)arg = true;
-}
-
-static void client_free(struct efs_etcd *c)
-{
-	bool done = false;
-
-	efs_etcd_free(c, freed_cb, &done);
-	cr_assert(run_until(&done, 10000), "client free did not finish");
 }
 
 /* ---- Unary helpers ---- */
@@ -182,7 +101,7 @@ static int64_t put(struct efs_etcd *c, const char *key, const char *val)
 	int r = put_async(c, key, val, strlen(val), &cr);
 
 	cr_assert_eq(r, 0, "put: %d", r);
-	cr_assert(run_until(&cr.done, 15000), "put %s timed out", key);
+	cr_assert(efs_test_run_until(&cr.done, 15000), "put %s timed out", key);
 	cr_assert_eq(cr.err, 0, "put %s: %d", key, cr.err);
 	return cr.rev;
 }
@@ -195,7 +114,7 @@ static void compact(struct efs_etcd *c, int64_t rev)
 	req.revision = rev;
 	req.physical = true;
 	cr_assert_eq(efs_etcd_call(c, EFS_ETCD_COMPACT, &req.base, NULL, call_done, &cr, NULL), 0);
-	cr_assert(run_until(&cr.done, 15000));
+	cr_assert(efs_test_run_until(&cr.done, 15000));
 	cr_assert_eq(cr.err, 0, "compact: %d", cr.err);
 }
 
@@ -331,14 +250,15 @@ static void wait_rev(struct efs_etcd_watcher *w, int64_t rev, uint64_t ms)
 	struct wait_res wr = {0};
 
 	cr_assert_eq(efs_etcd_watch_wait_rev(w, rev, wait_done, &wr), 0);
-	cr_assert(run_until(&wr.done, ms), "watcher did not reach revision %" PRId64
+	cr_assert(efs_test_run_until(&wr.done, ms), "watcher did not reach revision %" PRId64
 		  " (next %" PRId64 ")", rev, efs_etcd_watcher_next_rev(w));
 	cr_assert_eq(wr.status, 0);
 }
 
 static void wait_created(struct rec *r)
 {
-	cr_assert(run_until(&r->created, 10000), "watcher %s not created", r->name ? r->name : "");
+	cr_assert(efs_test_run_until(&r->created, 10000), "watcher %s not created",
+		  r->name ? r->name : "");
 }
 
 static struct rec *rec_new(const char *name)
@@ -436,7 +356,7 @@ Test(watch, delivers_every_event_in_order_across_a_member_kill)
 	int64_t expect;
 
 	start_cluster(3, NULL);
-	c = client_new(efs_harness_endpoints(h));
+	c = efs_test_client_new(efs_harness_endpoints(h));
 	cr_assert_eq(efs_etcd_watch_stream_new(&ws, c, EFS_ETCD_CH_BULK), 0);
 	w = watch(ws, "/w/", true, 0, r);
 	wait_created(r);
@@ -450,14 +370,15 @@ Test(watch, delivers_every_event_in_order_across_a_member_kill)
 			strcat(others, ",");
 		strcat(others, efs_harness_member_url(h, i));
 	}
-	wc = client_new(others);
+	wc = efs_test_client_new(others);
 	wr.c = wc;
-	uv_timer_init(&loop, &wr.retry);
+	uv_timer_init(&efs_test_loop, &wr.retry);
 	wr.retry.data = &wr;
 	writer_step(&wr);
-	cr_assert(run_until(&wr.kill_now, 60000), "writer stuck at %d", wr.next);
+	cr_assert(efs_test_run_until(&wr.kill_now, 60000), "writer stuck at %d", wr.next);
 	cr_assert_eq(efs_harness_kill(h, victim), 0);
-	cr_assert(run_until(&wr.done, 60000), "writer stuck at %d after the kill", wr.next);
+	cr_assert(efs_test_run_until(&wr.done, 60000), "writer stuck at %d after the kill",
+		  wr.next);
 	wait_rev(w, wr.last_rev, 30000);
 
 	/* Only the writer writes: the watcher must have seen every revision
@@ -485,8 +406,8 @@ Test(watch, delivers_every_event_in_order_across_a_member_kill)
 	uv_close((uv_handle_t *)&wr.retry, NULL);
 	efs_etcd_watcher_free(w);
 	efs_etcd_watch_stream_free(ws);
-	client_free(wc);
-	client_free(c);
+	efs_test_client_free(wc);
+	efs_test_client_free(c);
 	free(r);
 	teardown();
 	efs_test_assert_no_leaks();
@@ -501,7 +422,7 @@ Test(watch, many_watchers_on_one_stream_and_on_two_streams)
 	int64_t last;
 
 	start_cluster(1, NULL);
-	c = client_new(efs_harness_endpoints(h));
+	c = efs_test_client_new(efs_harness_endpoints(h));
 	cr_assert_eq(efs_etcd_watch_stream_new(&ws1, c, EFS_ETCD_CH_PRIO), 0);
 	cr_assert_eq(efs_etcd_watch_stream_new(&ws2, c, EFS_ETCD_CH_BULK), 0);
 	wa = watch(ws1, "/a/", true, 0, ra);
@@ -539,7 +460,7 @@ Test(watch, many_watchers_on_one_stream_and_on_two_streams)
 	efs_etcd_watcher_free(wa2);
 	efs_etcd_watch_stream_free(ws1);
 	efs_etcd_watch_stream_free(ws2);
-	client_free(c);
+	efs_test_client_free(c);
 	free(ra);
 	free(rb);
 	free(ra2);
@@ -557,7 +478,7 @@ Test(watch, start_revision_replays_history_and_prev_kv_carries_old_values)
 	int64_t r1, r3;
 
 	start_cluster(1, NULL);
-	c = client_new(efs_harness_endpoints(h));
+	c = efs_test_client_new(efs_harness_endpoints(h));
 	r1 = put(c, "/k", "one");
 	put(c, "/other", "x");
 	put(c, "/k", "two");
@@ -585,7 +506,7 @@ Test(watch, start_revision_replays_history_and_prev_kv_carries_old_values)
 	efs_etcd_watcher_free(w);
 	efs_etcd_watcher_free(wp);
 	efs_etcd_watch_stream_free(ws);
-	client_free(c);
+	efs_test_client_free(c);
 	free(r);
 	free(rp);
 	teardown();
@@ -601,7 +522,7 @@ static int64_t del(struct efs_etcd *c, const char *key)
 	req.key.len = strlen(key);
 	cr_assert_eq(efs_etcd_call(c, EFS_ETCD_DELETE_RANGE, &req.base, NULL, call_done, &cr, NULL),
 		     0);
-	cr_assert(run_until(&cr.done, 15000));
+	cr_assert(efs_test_run_until(&cr.done, 15000));
 	cr_assert_eq(cr.err, 0, "delete %s: %d", key, cr.err);
 	return cr.rev;
 }
@@ -616,7 +537,7 @@ Test(watch, filters_drop_puts_or_deletes)
 	int64_t last;
 
 	start_cluster(1, NULL);
-	c = client_new(efs_harness_endpoints(h));
+	c = efs_test_client_new(efs_harness_endpoints(h));
 	cr_assert_eq(efs_etcd_watch_stream_new(&ws, c, EFS_ETCD_CH_BULK), 0);
 	o.no_put = true;
 	cr_assert_eq(efs_etcd_watcher_new(&wnp, ws, &o, rec_cb, rnp), 0);
@@ -643,7 +564,7 @@ Test(watch, filters_drop_puts_or_deletes)
 	efs_etcd_watcher_free(wnp);
 	efs_etcd_watcher_free(wnd);
 	efs_etcd_watch_stream_free(ws);
-	client_free(c);
+	efs_test_client_free(c);
 	free(rnp);
 	free(rnd);
 	teardown();
@@ -670,13 +591,13 @@ Test(watch, a_txn_larger_than_a_fragment_arrives_whole)
 	cr_assert_not_null(val);
 	memset(val, 'a', VLEN);
 	start_cluster(1, NULL);
-	c = client_new(efs_harness_endpoints(h));
+	c = efs_test_client_new(efs_harness_endpoints(h));
 	for (int i = 0; i < NKEYS; i++) {
 		struct call_res pc;
 
 		snprintf(keys[i], sizeof(keys[i]), "/f/%03d", i);
 		cr_assert_eq(put_async(c, keys[i], val, VLEN, &pc), 0);
-		cr_assert(run_until(&pc.done, 15000));
+		cr_assert(efs_test_run_until(&pc.done, 15000));
 		cr_assert_eq(pc.err, 0);
 	}
 	cr_assert_eq(efs_etcd_watch_stream_new(&ws, c, EFS_ETCD_CH_BULK), 0);
@@ -699,7 +620,7 @@ Test(watch, a_txn_larger_than_a_fragment_arrives_whole)
 	txn.n_success = NKEYS;
 	txn.success = opp;
 	cr_assert_eq(efs_etcd_call(c, EFS_ETCD_TXN, &txn.base, NULL, call_done, &cr, NULL), 0);
-	cr_assert(run_until(&cr.done, 15000));
+	cr_assert(efs_test_run_until(&cr.done, 15000));
 	cr_assert_eq(cr.err, 0, "txn: %d", cr.err);
 	wait_rev(w, cr.rev, 15000);
 	efs_etcd_watch_stream_get_stats(ws, &st);
@@ -715,7 +636,7 @@ Test(watch, a_txn_larger_than_a_fragment_arrives_whole)
 	}
 	efs_etcd_watcher_free(w);
 	efs_etcd_watch_stream_free(ws);
-	client_free(c);
+	efs_test_client_free(c);
 	free(r);
 	free(val);
 	teardown();
@@ -731,14 +652,14 @@ Test(watch, a_compacted_start_revision_is_reported_as_compacted)
 	int64_t r1, r3;
 
 	start_cluster(1, NULL);
-	c = client_new(efs_harness_endpoints(h));
+	c = efs_test_client_new(efs_harness_endpoints(h));
 	r1 = put(c, "/k", "1");
 	put(c, "/k", "2");
 	r3 = put(c, "/k", "3");
 	compact(c, r3);
 	cr_assert_eq(efs_etcd_watch_stream_new(&ws, c, EFS_ETCD_CH_BULK), 0);
 	w = watch(ws, "/k", false, r1, r);
-	cr_assert(run_until(&r->ended, 10000));
+	cr_assert(efs_test_run_until(&r->ended, 10000));
 	cr_assert_eq(r->end_kind, EFS_ETCD_WATCH_COMPACTED);
 	cr_assert_eq(r->end_status, EFS_ETCD_ECOMPACTED);
 	cr_assert_eq(r->compact_rev, r3);
@@ -754,7 +675,7 @@ Test(watch, a_compacted_start_revision_is_reported_as_compacted)
 	cr_assert_eq(r->n, 1);
 	efs_etcd_watcher_free(w);
 	efs_etcd_watch_stream_free(ws);
-	client_free(c);
+	efs_test_client_free(c);
 	free(r);
 	teardown();
 	efs_test_assert_no_leaks();
@@ -769,7 +690,7 @@ Test(watch, cancel_is_confirmed_and_nothing_follows)
 	int64_t rev;
 
 	start_cluster(1, NULL);
-	c = client_new(efs_harness_endpoints(h));
+	c = efs_test_client_new(efs_harness_endpoints(h));
 	cr_assert_eq(efs_etcd_watch_stream_new(&ws, c, EFS_ETCD_CH_BULK), 0);
 	w = watch(ws, "/k", false, 0, r);
 	w2 = watch(ws, "/k", false, 0, r2);
@@ -778,7 +699,7 @@ Test(watch, cancel_is_confirmed_and_nothing_follows)
 	put(c, "/k", "1");
 	cr_assert_eq(efs_etcd_watcher_cancel(w), 0);
 	cr_assert_eq(efs_etcd_watcher_cancel(w), -EALREADY);
-	cr_assert(run_until(&r->ended, 10000));
+	cr_assert(efs_test_run_until(&r->ended, 10000));
 	cr_assert_eq(r->end_kind, EFS_ETCD_WATCH_CANCELED);
 	cr_assert_eq(r->end_status, 0);
 	rev = put(c, "/k", "2");
@@ -789,7 +710,7 @@ Test(watch, cancel_is_confirmed_and_nothing_follows)
 	efs_etcd_watcher_free(w);
 	efs_etcd_watcher_free(w2);
 	efs_etcd_watch_stream_free(ws);
-	client_free(c);
+	efs_test_client_free(c);
 	free(r);
 	free(r2);
 	teardown();
@@ -806,11 +727,11 @@ Test(watch, an_empty_range_is_refused_at_creation)
 					.range_end_len = 2};
 
 	start_cluster(1, NULL);
-	c = client_new(efs_harness_endpoints(h));
+	c = efs_test_client_new(efs_harness_endpoints(h));
 	cr_assert_eq(efs_etcd_watch_stream_new(&ws, c, EFS_ETCD_CH_BULK), 0);
 	cr_assert_eq(efs_etcd_watcher_new(&w, ws, &o, rec_cb, r), 0);
 	ok = watch(ws, "/k", false, 0, rok);
-	cr_assert(run_until(&r->ended, 10000));
+	cr_assert(efs_test_run_until(&r->ended, 10000));
 	cr_assert_eq(r->created, false);
 	cr_assert_eq(r->end_kind, EFS_ETCD_WATCH_CANCELED);
 	cr_assert_eq(r->end_status, -EINVAL, "status %d (%s)", r->end_status, r->reason);
@@ -818,7 +739,7 @@ Test(watch, an_empty_range_is_refused_at_creation)
 	efs_etcd_watcher_free(w);
 	efs_etcd_watcher_free(ok);
 	efs_etcd_watch_stream_free(ws);
-	client_free(c);
+	efs_test_client_free(c);
 	free(r);
 	free(rok);
 	teardown();
@@ -840,11 +761,11 @@ Test(watch, permission_denied_is_reported_at_creation)
 	co.endpoints = efs_harness_endpoints(h);
 	co.user = efs_harness_user(h);
 	co.password = efs_harness_user_password(h);
-	cr_assert_eq(efs_etcd_new(&c, &loop, &co), 0);
+	cr_assert_eq(efs_etcd_new(&c, &efs_test_loop, &co), 0);
 	cr_assert_eq(efs_etcd_watch_stream_new(&ws, c, EFS_ETCD_CH_BULK), 0);
 	w = watch(ws, "/theirs/", true, 0, r);
 	ok = watch(ws, "/mine/", true, 0, rok);
-	cr_assert(run_until(&r->ended, 10000));
+	cr_assert(efs_test_run_until(&r->ended, 10000));
 	cr_assert_eq(r->end_kind, EFS_ETCD_WATCH_CANCELED);
 	cr_assert_eq(r->end_status, -EPERM, "status %d (%s)", r->end_status, r->reason);
 	wait_created(rok);
@@ -854,7 +775,7 @@ Test(watch, permission_denied_is_reported_at_creation)
 	efs_etcd_watcher_free(w);
 	efs_etcd_watcher_free(ok);
 	efs_etcd_watch_stream_free(ws);
-	client_free(c);
+	efs_test_client_free(c);
 	free(r);
 	free(rok);
 	teardown();
@@ -872,7 +793,7 @@ Test(watch, barrier_and_wait_rev_mean_everything_before_was_delivered)
 	int64_t rev;
 
 	start_cluster(1, NULL);
-	c = client_new(efs_harness_endpoints(h));
+	c = efs_test_client_new(efs_harness_endpoints(h));
 	cr_assert_eq(efs_etcd_watch_stream_new(&ws, c, EFS_ETCD_CH_BULK), 0);
 	w = watch(ws, "/s/", true, 0, r);
 	wait_created(r);
@@ -883,12 +804,12 @@ Test(watch, barrier_and_wait_rev_mean_everything_before_was_delivered)
 		cr_assert_eq(put_async(c, key, "v", 1, &cr[i]), 0);
 	}
 	for (int i = 0; i < 10; i++) {
-		cr_assert(run_until(&cr[i].done, 15000));
+		cr_assert(efs_test_run_until(&cr[i].done, 15000));
 		cr_assert_eq(cr[i].err, 0);
 	}
 	/* All ten are committed; the watcher may not have delivered them. */
 	cr_assert_eq(efs_etcd_watch_barrier(w, "/s/~sentinel", 12, wait_done, &b), 0);
-	cr_assert(run_until(&b.done, 15000), "barrier did not complete");
+	cr_assert(efs_test_run_until(&b.done, 15000), "barrier did not complete");
 	cr_assert_eq(b.status, 0);
 	cr_assert_eq(b.w, w);
 	cr_assert_eq(b.n_at_done, 11, "%zu events delivered at the barrier", b.n_at_done);
@@ -897,21 +818,21 @@ Test(watch, barrier_and_wait_rev_mean_everything_before_was_delivered)
 	/* A revision already delivered completes, but not inline. */
 	cr_assert_eq(efs_etcd_watch_wait_rev(w, r->ev[3].rev, wait_done, &now), 0);
 	cr_assert_eq(now.done, false);
-	cr_assert(run_until(&now.done, 5000));
+	cr_assert(efs_test_run_until(&now.done, 5000));
 	cr_assert_eq(now.status, 0);
 	/* A future revision completes once its event is delivered. */
 	rev = r->ev[10].rev;
 	cr_assert_eq(efs_etcd_watch_wait_rev(w, rev + 2, wait_done, &early), 0);
 	put(c, "/s/a", "1");
-	run_for(300);
+	efs_test_run_for(300);
 	cr_assert_eq(early.done, false, "wait_rev completed before its revision");
 	put(c, "/s/b", "2");
-	cr_assert(run_until(&early.done, 10000));
+	cr_assert(efs_test_run_until(&early.done, 10000));
 	cr_assert_eq(early.status, 0);
 	cr_assert_eq(early.n_at_done, 13);
 	efs_etcd_watcher_free(w);
 	efs_etcd_watch_stream_free(ws);
-	client_free(c);
+	efs_test_client_free(c);
 	free(r);
 	teardown();
 	efs_test_assert_no_leaks();
@@ -928,7 +849,7 @@ Test(watch, the_delay_fault_delays_delivery_but_loses_nothing)
 	uint64_t t_put;
 
 	start_cluster(1, NULL);
-	c = client_new(efs_harness_endpoints(h));
+	c = efs_test_client_new(efs_harness_endpoints(h));
 	cr_assert_eq(efs_etcd_watch_stream_new(&ws, c, EFS_ETCD_CH_BULK), 0);
 	w = watch(ws, "/d/", true, 0, r);
 	wait_created(r);
@@ -945,7 +866,7 @@ Test(watch, the_delay_fault_delays_delivery_but_loses_nothing)
 	/* Generous: the event of the first put must not be delivered within
 	 * half the delay after that put was sent. */
 	if (efs_clock_mono_ns() - t_put < 750 * EFS_NSEC_PER_MSEC)
-		run_for(750 - (efs_clock_mono_ns() - t_put) / EFS_NSEC_PER_MSEC);
+		efs_test_run_for(750 - (efs_clock_mono_ns() - t_put) / EFS_NSEC_PER_MSEC);
 	cr_assert_eq(r->n, 0, "events delivered despite the delay");
 	wait_rev(w, last, 15000);
 	cr_assert_geq(r->first_ev_ns - t_put, 1500 * EFS_NSEC_PER_MSEC - 50 * EFS_NSEC_PER_MSEC);
@@ -957,7 +878,7 @@ Test(watch, the_delay_fault_delays_delivery_but_loses_nothing)
 		cr_assert_eq(r->ev[i].rev, first + i);
 	efs_etcd_watcher_free(w);
 	efs_etcd_watch_stream_free(ws);
-	client_free(c);
+	efs_test_client_free(c);
 	free(r);
 	teardown();
 	efs_test_assert_no_leaks();
@@ -984,20 +905,20 @@ Test(watch, a_watcher_created_after_the_token_expired_is_not_denied)
 	co.endpoints = efs_harness_endpoints(h);
 	co.user = efs_harness_user(h);
 	co.password = efs_harness_user_password(h);
-	cr_assert_eq(efs_etcd_new(&c, &loop, &co), 0);
+	cr_assert_eq(efs_etcd_new(&c, &efs_test_loop, &co), 0);
 	cr_assert_eq(efs_etcd_watch_stream_new(&ws, c, EFS_ETCD_CH_BULK), 0);
 	w1 = watch(ws, "/mine/a/", true, 0, r1);
 	wait_created(r1);
 	/* Idle past the token TTL (etcd's token sweep runs every second). */
-	run_for(4500);
+	efs_test_run_for(4500);
 	w2 = watch(ws, "/mine/b/", true, 0, r2);
 	denied = watch(ws, "/theirs/", true, 0, rd);
-	cr_assert(run_until(&r2->created, 15000) || r2->ended, "late watcher not created");
+	cr_assert(efs_test_run_until(&r2->created, 15000) || r2->ended, "late watcher not created");
 	cr_assert_eq(r2->ended, false, "late watcher ended: %d %s", r2->end_status, r2->reason);
 	/* It took a new stream with a renewed token. */
 	efs_etcd_watch_stream_get_stats(ws, &st);
 	cr_assert_geq(st.opens, 2);
-	cr_assert(run_until(&rd->ended, 15000));
+	cr_assert(efs_test_run_until(&rd->ended, 15000));
 	cr_assert_eq(rd->end_status, -EPERM, "status %d (%s)", rd->end_status, rd->reason);
 	rev = put(c, "/mine/a/x", "1");
 	put(c, "/mine/b/x", "1");
@@ -1009,7 +930,7 @@ Test(watch, a_watcher_created_after_the_token_expired_is_not_denied)
 	efs_etcd_watcher_free(w2);
 	efs_etcd_watcher_free(denied);
 	efs_etcd_watch_stream_free(ws);
-	client_free(c);
+	efs_test_client_free(c);
 	free(r1);
 	free(r2);
 	free(rd);
