@@ -501,6 +501,19 @@ static void call_free(struct efs_etcd_call *call)
 
 static void auth_done(struct efs_etcd_call *call);
 
+/* Takes an ending call's or stream's attempt off the channel's wait list,
+ * or resets its stream on the wire (the connection keeps it as an orphan
+ * until the stream ends). Shared by call_finish and stream_finish. */
+static void rpc_detach(struct efs_rpc *rpc)
+{
+	if (rpc->waiting) {
+		efs_list_del(&rpc->link);
+		rpc->waiting = false;
+	}
+	if (rpc->conn)
+		efs_conn_reset(rpc->conn, rpc, NGHTTP2_CANCEL);
+}
+
 /* Decides |call|'s result: its callback is queued and it leaves every list
  * but the connection's (an attempt on the wire is reset and kept as an
  * orphan until its stream ends). */
@@ -519,12 +532,7 @@ static void call_finish(struct efs_etcd_call *call, int err, int gs, bool unknow
 	call->retry_pending = false;
 	heap_remove(c, call);
 	arm_timer(c);
-	if (call->rpc.waiting) {
-		efs_list_del(&call->rpc.link);
-		call->rpc.waiting = false;
-	}
-	if (call->rpc.conn)
-		efs_conn_reset(call->rpc.conn, &call->rpc, NGHTTP2_CANCEL);
+	rpc_detach(&call->rpc);
 	/* A NULL |fmt| keeps the message already in call->msg. */
 	if (fmt) {
 		va_start(ap, fmt);
@@ -1495,12 +1503,7 @@ static void stream_finish(struct efs_etcd_stream *s, int err, int gs, const char
 	if (s->finished)
 		return;
 	s->finished = true;
-	if (s->rpc.waiting) {
-		efs_list_del(&s->rpc.link);
-		s->rpc.waiting = false;
-	}
-	if (s->rpc.conn)
-		efs_conn_reset(s->rpc.conn, &s->rpc, NGHTTP2_CANCEL);
+	rpc_detach(&s->rpc);
 	/* A NULL |fmt| keeps the message already in s->msg. */
 	if (fmt) {
 		va_start(ap, fmt);
