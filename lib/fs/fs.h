@@ -1,0 +1,59 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#pragma once
+
+/*
+ * The filesystem on the loop (ARCHITECTURE.md sections 2, 7): the inode
+ * cache, the namespace and attribute operations as libfuse3 low-level
+ * handlers, each an operation record with continuation steps that
+ * compose the lock, session and etcd steps and send exactly one reply.
+ *
+ * Everything here runs on the loop thread. The daemon (etcfsd/etcfsd.c)
+ * creates the session, lock cache and metrics, then the fs, then the FUSE
+ * session with efs_fs_ops() and |fs| as userdata, and pumps it with
+ * lib/fs/fuseloop.h.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include "etcd/etcd.h"
+#include "lock/lock.h"
+#include "lock/session.h"
+#include "meta/keys.h"
+#include "meta/sb.h"
+#include "util/metrics.h"
+#include "etcfs.pb-c.h"
+
+struct efs_fs;
+
+struct efs_fs_opts {
+	const struct efs_meta_ns *ns;
+	const struct efs_sb *sb;
+	const Etcfs__FsInfo *fi; /* copied */
+	bool read_only;		 /* -o ro */
+	bool noatime;		 /* -o noatime */
+	/* Longest entry/attr timeout given to the kernel under a held lock (0:
+	 * min(1 s, session TTL / 4), so that caches granted before a
+	 * suspension time out before the lease deadline). */
+	uint32_t cache_timeout_ms;
+	uint32_t ino_batch; /* inode numbers reserved at once (0: 1024) */
+};
+
+int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
+	       struct efs_session *s, struct efs_lockcache *lc, struct efs_metrics *m,
+	       const struct efs_fs_opts *o);
+/* The handlers; userdata of the FUSE session must be the struct efs_fs. */
+const struct fuse_lowlevel_ops *efs_fs_ops(void);
+/* The FUSE session, for notifications (set once it exists). */
+void efs_fs_set_fuse(struct efs_fs *fs, struct fuse_session *se);
+/* Session state changes (forward the efs_session state callback here). */
+void efs_fs_session_changed(struct efs_fs *fs, enum efs_session_state old,
+			    enum efs_session_state new_state);
+/* Operations in flight (the daemon waits for 0 before leaving). */
+uint64_t efs_fs_inflight(const struct efs_fs *fs);
+/* Frees the fs: no operation may be in flight. Accepts NULL; returns NULL. */
+struct efs_fs *efs_fs_free(struct efs_fs *fs);

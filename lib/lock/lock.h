@@ -1,0 +1,168 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#pragma once
+
+/*
+ * The node's lock cache (ARCHITECTURE.md 7.1-7.2): per-inode shared and
+ * exclusive locks held as holder keys l/<ino><mode><node> on the session
+ * lease, cached after the operation that took them and reused with no etcd
+ * traffic until released (idle, over the cache bound, or recalled by a
+ * peer: recall arrives with the cluster issue; the hooks are here).
+ *
+ * The lock is the node's, not an operation's: every operation on this node
+ * that needs inode I in mode M shares the node's hold. An operation pins
+ * what it acquired (efs_lock_req) until efs_lock_put; a pinned lock is
+ * never released.
+ *
+ * Acquire is one transaction: compares that no conflicting holder and no
+ * recall key exist (shared: no exclusive holder; exclusive: no holder of
+ * another node at all) plus the session guard; success puts the holder key
+ * and reads the inode record i/<ino> (so that a lock and a fresh record
+ * arrive together); failure puts a recall key and reads the holders, then
+ * watches them until the lock can be taken (arrival order by recall seq).
+ * Upgrade shared -> exclusive is release, then acquire. Several inodes are
+ * acquired in inode number order.
+ *
+ * Kernel caching (7.1): the fs layer may hand the kernel nonzero
+ * entry/attr timeouts only for inodes this node holds a lock on, and
+ * records each grant with efs_lock_note_kernel_cache(); a lock is never
+ * released idle before the last kernel cache it granted has timed out
+ * (so an idle release needs no invalidation), and a release that cannot
+ * wait (recall, suspension) runs the invalidate hook first.
+ *
+ * Callback rule (libuv's): a function taking a callback returns an error
+ * now (callback never runs), 1 when done now (callback never runs), or 0
+ * and the callback runs exactly once later, never inline.
+ */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "etcd/etcd.h"
+#include "etcd/txn.h"
+#include "lock/session.h"
+#include "meta/keys.h"
+#include "rpc.pb-c.h"
+
+struct efs_lockcache;
+
+enum efs_lock_mode {
+	EFS_LOCK_NONE = 0,
+	EFS_LOCK_SHARED = 1,
+	EFS_LOCK_EXCLUSIVE = 2,
+};
+
+/* Most inodes one request locks at once (rename over an existing target:
+ * two parents, the moved inode, the replaced inode). */
+#define EFS_LOCK_REQ_MAX 4
+
+struct efs_lock_req;
+/*
+ * Acquisition finished: 0 (every inode held, pinned), or -EIO (session
+ * lost or not active past the wait bound), -EINTR (cancelled), another
+ * negative errno. On error nothing stays pinned. For each inode whose lock
+ * was newly taken, |recs[i]| holds the i/<ino> record read in the same
+ * transaction (a KeyValue owned by the request until efs_lock_put; NULL
+ * when the inode does not exist, or when the lock was already cached).
+ */
+typedef void (*efs_lock_cb)(struct efs_lock_req *req, int status);
+
+struct efs_lock_req {
+	/* filled by the caller before efs_lock_acquire */
+	size_t n;
+	uint64_t ino[EFS_LOCK_REQ_MAX];
+	enum efs_lock_mode mode[EFS_LOCK_REQ_MAX];
+	efs_lock_cb cb;
+	void *arg;
+	/* results */
+	const Mvccpb__KeyValue *recs[EFS_LOCK_REQ_MAX];
+	/* private */
+	void *priv;
+};
+
+struct efs_lockcache_opts {
+	const struct efs_meta_ns *ns;
+	size_t max_cached;	  /* locks kept (0: 4096) */
+	uint32_t idle_ms;	  /* release a lock unused this long (0: 5000) */
+	size_t release_batch;	  /* holder keys deleted per transaction (0: 64) */
+	uint32_t wait_timeout_ms; /* give up a conflicting acquire (0: never) */
+	/* Called before a lock is released while the kernel may still cache
+	 * under it (recall, suspension): must invalidate the kernel's entries,
+	 * attributes and pages of |ino| and call |done| when finished (on the
+	 * loop). NULL: releases always wait out the kernel cache timeouts. */
+	void (*invalidate)(uint64_t ino, void (*done)(void *darg), void *darg, void *arg);
+	void *invalidate_arg;
+};
+
+int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_etcd *c,
+		      struct efs_session *s, const struct efs_lockcache_opts *o);
+
+/*
+ * Releases every lock (batched deletes) for a clean leave; |done| runs
+ * once with 0 or the first error. Locks pinned by operations are released
+ * once unpinned.
+ */
+int efs_lockcache_release_all(struct efs_lockcache *lc, void (*done)(int status, void *arg),
+			      void *arg);
+/*
+ * The session was lost (GONE): every holder key vanished with the lease.
+ * Forget every lock at once (no etcd traffic); pinned operations keep
+ * their pins but efs_lock_guard() on them fails from now on.
+ */
+void efs_lockcache_forget_all(struct efs_lockcache *lc);
+/* Frees |lc|: callers drain their operations first; acquisitions still
+ * pending are dropped without a callback. Holder keys stay in etcd (they
+ * go with the session lease). Accepts NULL; returns NULL. */
+struct efs_lockcache *efs_lockcache_free(struct efs_lockcache *lc);
+
+/* Acquire the locks of |req| (see the callback rule above). */
+int efs_lock_acquire(struct efs_lockcache *lc, struct efs_lock_req *req);
+/* Cancels a waiting acquisition: its callback runs with -EINTR (later). */
+void efs_lock_cancel(struct efs_lockcache *lc, struct efs_lock_req *req);
+/* Unpins what |req| acquired; the locks stay cached. */
+void efs_lock_put(struct efs_lockcache *lc, struct efs_lock_req *req);
+
+/* The mode this node holds on |ino| now (NONE when none or being
+ * released/recalled: then the kernel must get zero timeouts). */
+enum efs_lock_mode efs_lock_held(const struct efs_lockcache *lc, uint64_t ino);
+
+/*
+ * Adds to |t| a compare that this node's holder key for |ino| in |mode|
+ * still exists on the session lease (1 compare). -ENOLCK when this node
+ * does not hold it, -E2BIG when |t| is full.
+ */
+int efs_lock_guard(const struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino,
+		   enum efs_lock_mode mode);
+
+/*
+ * A new inode: puts an exclusive holder key for |ino| into |t| (the
+ * creating transaction, 1 op) so that the creator holds it from birth at
+ * no extra commit. After the transaction commits, call
+ * efs_lock_grant_committed(..., true); on failure (..., false).
+ */
+int efs_lock_grant_in_txn(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino);
+void efs_lock_grant_committed(struct efs_lockcache *lc, uint64_t ino, bool committed);
+
+/*
+ * An inode was deleted (last link gone, record removed) by a transaction
+ * that also deleted its holder keys: forget its lock without etcd traffic.
+ * Add the deletes with efs_lock_drop_in_txn (1 op: the l/<ino> range).
+ */
+int efs_lock_drop_in_txn(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino);
+void efs_lock_forget(struct efs_lockcache *lc, uint64_t ino);
+
+/* The kernel may cache entries/attributes of |ino| until |until_ns| (mono);
+ * the lock is not released idle before that. */
+void efs_lock_note_kernel_cache(struct efs_lockcache *lc, uint64_t ino, uint64_t until_ns);
+
+struct efs_lockcache_stats {
+	uint64_t held;		/* locks cached now */
+	uint64_t acquires;	/* acquisitions that needed etcd */
+	uint64_t hits;		/* acquisitions served from the cache */
+	uint64_t waits;		/* acquisitions that had to wait for a holder */
+	uint64_t releases;	/* locks released */
+	uint64_t release_txns;	/* transactions that released them */
+	uint64_t txn_retries;	/* acquire transactions retried */
+};
+void efs_lockcache_get_stats(const struct efs_lockcache *lc, struct efs_lockcache_stats *ret);

@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#pragma once
+
+/*
+ * The node's session (ARCHITECTURE.md section 8): the session lease, the
+ * node key n/<node> (NodeInfo on the lease), the fencing generation
+ * g/<node>, and the two-phase fence.
+ *
+ * States (enum efs_session_state):
+ *   ACTIVE     renewals acknowledged; mutations allowed.
+ *   SUSPENDED  no acknowledged renewal for |suspend_ms| (default TTL/2)
+ *              after the send time of the last acknowledged one: no device
+ *              writes, no etcd mutations, new operations wait
+ *              (efs_session_wait); the owner invalidates kernel caches and
+ *              keeps its buffers. Left for ACTIVE when etcd answers and
+ *              TimeToLive says the lease lives, or for GONE.
+ *   EXPIRED    SUSPENDED and past the deadline (last acked send + TTL):
+ *              nothing may be served from caches any more; operations
+ *              still wait for etcd's answer, up to |quorum_loss_ms| after
+ *              the suspension, then fail with EIO.
+ *   GONE       etcd says the lease no longer exists: every lock, open
+ *              reference and buffer of that session is lost (the owner
+ *              discards them and fails affected descriptors with EIO).
+ *              The session re-registers by itself (new lease, generation
+ *              + 1) and goes ACTIVE again; waiting operations then resume.
+ *   CLOSED     after efs_session_leave or a fatal error.
+ * Every change is reported through the state callback.
+ *
+ * The timing decisions live in a pure state machine (session-fsm.h,
+ * unit-tested with a fake clock); this module feeds it lease events and
+ * timer ticks and carries out its actions against etcd.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "etcd/etcd.h"
+#include "etcd/txn.h"
+#include "meta/keys.h"
+
+struct efs_session;
+
+enum efs_session_state {
+	EFS_SESSION_STARTING = 0,
+	EFS_SESSION_ACTIVE,
+	EFS_SESSION_SUSPENDED,
+	EFS_SESSION_EXPIRED,
+	EFS_SESSION_GONE,
+	EFS_SESSION_CLOSED,
+};
+
+struct efs_session_opts {
+	const struct efs_meta_ns *ns;
+	const char *node;	  /* node id (valid per efs_meta_node_is_valid) */
+	const char *machine_id;	  /* NULL: read /etc/machine-id (hostname if none) */
+	const char *hostname;	  /* NULL: gethostname() */
+	const char *metrics_addr; /* published in NodeInfo; may be NULL */
+	int64_t ttl_s;		  /* session lease TTL (0: 2 s) */
+	uint32_t suspend_ms;	  /* 0: TTL/2 */
+	uint32_t quorum_loss_ms;  /* how long operations wait while suspended before
+				   * EIO (0: 30 s) */
+};
+
+/* State changes; |old| and |new| differ. Runs on the loop. */
+typedef void (*efs_session_state_cb)(struct efs_session *s, enum efs_session_state old,
+				     enum efs_session_state new_state, void *arg);
+/* End of efs_session_start or efs_session_leave: 0 or a negative errno. */
+typedef void (*efs_session_done_cb)(struct efs_session *s, int status, void *arg);
+
+/*
+ * Registers the node: reads n/<node> and g/<node>; if n/<node> exists with
+ * this machine id and its pid is not running here, revokes its lease (a
+ * restart after kill -9); if it exists otherwise, fails with -EBUSY ("node
+ * id in use", logged with the holder's hostname and pid). Then grants the
+ * lease, and in one transaction (n/<node> absent, g/<node> unchanged) puts
+ * n/<node> on the lease and g/<node> = generation + 1, and starts renewing.
+ * |done| runs once with 0 (ACTIVE) or an error (the session is then
+ * CLOSED; free it). -ENOMEM/-EINVAL now, |done| never runs then.
+ */
+int efs_session_start(struct efs_session **ret, uv_loop_t *loop, struct efs_etcd *c,
+		      const struct efs_session_opts *o, efs_session_state_cb state_cb,
+		      efs_session_done_cb done, void *arg);
+
+/*
+ * Clean leave: stops renewing and revokes the lease (every key on it —
+ * node key, holders, open references, group owners — goes with it). The
+ * caller publishes and releases what it wants explicitly before. |done|
+ * runs once; then the session is CLOSED.
+ */
+int efs_session_leave(struct efs_session *s, efs_session_done_cb done, void *arg);
+
+/* Frees |s| (no callback runs afterwards; the lease lives on in etcd until
+ * its TTL ends unless left first). Accepts NULL; returns NULL. */
+struct efs_session *efs_session_free(struct efs_session *s);
+
+enum efs_session_state efs_session_state(const struct efs_session *s);
+const char *efs_session_state_name(enum efs_session_state st);
+int64_t efs_session_lease_id(const struct efs_session *s);
+uint64_t efs_session_generation(const struct efs_session *s);
+const char *efs_session_node(const struct efs_session *s);
+/* Mono deadline of the current lease (last acked renewal send + TTL). */
+uint64_t efs_session_deadline_ns(const struct efs_session *s);
+/* True only when ACTIVE: mutations and cached answers are allowed. */
+bool efs_session_is_active(const struct efs_session *s);
+
+/*
+ * Adds to |t| the compares every mutation carries: n/<node> is on this
+ * session's lease, and g/<node> still holds this session's generation
+ * (mod_revision as written at registration). 2 compares. -EIO when the
+ * session is not ACTIVE, -E2BIG when |t| is full.
+ */
+int efs_session_guard(const struct efs_session *s, struct efs_etcd_txn *t);
+
+/*
+ * Waiting for the session: operations that arrive while SUSPENDED, EXPIRED
+ * or GONE queue here. The callback runs once: 0 when the session is ACTIVE
+ * again (for GONE: once re-registered; |generation_changed| tells the
+ * caller that its locks and handles are gone), -EIO when |quorum_loss_ms|
+ * passed since the suspension, -ESHUTDOWN when the session is closed
+ * (left, or a re-registration failed for good). efs_session_wait returns 1
+ * when the session is ACTIVE now (the callback never runs), 0 when queued.
+ * The waiter is caller-owned (embed it in the operation record) and may be
+ * cancelled; cancel after the callback is a no-op.
+ */
+struct efs_session_waiter;
+typedef void (*efs_session_wait_cb)(struct efs_session_waiter *w, int status,
+				    bool generation_changed);
+struct efs_session_waiter {
+	struct efs_session_waiter *next, *prev; /* private */
+	uint64_t generation;			/* private */
+	efs_session_wait_cb cb;
+	void *arg;
+};
+int efs_session_wait(struct efs_session *s, struct efs_session_waiter *w, efs_session_wait_cb cb,
+		     void *arg);
+void efs_session_wait_cancel(struct efs_session *s, struct efs_session_waiter *w);
+
+/* Counters for metrics and status. */
+struct efs_session_stats {
+	uint64_t suspends;	/* entries into SUSPENDED */
+	uint64_t resumes;	/* SUSPENDED/EXPIRED -> ACTIVE with the lease alive */
+	uint64_t losses;	/* -> GONE */
+	uint64_t registrations; /* sessions registered (1 + re-registrations) */
+	uint64_t waits_failed;	/* waiters answered -EIO */
+	uint64_t renew_max_gap_ns;
+};
+void efs_session_get_stats(const struct efs_session *s, struct efs_session_stats *ret);
+
+/* Fault hook (EFS_FAULT_HOOKS): stop/resume renewals as if stuck. */
+void efs_session_fault_pause(struct efs_session *s, bool paused);
