@@ -14,13 +14,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <uv.h>
 
+#include "cli.h"
 #include "config.h"
 #include "etcd/etcd.h"
 #include "etcd/kv.h"
+#include "etcd/sync.h"
+#include "meta/keys.h"
+#include "meta/records.h"
+#include "meta/sb.h"
 #include "util/clock.h"
 #include "util/mem.h"
 
@@ -35,59 +41,20 @@ enum {
 
 static const char *prog = "etcfsctl";
 
-/* ---- etcd connection flags (shared by subcommands) ---- */
-
-struct conn_args {
-	char *endpoints; /* normalised, owned */
-	const char *cacert;
-	const char *cert;
-	const char *key;
-	char *user; /* owned */
-	char *password; /* owned */
-	uint32_t dial_timeout_ms;
-	uint32_t command_timeout_ms;
-};
+/* ---- etcd connection flags (cli.c, shared by every command) ---- */
 
 enum {
-	OPT_ENDPOINTS = 0x100,
-	OPT_CACERT,
-	OPT_CERT,
-	OPT_KEY,
-	OPT_USER,
-	OPT_PASSWORD,
-	OPT_DIAL_TIMEOUT,
-	OPT_COMMAND_TIMEOUT,
+	OPT_ETCD = 0x100,
 	OPT_DURATION,
 	OPT_CONCURRENCY,
 	OPT_SAMPLES,
 	OPT_QUOTA,
 	OPT_HELP,
+	OPT_NAME,
+	OPT_HUMAN,
 };
 
-#define CONN_LONGOPTS                                                                      \
-	{"endpoints", required_argument, NULL, OPT_ENDPOINTS},                             \
-	{"cacert", required_argument, NULL, OPT_CACERT},                                   \
-	{"cert", required_argument, NULL, OPT_CERT},                                       \
-	{"key", required_argument, NULL, OPT_KEY},                                         \
-	{"user", required_argument, NULL, OPT_USER},                                       \
-	{"password", required_argument, NULL, OPT_PASSWORD},                               \
-	{"dial-timeout", required_argument, NULL, OPT_DIAL_TIMEOUT},                       \
-	{"command-timeout", required_argument, NULL, OPT_COMMAND_TIMEOUT},                 \
-	{"help", no_argument, NULL, OPT_HELP}
-
-static const char conn_help[] =
-	"etcd connection (the flag names of etcdctl):\n"
-	"  --endpoints URLS         comma-separated client URLs (default\n"
-	"                           http://127.0.0.1:2379); host:port without a scheme is\n"
-	"                           http://, or https:// when a TLS flag is given\n"
-	"  --cacert FILE            CA bundle to verify the servers (TLS)\n"
-	"  --cert FILE              client certificate (TLS client-cert auth)\n"
-	"  --key FILE               client private key\n"
-	"  --user USER[:PASS]       authenticate as USER\n"
-	"  --password PASS          password for --user (else USER:PASS, else prompted\n"
-	"                           on a terminal)\n"
-	"  --dial-timeout SECONDS   connect + TLS handshake limit (default 2)\n"
-	"  --command-timeout SECONDS  deadline of each call (default 5)\n";
+#define CONN_LONGOPTS EFS_CLI_ETCD_LONGOPTS(OPT_ETCD), {"help", no_argument, NULL, OPT_HELP}
 
 static int parse_seconds_ms(const char *s, uint32_t *ret_ms)
 {
@@ -115,155 +82,49 @@ static int parse_uint(const char *s, unsigned long max, unsigned long *ret)
 	return 0;
 }
 
-/* Adds a scheme to endpoints given as host:port. */
-static char *normalise_endpoints(const char *in, bool tls)
-{
-	size_t cap = strlen(in) * 2 + 16, len = 0;
-	char *out = efs_mem_malloc(cap);
-	const char *p = in;
-
-	if (!out)
-		return NULL;
-	out[0] = '\0';
-	while (*p) {
-		size_t n = strcspn(p, ",");
-		const char *scheme = "";
-
-		if (n > 0) {
-			if (!memmem(p, n, "://", 3))
-				scheme = tls ? "https://" : "http://";
-			len += (size_t)snprintf(out + len, cap - len, "%s%s%.*s", len ? "," : "",
-						scheme, (int)n, p);
-		}
-		p += n;
-		if (*p == ',')
-			p++;
-	}
-	return out;
-}
-
 /*
- * Handles one shared connection option. Returns 1 when |opt| was one, 0
- * when it is not, -EINVAL (after printing why) for a bad value.
+ * Handles one shared connection option (getopt_long's |opt| and |name|).
+ * Returns 1 when it was one, 0 when it is not, -EINVAL (after printing
+ * why) for a bad value, -ENOMEM.
  */
-static int conn_args_option(struct conn_args *a, int opt, const char *val)
+static int conn_args_option(struct efs_cli_etcd *e, int opt, const char *name, const char *val)
 {
-	switch (opt) {
-	case OPT_ENDPOINTS:
-		efs_mem_free(a->endpoints);
-		a->endpoints = efs_mem_strdup(val);
-		return a->endpoints ? 1 : -ENOMEM;
-	case OPT_CACERT:
-		a->cacert = val;
-		return 1;
-	case OPT_CERT:
-		a->cert = val;
-		return 1;
-	case OPT_KEY:
-		a->key = val;
-		return 1;
-	case OPT_USER: {
-		const char *colon = strchr(val, ':');
+	char err[EFS_CLI_ERR_MAX] = "";
+	int r;
 
-		efs_mem_free(a->user);
-		a->user = colon ? efs_mem_strndup(val, (size_t)(colon - val)) : efs_mem_strdup(val);
-		if (!a->user)
-			return -ENOMEM;
-		if (colon && !a->password) {
-			a->password = efs_mem_strdup(colon + 1);
-			if (!a->password)
-				return -ENOMEM;
-		}
-		if (!a->user[0]) {
-			fprintf(stderr, "%s: --user needs a user name\n", prog);
-			return -EINVAL;
-		}
-		return 1;
-	}
-	case OPT_PASSWORD:
-		efs_mem_free(a->password);
-		a->password = efs_mem_strdup(val);
-		return a->password ? 1 : -ENOMEM;
-	case OPT_DIAL_TIMEOUT:
-		if (parse_seconds_ms(val, &a->dial_timeout_ms) < 0) {
-			fprintf(stderr, "%s: --dial-timeout wants seconds > 0, not '%s'\n", prog,
-				val);
-			return -EINVAL;
-		}
-		return 1;
-	case OPT_COMMAND_TIMEOUT:
-		if (parse_seconds_ms(val, &a->command_timeout_ms) < 0) {
-			fprintf(stderr, "%s: --command-timeout wants seconds > 0, not '%s'\n",
-				prog, val);
-			return -EINVAL;
-		}
-		return 1;
-	default:
+	if (opt != OPT_ETCD)
 		return 0;
-	}
+	r = efs_cli_etcd_option(e, name, val, err, sizeof(err));
+	if (r < 0)
+		efs_cli_print_err(prog, r, err);
+	return r;
 }
 
 /* Checks and completes the connection flags after parsing. */
-static int conn_args_finish(struct conn_args *a)
+static int conn_args_finish(struct efs_cli_etcd *e)
 {
-	bool tls = a->cacert || a->cert || a->key;
-	char *norm;
+	char err[EFS_CLI_ERR_MAX] = "";
+	int r;
 
-	if (!!a->cert != !!a->key) {
-		fprintf(stderr, "%s: --cert and --key go together\n", prog);
-		return -EINVAL;
-	}
-	if (a->password && !a->user) {
-		fprintf(stderr, "%s: --password needs --user\n", prog);
-		return -EINVAL;
-	}
-	if (a->user && !a->password) {
-		char *pw = isatty(STDIN_FILENO) ? getpass("Password: ") : NULL;
-
-		if (!pw) {
-			fprintf(stderr,
-				"%s: --user %s needs a password (USER:PASS or --password)\n", prog,
-				a->user);
-			return -EINVAL;
-		}
-		a->password = efs_mem_strdup(pw);
-		if (!a->password)
-			return -ENOMEM;
-	}
-	norm = normalise_endpoints(a->endpoints ? a->endpoints : "127.0.0.1:2379", tls);
-	if (!norm)
-		return -ENOMEM;
-	if (!norm[0]) {
-		efs_mem_free(norm);
-		fprintf(stderr, "%s: --endpoints is empty\n", prog);
-		return -EINVAL;
-	}
-	efs_mem_free(a->endpoints);
-	a->endpoints = norm;
-	return 0;
+	r = efs_cli_etcd_finish(e, err, sizeof(err));
+	if (r < 0)
+		efs_cli_print_err(prog, r, err);
+	return r;
 }
 
-static void conn_args_done(struct conn_args *a)
-{
-	efs_mem_free(a->endpoints);
-	efs_mem_free(a->user);
-	if (a->password)
-		memset(a->password, 0, strlen(a->password));
-	efs_mem_free(a->password);
-}
-
-static void conn_args_to_opts(const struct conn_args *a, const char *endpoints,
+/* Client options for |endpoints| (one member, or all of them). */
+static void conn_args_to_opts(const struct efs_cli_etcd *e, const char *endpoints,
 			      struct efs_etcd_opts *o)
 {
 	*o = (struct efs_etcd_opts){
 		.endpoints = endpoints,
-		.cacert = a->cacert,
-		.cert = a->cert,
-		.key = a->key,
-		.user = a->user,
-		.password = a->password,
-		.call_timeout_ms = a->command_timeout_ms,
-		.connect_timeout_ms = a->dial_timeout_ms,
+		.cacert = e->cacert,
+		.cert = e->cert,
+		.key = e->key,
+		.user = e->user,
+		.password = e->password,
+		.call_timeout_ms = e->command_timeout_ms,
+		.connect_timeout_ms = e->dial_timeout_ms < 2000 ? e->dial_timeout_ms : 2000,
 	};
 }
 
@@ -312,7 +173,7 @@ struct member {
 
 struct check {
 	uv_loop_t loop;
-	struct conn_args conn;
+	struct efs_cli_etcd conn;
 	double duration_s;
 	unsigned concurrency;
 	unsigned samples;
@@ -890,7 +751,7 @@ static void check_free(struct check *k)
 	uv_run(&k->loop, UV_RUN_NOWAIT);
 	if (uv_loop_close(&k->loop) < 0)
 		fprintf(stderr, "%s: warning: handles left open on the loop\n", prog);
-	conn_args_done(&k->conn);
+	efs_cli_etcd_free(&k->conn);
 }
 
 static int make_prefix(char *buf, size_t size)
@@ -939,7 +800,7 @@ static void usage_etcd_check(FILE *f)
 		"Exit status: 0 fit; 1 unfit; 2 usage error; 3 cannot connect to etcd or it\n"
 		"refuses our credentials;\n"
 		"4 the check itself failed (out of memory, cannot make the scratch prefix).\n",
-		prog, conn_help, CHECK_P99_MAX_MS, CHECK_QUOTA_FRAC * 100);
+		prog, efs_cli_etcd_usage(), CHECK_P99_MAX_MS, CHECK_QUOTA_FRAC * 100);
 }
 
 static int cmd_etcd_check(int argc, char **argv)
@@ -958,16 +819,24 @@ static int cmd_etcd_check(int argc, char **argv)
 		.samples = 200,
 		.quota = CHECK_QUOTA_DEFAULT,
 	};
+	char err[EFS_CLI_ERR_MAX] = "";
 	double p99 = 0;
 	unsigned long v;
 	uint32_t ms;
-	int opt, r, ret;
+	int opt, idx, r, ret;
 
+	r = efs_cli_etcd_defaults(&k.conn, err, sizeof(err));
+	if (r < 0) {
+		efs_cli_print_err(prog, r, err);
+		ret = r == -ENOMEM ? EXIT_FAILED : EXIT_USAGE;
+		goto out_args;
+	}
 	for (;;) {
-		opt = getopt_long(argc, argv, "", longopts, NULL);
+		idx = 0;
+		opt = getopt_long(argc, argv, "", longopts, &idx);
 		if (opt == -1)
 			break;
-		r = conn_args_option(&k.conn, opt, optarg);
+		r = conn_args_option(&k.conn, opt, longopts[idx].name, optarg);
 		if (r < 0) {
 			ret = r == -ENOMEM ? EXIT_FAILED : EXIT_USAGE;
 			goto out_args;
@@ -1086,7 +955,433 @@ out_free:
 	check_free(&k);
 	return ret;
 out_args:
-	conn_args_done(&k.conn);
+	efs_cli_etcd_free(&k.conn);
+	return ret;
+}
+
+/* ---- df and status: one filesystem, named by DEVICE or --name ---- */
+
+struct fs_cmd {
+	struct efs_cli_etcd conn;
+	const char *name;   /* --name */
+	const char *device; /* DEVICE */
+	bool human;
+	struct efs_etcd_sync *s;
+	struct efs_meta_ns ns;
+	Etcfs__FsInfo *fi;
+	bool sb_matched; /* DEVICE's superblock matched etcd */
+};
+
+static const char fs_cmd_help[] =
+	"\nThe filesystem is named by DEVICE (its superblock is read and checked against\n"
+	"etcd) or by --name NAME (etcd alone).\n";
+
+/*
+ * Parses the shared arguments of df and status. Returns -1 to go on,
+ * otherwise the exit status.
+ */
+static int fs_cmd_parse(struct fs_cmd *f, int argc, char **argv, bool df,
+			void (*help)(FILE *))
+{
+	static const struct option longopts[] = {
+		CONN_LONGOPTS,
+		{"name", required_argument, NULL, OPT_NAME},
+		{"human-readable", no_argument, NULL, OPT_HUMAN},
+		{NULL, 0, NULL, 0},
+	};
+	char err[EFS_CLI_ERR_MAX] = "";
+	int opt, idx, r;
+
+	r = efs_cli_etcd_defaults(&f->conn, err, sizeof(err));
+	if (r < 0) {
+		efs_cli_print_err(prog, r, err);
+		return r == -ENOMEM ? EXIT_FAILED : EXIT_USAGE;
+	}
+	for (;;) {
+		idx = 0;
+		opt = getopt_long(argc, argv, df ? "h" : "", longopts, &idx);
+		if (opt == -1)
+			break;
+		r = conn_args_option(&f->conn, opt, longopts[idx].name, optarg);
+		if (r < 0)
+			return r == -ENOMEM ? EXIT_FAILED : EXIT_USAGE;
+		if (r > 0)
+			continue;
+		switch (opt) {
+		case OPT_HELP:
+			help(stdout);
+			return EXIT_FIT;
+		case OPT_NAME:
+			if (!efs_meta_fsname_is_valid(optarg)) {
+				fprintf(stderr, "%s: invalid filesystem name '%s'\n", prog, optarg);
+				return EXIT_USAGE;
+			}
+			f->name = optarg;
+			break;
+		case 'h':
+		case OPT_HUMAN:
+			if (df) {
+				f->human = true;
+				break;
+			}
+			/* fall through */
+		default:
+			fprintf(stderr, "Try '%s %s --help'.\n", prog, argv[0]);
+			return EXIT_USAGE;
+		}
+	}
+	if (optind < argc)
+		f->device = argv[optind++];
+	if (optind < argc || !!f->device == !!f->name) {
+		fprintf(stderr, "%s: %s wants a DEVICE or --name NAME (one of them)\n", prog,
+			argv[0]);
+		return EXIT_USAGE;
+	}
+	if (conn_args_finish(&f->conn) < 0)
+		return EXIT_USAGE;
+	return -1;
+}
+
+/* Connects and reads the filesystem's "sb" (checking DEVICE against it).
+ * Returns -1 on success, else the exit status. */
+static int fs_cmd_open(struct fs_cmd *f)
+{
+	char err[EFS_CLI_ERR_MAX] = "";
+	struct efs_meta_key key;
+	Mvccpb__KeyValue *kv = NULL;
+	const char *why = NULL;
+	int r;
+
+	r = efs_cli_etcd_connect(&f->conn, &f->s, err, sizeof(err));
+	if (r < 0) {
+		efs_cli_print_err(prog, r, err);
+		return r == -ENOMEM ? EXIT_FAILED : EXIT_NOCONNECT;
+	}
+	if (f->device) {
+		struct efs_cli_device d;
+		struct efs_sb sb;
+
+		r = efs_cli_device_open(f->device, false, &d, err, sizeof(err));
+		if (r < 0) {
+			efs_cli_print_err(prog, r, err);
+			return EXIT_FAILED;
+		}
+		r = efs_cli_check_fs(f->s, &d, &sb, NULL, &f->fi, err, sizeof(err));
+		efs_cli_device_close(&d);
+		if (r < 0) {
+			efs_cli_print_err(prog, r, err);
+			return EXIT_FAILED;
+		}
+		f->sb_matched = true;
+		return efs_meta_ns_init(&f->ns, sb.name) < 0 ? EXIT_FAILED : -1;
+	}
+	if (efs_meta_ns_init(&f->ns, f->name) < 0 || efs_meta_key_sb(&f->ns, &key) < 0)
+		return EXIT_USAGE;
+	r = efs_etcd_sync_get(f->s, key.buf, key.len, &kv, NULL);
+	if (r == -ENOENT) {
+		fprintf(stderr, "%s: no filesystem %s in etcd at %s (no \"sb\" record)\n", prog,
+			f->name, f->conn.endpoints);
+		return EXIT_FAILED;
+	}
+	if (r < 0) {
+		fprintf(stderr, "%s: cannot read filesystem %s: %s\n", prog, f->name,
+			efs_etcd_sync_last_message(f->s));
+		return EXIT_FAILED;
+	}
+	r = efs_meta_fsinfo_decode(kv->value.data, kv->value.len, &f->fi, &why);
+	protobuf_c_message_free_unpacked(&kv->base, efs_mem_protobuf());
+	if (r < 0) {
+		fprintf(stderr, "%s: filesystem %s: the \"sb\" record is corrupt: %s\n", prog,
+			f->name, why ? why : strerror(-r));
+		return EXIT_FAILED;
+	}
+	return -1;
+}
+
+static void fs_cmd_done(struct fs_cmd *f)
+{
+	efs_meta_record_free(f->fi);
+	efs_etcd_sync_close(f->s);
+	efs_cli_etcd_free(&f->conn);
+}
+
+static const char *human_size(uint64_t bytes, char *buf, size_t size)
+{
+	static const char units[] = "BKMGTPE";
+	double v = (double)bytes;
+	unsigned u = 0;
+
+	while (v >= 1024 && u + 1 < sizeof(units) - 1) {
+		v /= 1024;
+		u++;
+	}
+	if (u == 0)
+		snprintf(buf, size, "%" PRIu64 "B", bytes);
+	else if (v < 10)
+		snprintf(buf, size, "%.1f%c", v, units[u]);
+	else
+		snprintf(buf, size, "%.0f%c", v, units[u]);
+	return buf;
+}
+
+static unsigned percent(uint64_t used, uint64_t total)
+{
+	if (!total)
+		return 0;
+	/* Rounded up, as df does: any use shows as at least 1 %. */
+	return (unsigned)((used * 100 + total - 1) / total);
+}
+
+struct df_scan {
+	const struct efs_meta_ns *ns;
+	uint64_t free_blocks;
+	uint32_t groups;
+	uint32_t bad;
+};
+
+static int df_scan_cb(const Mvccpb__KeyValue *kv, void *arg)
+{
+	struct df_scan *d = arg;
+	struct efs_meta_key_info info;
+	Etcfs__AgFree *fr = NULL;
+
+	if (efs_meta_key_parse(d->ns, kv->key.data, kv->key.len, &info) < 0 ||
+	    info.family != EFS_META_K_AG_FREE)
+		return 0;
+	if (efs_meta_ag_free_decode(kv->value.data, kv->value.len, &fr, NULL) < 0) {
+		d->bad++;
+		return 0;
+	}
+	d->free_blocks += fr->free_blocks;
+	d->groups++;
+	efs_meta_record_free(fr);
+	return 0;
+}
+
+static void usage_df(FILE *f)
+{
+	fprintf(f,
+		"Usage: %s df [OPTIONS] DEVICE | --name NAME\n"
+		"\n"
+		"Space and inode usage of one filesystem: blocks total (the data area), used\n"
+		"and free (the sum of the groups' free counts), inodes total (the limit), used\n"
+		"(the inode records) and free.\n"
+		"%s"
+		"\n"
+		"  --name NAME              the filesystem\n"
+		"  -h, --human-readable     sizes in powers of 1024 (K, M, G, ...)\n"
+		"  --help                   this text\n"
+		"\n"
+		"%s"
+		"\n"
+		"Exit status: 0 success; 2 usage error; 3 cannot connect to etcd; 4 failed.\n",
+		prog, fs_cmd_help, efs_cli_etcd_usage());
+}
+
+static int cmd_df(int argc, char **argv)
+{
+	struct fs_cmd f = {0};
+	struct df_scan d = {0};
+	struct efs_meta_range range;
+	char err[EFS_CLI_ERR_MAX] = "";
+	uint64_t total, used, iused, ifree;
+	int64_t inodes;
+	int ret, r;
+
+	ret = fs_cmd_parse(&f, argc, argv, true, usage_df);
+	if (ret >= 0)
+		goto out;
+	ret = fs_cmd_open(&f);
+	if (ret >= 0)
+		goto out;
+	d.ns = &f.ns;
+	ret = EXIT_FAILED;
+	r = efs_meta_range_family(&f.ns, EFS_META_K_AG_FREE, &range);
+	if (r == 0)
+		r = efs_cli_range_foreach(f.s, &range, false, df_scan_cb, &d, err, sizeof(err));
+	if (r == 0)
+		r = efs_meta_range_family(&f.ns, EFS_META_K_INODE, &range);
+	if (r == 0)
+		r = efs_cli_range_count(f.s, &range, &inodes, err, sizeof(err));
+	if (r < 0) {
+		efs_cli_print_err(prog, r, err);
+		goto out;
+	}
+	total = f.fi->device_size / f.fi->block_size - f.fi->data_start;
+	used = d.free_blocks < total ? total - d.free_blocks : 0;
+	iused = (uint64_t)inodes;
+	ifree = iused < f.fi->inode_limit ? f.fi->inode_limit - iused : 0;
+	if (f.human) {
+		char a[16], b[16], c[16];
+		uint64_t bs = f.fi->block_size;
+
+		printf("%-20s %7s %7s %7s %4s %10s %10s %10s %5s\n", "Filesystem", "Size", "Used",
+		       "Avail", "Use%", "Inodes", "IUsed", "IFree", "IUse%");
+		printf("%-20s %7s %7s %7s %3u%% %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %4u%%\n",
+		       f.fi->name, human_size(total * bs, a, sizeof(a)),
+		       human_size(used * bs, b, sizeof(b)),
+		       human_size(d.free_blocks * bs, c, sizeof(c)), percent(used, total),
+		       f.fi->inode_limit, iused, ifree, percent(iused, f.fi->inode_limit));
+	} else {
+		printf("%-20s %6s %12s %12s %12s %4s %10s %10s %10s %5s\n", "Filesystem", "Block",
+		       "Blocks", "Used", "Free", "Use%", "Inodes", "IUsed", "IFree", "IUse%");
+		printf("%-20s %6" PRIu32 " %12" PRIu64 " %12" PRIu64 " %12" PRIu64
+		       " %3u%% %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %4u%%\n",
+		       f.fi->name, f.fi->block_size, total, used, d.free_blocks,
+		       percent(used, total), f.fi->inode_limit, iused, ifree,
+		       percent(iused, f.fi->inode_limit));
+	}
+	ret = EXIT_FIT;
+	if (d.groups != f.fi->ag_count || d.bad) {
+		fprintf(stderr,
+			"%s: warning: %" PRIu32 " of %" PRIu32 " groups have a free count%s; "
+			"run fsck.etcfs\n",
+			prog, d.groups, f.fi->ag_count, d.bad ? " (some unreadable)" : "");
+	}
+out:
+	fs_cmd_done(&f);
+	return ret;
+}
+
+static void format_time(int64_t ns, char *buf, size_t size)
+{
+	time_t t = (time_t)(ns / 1000000000);
+	struct tm tm;
+
+	if (!gmtime_r(&t, &tm) || !strftime(buf, size, "%Y-%m-%dT%H:%M:%SZ", &tm))
+		snprintf(buf, size, "%" PRId64 " ns", ns);
+}
+
+struct status_scan {
+	struct fs_cmd *f;
+	unsigned nodes;
+	int64_t now_ns;
+};
+
+static int status_node_cb(const Mvccpb__KeyValue *kv, void *arg)
+{
+	struct status_scan *st = arg;
+	struct efs_meta_key_info info;
+	Etcfs__NodeInfo *ni = NULL;
+	Etcdserverpb__LeaseTimeToLiveRequest req = ETCDSERVERPB__LEASE_TIME_TO_LIVE_REQUEST__INIT;
+	Etcdserverpb__LeaseTimeToLiveResponse *resp = NULL;
+	const char *why = NULL;
+	char ttl[48], skew[32], started[32];
+	int64_t lease;
+	int r;
+
+	if (efs_meta_key_parse(&st->f->ns, kv->key.data, kv->key.len, &info) < 0 ||
+	    info.family != EFS_META_K_NODE)
+		return 0;
+	if (!st->nodes++)
+		printf("  %-16s %-16s %8s %-10s %-14s %10s %10s %-20s %s\n", "NODE", "HOSTNAME",
+		       "PID", "VERSION", "LEASE-TTL", "GENERATION", "CLOCK-SKEW", "STARTED",
+		       "METRICS");
+	r = efs_meta_nodeinfo_decode(kv->value.data, kv->value.len, &ni, &why);
+	if (r < 0) {
+		printf("  %-16s (unreadable record: %s)\n", info.node, why ? why : strerror(-r));
+		return r == -ENOMEM ? r : 0;
+	}
+	lease = kv->lease ? kv->lease : ni->lease_id;
+	snprintf(ttl, sizeof(ttl), "none");
+	if (lease) {
+		req.id = lease;
+		r = efs_etcd_sync_call(st->f->s, EFS_ETCD_LEASE_TIME_TO_LIVE, &req.base,
+				       (ProtobufCMessage **)&resp, NULL);
+		if (r < 0)
+			snprintf(ttl, sizeof(ttl), "? (%s)", strerror(-r));
+		else if (resp->ttl < 0)
+			snprintf(ttl, sizeof(ttl), "expired");
+		else
+			snprintf(ttl, sizeof(ttl), "%" PRId64 "s/%" PRId64 "s", resp->ttl,
+				 resp->grantedttl);
+		if (resp)
+			protobuf_c_message_free_unpacked(&resp->base, efs_mem_protobuf());
+	}
+	snprintf(skew, sizeof(skew), "%+.3fs",
+		 (double)(ni->wall_clock_ns - st->now_ns) / 1e9);
+	format_time(ni->started_ns, started, sizeof(started));
+	printf("  %-16s %-16s %8" PRId32 " %-10s %-14s %10" PRIu64 " %10s %-20s %s\n", info.node,
+	       ni->hostname[0] ? ni->hostname : "-", ni->pid, ni->version[0] ? ni->version : "-",
+	       ttl, ni->session_generation, skew, started,
+	       ni->metrics_addr[0] ? ni->metrics_addr : "-");
+	efs_meta_record_free(ni);
+	return 0;
+}
+
+static void usage_status(FILE *f)
+{
+	fprintf(f,
+		"Usage: %s status [OPTIONS] DEVICE | --name NAME\n"
+		"\n"
+		"The identity of one filesystem (name, UUID, geometry, inode limit, creation\n"
+		"time) and the nodes that have it mounted: node id, hostname, daemon pid and\n"
+		"version, the session lease's remaining/granted TTL (LeaseTimeToLive), the\n"
+		"session generation, the clock skew (the node's clock when it last wrote its\n"
+		"record minus the local clock now: minus the record's age when clocks agree;\n"
+		"positive means the node's clock is ahead), start time and metrics address.\n"
+		"%s"
+		"\n"
+		"  --name NAME              the filesystem\n"
+		"  --help                   this text\n"
+		"\n"
+		"%s"
+		"\n"
+		"Exit status: 0 success; 2 usage error; 3 cannot connect to etcd; 4 failed.\n",
+		prog, fs_cmd_help, efs_cli_etcd_usage());
+}
+
+static int cmd_status(int argc, char **argv)
+{
+	struct fs_cmd f = {0};
+	struct status_scan st = {.f = &f};
+	struct efs_meta_range range;
+	char err[EFS_CLI_ERR_MAX] = "", uuid[37] = "?", created[32];
+	int ret, r;
+
+	ret = fs_cmd_parse(&f, argc, argv, false, usage_status);
+	if (ret >= 0)
+		goto out;
+	ret = fs_cmd_open(&f);
+	if (ret >= 0)
+		goto out;
+	if (f.fi->uuid.len == 16)
+		efs_sb_uuid_format(f.fi->uuid.data, uuid);
+	format_time(f.fi->created_ns, created, sizeof(created));
+	printf("filesystem: %s\n"
+	       "  uuid:        %s\n"
+	       "  etcd:        %s (keys under /etcfs/%s/)\n",
+	       f.fi->name, uuid, f.conn.endpoints, f.fi->name);
+	if (f.device)
+		printf("  device:      %s (superblock matches etcd)\n", f.device);
+	printf("  format:      version %" PRIu32 ", features compat 0x%" PRIx64
+	       " ro_compat 0x%" PRIx64 " incompat 0x%" PRIx64 "\n"
+	       "  block size:  %" PRIu32 "\n"
+	       "  size:        %" PRIu64 " bytes, data from block %" PRIu64 "\n"
+	       "  groups:      %" PRIu32 " of %" PRIu64 " blocks\n"
+	       "  inode limit: %" PRIu64 "\n"
+	       "  created:     %s\n",
+	       f.fi->format_version, f.fi->feature_compat, f.fi->feature_ro_compat,
+	       f.fi->feature_incompat, f.fi->block_size, f.fi->device_size, f.fi->data_start,
+	       f.fi->ag_count, f.fi->ag_blocks, f.fi->inode_limit, created);
+	fflush(stdout);
+	st.now_ns = (int64_t)efs_clock_real_ns();
+	ret = EXIT_FAILED;
+	r = efs_meta_range_family(&f.ns, EFS_META_K_NODE, &range);
+	if (r == 0) {
+		printf("mounted on:\n");
+		r = efs_cli_range_foreach(f.s, &range, false, status_node_cb, &st, err,
+					  sizeof(err));
+	}
+	if (r < 0) {
+		efs_cli_print_err(prog, r, err);
+		goto out;
+	}
+	if (!st.nodes)
+		printf("  no node\n");
+	ret = EXIT_FIT;
+out:
+	fs_cmd_done(&f);
 	return ret;
 }
 
@@ -1100,6 +1395,8 @@ struct subcmd {
 
 static const struct subcmd subcmds[] = {
 	{"etcd-check", cmd_etcd_check, "check that an etcd cluster is fit for etcfs"},
+	{"df", cmd_df, "space and inode usage of a filesystem"},
+	{"status", cmd_status, "identity of a filesystem and the nodes that mount it"},
 };
 
 static void usage(FILE *f)

@@ -107,6 +107,10 @@ struct efs_etcd_call {
 	bool mutation;
 	bool no_retry;
 	bool finished;     /* result decided, callback queued or run */
+	/* The callback has returned. Not set while it runs: a connection
+	 * failed under it (efs_etcd_free() or efs_etcd_channel_failover()
+	 * from the callback) only detaches the call, and call_run_cb() frees
+	 * it once the callback is done. */
 	bool cb_ran;
 	bool ever_sent;    /* some attempt's HEADERS went out */
 	bool reauthed;     /* the one re-authentication retry is used */
@@ -563,9 +567,9 @@ static void call_run_cb(struct efs_etcd_call *call)
 {
 	struct efs_etcd *c = call->c;
 
-	call->cb_ran = true;
 	if (call->cb)
 		call->cb(&call->res, call->arg);
+	call->cb_ran = true;
 	if (call->res.resp)
 		protobuf_c_message_free_unpacked(call->res.resp, efs_mem_protobuf());
 	call->res.resp = NULL;

@@ -145,7 +145,16 @@ int efs_etcd_new(struct efs_etcd **ret, uv_loop_t *loop, const struct efs_etcd_o
  * Starts closing |c|: every pending call completes with -ECANCELED, every
  * open stream's close callback runs with -ECANCELED, connections are shut
  * down, and |done| runs once all handles are closed; after that |c| is gone.
- * Accepts NULL (then |done| is not called).
+ * Accepts NULL (then |done| is not called); a second call while closing is
+ * ignored.
+ *
+ * It may be called from any callback of |c| (a call's callback, a stream's
+ * message or close callback), like uv_close() from a libuv callback: the
+ * handle of the running callback stays valid until it returns, calls whose
+ * result was already decided keep it, the others complete as above, and no
+ * callback runs inside efs_etcd_free() itself. Until |done| runs, |c| stays
+ * valid: efs_etcd_call() and efs_etcd_stream_open() return -ESHUTDOWN, and
+ * call and stream handles stay valid until their callbacks have run.
  */
 void efs_etcd_free(struct efs_etcd *c, void (*done)(void *arg), void *arg);
 

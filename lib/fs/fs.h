@@ -36,13 +36,21 @@ struct efs_fs_opts {
 	const Etcfs__FsInfo *fi; /* copied */
 	bool read_only;		 /* -o ro */
 	bool noatime;		 /* -o noatime */
-	/* Longest entry/attr timeout given to the kernel under a held lock (0:
-	 * min(1 s, session TTL / 4), so that caches granted before a
-	 * suspension time out before the lease deadline). */
+	/* Entry/attr timeout given to the kernel under a held lock (0: 500 ms,
+	 * a quarter of the default 2 s session TTL, so that caches granted
+	 * before a suspension time out before the lease deadline; pass
+	 * TTL / 4 for longer TTLs). */
 	uint32_t cache_timeout_ms;
 	uint32_t ino_batch; /* inode numbers reserved at once (0: 1024) */
 };
 
+/*
+ * Creates the fs over a started session and lock cache (both must outlive
+ * it). |m| may be NULL (no metrics); with it, the etcfs_fuse_* and
+ * etcfs_etcd_txns_total families and etcfs_op_retries_total are
+ * registered. |o->fi| is copied. Errors: -EINVAL (missing argument),
+ * -ENOMEM, and uv_idle_init's.
+ */
 int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 	       struct efs_session *s, struct efs_lockcache *lc, struct efs_metrics *m,
 	       const struct efs_fs_opts *o);
@@ -50,10 +58,20 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 const struct fuse_lowlevel_ops *efs_fs_ops(void);
 /* The FUSE session, for notifications (set once it exists). */
 void efs_fs_set_fuse(struct efs_fs *fs, struct fuse_session *se);
-/* Session state changes (forward the efs_session state callback here). */
+/* The etcd capacity guard (fs/capacity.h; NULL: none): operations that add
+ * metadata (create, mkdir, mknod, symlink, link, setxattr, rename onto a
+ * new name) answer ENOSPC while it refuses growth, and commit errors are
+ * fed to it. It must outlive the fs or be cleared first. */
+struct efs_capacity;
+void efs_fs_set_capacity(struct efs_fs *fs, struct efs_capacity *cap);
+/* Session state changes (forward the efs_session state callback here). On
+ * GONE the inode cache stops being trusted and every open handle fails
+ * its later operations with EIO (release still succeeds). */
 void efs_fs_session_changed(struct efs_fs *fs, enum efs_session_state old,
 			    enum efs_session_state new_state);
 /* Operations in flight (the daemon waits for 0 before leaving). */
 uint64_t efs_fs_inflight(const struct efs_fs *fs);
-/* Frees the fs: no operation may be in flight. Accepts NULL; returns NULL. */
+/* Frees the fs: no operation may be in flight. One idle handle is closed
+ * (and freed by its close callback), so run the loop once more before
+ * closing it. Accepts NULL; returns NULL. */
 struct efs_fs *efs_fs_free(struct efs_fs *fs);

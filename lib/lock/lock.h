@@ -19,8 +19,16 @@
  * and reads the inode record i/<ino> (so that a lock and a fresh record
  * arrive together); failure puts a recall key and reads the holders, then
  * watches them until the lock can be taken (arrival order by recall seq).
- * Upgrade shared -> exclusive is release, then acquire. Several inodes are
- * acquired in inode number order.
+ * Upgrade shared -> exclusive deletes our shared key and puts the exclusive
+ * one in the same transaction (compares: no other holder at all). Several
+ * inodes not yet held are first tried in one transaction (all or nothing);
+ * if that fails they are acquired one by one in inode number order.
+ *
+ * Recall keys w/<ino><seq><node> carry as |seq| the highest etcd revision
+ * this node has read; waiters are served in the order etcd created their
+ * recall keys (an acquire compares that every recall key of the inode was
+ * created no earlier than its own), which is arrival order. A waiter's
+ * recall key is deleted when it gets the lock, is cancelled or times out.
  *
  * Kernel caching (7.1): the fs layer may hand the kernel nonzero
  * entry/attr timeouts only for inodes this node holds a lock on, and
@@ -86,7 +94,8 @@ struct efs_lockcache_opts {
 	size_t max_cached;	  /* locks kept (0: 4096) */
 	uint32_t idle_ms;	  /* release a lock unused this long (0: 5000) */
 	size_t release_batch;	  /* holder keys deleted per transaction (0: 64) */
-	uint32_t wait_timeout_ms; /* give up a conflicting acquire (0: never) */
+	uint32_t wait_timeout_ms; /* give up a conflicting acquire with -ETIMEDOUT
+				   * (0: never) */
 	/* Called before a lock is released while the kernel may still cache
 	 * under it (recall, suspension): must invalidate the kernel's entries,
 	 * attributes and pages of |ino| and call |done| when finished (on the
@@ -113,7 +122,8 @@ int efs_lockcache_release_all(struct efs_lockcache *lc, void (*done)(int status,
 void efs_lockcache_forget_all(struct efs_lockcache *lc);
 /* Frees |lc|: callers drain their operations first; acquisitions still
  * pending are dropped without a callback. Holder keys stay in etcd (they
- * go with the session lease). Accepts NULL; returns NULL. */
+ * go with the session lease). Free the lock cache before its session.
+ * Accepts NULL; returns NULL. */
 struct efs_lockcache *efs_lockcache_free(struct efs_lockcache *lc);
 
 /* Acquire the locks of |req| (see the callback rule above). */
@@ -124,22 +134,32 @@ void efs_lock_cancel(struct efs_lockcache *lc, struct efs_lock_req *req);
 void efs_lock_put(struct efs_lockcache *lc, struct efs_lock_req *req);
 
 /* The mode this node holds on |ino| now (NONE when none or being
- * released/recalled: then the kernel must get zero timeouts). */
+ * released/recalled, or while the session is not ACTIVE: then the kernel
+ * must get zero timeouts). */
 enum efs_lock_mode efs_lock_held(const struct efs_lockcache *lc, uint64_t ino);
 
 /*
  * Adds to |t| a compare that this node's holder key for |ino| in |mode|
- * still exists on the session lease (1 compare). -ENOLCK when this node
- * does not hold it, -E2BIG when |t| is full.
+ * still exists on the session lease (1 compare: the key's lease equals the
+ * session's; an exclusive hold satisfies a shared |mode| and the compare
+ * is then on the exclusive key). -ENOLCK when this node does not hold it
+ * (or the session is not ACTIVE), -E2BIG when |t| is full.
  */
 int efs_lock_guard(const struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino,
 		   enum efs_lock_mode mode);
 
 /*
- * A new inode: puts an exclusive holder key for |ino| into |t| (the
- * creating transaction, 1 op) so that the creator holds it from birth at
- * no extra commit. After the transaction commits, call
- * efs_lock_grant_committed(..., true); on failure (..., false).
+ * A new inode: puts an exclusive holder key for |ino| into |t|'s success
+ * branch (the creating transaction, which carries the session guard; 1
+ * op) so that the creator holds it from birth at no extra commit. After
+ * the transaction commits, call efs_lock_grant_committed(..., true); when
+ * it did not, (..., false); after an unknown outcome, settle it first (the
+ * re-read of section 4's operation ids) and pass what it found, since a
+ * holder key forgotten here would block other nodes until the session
+ * ends. The lock is not usable
+ * (efs_lock_held: NONE) until then, and it is not pinned afterwards.
+ * -EEXIST when this node has an entry for |ino| already, -EIO when the
+ * session is not ACTIVE.
  */
 int efs_lock_grant_in_txn(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino);
 void efs_lock_grant_committed(struct efs_lockcache *lc, uint64_t ino, bool committed);
@@ -157,7 +177,7 @@ void efs_lock_forget(struct efs_lockcache *lc, uint64_t ino);
 void efs_lock_note_kernel_cache(struct efs_lockcache *lc, uint64_t ino, uint64_t until_ns);
 
 struct efs_lockcache_stats {
-	uint64_t held;		/* locks cached now */
+	uint64_t held;		/* locks cached now (entries being acquired included) */
 	uint64_t acquires;	/* acquisitions that needed etcd */
 	uint64_t hits;		/* acquisitions served from the cache */
 	uint64_t waits;		/* acquisitions that had to wait for a holder */

@@ -86,7 +86,10 @@ int efs_session_start(struct efs_session **ret, uv_loop_t *loop, struct efs_etcd
  * Clean leave: stops renewing and revokes the lease (every key on it —
  * node key, holders, open references, group owners — goes with it). The
  * caller publishes and releases what it wants explicitly before. |done|
- * runs once; then the session is CLOSED.
+ * runs once (0, or the revoke's error: the lease then ends with its TTL);
+ * the session is CLOSED at once and its waiters get -ESHUTDOWN. Errors now:
+ * -EALREADY (closed, leaving, or still starting: free it instead),
+ * -EINVAL, -ENOMEM, -ESHUTDOWN (client closing).
  */
 int efs_session_leave(struct efs_session *s, efs_session_done_cb done, void *arg);
 
@@ -103,12 +106,17 @@ const char *efs_session_node(const struct efs_session *s);
 uint64_t efs_session_deadline_ns(const struct efs_session *s);
 /* True only when ACTIVE: mutations and cached answers are allowed. */
 bool efs_session_is_active(const struct efs_session *s);
+/* mod_revision of g/<node> as this session wrote it (what the guard
+ * compares), and the namespace the session was started with. */
+int64_t efs_session_gen_mod_revision(const struct efs_session *s);
+const struct efs_meta_ns *efs_session_ns(const struct efs_session *s);
 
 /*
  * Adds to |t| the compares every mutation carries: n/<node> is on this
  * session's lease, and g/<node> still holds this session's generation
  * (mod_revision as written at registration). 2 compares. -EIO when the
- * session is not ACTIVE, -E2BIG when |t| is full.
+ * session is not ACTIVE, -E2BIG when |t| is full (the first compare may
+ * then be in |t| already: throw the builder away).
  */
 int efs_session_guard(const struct efs_session *s, struct efs_etcd_txn *t);
 
@@ -122,6 +130,16 @@ int efs_session_guard(const struct efs_session *s, struct efs_etcd_txn *t);
  * when the session is ACTIVE now (the callback never runs), 0 when queued.
  * The waiter is caller-owned (embed it in the operation record) and may be
  * cancelled; cancel after the callback is a no-op.
+ *
+ * Failing fast: once the waiters of a suspension have been failed with
+ * -EIO (quorum_loss_ms passed), operations that arrive while the session is
+ * still not ACTIVE are not made to wait the whole bound again: they are
+ * queued and answered -EIO on the next loop iteration, until etcd answers
+ * again (a renewal acknowledged, a TimeToLive answered); from then on new
+ * waiters wait again, for at most quorum_loss_ms from that answer. So a
+ * long quorum loss costs each operation one loop iteration, not 30 s, and
+ * service resumes as soon as etcd does. After efs_session_leave (CLOSED)
+ * waiters are answered -ESHUTDOWN, also on the next iteration.
  */
 struct efs_session_waiter;
 typedef void (*efs_session_wait_cb)(struct efs_session_waiter *w, int status,
@@ -143,7 +161,8 @@ struct efs_session_stats {
 	uint64_t losses;	/* -> GONE */
 	uint64_t registrations; /* sessions registered (1 + re-registrations) */
 	uint64_t waits_failed;	/* waiters answered -EIO */
-	uint64_t renew_max_gap_ns;
+	uint64_t renew_max_gap_ns; /* largest gap between consecutive renewals sent
+				    * (the lease module's queue and wire gaps) */
 };
 void efs_session_get_stats(const struct efs_session *s, struct efs_session_stats *ret);
 

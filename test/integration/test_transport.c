@@ -1068,6 +1068,141 @@ Test(transport, free_cancels_pending_calls)
 	efs_test_assert_no_leaks();
 }
 
+/*
+ * efs_etcd_free() from inside the client's own callbacks, as the daemon does
+ * when it gives up at shutdown: a call that failed while etcd is paused (its
+ * attempt is still on the wire, reset), a stream's close callback, and a call
+ * to an endpoint nobody listens on, each with other calls pending.
+ */
+static bool freed_in_cb;
+
+static void free_client_from_cb(void)
+{
+	freed_in_cb = false;
+	efs_etcd_free(cli, efs_test_freed_cb, &freed_in_cb);
+	cli = NULL;
+}
+
+static void on_result_free_client(struct efs_etcd_result *r, void *arg)
+{
+	on_result(r, arg);
+	free_client_from_cb();
+}
+
+static void watch_close_free_client(struct efs_etcd_stream *s, const struct efs_etcd_result *r,
+				    void *arg)
+{
+	watch_close(s, r, arg);
+	free_client_from_cb();
+}
+
+/* Runs the loop until the client freed from a callback is gone, then
+ * checks that it left nothing on the loop. */
+static void wait_freed_in_cb(void)
+{
+	uint64_t end = efs_test_now_ms() + 10000;
+
+	while (!freed_in_cb && efs_test_now_ms() < end) {
+		uv_run(&loop, UV_RUN_NOWAIT);
+		usleep(1000);
+	}
+	cr_assert(freed_in_cb, "efs_etcd_free from a callback never finished");
+	uv_run(&loop, UV_RUN_NOWAIT);
+	cr_assert_eq(uv_loop_close(&loop), 0, "client left handles on the loop");
+}
+
+Test(transport, free_from_the_callback_of_a_call_failed_on_a_paused_member)
+{
+	Etcdserverpb__LeaseRevokeRequest rq = ETCDSERVERPB__LEASE_REVOKE_REQUEST__INIT;
+	Etcdserverpb__PutRequest p = ETCDSERVERPB__PUT_REQUEST__INIT;
+	struct efs_etcd_callopts co = { .timeout_ms = 300 };
+	struct watch_state ws = { 0 };
+	struct res x, y;
+
+	start_cluster(NULL);
+	plain_client();
+	put_ok("/f", "1");
+	watch_prefix(&ws, "/f/", EFS_ETCD_CH_BULK);
+	run_until(ws_created, &ws, 5000);
+	cr_assert_eq(ws.created, 1);
+	pause_member(0);
+	memset(&x, 0, sizeof(x));
+	memset(&y, 0, sizeof(y));
+	p.key.data = (uint8_t *)"/f/p";
+	p.key.len = 4;
+	cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_PUT, &p.base, NULL, on_result, &y, NULL), 0);
+	rq.id = 0x1234;
+	cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_LEASE_REVOKE, &rq.base, &co,
+				   on_result_free_client, &x, NULL), 0);
+	wait_freed_in_cb();
+	cr_assert(x.done);
+	cr_assert_eq(x.err, -ETIMEDOUT, "%d %s", x.err, x.msg);
+	cr_assert(y.done);
+	cr_assert_eq(y.err, -ECANCELED, "%d %s", y.err, y.msg);
+	cr_assert(y.unknown, "a sent Put cancelled by free has an unknown outcome");
+	cr_assert(ws.closed);
+	cr_assert_eq(ws.close_err, -ECANCELED);
+	cr_assert_eq(efs_harness_resume(h, 0), 0);
+	fini();
+	efs_test_assert_no_leaks();
+}
+
+Test(transport, free_from_a_stream_close_callback_on_a_paused_member)
+{
+	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	struct efs_etcd_stream *s;
+	struct watch_state ws = { 0 };
+	struct res x;
+
+	start_cluster(NULL);
+	plain_client();
+	put_ok("/g", "1");
+	cr_assert_eq(efs_etcd_stream_open(cli, EFS_ETCD_STREAM_WATCH, EFS_ETCD_CH_BULK, watch_msg,
+					  watch_close_free_client, &ws, &s), 0);
+	pause_member(0);
+	memset(&x, 0, sizeof(x));
+	q.key.data = (uint8_t *)"/g";
+	q.key.len = 2;
+	cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_RANGE, &q.base, NULL, on_result, &x, NULL), 0);
+	uv_run(&loop, UV_RUN_NOWAIT);
+	/* The member answers no PING: drop the connection under both. */
+	efs_etcd_channel_failover(cli, EFS_ETCD_CH_BULK);
+	wait_freed_in_cb();
+	cr_assert(ws.closed);
+	cr_assert_eq(ws.close_err, -ECONNRESET, "%d", ws.close_err);
+	cr_assert(x.done);
+	cr_assert_eq(x.err, -ECANCELED, "%d %s", x.err, x.msg);
+	cr_assert_eq(efs_harness_resume(h, 0), 0);
+	fini();
+	efs_test_assert_no_leaks();
+}
+
+Test(transport, free_from_the_callback_of_a_call_to_an_unreachable_endpoint)
+{
+	char ep[64];
+	struct efs_etcd_opts o = { .endpoints = ep, .backoff_base_ms = 10, .backoff_max_ms = 50 };
+	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	struct efs_etcd_callopts co = { .timeout_ms = 200 };
+	struct res x, y;
+
+	snprintf(ep, sizeof(ep), "http://127.0.0.1:%d", free_port());
+	new_client(&o);
+	memset(&x, 0, sizeof(x));
+	memset(&y, 0, sizeof(y));
+	q.key.data = (uint8_t *)"/u";
+	q.key.len = 2;
+	cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_RANGE, &q.base, NULL, on_result, &y, NULL), 0);
+	cr_assert_eq(efs_etcd_call(cli, EFS_ETCD_RANGE, &q.base, &co, on_result_free_client, &x,
+				   NULL), 0);
+	wait_freed_in_cb();
+	cr_assert(x.done);
+	cr_assert_eq(x.err, -ETIMEDOUT, "%d %s", x.err, x.msg);
+	cr_assert(y.done);
+	cr_assert_eq(y.err, -ECANCELED, "%d %s", y.err, y.msg);
+	fini();
+	efs_test_assert_no_leaks();
+}
+
 /* ---- In-memory peer (no etcd): exact server behaviour on demand ---- */
 
 static size_t h2_frame(uint8_t *out, uint8_t type, uint8_t flags, uint32_t sid,

@@ -13,6 +13,7 @@
  */
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -64,6 +65,17 @@ void efs_test_fs_kill(struct efs_test_fs *f);
  */
 int efs_test_fs_run(struct efs_test_fs *f, char *out, size_t out_size, const char *cmd, ...);
 
+/* The same with a NULL-terminated argument vector. */
+int efs_test_fs_runv(struct efs_test_fs *f, char *out, size_t out_size, const char *cmd,
+		     const char *const *args);
+
 /* GETs /metrics and returns the value of one sample line, e.g.
  * "etcfs_etcd_txns_total{origin=\"create\",outcome=\"ok\"}"; -1 if absent. */
 double efs_test_fs_metric(struct efs_test_fs *f, const char *sample);
+
+/* The build directory (ETCFS_BUILD_ROOT, else found from the test binary). */
+const char *efs_test_build_root(void);
+/* <build>/etcfsd/<cmd> into |buf| (returned). */
+const char *efs_test_command_path(const char *cmd, char *buf, size_t size);
+/* True when the last mount on |dir| (an absolute path) is a FUSE mount. */
+bool efs_test_is_fuse_mount(const char *dir);

@@ -1546,6 +1546,170 @@ Test(client, free_from_a_callback_cancels_the_rest, .init = setup)
 	finish();
 }
 
+/*
+ * A call that fails while its attempt is still on the wire (its deadline
+ * passes while etcd is paused, or it is cancelled) is reset but stays on the
+ * connection until the stream ends. Freeing the client from its callback
+ * fails that connection under the running callback: the call must still be
+ * freed exactly once, and every other pending call completes once.
+ */
+Test(client, free_from_the_callback_of_a_timed_out_call_on_the_wire, .init = setup)
+{
+	Etcdserverpb__LeaseRevokeRequest revoke = ETCDSERVERPB__LEASE_REVOKE_REQUEST__INIT;
+	struct efs_etcd_callopts co = { .timeout_ms = 40 };
+	struct res x, w;
+
+	memset(&x, 0, sizeof(x));
+	revoke.id = 7;
+	cr_assert_eq(efs_etcd_call(F.c, EFS_ETCD_LEASE_REVOKE, &revoke.base, &co, on_result_free,
+				   &x, NULL), 0);
+	x.started = true;
+	start_put(&other);
+	/* A third call that is retried after UNAVAILABLE, unanswered since. */
+	start_range(&w);
+	wait_req(2);
+	srv_trailers_only(&F.req[2], http503);
+	/* The server answers nothing more, as a paused etcd. */
+	cr_assert(pump_until(&F.freed, 2000), "efs_etcd_free never finished");
+	expect_once(&x);
+	cr_assert_eq(x.err, -ETIMEDOUT, "err %d: %s", x.err, x.msg);
+	expect_once(&other);
+	cr_assert_eq(other.err, -ECANCELED);
+	cr_assert(other.unknown);
+	expect_once(&w);
+	cr_assert_eq(w.err, -ECANCELED);
+	cr_assert_eq(F.done_runs, 1);
+	finish();
+}
+
+Test(client, free_from_the_callback_of_a_cancelled_call_on_the_wire, .init = setup)
+{
+	struct efs_etcd_call *call;
+	struct res x;
+
+	memset(&x, 0, sizeof(x));
+	range_req.key.data = (uint8_t *)"k";
+	range_req.key.len = 1;
+	cr_assert_eq(efs_etcd_call(F.c, EFS_ETCD_RANGE, &range_req.base, NULL, on_result_free,
+				   &x, &call), 0);
+	x.started = true;
+	start_put(&other);
+	wait_req(1);
+	efs_etcd_call_cancel(call);
+	cr_assert(pump_until(&F.freed, 2000), "efs_etcd_free never finished");
+	expect_once(&x);
+	cr_assert_eq(x.err, -ECANCELED);
+	expect_once(&other);
+	cr_assert_eq(other.err, -ECANCELED);
+	cr_assert_eq(F.done_runs, 1);
+	finish();
+}
+
+/* Two calls on the wire fail in the same loop turn; the first one's callback
+ * frees the client while the second's callback is queued and its attempt
+ * still on the wire: the second keeps its own result and runs once. */
+Test(client, free_from_a_callback_with_another_failed_call_queued, .init = setup)
+{
+	struct efs_etcd_call *cx, *cy;
+	struct res x, y;
+
+	memset(&x, 0, sizeof(x));
+	memset(&other, 0, sizeof(other));
+	range_req.key.data = (uint8_t *)"k";
+	range_req.key.len = 1;
+	cr_assert_eq(efs_etcd_call(F.c, EFS_ETCD_RANGE, &range_req.base, NULL, on_result_free,
+				   &x, &cx), 0);
+	x.started = true;
+	cy = start_range(&y);
+	wait_req(1);
+	efs_etcd_call_cancel(cx);
+	efs_etcd_call_cancel(cy);
+	cr_assert(pump_until(&F.freed, 2000), "efs_etcd_free never finished");
+	expect_once(&x);
+	cr_assert_eq(x.err, -ECANCELED);
+	expect_once(&y);
+	cr_assert_eq(y.err, -ECANCELED);
+	cr_assert_str_eq(y.msg, "Range cancelled");
+	cr_assert_eq(F.done_runs, 1);
+	finish();
+}
+
+static void stream_closed_free(struct efs_etcd_stream *s, const struct efs_etcd_result *r,
+			       void *arg)
+{
+	stream_closed(s, r, arg);
+	efs_etcd_free(F.c, on_freed, NULL);
+	cr_assert_eq(other.n, 0, "efs_etcd_free ran a callback inline");
+	cr_assert_eq(F.done_runs, 0, "done ran inside efs_etcd_free");
+}
+
+/* A stream's close callback frees the client while a call on the wire is
+ * pending and another call's failure is queued behind the stream's end. */
+Test(client, free_from_a_stream_close_callback_with_calls_pending, .init = setup)
+{
+	struct efs_etcd_stream *s;
+	struct efs_etcd_call *cy;
+	struct res xs = { 0 }, y;
+
+	cr_assert_eq(efs_etcd_stream_open(F.c, EFS_ETCD_STREAM_WATCH, EFS_ETCD_CH_BULK,
+					  stream_msg, stream_closed_free, &xs, &s), 0);
+	start_put(&other);
+	cy = start_range(&y);
+	wait_req(2);
+	srv_rst(&F.req[0], NGHTTP2_INTERNAL_ERROR);
+	efs_etcd_call_cancel(cy);
+	cr_assert(pump_until(&F.freed, 2000), "efs_etcd_free never finished");
+	cr_assert_eq(xs.n, 1);
+	cr_assert_neq(xs.err, 0);
+	expect_once(&other);
+	cr_assert_eq(other.err, -ECANCELED);
+	cr_assert(other.unknown);
+	expect_once(&y);
+	cr_assert_eq(y.err, -ECANCELED);
+	cr_assert_str_eq(y.msg, "Range cancelled");
+	cr_assert_eq(F.done_runs, 1);
+	finish();
+}
+
+static int msgs_seen;
+
+static void stream_msg_free(struct efs_etcd_stream *s, const ProtobufCMessage *m, void *arg)
+{
+	msgs_seen++;
+	efs_etcd_free(F.c, on_freed, NULL);
+	cr_assert_eq(other.n, 0, "efs_etcd_free ran a callback inline");
+}
+
+/* A stream's message callback frees the client: the rest of the DATA frame
+ * is dropped, the stream closes with -ECANCELED, the other calls complete. */
+Test(client, free_from_a_stream_message_callback, .init = setup)
+{
+	Etcdserverpb__WatchResponse w = ETCDSERVERPB__WATCH_RESPONSE__INIT;
+	struct efs_etcd_stream *s;
+	struct res xs = { 0 };
+	uint8_t buf[256];
+	size_t n;
+
+	msgs_seen = 0;
+	cr_assert_eq(efs_etcd_stream_open(F.c, EFS_ETCD_STREAM_WATCH, EFS_ETCD_CH_BULK,
+					  stream_msg_free, stream_closed, &xs, &s), 0);
+	start_put(&other);
+	wait_req(1);
+	w.created = true;
+	n = grpc_frame_of(&w.base, buf, sizeof(buf));
+	n += grpc_frame_of(&w.base, buf + n, sizeof(buf) - n);
+	srv_headers(&F.req[0], resp_hdrs);
+	srv_data_frame(&F.req[0], buf, n);
+	cr_assert(pump_until(&F.freed, 2000), "efs_etcd_free never finished");
+	cr_assert_eq(msgs_seen, 1);
+	cr_assert_eq(xs.n, 1);
+	cr_assert_eq(xs.err, -ECANCELED);
+	expect_once(&other);
+	cr_assert_eq(other.err, -ECANCELED);
+	cr_assert_eq(F.done_runs, 1);
+	finish();
+}
+
 Test(client, cancel_of_a_sent_put_is_unknown, .init = setup)
 {
 	struct efs_etcd_call *call;

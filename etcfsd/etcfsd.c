@@ -1,0 +1,1504 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * etcfsd: the per-host daemon (ARCHITECTURE.md sections 2, 8 and 12).
+ *
+ * Start: the identity check runs first with a blocking client (nothing is
+ * written before the device and its keyspace agree), then everything lives
+ * on one libuv loop: the asynchronous etcd client, the session, the lock
+ * cache, the metrics server, the filesystem and the FUSE session pumped by
+ * lib/fs/fuseloop. Without -f the process forks before any loop or thread
+ * exists; the child does all the work and tells the waiting parent through a
+ * pipe either "ready" (mounted, and the kernel's INIT answered) or the error text, and
+ * the parent exits 0 or 1 with it.
+ *
+ * Leave (SIGTERM, SIGINT, or the kernel ending the session on umount):
+ * stop reading requests, let the ones in flight finish (bounded), release
+ * every lock, revoke the session lease, unmount, free, exit 0. A start
+ * that fails after the session was registered leaves the same way.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <uv.h>
+
+#include "cli.h"
+#include "config.h"
+#include "etcd/etcd.h"
+#include "etcd/sync.h"
+#include "fs/capacity.h"
+#include "fs/fs.h"
+#include "fs/fuseloop.h"
+#include "lock/lock.h"
+#include "lock/session.h"
+#include "meta/keys.h"
+#include "meta/records.h"
+#include "meta/sb.h"
+#include "util/clock.h"
+#include "util/httpd.h"
+#include "util/log.h"
+#include "util/mem.h"
+#include "util/metrics.h"
+
+static const char *prog = "etcfsd";
+
+/* Bounds of the leave: in-flight requests, then the whole leave. */
+#define DRAIN_TIMEOUT_MS 10000
+#define LEAVE_TIMEOUT_MS 20000
+/* The mount must answer stat() within this at start. */
+#define READY_TIMEOUT_MS 30000
+/* Loop lag probe. */
+#define LAG_INTERVAL_MS 100
+
+enum phase {
+	PH_STARTING, /* session registering */
+	PH_MOUNTING, /* mounted, waiting for the first stat() to answer */
+	PH_RUNNING,
+	PH_LEAVING,
+	PH_DONE,
+};
+
+struct stat_counters {
+	struct efs_counter *c;
+	uint64_t last;
+};
+
+struct state_gauge {
+	struct daemon *d;
+	enum efs_session_state st;
+};
+
+struct daemon {
+	/* options */
+	struct efs_cli_etcd etcd_cfg;
+	char *device;	  /* realpath */
+	char *mountpoint; /* realpath */
+	char node[EFS_META_NODE_MAX + 1];
+	int64_t session_ttl_s;
+	uint32_t quorum_timeout_ms; /* --quorum-timeout (0: the session default) */
+	uint64_t etcd_quota;	     /* --etcd-quota (0: etcd's default, 2 GiB) */
+	const char *metrics_addr;
+	char *user_fuse_opts; /* -o text to pass to libfuse (without ours) */
+	char *fsname_opt;     /* fsname= given by the user, or NULL */
+	char *subtype_opt;    /* subtype= given by the user, or NULL */
+	bool foreground;
+	bool log_level_set;
+	bool read_only;
+	bool noatime;
+	const char *log_file;
+
+	struct efs_capacity *capacity;
+
+	/* the start handshake with the parent (background mode) */
+	int ready_fd;
+	bool ready;
+
+	/* what the sync check found */
+	struct efs_cli_device dev;
+	bool dev_open;
+	struct efs_sb sb;
+	unsigned sb_flags;
+	Etcfs__FsInfo *fi;
+	struct efs_meta_ns ns;
+
+	/* the loop and its residents */
+	uv_loop_t loop;
+	bool loop_init;
+	struct efs_etcd *etcd;
+	bool etcd_freed;
+	struct efs_metrics *metrics;
+	struct efs_httpd *httpd;
+	bool httpd_stopped;
+	struct efs_session *session;
+	struct efs_lockcache *locks;
+	struct efs_fs *fs;
+	struct fuse_session *se;
+	bool mounted;
+	struct efs_fuseloop *fl;
+
+	uv_signal_t sig_term, sig_int;
+	uv_timer_t lag_timer;
+	uv_timer_t drain_timer;
+	uv_timer_t leave_timer;
+	uv_timer_t ready_timer;
+	uv_timer_t teardown_timer;
+	bool handles_init;
+	uv_timer_t ready_poll;
+
+	enum phase phase;
+	bool want_leave;
+	const char *leave_reason;
+	uint64_t drain_start_ms;
+	int exit_code;
+
+	/* metrics owned here */
+	struct efs_histogram *m_lag;
+	struct efs_gauge *m_lag_last;
+	struct stat_counters m_sess[5];
+	struct stat_counters m_lock[6];
+	struct efs_counter *m_fuse_requests;
+	uint64_t fuse_requests_last;
+	struct state_gauge state_gauges[6];
+	uint64_t lag_prev_ms;
+};
+
+/* ---- Messages ---- */
+
+static void usage(FILE *out)
+{
+	fprintf(out,
+		"Usage: %s [options] DEVICE MOUNTPOINT\n"
+		"Mounts the etcfs filesystem on DEVICE (a block device or a regular file)\n"
+		"at MOUNTPOINT. Without -f it returns once the mount answers and keeps\n"
+		"serving in the background.\n"
+		"\n"
+		"Options:\n"
+		"  -f, --foreground         stay in the foreground (logs on stderr)\n"
+		"  --node-id ID             this node's name (default: the hostname,\n"
+		"                           reduced to [A-Za-z0-9._-])\n"
+		"  --session-ttl SECONDS    session lease TTL (default 2)\n"
+		"  --quorum-timeout SECONDS how long operations wait for etcd while the\n"
+		"                           session is suspended before failing with EIO\n"
+		"                           (default 30)\n"
+		"  --etcd-quota SIZE        the etcd cluster's --quota-backend-bytes\n"
+		"                           (bytes, or with K/M/G; default 2G): metadata\n"
+		"                           growth is refused with ENOSPC near it\n"
+		"  --metrics-addr HOST:PORT serve Prometheus metrics on /metrics\n"
+		"                           (\":PORT\" listens on 127.0.0.1; port 0 picks one)\n"
+		"  -o OPT[,OPT...]          mount options: ro, rw, noatime, allow_other,\n"
+		"                           nosuid, nodev, noexec, fsname=, subtype=, ... (passed\n"
+		"                           to FUSE; default_permissions is always on)\n"
+		"  --log-level LEVEL        err, warn, info (default), debug\n"
+		"  --log-file FILE          append logs to FILE once in the background\n"
+		"                           (default: discarded)\n"
+		"  -h, --help               this text\n"
+		"  -V, --version            print the version\n"
+		"\n"
+		"%s"
+		"\n"
+		"SIGTERM, SIGINT or umount leave cleanly: locks are released and the\n"
+		"session lease revoked, so other nodes proceed at once.\n",
+		prog, efs_cli_etcd_usage());
+}
+
+/*
+ * A start failure: to the waiting parent in background mode (which prints
+ * it), to stderr otherwise. Only the first one is reported.
+ */
+static void report_error(struct daemon *d, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static void report_error(struct daemon *d, const char *fmt, ...)
+{
+	char msg[EFS_CLI_ERR_MAX + 256];
+	va_list ap;
+	int n;
+
+	if (d->ready)
+		return;
+	va_start(ap, fmt);
+	n = vsnprintf(msg, sizeof(msg) - 1, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return;
+	if ((size_t)n > sizeof(msg) - 2)
+		n = sizeof(msg) - 2;
+	if (d->ready_fd >= 0) {
+		(void)!write(d->ready_fd, msg, (size_t)n);
+		close(d->ready_fd);
+		d->ready_fd = -1;
+	} else {
+		fprintf(stderr, "%s: %s\n", prog, msg);
+	}
+	d->ready = true; /* nothing more to report */
+	d->exit_code = 1;
+}
+
+/* The mount answers: release the parent and detach from its terminal. */
+static void report_ready(struct daemon *d)
+{
+	int null;
+
+	if (d->ready)
+		return;
+	d->ready = true;
+	if (d->ready_fd < 0)
+		return;
+	(void)!write(d->ready_fd, "ok", 2);
+	close(d->ready_fd);
+	d->ready_fd = -1;
+	null = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (null >= 0) {
+		dup2(null, STDIN_FILENO);
+		dup2(null, STDOUT_FILENO);
+		dup2(null, STDERR_FILENO);
+		close(null);
+	}
+	if (d->log_file) {
+		int fd = open(d->log_file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+
+		if (fd >= 0) {
+			dup2(fd, STDERR_FILENO);
+			close(fd);
+		}
+	}
+}
+
+/*
+ * Background mode: the parent waits for the child's word and exits with
+ * it; the child returns and carries on. Runs before any thread or loop
+ * exists, so the child inherits nothing half-made.
+ */
+static int daemonize(struct daemon *d)
+{
+	char msg[EFS_CLI_ERR_MAX + 256];
+	size_t len = 0;
+	int p[2], st;
+	pid_t pid;
+
+	if (pipe2(p, O_CLOEXEC) < 0) {
+		fprintf(stderr, "%s: pipe: %s\n", prog, strerror(errno));
+		return -errno;
+	}
+	fflush(stdout);
+	fflush(stderr);
+	pid = fork();
+	if (pid < 0) {
+		fprintf(stderr, "%s: fork: %s\n", prog, strerror(errno));
+		close(p[0]);
+		close(p[1]);
+		return -errno;
+	}
+	if (pid == 0) {
+		close(p[0]);
+		d->ready_fd = p[1];
+		setsid();
+		return 0;
+	}
+	close(p[1]);
+	for (;;) {
+		ssize_t n = read(p[0], msg + len, sizeof(msg) - 1 - len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		len += (size_t)n;
+		if (len == sizeof(msg) - 1)
+			break;
+	}
+	close(p[0]);
+	msg[len] = '\0';
+	if (strcmp(msg, "ok") == 0)
+		exit(0);
+	if (len) {
+		fprintf(stderr, "%s: %s\n", prog, msg);
+		/* The child exits right after reporting. */
+		waitpid(pid, &st, 0);
+		exit(1);
+	}
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (WIFSIGNALED(st))
+		fprintf(stderr, "%s: the daemon died during start (signal %d)\n", prog,
+			WTERMSIG(st));
+	else
+		fprintf(stderr, "%s: the daemon exited during start (status %d)\n", prog,
+			WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+	exit(1);
+}
+
+/* ---- Options ---- */
+
+/* The hostname reduced to a valid node id. */
+static void default_node(char out[EFS_META_NODE_MAX + 1])
+{
+	char host[256] = "";
+	size_t n = 0;
+
+	if (gethostname(host, sizeof(host) - 1) < 0)
+		host[0] = '\0';
+	host[sizeof(host) - 1] = '\0';
+	for (const char *p = host; *p && n < EFS_META_NODE_MAX; p++) {
+		char c = *p;
+		bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+			  c == '.' || c == '_' || c == '-';
+
+		out[n++] = ok ? c : '-';
+	}
+	out[n] = '\0';
+	if (!efs_meta_node_is_valid(out))
+		snprintf(out, EFS_META_NODE_MAX + 1, "node");
+}
+
+/* Appends "opt" to the comma-separated list *|list|. */
+static int opt_append(char **list, const char *opt, size_t len)
+{
+	size_t old = *list ? strlen(*list) : 0;
+	char *n = efs_mem_realloc(*list, old + len + 2);
+
+	if (!n)
+		return -ENOMEM;
+	if (old)
+		n[old++] = ',';
+	memcpy(n + old, opt, len);
+	n[old + len] = '\0';
+	*list = n;
+	return 0;
+}
+
+static bool opt_is(const char *opt, size_t len, const char *name)
+{
+	return strlen(name) == len && memcmp(opt, name, len) == 0;
+}
+
+static bool opt_has_prefix(const char *opt, size_t len, const char *prefix)
+{
+	size_t pl = strlen(prefix);
+
+	return len >= pl && memcmp(opt, prefix, pl) == 0;
+}
+
+/*
+ * One -o argument. What the filesystem needs to know (ro, noatime) is
+ * noted and still handed to FUSE (it sets the kernel's mount flags);
+ * mount(8)'s own options are dropped; the rest goes to libfuse, which
+ * rejects what it does not know.
+ */
+static int parse_mount_opts(struct daemon *d, const char *arg)
+{
+	static const char *const ignored[] = {"defaults", "_netdev", "nofail", "auto", "noauto",
+					      "user",	  "users",   "nouser", "owner", "group",
+					      "default_permissions"};
+	const char *p = arg;
+	int r;
+
+	while (*p) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		bool skip = len == 0;
+
+		for (size_t i = 0; !skip && i < sizeof(ignored) / sizeof(ignored[0]); i++)
+			skip = opt_is(p, len, ignored[i]);
+		if (!skip && (opt_has_prefix(p, len, "x-") || opt_has_prefix(p, len, "comment=")))
+			skip = true;
+		if (!skip && opt_is(p, len, "ro"))
+			d->read_only = true;
+		else if (!skip && opt_is(p, len, "rw"))
+			d->read_only = false;
+		else if (!skip && opt_is(p, len, "noatime"))
+			d->noatime = true;
+		else if (!skip && (opt_is(p, len, "atime") || opt_is(p, len, "relatime") ||
+				   opt_is(p, len, "strictatime")))
+			d->noatime = false;
+		if (!skip && opt_has_prefix(p, len, "fsname=")) {
+			efs_mem_free(d->fsname_opt);
+			d->fsname_opt = efs_mem_strndup(p, len);
+			if (!d->fsname_opt)
+				return -ENOMEM;
+			skip = true;
+		} else if (!skip && opt_has_prefix(p, len, "subtype=")) {
+			efs_mem_free(d->subtype_opt);
+			d->subtype_opt = efs_mem_strndup(p, len);
+			if (!d->subtype_opt)
+				return -ENOMEM;
+			skip = true;
+		}
+		if (!skip) {
+			r = opt_append(&d->user_fuse_opts, p, len);
+			if (r < 0)
+				return r;
+		}
+		p += len;
+		if (*p == ',')
+			p++;
+	}
+	return 0;
+}
+
+enum {
+	OPT_NODE_ID = 0x100,
+	OPT_SESSION_TTL,
+	OPT_QUORUM_TIMEOUT,
+	OPT_ETCD_QUOTA,
+	OPT_METRICS_ADDR,
+	OPT_LOG_LEVEL,
+	OPT_LOG_FILE,
+	OPT_ETCD, /* every etcd option: the name comes from the table */
+};
+
+static const struct option longopts[] = {
+	{"foreground", no_argument, NULL, 'f'},
+	{"help", no_argument, NULL, 'h'},
+	{"version", no_argument, NULL, 'V'},
+	{"node-id", required_argument, NULL, OPT_NODE_ID},
+	{"session-ttl", required_argument, NULL, OPT_SESSION_TTL},
+	{"quorum-timeout", required_argument, NULL, OPT_QUORUM_TIMEOUT},
+	{"etcd-quota", required_argument, NULL, OPT_ETCD_QUOTA},
+	{"metrics-addr", required_argument, NULL, OPT_METRICS_ADDR},
+	{"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+	{"log-file", required_argument, NULL, OPT_LOG_FILE},
+	{"endpoints", required_argument, NULL, OPT_ETCD},
+	{"cacert", required_argument, NULL, OPT_ETCD},
+	{"cert", required_argument, NULL, OPT_ETCD},
+	{"key", required_argument, NULL, OPT_ETCD},
+	{"user", required_argument, NULL, OPT_ETCD},
+	{"password", required_argument, NULL, OPT_ETCD},
+	{"dial-timeout", required_argument, NULL, OPT_ETCD},
+	{"command-timeout", required_argument, NULL, OPT_ETCD},
+	{NULL, 0, NULL, 0},
+};
+
+/* 0 to go on, 1 to exit 0 now (help, version), -EINVAL after a message. */
+static int parse_args(struct daemon *d, int argc, char **argv)
+{
+	char err[EFS_CLI_ERR_MAX];
+	enum efs_log_level level;
+	int c, idx, r;
+
+	err[0] = '\0';
+	r = efs_cli_etcd_defaults(&d->etcd_cfg, err, sizeof(err));
+	if (r < 0) {
+		fprintf(stderr, "%s: %s\n", prog, err[0] ? err : strerror(-r));
+		return -EINVAL;
+	}
+	while ((c = getopt_long(argc, argv, "fhVo:", longopts, &idx)) != -1) {
+		switch (c) {
+		case 'f':
+			d->foreground = true;
+			break;
+		case 'h':
+			usage(stdout);
+			return 1;
+		case 'V':
+			printf("etcfsd %s\n", ETCFS_VERSION);
+			return 1;
+		case 'o':
+			r = parse_mount_opts(d, optarg);
+			if (r < 0) {
+				fprintf(stderr, "%s: -o %s: %s\n", prog, optarg, strerror(-r));
+				return -EINVAL;
+			}
+			break;
+		case OPT_NODE_ID:
+			if (!efs_meta_node_is_valid(optarg)) {
+				fprintf(stderr,
+					"%s: --node-id '%s': use 1 to %d characters of "
+					"[A-Za-z0-9._-]\n",
+					prog, optarg, EFS_META_NODE_MAX);
+				return -EINVAL;
+			}
+			snprintf(d->node, sizeof(d->node), "%s", optarg);
+			break;
+		case OPT_SESSION_TTL: {
+			char *end;
+			long v;
+
+			errno = 0;
+			v = strtol(optarg, &end, 10);
+			if (errno || end == optarg || *end || v < 1 || v > 3600) {
+				fprintf(stderr, "%s: --session-ttl '%s': seconds from 1 to 3600\n",
+					prog, optarg);
+				return -EINVAL;
+			}
+			d->session_ttl_s = v;
+			break;
+		}
+		case OPT_QUORUM_TIMEOUT: {
+			char *end;
+			long v;
+
+			errno = 0;
+			v = strtol(optarg, &end, 10);
+			if (errno || end == optarg || *end || v < 1 || v > 86400) {
+				fprintf(stderr,
+					"%s: --quorum-timeout '%s': seconds from 1 to 86400\n",
+					prog, optarg);
+				return -EINVAL;
+			}
+			d->quorum_timeout_ms = (uint32_t)v * 1000u;
+			break;
+		}
+		case OPT_ETCD_QUOTA: {
+			char *end;
+			unsigned long long v;
+			unsigned shift = 0;
+
+			errno = 0;
+			v = strtoull(optarg, &end, 10);
+			if (*end == 'K' || *end == 'k')
+				shift = 10;
+			else if (*end == 'M' || *end == 'm')
+				shift = 20;
+			else if (*end == 'G' || *end == 'g')
+				shift = 30;
+			if (shift)
+				end++;
+			if (errno || end == optarg || *end || optarg[0] == '-' || v == 0 ||
+			    v > (UINT64_C(1) << 40) >> shift) {
+				fprintf(stderr,
+					"%s: --etcd-quota '%s': a size from 1 to 1T (K, M, G suffixes)\n",
+					prog, optarg);
+				return -EINVAL;
+			}
+			d->etcd_quota = (uint64_t)v << shift;
+			break;
+		}
+		case OPT_METRICS_ADDR:
+			d->metrics_addr = optarg;
+			break;
+		case OPT_LOG_LEVEL:
+			if (efs_log_parse_level(optarg, &level) < 0) {
+				fprintf(stderr,
+					"%s: --log-level '%s': use err, warn, info or debug\n",
+					prog, optarg);
+				return -EINVAL;
+			}
+			efs_log_set_level(level);
+			d->log_level_set = true;
+			break;
+		case OPT_LOG_FILE:
+			d->log_file = optarg;
+			break;
+		case OPT_ETCD:
+			err[0] = '\0';
+			r = efs_cli_etcd_option(&d->etcd_cfg, longopts[idx].name, optarg, err,
+						sizeof(err));
+			if (r <= 0) {
+				fprintf(stderr, "%s: --%s: %s\n", prog, longopts[idx].name,
+					err[0] ? err : "invalid value");
+				return -EINVAL;
+			}
+			break;
+		default:
+			usage(stderr);
+			return -EINVAL;
+		}
+	}
+	if (argc - optind != 2) {
+		fprintf(stderr, "%s: expected DEVICE and MOUNTPOINT\n", prog);
+		usage(stderr);
+		return -EINVAL;
+	}
+	if (!d->node[0])
+		default_node(d->node);
+	/* Resolved now: the background daemon changes to / before serving. */
+	d->device = realpath(argv[optind], NULL);
+	if (!d->device) {
+		fprintf(stderr, "%s: %s: %s\n", prog, argv[optind], strerror(errno));
+		return -EINVAL;
+	}
+	d->mountpoint = realpath(argv[optind + 1], NULL);
+	if (!d->mountpoint) {
+		fprintf(stderr, "%s: mount point %s: %s\n", prog, argv[optind + 1],
+			strerror(errno));
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* ---- The identity check (blocking, before the loop) ---- */
+
+static char *fuse_opt_string(struct daemon *d);
+
+/*
+ * libfuse parses the options only when the session is made, which is
+ * after the node registered; a session without handlers, made and dropped
+ * here, rejects a bad option before anything happens (libfuse names it on
+ * stderr).
+ */
+static int check_fuse_opts(struct daemon *d)
+{
+	static const struct fuse_lowlevel_ops none;
+	struct fuse_session *se;
+	struct fuse_args args;
+	char *fargv[4];
+	char *opts;
+
+	opts = fuse_opt_string(d);
+	if (!opts) {
+		report_error(d, "mount options: %s", strerror(ENOMEM));
+		return -ENOMEM;
+	}
+	fargv[0] = (char *)prog;
+	fargv[1] = (char *)"-o";
+	fargv[2] = opts;
+	fargv[3] = NULL;
+	args = (struct fuse_args)FUSE_ARGS_INIT(3, fargv);
+	se = fuse_session_new(&args, &none, sizeof(none), NULL);
+	fuse_opt_free_args(&args);
+	if (!se) {
+		report_error(d, "invalid mount options '%s'", opts);
+		efs_mem_free(opts);
+		return -EINVAL;
+	}
+	fuse_session_destroy(se);
+	efs_mem_free(opts);
+	return 0;
+}
+
+static int check_device(struct daemon *d)
+{
+	struct efs_etcd_sync *s = NULL;
+	char err[EFS_CLI_ERR_MAX];
+	int r;
+
+	err[0] = '\0';
+	r = efs_cli_device_open(d->device, !d->read_only, &d->dev, err, sizeof(err));
+	if (r < 0) {
+		report_error(d, "%s", err[0] ? err : strerror(-r));
+		return r;
+	}
+	d->dev_open = true;
+
+	err[0] = '\0';
+	r = efs_cli_etcd_connect(&d->etcd_cfg, &s, err, sizeof(err));
+	if (r < 0) {
+		report_error(d, "%s", err[0] ? err : strerror(-r));
+		return r;
+	}
+	err[0] = '\0';
+	r = efs_cli_check_fs(s, &d->dev, &d->sb, &d->sb_flags, &d->fi, err, sizeof(err));
+	efs_etcd_sync_free(s);
+	if (r < 0) {
+		report_error(d, "%s", err[0] ? err : strerror(-r));
+		return r;
+	}
+	if ((d->sb_flags & EFS_SB_MOUNT_READ_ONLY) && !d->read_only) {
+		report_error(d,
+			     "%s: the filesystem has read-only-compatible features this "
+			     "version does not know; mount it with -o ro",
+			     d->device);
+		return -EROFS;
+	}
+	r = efs_meta_ns_init(&d->ns, d->sb.name);
+	if (r < 0) {
+		report_error(d, "%s: invalid filesystem name '%s'", d->device, d->sb.name);
+		return r;
+	}
+	return check_fuse_opts(d);
+}
+
+/* ---- Metrics ---- */
+
+static double gauge_session_state(void *arg)
+{
+	struct state_gauge *g = arg;
+
+	if (!g->d->session)
+		return g->st == EFS_SESSION_CLOSED;
+	return efs_session_state(g->d->session) == g->st;
+}
+
+static double gauge_session_generation(void *arg)
+{
+	struct daemon *d = arg;
+
+	return d->session ? (double)efs_session_generation(d->session) : 0;
+}
+
+static double gauge_renew_max_gap(void *arg)
+{
+	struct daemon *d = arg;
+	struct efs_session_stats st;
+
+	if (!d->session)
+		return 0;
+	efs_session_get_stats(d->session, &st);
+	return (double)st.renew_max_gap_ns / 1e9;
+}
+
+static double gauge_locks_held(void *arg)
+{
+	struct daemon *d = arg;
+	struct efs_lockcache_stats st;
+
+	if (!d->locks)
+		return 0;
+	efs_lockcache_get_stats(d->locks, &st);
+	return (double)st.held;
+}
+
+static double gauge_inflight(void *arg)
+{
+	struct daemon *d = arg;
+
+	return d->fs ? (double)efs_fs_inflight(d->fs) : 0;
+}
+
+static void register_metrics(struct daemon *d)
+{
+	static const char *const sess_names[5][2] = {
+		{"etcfs_session_suspends_total", "Entries into SUSPENDED (no renewal acknowledged)"},
+		{"etcfs_session_resumes_total", "Suspensions that ended with the lease alive"},
+		{"etcfs_session_losses_total", "Sessions lost (lease gone)"},
+		{"etcfs_session_registrations_total", "Sessions registered"},
+		{"etcfs_session_waits_failed_total", "Operations failed with EIO waiting for the session"},
+	};
+	static const char *const lock_names[6][2] = {
+		{"etcfs_lock_acquires_total", "Lock acquisitions that needed etcd"},
+		{"etcfs_lock_cache_hits_total", "Lock acquisitions served from the lock cache"},
+		{"etcfs_lock_waits_total", "Lock acquisitions that waited for another holder"},
+		{"etcfs_lock_releases_total", "Locks released"},
+		{"etcfs_lock_release_txns_total", "Transactions that released locks"},
+		{"etcfs_lock_txn_retries_total", "Lock transactions retried"},
+	};
+	static const char *const state_labels[6] = {
+		"state=\"starting\"",  "state=\"active\"", "state=\"suspended\"",
+		"state=\"expired\"",   "state=\"gone\"",   "state=\"closed\"",
+	};
+	struct efs_metrics *m = d->metrics;
+	char labels[128];
+
+	snprintf(labels, sizeof(labels), "version=\"%s\"", ETCFS_VERSION);
+	efs_gauge_set(efs_metrics_gauge(m, "etcfs_build_info", "etcfs version", labels), 1);
+	d->m_lag = efs_metrics_histogram(m, "etcfs_loop_lag_seconds",
+					 "Lateness of a 100 ms loop timer (loop lag)", NULL);
+	d->m_lag_last = efs_metrics_gauge(m, "etcfs_loop_lag_last_seconds",
+					  "Lateness of the last 100 ms loop timer tick", NULL);
+	efs_capacity_register_metrics(&d->capacity, m);
+	for (int i = 0; i < 6; i++) {
+		d->state_gauges[i].d = d;
+		d->state_gauges[i].st = (enum efs_session_state)i;
+		efs_metrics_gauge_fn(m, "etcfs_session_state",
+				     "Session state (1 for the current one)", state_labels[i],
+				     gauge_session_state, &d->state_gauges[i]);
+	}
+	efs_metrics_gauge_fn(m, "etcfs_session_generation", "Fencing generation of the session",
+			     NULL, gauge_session_generation, d);
+	efs_metrics_gauge_fn(m, "etcfs_session_renew_max_gap_seconds",
+			     "Longest gap between acknowledged lease renewals", NULL,
+			     gauge_renew_max_gap, d);
+	for (int i = 0; i < 5; i++)
+		d->m_sess[i].c = efs_metrics_counter(m, sess_names[i][0], sess_names[i][1], NULL);
+	efs_metrics_gauge_fn(m, "etcfs_lock_cache_held", "Locks held in the lock cache", NULL,
+			     gauge_locks_held, d);
+	for (int i = 0; i < 6; i++)
+		d->m_lock[i].c = efs_metrics_counter(m, lock_names[i][0], lock_names[i][1], NULL);
+	d->m_fuse_requests = efs_metrics_counter(m, "etcfs_fuse_requests_received_total",
+						 "FUSE requests read from the kernel", NULL);
+	efs_metrics_gauge_fn(m, "etcfs_fs_inflight_ops", "FUSE operations in flight", NULL,
+			     gauge_inflight, d);
+}
+
+static void counter_sync(struct stat_counters *sc, uint64_t now)
+{
+	if (now > sc->last)
+		efs_counter_add(sc->c, now - sc->last);
+	sc->last = now;
+}
+
+/* Copies the session and lock counters into the registry (every tick). */
+static void sync_counters(struct daemon *d)
+{
+	if (d->session) {
+		struct efs_session_stats s;
+
+		efs_session_get_stats(d->session, &s);
+		counter_sync(&d->m_sess[0], s.suspends);
+		counter_sync(&d->m_sess[1], s.resumes);
+		counter_sync(&d->m_sess[2], s.losses);
+		counter_sync(&d->m_sess[3], s.registrations);
+		counter_sync(&d->m_sess[4], s.waits_failed);
+	}
+	if (d->locks) {
+		struct efs_lockcache_stats l;
+
+		efs_lockcache_get_stats(d->locks, &l);
+		counter_sync(&d->m_lock[0], l.acquires);
+		counter_sync(&d->m_lock[1], l.hits);
+		counter_sync(&d->m_lock[2], l.waits);
+		counter_sync(&d->m_lock[3], l.releases);
+		counter_sync(&d->m_lock[4], l.release_txns);
+		counter_sync(&d->m_lock[5], l.txn_retries);
+	}
+	if (d->fl) {
+		uint64_t n = efs_fuseloop_requests(d->fl);
+
+		if (n > d->fuse_requests_last)
+			efs_counter_add(d->m_fuse_requests, n - d->fuse_requests_last);
+		d->fuse_requests_last = n;
+	}
+}
+
+/*
+ * A repeating timer: libuv schedules the next tick at the loop time of
+ * this one plus the interval, so how much later it actually runs is the
+ * time the loop spent elsewhere.
+ */
+static void on_lag_tick(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+	uint64_t now_ns = uv_hrtime();
+	uint64_t expected = (d->lag_prev_ms + LAG_INTERVAL_MS) * EFS_NSEC_PER_MSEC;
+	uint64_t late_ns = now_ns > expected ? now_ns - expected : 0;
+
+	efs_histogram_observe_ns(d->m_lag, late_ns);
+	efs_gauge_set(d->m_lag_last, (double)late_ns / 1e9);
+	d->lag_prev_ms = uv_now(&d->loop);
+	sync_counters(d);
+}
+
+/* ---- Teardown ---- */
+
+static void teardown(struct daemon *d);
+
+static void on_handle_closed(uv_handle_t *h)
+{
+	(void)h;
+}
+
+static void on_etcd_freed(void *arg)
+{
+	struct daemon *d = arg;
+
+	d->etcd = NULL;
+}
+
+static void on_httpd_stopped(void *arg)
+{
+	struct daemon *d = arg;
+
+	d->httpd_stopped = true;
+}
+
+/*
+ * Unmounts and frees everything on the loop. The loop then runs out of
+ * handles and main() returns. Whatever was not left cleanly (locks,
+ * the lease) expires with the session TTL.
+ */
+static void teardown(struct daemon *d)
+{
+	if (d->phase == PH_DONE)
+		return;
+	d->phase = PH_DONE;
+	if (!d->ready)
+		report_error(d, "interrupted during start");
+	sync_counters(d);
+
+	if (d->handles_init) {
+		uv_close((uv_handle_t *)&d->sig_term, on_handle_closed);
+		uv_close((uv_handle_t *)&d->sig_int, on_handle_closed);
+		uv_close((uv_handle_t *)&d->lag_timer, on_handle_closed);
+		uv_close((uv_handle_t *)&d->drain_timer, on_handle_closed);
+		uv_close((uv_handle_t *)&d->leave_timer, on_handle_closed);
+		uv_close((uv_handle_t *)&d->ready_timer, on_handle_closed);
+		uv_close((uv_handle_t *)&d->ready_poll, on_handle_closed);
+		uv_close((uv_handle_t *)&d->teardown_timer, on_handle_closed);
+		d->handles_init = false;
+	}
+	if (d->fl) {
+		efs_fuseloop_close(d->fl, NULL, NULL);
+		d->fl = NULL;
+	}
+	if (d->se) {
+		if (d->mounted) {
+			/* Closes /dev/fuse first: requests still queued fail ENOTCONN. */
+			fuse_session_unmount(d->se);
+			d->mounted = false;
+		}
+	}
+	if (d->fs && efs_fs_inflight(d->fs) > 0) {
+		/*
+		 * Operations still hold continuations into the fs: freeing it
+		 * would leave them dangling. The process exits right after;
+		 * the kernel already failed their requests.
+		 */
+		efs_log_warn("%" PRIu64 " operations still in flight at exit; not freeing the "
+			     "filesystem state",
+			     efs_fs_inflight(d->fs));
+		if (d->se) {
+			fuse_session_destroy(d->se);
+			d->se = NULL;
+		}
+		d->fs = NULL;
+	}
+	if (d->se) {
+		/* Runs the fs's destroy handler (userdata) if INIT was seen. */
+		fuse_session_destroy(d->se);
+		d->se = NULL;
+	}
+	d->fs = efs_fs_free(d->fs);
+	d->capacity = efs_capacity_free(d->capacity);
+	d->locks = efs_lockcache_free(d->locks);
+	d->session = efs_session_free(d->session);
+	if (d->httpd) {
+		efs_httpd_stop(d->httpd, on_httpd_stopped, d);
+		d->httpd = NULL;
+	}
+	if (d->etcd && !d->etcd_freed) {
+		d->etcd_freed = true;
+		efs_etcd_free(d->etcd, on_etcd_freed, d);
+	}
+}
+
+static void on_teardown_timer(uv_timer_t *t)
+{
+	teardown(t->data);
+}
+
+/*
+ * Teardown frees the session, the lock cache and the etcd client, so it
+ * never runs inside one of their callbacks: it is deferred to a timer of
+ * its own.
+ */
+static void schedule_teardown(struct daemon *d)
+{
+	if (!d->handles_init) {
+		teardown(d);
+		return;
+	}
+	uv_timer_start(&d->teardown_timer, on_teardown_timer, 0, 0);
+}
+
+/* ---- Clean leave ---- */
+
+static void leave_finish(struct daemon *d, const char *what, int status)
+{
+	if (status < 0)
+		efs_log_warn("%s: %s", what, strerror(-status));
+	schedule_teardown(d);
+}
+
+static void on_session_left(struct efs_session *s, int status, void *arg)
+{
+	struct daemon *d = arg;
+
+	(void)s;
+	if (d->phase != PH_LEAVING)
+		return;
+	if (status == 0)
+		efs_log_info("session of node %s left; lease revoked", d->node);
+	leave_finish(d, "leaving the session (its lease expires by itself)", status);
+}
+
+static void leave_session(struct daemon *d)
+{
+	enum efs_session_state st;
+	int r;
+
+	if (!d->session) {
+		schedule_teardown(d);
+		return;
+	}
+	st = efs_session_state(d->session);
+	if (st == EFS_SESSION_CLOSED || st == EFS_SESSION_STARTING) {
+		schedule_teardown(d);
+		return;
+	}
+	r = efs_session_leave(d->session, on_session_left, d);
+	if (r < 0)
+		leave_finish(d, "leaving the session (its lease expires by itself)", r);
+}
+
+static void on_locks_released(int status, void *arg)
+{
+	struct daemon *d = arg;
+
+	if (d->phase != PH_LEAVING)
+		return;
+	if (status < 0)
+		efs_log_warn("releasing locks: %s (they go with the session lease)",
+			     strerror(-status));
+	leave_session(d);
+}
+
+static void release_locks(struct daemon *d)
+{
+	int r;
+
+	if (!d->locks) {
+		leave_session(d);
+		return;
+	}
+	r = efs_lockcache_release_all(d->locks, on_locks_released, d);
+	if (r < 0) {
+		efs_log_warn("releasing locks: %s (they go with the session lease)",
+			     strerror(-r));
+		leave_session(d);
+	} else if (r == 1) {
+		leave_session(d);
+	}
+}
+
+static void on_drain_tick(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+	uint64_t n = d->fs ? efs_fs_inflight(d->fs) : 0;
+
+	if (n > 0 && uv_now(&d->loop) - d->drain_start_ms < DRAIN_TIMEOUT_MS)
+		return;
+	uv_timer_stop(t);
+	if (n > 0)
+		efs_log_warn("%" PRIu64 " operations still in flight after %d ms; leaving anyway",
+			     n, DRAIN_TIMEOUT_MS);
+	release_locks(d);
+}
+
+static void on_leave_timeout(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+
+	efs_log_warn("clean leave did not finish within %d ms; exiting (locks and lease expire "
+		     "with the session TTL)",
+		     LEAVE_TIMEOUT_MS);
+	schedule_teardown(d);
+}
+
+/*
+ * Starts the clean leave. Requests stop being read (the kernel queues new
+ * ones; they fail when /dev/fuse closes at unmount) while those in flight
+ * finish and reply.
+ */
+static void begin_leave(struct daemon *d, const char *reason)
+{
+	if (d->phase == PH_LEAVING || d->phase == PH_DONE)
+		return;
+	if (d->phase == PH_STARTING) {
+		/* The session start is in flight: leave once it ends. */
+		d->want_leave = true;
+		d->leave_reason = reason;
+		uv_timer_start(&d->leave_timer, on_leave_timeout, LEAVE_TIMEOUT_MS, 0);
+		return;
+	}
+	efs_log_info("%s: leaving (node %s, %s)", reason, d->node, d->mountpoint);
+	if (!d->ready)
+		report_error(d, "interrupted during start (%s)", reason);
+	d->phase = PH_LEAVING;
+	efs_fuseloop_pause(d->fl, true);
+	uv_timer_stop(&d->ready_timer);
+	uv_timer_start(&d->leave_timer, on_leave_timeout, LEAVE_TIMEOUT_MS, 0);
+	d->drain_start_ms = uv_now(&d->loop);
+	uv_timer_start(&d->drain_timer, on_drain_tick, 0, 10);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+	struct daemon *d = h->data;
+
+	begin_leave(d, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void on_fuse_exit(struct efs_fuseloop *fl, int status, void *arg)
+{
+	struct daemon *d = arg;
+
+	(void)fl;
+	if (status < 0)
+		efs_log_err("FUSE session failed: %s", strerror(-status));
+	/* The kernel ended the session: nothing is mounted any more. */
+	if (status == 0 && d->phase == PH_RUNNING)
+		begin_leave(d, "unmounted");
+	else
+		begin_leave(d, "FUSE session ended");
+}
+
+/* ---- Start ---- */
+
+#if EFS_FAULT_HOOKS
+/*
+ * Tests arm the client's fault hook through the environment:
+ * ETCFS_FAULT_DROP_REPLY=METHOD:N (METHOD one of Txn, Range, Put) drops the
+ * reply of the Nth such call counted from the moment the mount is ready.
+ */
+static void arm_fault_hooks(struct daemon *d)
+{
+	static const struct {
+		const char *name;
+		enum efs_etcd_method method;
+	} methods[] = {{"Txn", EFS_ETCD_TXN}, {"Range", EFS_ETCD_RANGE}, {"Put", EFS_ETCD_PUT}};
+	const char *v = getenv("ETCFS_FAULT_DROP_REPLY");
+	const char *colon;
+	char *end;
+	unsigned long n;
+
+	if (!v || !*v)
+		return;
+	colon = strchr(v, ':');
+	if (colon) {
+		errno = 0;
+		n = strtoul(colon + 1, &end, 10);
+		for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
+			if (strlen(methods[i].name) != (size_t)(colon - v) ||
+			    strncmp(v, methods[i].name, (size_t)(colon - v)) || errno || *end ||
+			    n == 0 || n > UINT32_MAX)
+				continue;
+			efs_log_warn("fault hook: dropping the reply of %s call #%lu", methods[i].name,
+				     n);
+			efs_etcd_fault_drop_reply(d->etcd, methods[i].method, (unsigned)n);
+			return;
+		}
+	}
+	efs_log_err("ETCFS_FAULT_DROP_REPLY='%s' ignored: expected Txn:N, Range:N or Put:N", v);
+}
+#else
+static void arm_fault_hooks(struct daemon *d)
+{
+	(void)d;
+}
+#endif
+
+static void on_capacity_state(struct efs_capacity *cap, enum efs_capacity_state old,
+			      enum efs_capacity_state new_state, void *arg)
+{
+	struct efs_capacity_stats st;
+
+	(void)old;
+	(void)arg;
+	efs_capacity_get_stats(cap, &st);
+	if (new_state == EFS_CAPACITY_OK)
+		efs_log_info("etcd has room again (%" PRIu64 " of %" PRIu64 " bytes in use): "
+			     "metadata growth allowed",
+			     st.in_use, st.quota);
+	else
+		efs_log_warn("etcd is %s (%" PRIu64 " bytes in use, database %" PRIu64
+			     " of quota %" PRIu64 "): creates and other metadata growth fail "
+			     "with ENOSPC, deletes still work; compact and defragment etcd%s",
+			     new_state == EFS_CAPACITY_FULL ? "full (NOSPACE alarm)" : "nearly full",
+			     st.in_use, st.db_size, st.quota,
+			     new_state == EFS_CAPACITY_FULL ? ", then run 'etcdctl alarm disarm'"
+							    : "");
+}
+
+/*
+ * The mount is ready once the kernel's INIT request has been answered: it is
+ * the first request of every FUSE session, and after its reply the kernel
+ * sends the filesystem's requests. Nothing in this process touches its own
+ * mount point: a daemon that stat()s itself and then crashes leaves a thread
+ * in D state on its own dead mount and can never exit.
+ */
+static void on_ready_poll(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+
+	if (d->phase != PH_MOUNTING || !d->fl || efs_fuseloop_requests(d->fl) == 0)
+		return;
+	uv_timer_stop(&d->ready_poll);
+	uv_timer_stop(&d->ready_timer);
+	d->phase = PH_RUNNING;
+	efs_log_info("mounted %s (%s) on %s as node %s, session generation %" PRIu64 " (pid %d)",
+		     d->sb.name, d->device, d->mountpoint, d->node,
+		     efs_session_generation(d->session), (int)getpid());
+	arm_fault_hooks(d);
+	report_ready(d);
+}
+
+static void on_ready_timeout(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+
+	report_error(d, "%s: the new mount did not answer within %d s", d->mountpoint,
+		     READY_TIMEOUT_MS / 1000);
+	begin_leave(d, "start failed");
+}
+
+static void on_session_state(struct efs_session *s, enum efs_session_state old,
+			     enum efs_session_state new_state, void *arg)
+{
+	struct daemon *d = arg;
+
+	(void)s;
+	if (new_state == EFS_SESSION_ACTIVE && old != EFS_SESSION_STARTING)
+		efs_log_info("session %s -> %s", efs_session_state_name(old),
+			     efs_session_state_name(new_state));
+	else if (new_state != EFS_SESSION_ACTIVE && new_state != EFS_SESSION_CLOSED)
+		efs_log_warn("session %s -> %s", efs_session_state_name(old),
+			     efs_session_state_name(new_state));
+	if (d->fs)
+		efs_fs_session_changed(d->fs, old, new_state);
+	if (new_state == EFS_SESSION_CLOSED && d->phase == PH_RUNNING)
+		efs_log_err("the session closed for good; operations fail until unmounted");
+}
+
+/* The -o text handed to libfuse. */
+static char *fuse_opt_string(struct daemon *d)
+{
+	char fsname[EFS_META_FSNAME_MAX + 32];
+	char *s = NULL;
+	int r;
+
+	snprintf(fsname, sizeof(fsname), "fsname=etcfs:%s", d->sb.name);
+	r = opt_append(&s, "default_permissions", strlen("default_permissions"));
+	if (!r) {
+		const char *f = d->fsname_opt ? d->fsname_opt : fsname;
+
+		r = opt_append(&s, f, strlen(f));
+	}
+	if (!r) {
+		const char *st = d->subtype_opt ? d->subtype_opt : "subtype=etcfs";
+
+		r = opt_append(&s, st, strlen(st));
+	}
+	if (!r && d->user_fuse_opts)
+		r = opt_append(&s, d->user_fuse_opts, strlen(d->user_fuse_opts));
+	if (r) {
+		efs_mem_free(s);
+		return NULL;
+	}
+	return s;
+}
+
+static int mount_fuse(struct daemon *d)
+{
+	struct efs_lockcache_opts lo = {.ns = &d->ns};
+	struct efs_fs_opts fo = {
+		.ns = &d->ns,
+		.sb = &d->sb,
+		.fi = d->fi,
+		.read_only = d->read_only,
+		.noatime = d->noatime,
+		/* Kernel caches granted before a suspension must time out before
+		 * the lease deadline: a quarter of the TTL, at most 1 s. */
+		.cache_timeout_ms = (uint32_t)(d->session_ttl_s >= 4 ? 1000
+					       : (d->session_ttl_s ? d->session_ttl_s : 2) * 250),
+	};
+	char *opts = NULL;
+	char *fargv[4];
+	struct fuse_args args;
+	int r;
+
+	r = efs_lockcache_new(&d->locks, &d->loop, d->etcd, d->session, &lo);
+	if (r < 0) {
+		report_error(d, "lock cache: %s", strerror(-r));
+		return r;
+	}
+	r = efs_fs_new(&d->fs, &d->loop, d->etcd, d->session, d->locks, d->metrics, &fo);
+	if (r < 0) {
+		report_error(d, "filesystem state: %s", strerror(-r));
+		return r;
+	}
+	efs_fs_set_capacity(d->fs, d->capacity);
+
+	opts = fuse_opt_string(d);
+	if (!opts) {
+		report_error(d, "mount options: %s", strerror(ENOMEM));
+		return -ENOMEM;
+	}
+	fargv[0] = (char *)prog;
+	fargv[1] = (char *)"-o";
+	fargv[2] = opts;
+	fargv[3] = NULL;
+	args = (struct fuse_args)FUSE_ARGS_INIT(3, fargv);
+	d->se = fuse_session_new(&args, efs_fs_ops(), sizeof(struct fuse_lowlevel_ops), d->fs);
+	fuse_opt_free_args(&args);
+	if (!d->se) {
+		/* libfuse said why on stderr ("unknown option", ...). */
+		report_error(d, "cannot start a FUSE session with options '%s'", opts);
+		efs_mem_free(opts);
+		return -EINVAL;
+	}
+	efs_log_debug("FUSE options: %s", opts);
+	efs_mem_free(opts);
+	if (fuse_session_mount(d->se, d->mountpoint) != 0) {
+		report_error(d, "cannot mount on %s (see the FUSE message above)", d->mountpoint);
+		return -EIO;
+	}
+	d->mounted = true;
+	efs_fs_set_fuse(d->fs, d->se);
+	r = efs_fuseloop_start(&d->fl, &d->loop, d->se, on_fuse_exit, d);
+	if (r < 0) {
+		report_error(d, "polling /dev/fuse: %s", strerror(-r));
+		return r;
+	}
+	return 0;
+}
+
+static void on_session_started(struct efs_session *s, int status, void *arg)
+{
+	struct daemon *d = arg;
+	int r;
+
+	(void)s;
+	if (status < 0) {
+		report_error(d, "registering node %s: %s", d->node,
+			     status == -EBUSY ? "node id in use (another etcfsd runs with it)"
+					      : strerror(-status));
+		schedule_teardown(d);
+		return;
+	}
+	efs_log_info("session registered: node %s, lease %" PRIx64 ", generation %" PRIu64,
+		     d->node, (uint64_t)efs_session_lease_id(d->session),
+		     efs_session_generation(d->session));
+	d->phase = PH_MOUNTING;
+	if (d->want_leave) {
+		begin_leave(d, d->leave_reason);
+		return;
+	}
+	r = mount_fuse(d);
+	if (r < 0) {
+		begin_leave(d, "start failed");
+		return;
+	}
+	uv_timer_start(&d->ready_poll, on_ready_poll, 1, 2);
+	uv_timer_start(&d->ready_timer, on_ready_timeout, READY_TIMEOUT_MS, 0);
+}
+
+static int start_loop(struct daemon *d)
+{
+	struct efs_etcd_opts eo;
+	struct efs_session_opts so = {
+		.ns = &d->ns,
+		.node = d->node,
+		.ttl_s = d->session_ttl_s,
+		.quorum_loss_ms = d->quorum_timeout_ms,
+	};
+	int r;
+
+	r = uv_loop_init(&d->loop);
+	if (r < 0) {
+		report_error(d, "event loop: %s", uv_strerror(r));
+		return r;
+	}
+	d->loop_init = true;
+	uv_signal_init(&d->loop, &d->sig_term);
+	uv_signal_init(&d->loop, &d->sig_int);
+	uv_timer_init(&d->loop, &d->lag_timer);
+	uv_timer_init(&d->loop, &d->drain_timer);
+	uv_timer_init(&d->loop, &d->leave_timer);
+	uv_timer_init(&d->loop, &d->ready_timer);
+	uv_timer_init(&d->loop, &d->ready_poll);
+	uv_timer_init(&d->loop, &d->teardown_timer);
+	d->teardown_timer.data = d;
+	d->sig_term.data = d->sig_int.data = d;
+	d->lag_timer.data = d->drain_timer.data = d->leave_timer.data = d->ready_timer.data = d;
+	d->ready_poll.data = d;
+	d->handles_init = true;
+	uv_signal_start(&d->sig_term, on_signal, SIGTERM);
+	uv_signal_start(&d->sig_int, on_signal, SIGINT);
+
+	r = efs_metrics_new(&d->metrics);
+	if (r < 0) {
+		report_error(d, "metrics: %s", strerror(-r));
+		return r;
+	}
+	register_metrics(d);
+	if (d->metrics_addr) {
+		r = efs_httpd_start(&d->httpd, &d->loop, d->metrics_addr, d->metrics);
+		if (r < 0) {
+			report_error(d, "--metrics-addr %s: %s", d->metrics_addr, strerror(-r));
+			return r;
+		}
+		/* The test fixture reads this line. */
+		efs_log_info("metrics: listening on http://%s/metrics", efs_httpd_address(d->httpd));
+		so.metrics_addr = efs_httpd_address(d->httpd);
+	}
+	d->lag_prev_ms = uv_now(&d->loop);
+	uv_timer_start(&d->lag_timer, on_lag_tick, LAG_INTERVAL_MS, LAG_INTERVAL_MS);
+
+	r = efs_cli_etcd_opts(&d->etcd_cfg, &eo);
+	if (r < 0) {
+		report_error(d, "etcd options: %s", strerror(-r));
+		return r;
+	}
+	r = efs_etcd_new(&d->etcd, &d->loop, &eo);
+	efs_cli_etcd_opts_free(&eo);
+	if (r < 0) {
+		report_error(d, "etcd client: %s", strerror(-r));
+		return r;
+	}
+	r = efs_capacity_new(&d->capacity, &d->loop, d->etcd,
+			     &(struct efs_capacity_opts){.quota_bytes = d->etcd_quota,
+							 .state_cb = on_capacity_state,
+							 .arg = d});
+	if (r < 0) {
+		report_error(d, "etcd capacity monitor: %s", strerror(-r));
+		return r;
+	}
+	r = efs_session_start(&d->session, &d->loop, d->etcd, &so, on_session_state,
+			      on_session_started, d);
+	if (r < 0) {
+		d->session = NULL;
+		report_error(d, "registering node %s: %s", d->node, strerror(-r));
+		return r;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct daemon *d;
+	int r, code;
+
+	signal(SIGPIPE, SIG_IGN);
+	d = efs_mem_calloc(1, sizeof(*d));
+	if (!d) {
+		fprintf(stderr, "%s: out of memory\n", prog);
+		return 1;
+	}
+	d->ready_fd = -1;
+	r = parse_args(d, argc, argv);
+	if (r != 0) {
+		code = r > 0 ? 0 : 2;
+		goto out_free;
+	}
+	if (!d->foreground) {
+		if (daemonize(d) < 0) {
+			code = 1;
+			goto out_free;
+		}
+		/*
+		 * Errors reach the user through the parent; before the mount
+		 * is ready only warnings share its terminal, unless logs go to
+		 * a file (then from the start).
+		 */
+		if (d->log_file) {
+			int fd = open(d->log_file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+
+			if (fd >= 0) {
+				dup2(fd, STDERR_FILENO);
+				close(fd);
+			}
+		} else if (!d->log_level_set) {
+			efs_log_set_level(EFS_LOG_WARN);
+		}
+	}
+
+	code = 1;
+	if (check_device(d) < 0)
+		goto out_free;
+	if (!d->foreground && chdir("/") < 0)
+		efs_log_warn("chdir /: %s", strerror(errno));
+	r = start_loop(d);
+	if (r < 0)
+		schedule_teardown(d);
+	else
+		d->phase = PH_STARTING;
+	uv_run(&d->loop, UV_RUN_DEFAULT);
+	code = d->exit_code;
+	if (d->ready && code == 0)
+		efs_log_info("stopped");
+
+out_free:
+	if (d->loop_init) {
+		/* Everything closed itself; a handle left open is a bug elsewhere. */
+		if (uv_loop_close(&d->loop) == UV_EBUSY)
+			efs_log_debug("event loop: handles still open at exit");
+	}
+	/* The server that rendered them is closed by now. */
+	d->metrics = efs_metrics_free(d->metrics);
+	if (d->fi)
+		efs_meta_record_free(d->fi);
+	if (d->dev_open)
+		efs_cli_device_close(&d->dev);
+	efs_cli_etcd_free(&d->etcd_cfg);
+	efs_mem_free(d->user_fuse_opts);
+	efs_mem_free(d->fsname_opt);
+	efs_mem_free(d->subtype_opt);
+	free(d->device);
+	free(d->mountpoint);
+	if (d->ready_fd >= 0)
+		report_error(d, "exited during start");
+	efs_mem_free(d);
+	return code;
+}

@@ -1,0 +1,867 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Attribute operations: lookup, getattr, setattr, readlink, access, open,
+ * read, release, statfs, and the open handles.
+ *
+ * Files have no data before part 2: a file's bytes are all holes, so read
+ * answers zeroes up to the size (and 0 bytes past it); write is not
+ * registered, so the kernel answers ENOSYS.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "etcd/kv.h"
+#include "fs/fs-int.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+/* ---- Handles ---- */
+
+struct efs_fs_handle *efs_fs_handle_new(struct efs_fs *fs, uint64_t ino, bool dir)
+{
+	struct efs_fs_handle *h = efs_mem_calloc(1, sizeof(*h));
+	struct efs_fs_inode *in;
+
+	if (!h)
+		return NULL;
+	in = efs_fs_iget(fs, ino);
+	if (!in) {
+		efs_mem_free(h);
+		return NULL;
+	}
+	in->opens++;
+	h->ino = ino;
+	h->dir = dir;
+	h->epoch = fs->epoch;
+	h->next = fs->handles;
+	if (fs->handles)
+		fs->handles->prev = h;
+	fs->handles = h;
+	return h;
+}
+
+static void handle_clear_ents(struct efs_fs_handle *h)
+{
+	for (size_t i = 0; i < h->nents; i++)
+		efs_mem_free(h->ents[i].name);
+	efs_mem_free(h->ents);
+	h->ents = NULL;
+	h->nents = h->cap = 0;
+	h->complete = false;
+}
+
+void efs_fs_handle_free(struct efs_fs *fs, struct efs_fs_handle *h)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(fs, h->ino);
+
+	if (h->prev)
+		h->prev->next = h->next;
+	else
+		fs->handles = h->next;
+	if (h->next)
+		h->next->prev = h->prev;
+	handle_clear_ents(h);
+	if (in) {
+		in->refs++;
+		if (in->opens)
+			in->opens--;
+		efs_fs_iput(fs, in);
+	}
+	efs_mem_free(h);
+}
+
+int efs_fs_handle_check(const struct efs_fs *fs, const struct efs_fs_handle *h)
+{
+	return h && h->epoch == fs->epoch ? 0 : -EIO;
+}
+
+static struct efs_fs_handle *fh_of(const struct fuse_file_info *fi)
+{
+	return fi ? (struct efs_fs_handle *)(uintptr_t)fi->fh : NULL;
+}
+
+/* ---- Common starts ---- */
+
+static struct efs_fs_op *op_start(fuse_req_t req, const struct efs_fs_opdesc *d, uint64_t ino)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	struct efs_fs_op *op = efs_fs_op_new(fs, req, d);
+
+	if (!op) {
+		efs_counter_inc(fs->m_errs[d->code]);
+		fuse_reply_err(req, ENOMEM);
+		return NULL;
+	}
+	op->ino = ino;
+	return op;
+}
+
+static int no_build(struct efs_fs_op *op)
+{
+	return -EIO;
+}
+
+static void no_done(struct efs_fs_op *op)
+{
+}
+
+/* Plans a shared lock on op->ino; 1 when the record is there to use. */
+static int plan_shared(struct efs_fs_op *op, const Etcfs__Inode **ret)
+{
+	if (op->loads_done == 0) {
+		int r = efs_fs_want(op, op->ino, EFS_LOCK_SHARED);
+
+		return r < 0 ? r : 0;
+	}
+	*ret = efs_fs_rec(op, op->ino);
+	return *ret ? 1 : -ENOENT;
+}
+
+/* ---- lookup ---- */
+
+static struct efs_fs_inode *slot_inode(struct efs_fs_op *op, uint64_t ino)
+{
+	for (size_t i = 0; i < op->nslots; i++)
+		if (op->slots[i].ino == ino)
+			return op->slots[i].in;
+	return NULL;
+}
+
+static int lookup_plan(struct efs_fs_op *op)
+{
+	struct efs_fs *fs = op->fs;
+	struct efs_fs_inode *pin;
+	const Etcfs__Inode *prec, *crec;
+	struct efs_fs_kv *kv;
+	uint32_t type = 0;
+	bool cacheable;
+	int r;
+
+	if (op->loads_done == 0)
+		return efs_fs_want(op, op->ino, EFS_LOCK_SHARED);
+	prec = efs_fs_rec(op, op->ino);
+	if (!prec)
+		return -ENOENT;
+	if (!S_ISDIR(prec->mode))
+		return -ENOTDIR;
+	pin = slot_inode(op, op->ino);
+	if (!op->child && op->nkv == 0) {
+		/* The name cache first; a miss reads the dirent. */
+		if (pin && efs_fs_dcache_get(fs, pin, op->name, op->name_len, &op->child, &type)) {
+			if (!op->child)
+				goto negative;
+		} else {
+			kv = efs_fs_want_kv(op);
+			if (!kv)
+				return -E2BIG;
+			r = efs_meta_key_dirent(&fs->ns, op->ino, op->name, op->name_len,
+						&kv->key);
+			op->dc_mseq = pin ? pin->mseq : 0;
+			return r < 0 ? r : EFS_FS_CONT;
+		}
+	}
+	if (op->nkv) {
+		kv = &op->kv[0];
+		/* Cached only if no name change of this node overlapped the read. */
+		cacheable = pin && !pin->mx_owner && pin->mseq == op->dc_mseq;
+		if (!kv->found) {
+			if (cacheable)
+				efs_fs_dcache_put(fs, pin, op->name, op->name_len, 0, 0);
+			goto negative;
+		}
+		Etcfs__Dirent *de = NULL;
+
+		r = efs_meta_dirent_decode(kv->val, kv->val_len, &de, NULL);
+		if (r < 0)
+			return -EIO;
+		op->child = de->ino;
+		type = de->type;
+		efs_meta_record_free(de);
+		if (cacheable)
+			efs_fs_dcache_put(fs, pin, op->name, op->name_len, op->child, type);
+	}
+	r = efs_fs_want(op, op->child, EFS_LOCK_SHARED);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < op->nslots; i++) {
+		if (op->slots[i].ino != op->child || !op->slots[i].in ||
+		    op->slots[i].locked < EFS_LOCK_SHARED)
+			continue;
+		crec = efs_fs_rec(op, op->child);
+		if (!crec) {
+			efs_log_debug("fs: dirent %s in %llu names missing inode %llu", op->name,
+				      (unsigned long long)op->ino, (unsigned long long)op->child);
+			efs_fs_dcache_forget(fs, op->ino, op->name, op->name_len);
+			return -ENOENT;
+		}
+		efs_fs_reply_entry(op, op->ino, op->child, crec);
+		return EFS_FS_DONE;
+	}
+	return EFS_FS_CONT;
+negative: {
+	struct fuse_entry_param e;
+
+	memset(&e, 0, sizeof(e));
+	e.entry_timeout = efs_fs_attr_timeout(fs, op->ino);
+	op->replied = true;
+	fuse_reply_entry(op->req, &e);
+	return EFS_FS_DONE;
+}
+}
+
+static const struct efs_fs_opdesc lookup_desc = {
+	.code = EFS_FS_OP_LOOKUP,
+	.plan = lookup_plan,
+	.build = no_build,
+	.done = no_done,
+};
+
+void efs_fs_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	size_t len = strlen(name);
+	struct efs_fs_op *op;
+	int r = efs_meta_name_check(name, len);
+
+	if (r == -EINVAL && (strcmp(name, ".") == 0 || strcmp(name, "..") == 0))
+		r = -ENOENT; /* the kernel resolves these itself */
+	op = op_start(req, &lookup_desc, parent);
+	if (!op)
+		return;
+	if (r < 0) {
+		efs_fs_op_finish(op, r);
+		return;
+	}
+	memcpy(op->name, name, len + 1);
+	op->name_len = len;
+	efs_fs_op_run(op);
+}
+
+/* ---- getattr ---- */
+
+static int getattr_plan(struct efs_fs_op *op)
+{
+	const Etcfs__Inode *rec = NULL;
+	int r = plan_shared(op, &rec);
+
+	if (r <= 0)
+		return r;
+	efs_fs_reply_attr(op, op->ino, rec);
+	return EFS_FS_DONE;
+}
+
+static const struct efs_fs_opdesc getattr_desc = {
+	.code = EFS_FS_OP_GETATTR,
+	.plan = getattr_plan,
+	.build = no_build,
+	.done = no_done,
+};
+
+void efs_fs_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct efs_fs_op *op = op_start(req, &getattr_desc, ino);
+
+	if (!op)
+		return;
+	if (fi && fi->fh && efs_fs_handle_check(op->fs, fh_of(fi)) < 0) {
+		efs_fs_op_finish(op, -EIO);
+		return;
+	}
+	efs_fs_op_run(op);
+}
+
+/* ---- setattr ---- */
+
+int efs_fs_setattr_apply(Etcfs__Inode *rec, const struct stat *attr, int to_set, int64_t now)
+{
+	bool changed = false;
+	uint32_t type = rec->mode & S_IFMT;
+
+	if (to_set & FUSE_SET_ATTR_SIZE) {
+		if (type == S_IFDIR)
+			return -EISDIR;
+		if (type != S_IFREG)
+			return -EINVAL;
+		if (attr->st_size < 0)
+			return -EINVAL;
+		/* truncate(2) marks mtime when the size changes (the kernel
+		 * sends no time for it; ftruncate and O_TRUNC send MTIME_NOW). */
+		if (rec->size != (uint64_t)attr->st_size &&
+		    !(to_set & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW)))
+			rec->mtime_ns = now;
+		rec->size = (uint64_t)attr->st_size;
+		changed = true;
+	}
+	if (to_set & FUSE_SET_ATTR_MODE) {
+		rec->mode = type | ((uint32_t)attr->st_mode & 07777);
+		changed = true;
+	}
+	if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
+		if (to_set & FUSE_SET_ATTR_UID)
+			rec->uid = (uint32_t)attr->st_uid;
+		if (to_set & FUSE_SET_ATTR_GID)
+			rec->gid = (uint32_t)attr->st_gid;
+		/* chown clears set-user-ID, and set-group-ID when it means
+		 * "setgid" (group-executable), on everything but directories;
+		 * a mode in the same request is the kernel's verdict. */
+		if (type != S_IFDIR && !(to_set & FUSE_SET_ATTR_MODE)) {
+			rec->mode &= ~(uint32_t)S_ISUID;
+			if (rec->mode & S_IXGRP)
+				rec->mode &= ~(uint32_t)S_ISGID;
+		}
+		changed = true;
+	}
+	if (to_set & FUSE_SET_ATTR_ATIME_NOW) {
+		rec->atime_ns = now;
+		changed = true;
+	} else if (to_set & FUSE_SET_ATTR_ATIME) {
+		rec->atime_ns = efs_meta_ns_from_timespec(&attr->st_atim);
+		changed = true;
+	}
+	if (to_set & FUSE_SET_ATTR_MTIME_NOW) {
+		rec->mtime_ns = now;
+		changed = true;
+	} else if (to_set & FUSE_SET_ATTR_MTIME) {
+		rec->mtime_ns = efs_meta_ns_from_timespec(&attr->st_mtim);
+		changed = true;
+	}
+	if (to_set & FUSE_SET_ATTR_CTIME)
+		rec->ctime_ns = efs_meta_ns_from_timespec(&attr->st_ctim);
+	else if (changed || to_set)
+		rec->ctime_ns = now;
+	return 0;
+}
+
+#define ACL_ACCESS "system.posix_acl_access"
+
+static int setattr_plan(struct efs_fs_op *op)
+{
+	const Etcfs__Inode *rec;
+	struct efs_fs_kv *kv;
+
+	if (op->loads_done == 0)
+		return efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
+	rec = efs_fs_rec(op, op->ino);
+	if (!rec)
+		return -ENOENT;
+	/* chmod rewrites the access ACL's mask (or group) entry too. */
+	if ((op->to_set & FUSE_SET_ATTR_MODE) && op->fs->posix_acl && rec->xattr_count > 0 &&
+	    op->nkv == 0) {
+		kv = efs_fs_want_kv(op);
+		if (!kv)
+			return -E2BIG;
+		return efs_meta_key_xattr(&op->fs->ns, op->ino, ACL_ACCESS, strlen(ACL_ACCESS),
+					  &kv->key);
+	}
+	return EFS_FS_CONT;
+}
+
+static int setattr_build(struct efs_fs_op *op)
+{
+	const Etcfs__Inode *cur = efs_fs_rec(op, op->ino);
+	Etcfs__Inode *rec;
+	int r;
+
+	if (!cur)
+		return -ENOENT;
+	rec = efs_fs_rec_dup(cur);
+	if (!rec)
+		return -ENOMEM;
+	r = efs_fs_setattr_apply(rec, &op->attr, op->to_set, efs_fs_now());
+	if (r == 0)
+		r = efs_fs_put_inode(op, op->ino, rec, false);
+	if (r == 0 && op->nkv && op->nkv_loaded && op->kv[0].found) {
+		uint8_t *acl = efs_mem_memdup(op->kv[0].val, op->kv[0].val_len);
+		struct efs_meta_key k;
+
+		r = acl ? 0 : -ENOMEM;
+		if (r == 0 && efs_fs_acl_chmod(acl, op->kv[0].val_len, rec->mode) == 0) {
+			r = efs_meta_key_xattr(&op->fs->ns, op->ino, ACL_ACCESS, strlen(ACL_ACCESS),
+					       &k);
+			if (r == 0)
+				r = efs_etcd_txn_compare(op->txn, EFS_ETCD_CMP_MOD,
+							 EFS_ETCD_CMP_EQUAL, k.buf, k.len,
+							 op->kv[0].mod_rev);
+			if (r == 0)
+				r = efs_etcd_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len,
+						     acl, op->kv[0].val_len, 0);
+		}
+		efs_mem_free(acl);
+	}
+	protobuf_c_message_free_unpacked(&rec->base, efs_mem_protobuf());
+	return r;
+}
+
+static void setattr_done(struct efs_fs_op *op)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
+
+	if (in && in->rec)
+		efs_fs_reply_attr(op, op->ino, in->rec);
+}
+
+static const struct efs_fs_opdesc setattr_desc = {
+	.code = EFS_FS_OP_SETATTR,
+	.origin = EFS_FS_ORIG_SETATTR,
+	.mutates = true,
+	.plan = setattr_plan,
+	.build = setattr_build,
+	.done = setattr_done,
+};
+
+void efs_fs_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+		    struct fuse_file_info *fi)
+{
+	struct efs_fs_op *op = op_start(req, &setattr_desc, ino);
+
+	if (!op)
+		return;
+	if (fi && fi->fh && efs_fs_handle_check(op->fs, fh_of(fi)) < 0) {
+		efs_fs_op_finish(op, -EIO);
+		return;
+	}
+	op->attr = *attr;
+	op->to_set = to_set;
+	efs_fs_op_run(op);
+}
+
+/* ---- readlink ---- */
+
+static int readlink_plan(struct efs_fs_op *op)
+{
+	const Etcfs__Inode *rec = NULL;
+	char *buf;
+	int r = plan_shared(op, &rec);
+
+	if (r <= 0)
+		return r;
+	if (!S_ISLNK(rec->mode) || rec->symlink.len == 0)
+		return -EINVAL;
+	buf = efs_mem_malloc(rec->symlink.len + 1);
+	if (!buf)
+		return -ENOMEM;
+	memcpy(buf, rec->symlink.data, rec->symlink.len);
+	buf[rec->symlink.len] = 0;
+	op->replied = true;
+	fuse_reply_readlink(op->req, buf);
+	efs_mem_free(buf);
+	return EFS_FS_DONE;
+}
+
+static const struct efs_fs_opdesc readlink_desc = {
+	.code = EFS_FS_OP_READLINK,
+	.plan = readlink_plan,
+	.build = no_build,
+	.done = no_done,
+};
+
+void efs_fs_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+	struct efs_fs_op *op = op_start(req, &readlink_desc, ino);
+
+	if (op)
+		efs_fs_op_run(op);
+}
+
+/* ---- access ---- */
+
+static bool in_groups(gid_t g, gid_t gid, const gid_t *groups, size_t n)
+{
+	if (g == gid)
+		return true;
+	for (size_t i = 0; i < n; i++)
+		if (groups[i] == g)
+			return true;
+	return false;
+}
+
+int efs_fs_access_check(const Etcfs__Inode *rec, int mask, uid_t uid, gid_t gid,
+			const gid_t *groups, size_t ngroups)
+{
+	unsigned want = 0, have;
+
+	if (mask == F_OK)
+		return 0;
+	if (mask & R_OK)
+		want |= 4;
+	if (mask & W_OK)
+		want |= 2;
+	if (mask & X_OK)
+		want |= 1;
+	if (uid == 0) {
+		/* Root may read and write anything; execute needs one x bit
+		 * (directories are always searchable). */
+		if ((want & 1) && !S_ISDIR(rec->mode) && !(rec->mode & 0111))
+			return -EACCES;
+		return 0;
+	}
+	if (rec->uid == uid)
+		have = (rec->mode >> 6) & 7;
+	else if (in_groups(rec->gid, gid, groups, ngroups))
+		have = (rec->mode >> 3) & 7;
+	else
+		have = rec->mode & 7;
+	return (want & ~have) ? -EACCES : 0;
+}
+
+static int access_plan(struct efs_fs_op *op)
+{
+	const Etcfs__Inode *rec = NULL;
+	gid_t groups[64];
+	int n, r = plan_shared(op, &rec);
+
+	if (r <= 0)
+		return r;
+	n = fuse_req_getgroups(op->req, 64, groups);
+	if (n < 0 || n > 64)
+		n = 0;
+	if ((op->flags & W_OK) && op->fs->read_only)
+		return -EROFS;
+	r = efs_fs_access_check(rec, (int)op->flags, op->uid, op->gid, groups, (size_t)n);
+	if (r < 0)
+		return r;
+	op->replied = true;
+	fuse_reply_err(op->req, 0);
+	return EFS_FS_DONE;
+}
+
+static const struct efs_fs_opdesc access_desc = {
+	.code = EFS_FS_OP_ACCESS,
+	.plan = access_plan,
+	.build = no_build,
+	.done = no_done,
+};
+
+void efs_fs_access(fuse_req_t req, fuse_ino_t ino, int mask)
+{
+	struct efs_fs_op *op = op_start(req, &access_desc, ino);
+
+	if (!op)
+		return;
+	op->flags = (unsigned)mask;
+	efs_fs_op_run(op);
+}
+
+/* ---- open, read, release ---- */
+
+static int open_plan(struct efs_fs_op *op)
+{
+	const Etcfs__Inode *rec = NULL;
+	struct efs_fs_handle *h;
+	int r = plan_shared(op, &rec);
+
+	if (r <= 0)
+		return r;
+	if (S_ISDIR(rec->mode))
+		return -EISDIR;
+	if ((op->fi.flags & O_ACCMODE) != O_RDONLY && op->fs->read_only)
+		return -EROFS;
+	h = efs_fs_handle_new(op->fs, op->ino, false);
+	if (!h)
+		return -ENOMEM;
+	op->fi.fh = (uint64_t)(uintptr_t)h;
+	op->fi.keep_cache = 0;
+	op->fi.direct_io = 0;
+	op->replied = true;
+	if (fuse_reply_open(op->req, &op->fi) != 0)
+		efs_fs_handle_free(op->fs, h);
+	return EFS_FS_DONE;
+}
+
+static const struct efs_fs_opdesc open_desc = {
+	.code = EFS_FS_OP_OPEN,
+	.plan = open_plan,
+	.build = no_build,
+	.done = no_done,
+};
+
+void efs_fs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct efs_fs_op *op = op_start(req, &open_desc, ino);
+
+	if (!op)
+		return;
+	op->fi = *fi;
+	efs_fs_op_run(op);
+}
+
+static int read_plan(struct efs_fs_op *op)
+{
+	const Etcfs__Inode *rec = NULL;
+	uint64_t n = 0;
+	char *buf;
+	int r;
+
+	if (efs_fs_handle_check(op->fs, op->h) < 0)
+		return -EIO;
+	r = plan_shared(op, &rec);
+	if (r <= 0)
+		return r;
+	/* No data before part 2: every byte below the size is a hole. */
+	if (op->off >= 0 && (uint64_t)op->off < rec->size) {
+		n = rec->size - (uint64_t)op->off;
+		if (n > op->size)
+			n = op->size;
+	}
+	buf = efs_mem_calloc(1, n ? n : 1);
+	if (!buf)
+		return -ENOMEM;
+	op->replied = true;
+	fuse_reply_buf(op->req, buf, n);
+	efs_mem_free(buf);
+	efs_fs_touch_atime(op->fs, op->ino, rec);
+	return EFS_FS_DONE;
+}
+
+/* ---- atime ---- */
+
+static void atime_free(struct efs_fs_op *op)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
+
+	if (in)
+		in->atime_busy = false;
+}
+
+#define ATIME_DAY_NS (24ll * 3600 * 1000000000)
+
+bool efs_fs_atime_due(const Etcfs__Inode *rec, int64_t now)
+{
+	return rec->atime_ns <= rec->mtime_ns || rec->atime_ns <= rec->ctime_ns ||
+	       now - rec->atime_ns >= ATIME_DAY_NS;
+}
+
+static int atime_plan(struct efs_fs_op *op)
+{
+	const Etcfs__Inode *rec;
+
+	if (op->loads_done == 0)
+		return efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
+	rec = efs_fs_rec(op, op->ino);
+	if (!rec || !efs_fs_atime_due(rec, efs_fs_now()))
+		return EFS_FS_DONE;
+	return EFS_FS_CONT;
+}
+
+static int atime_build(struct efs_fs_op *op)
+{
+	Etcfs__Inode *rec = efs_fs_rec_dup(efs_fs_rec(op, op->ino));
+	int r;
+
+	if (!rec)
+		return -ENOMEM;
+	rec->atime_ns = efs_fs_now(); /* atime alone: ctime stays */
+	r = efs_fs_put_inode(op, op->ino, rec, false);
+	protobuf_c_message_free_unpacked(&rec->base, efs_mem_protobuf());
+	return r;
+}
+
+static const struct efs_fs_opdesc atime_desc = {
+	.code = EFS_FS_OP_ATIME,
+	.origin = EFS_FS_ORIG_ATIME,
+	.mutates = true,
+	.plan = atime_plan,
+	.build = atime_build,
+	.done = no_done,
+};
+
+void efs_fs_touch_atime(struct efs_fs *fs, uint64_t ino, const Etcfs__Inode *rec)
+{
+	struct efs_fs_inode *in;
+	struct efs_fs_op *op;
+
+	if (fs->noatime || fs->read_only || !rec || !efs_fs_atime_due(rec, efs_fs_now()))
+		return;
+	/* One update in flight per inode is plenty. */
+	in = efs_fs_ifind(fs, ino);
+	if (!in || in->atime_busy)
+		return;
+	op = efs_fs_op_new(fs, NULL, &atime_desc);
+	if (!op)
+		return; /* atime is best effort */
+	op->ino = ino;
+	in->atime_busy = true;
+	op->priv_free = atime_free;
+	efs_fs_op_run(op);
+}
+
+static const struct efs_fs_opdesc read_desc = {
+	.code = EFS_FS_OP_READ,
+	.plan = read_plan,
+	.build = no_build,
+	.done = no_done,
+};
+
+void efs_fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		 struct fuse_file_info *fi)
+{
+	struct efs_fs_op *op = op_start(req, &read_desc, ino);
+
+	if (!op)
+		return;
+	op->h = fh_of(fi);
+	op->size = size;
+	op->off = off;
+	efs_fs_op_run(op);
+}
+
+void efs_fs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	struct efs_fs_handle *h = fh_of(fi);
+	struct efs_fs_inode *in;
+	bool reclaim = false;
+
+	efs_counter_inc(fs->m_ops[EFS_FS_OP_RELEASE]);
+	if (h) {
+		in = efs_fs_ifind(fs, h->ino);
+		reclaim = in && in->opens == 1 && in->rec && !in->gone && in->rec->nlink == 0 &&
+			  h->epoch == fs->epoch;
+		efs_fs_handle_free(fs, h);
+	}
+	fuse_reply_err(req, 0);
+	if (reclaim)
+		efs_fs_reclaim(fs, ino);
+}
+
+/* ---- statfs ---- */
+
+struct statfs_state {
+	uint32_t batch_start; /* first group of the read in flight */
+	uint32_t next_group;
+	uint64_t free_sum;
+	bool counted;
+};
+
+static void statfs_reply(struct efs_fs_op *op)
+{
+	struct efs_fs *fs = op->fs;
+	struct statvfs st;
+	uint64_t total = 0, limit = fs->fi->inode_limit;
+
+	memset(&st, 0, sizeof(st));
+	if (fs->fi->block_size && fs->fi->device_size / fs->fi->block_size > fs->fi->data_start)
+		total = fs->fi->device_size / fs->fi->block_size - fs->fi->data_start;
+	st.f_bsize = fs->blksize;
+	st.f_frsize = fs->blksize;
+	st.f_blocks = total;
+	st.f_bfree = fs->free_blocks < total ? fs->free_blocks : total;
+	st.f_bavail = st.f_bfree;
+	st.f_files = limit;
+	st.f_ffree = limit > (uint64_t)fs->icount && fs->icount >= 0 ? limit - (uint64_t)fs->icount : 0;
+	st.f_favail = st.f_ffree;
+	st.f_namemax = EFS_META_NAME_MAX;
+	st.f_fsid = 0;
+	op->replied = true;
+	fuse_reply_statfs(op->req, &st);
+	efs_fs_op_finish(op, 0);
+}
+
+static void statfs_next(struct efs_fs_op *op);
+
+static void statfs_count_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp,
+			    void *arg)
+{
+	struct efs_fs_op *op = arg;
+	struct efs_fs *fs = op->fs;
+
+	if (r->err) {
+		efs_fs_op_finish(op, -EIO);
+		return;
+	}
+	fs->icount = resp->count;
+	fs->count_known = true;
+	fs->icount_ns = efs_clock_mono_ns();
+	fs->statfs_ns = fs->icount_ns;
+	statfs_reply(op);
+}
+
+static void statfs_ag_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct efs_fs_op *op = arg;
+	struct statfs_state *ss = op->priv;
+
+	if (r->err) {
+		if ((r->outcome_unknown || r->err == -ETIMEDOUT) &&
+		    ++op->read_tries <= EFS_FS_RETRY_MAX) {
+			efs_counter_inc(op->fs->m_retries);
+			ss->next_group = ss->batch_start;
+			statfs_next(op);
+			return;
+		}
+		efs_fs_op_finish(op, -EIO);
+		return;
+	}
+	for (size_t i = 0; i < resp->n_responses; i++) {
+		Etcdserverpb__RangeResponse *rr = NULL;
+		Etcfs__AgFree *af = NULL;
+
+		if (efs_etcd_txn_resp_range(resp, i, &rr) < 0 || rr->n_kvs == 0)
+			continue;
+		if (efs_meta_ag_free_decode(rr->kvs[0]->value.data, rr->kvs[0]->value.len, &af,
+					    NULL) == 0) {
+			ss->free_sum += af->free_blocks;
+			efs_meta_record_free(af);
+		}
+	}
+	statfs_next(op);
+}
+
+static void statfs_next(struct efs_fs_op *op)
+{
+	struct efs_fs *fs = op->fs;
+	struct statfs_state *ss = op->priv;
+	struct efs_etcd_txn *t = NULL;
+	int r;
+
+	if (ss->next_group >= fs->fi->ag_count) {
+		fs->free_blocks = ss->free_sum;
+		r = efs_fs_count_inodes(fs, statfs_count_cb, op);
+		if (r < 0)
+			efs_fs_op_finish(op, -EIO);
+		return;
+	}
+	ss->batch_start = ss->next_group;
+	r = efs_etcd_txn_new(&t, 0);
+	for (uint32_t n = 0; r == 0 && n < 100 && ss->next_group < fs->fi->ag_count; n++) {
+		struct efs_meta_key k;
+
+		r = efs_meta_key_ag(&fs->ns, ss->next_group++, EFS_META_K_AG_FREE, &k);
+		if (r == 0)
+			r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0);
+	}
+	if (r == 0)
+		r = efs_fs_read_txn(fs, t, statfs_ag_cb, op);
+	efs_etcd_txn_free(t);
+	if (r < 0)
+		efs_fs_op_finish(op, r == -ENOMEM ? -ENOMEM : -EIO);
+}
+
+static const struct efs_fs_opdesc statfs_desc = {
+	.code = EFS_FS_OP_STATFS,
+	.plan = no_build,
+	.build = no_build,
+	.done = no_done,
+};
+
+void efs_fs_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+	struct efs_fs_op *op = op_start(req, &statfs_desc, ino);
+	struct efs_fs *fs;
+
+	if (!op)
+		return;
+	fs = op->fs;
+	if (fs->statfs_ns && efs_clock_mono_ns() - fs->statfs_ns < EFS_FS_STATFS_CACHE_NS) {
+		statfs_reply(op);
+		return;
+	}
+	op->priv = efs_mem_calloc(1, sizeof(struct statfs_state));
+	if (!op->priv) {
+		efs_fs_op_finish(op, -ENOMEM);
+		return;
+	}
+	statfs_next(op);
+}

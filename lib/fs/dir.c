@@ -1,0 +1,596 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Directories: opendir, readdir, readdirplus, releasedir, fsyncdir.
+ *
+ * An open directory handle keeps the entries it has returned, read in
+ * name order a page at a time; the offset (cookie) of an entry is its
+ * position in that list ("." is 0, ".." is 1), so any offset the kernel
+ * hands back resumes exactly, and a page continues after the last name
+ * read (efs_meta_range_dirents_after). Entries created before the last
+ * name read are not seen by this handle and removed ones are still
+ * returned, which POSIX allows; offset 0 starts a fresh listing
+ * (rewinddir).
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "etcd/kv.h"
+#include "fs/fs-int.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+/* Shared locks readdirplus takes on a page's entries, four per
+ * transaction, so that the kernel may cache what it returns (7.1). */
+struct plus_lock {
+	struct efs_lock_req lr;
+	struct efs_fs_op *op;
+	struct efs_fs_inode *in[EFS_LOCK_REQ_MAX]; /* refs held */
+	bool pinned;
+};
+
+struct dir_state {
+	bool started;
+	bool plus;
+	char *buf;
+	size_t used;
+	off_t pos;
+	size_t attr_from; /* readdirplus: first entry of the page still without attributes */
+	size_t page_first; /* readdirplus: first entry of the page being read */
+	struct plus_lock **locks;
+	size_t nlocks, pending;
+};
+
+static struct efs_fs_handle *fh_of(const struct fuse_file_info *fi)
+{
+	return fi ? (struct efs_fs_handle *)(uintptr_t)fi->fh : NULL;
+}
+
+long efs_fs_dir_index(off_t off, size_t nents)
+{
+	(void)nents;
+	if (off <= 0)
+		return -1;
+	if (off == 1)
+		return -2;
+	return (long)(off - 2);
+}
+
+static int no_build(struct efs_fs_op *op)
+{
+	return -EIO;
+}
+
+static void no_done(struct efs_fs_op *op)
+{
+}
+
+/* ---- opendir ---- */
+
+static int opendir_plan(struct efs_fs_op *op)
+{
+	const Etcfs__Inode *rec;
+	struct efs_fs_handle *h;
+	int r;
+
+	if (op->loads_done == 0) {
+		r = efs_fs_want(op, op->ino, EFS_LOCK_SHARED);
+		return r;
+	}
+	rec = efs_fs_rec(op, op->ino);
+	if (!rec || rec->nlink == 0)
+		return -ENOENT;
+	if (!S_ISDIR(rec->mode))
+		return -ENOTDIR;
+	h = efs_fs_handle_new(op->fs, op->ino, true);
+	if (!h)
+		return -ENOMEM;
+	h->parent = rec->parent ? rec->parent : EFS_META_ROOT_INO;
+	op->fi.fh = (uint64_t)(uintptr_t)h;
+	op->fi.keep_cache = 0;
+	op->fi.cache_readdir = 0;
+	op->replied = true;
+	if (fuse_reply_open(op->req, &op->fi) != 0)
+		efs_fs_handle_free(op->fs, h);
+	return EFS_FS_DONE;
+}
+
+static const struct efs_fs_opdesc opendir_desc = {
+	.code = EFS_FS_OP_OPENDIR,
+	.plan = opendir_plan,
+	.build = no_build,
+	.done = no_done,
+};
+
+void efs_fs_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	struct efs_fs_op *op = efs_fs_op_new(fs, req, &opendir_desc);
+
+	if (!op) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	op->ino = ino;
+	op->fi = *fi;
+	efs_fs_op_run(op);
+}
+
+/* ---- readdir ---- */
+
+static int ents_add(struct efs_fs_handle *h, const uint8_t *name, size_t len, uint64_t ino,
+		    uint32_t type)
+{
+	struct efs_fs_dirent_ent *e;
+
+	if (h->nents == h->cap) {
+		size_t ncap = h->cap ? h->cap * 2 : 64;
+		struct efs_fs_dirent_ent *n = efs_mem_realloc(h->ents, ncap * sizeof(*n));
+
+		if (!n)
+			return -ENOMEM;
+		h->ents = n;
+		h->cap = ncap;
+	}
+	e = &h->ents[h->nents];
+	memset(e, 0, sizeof(*e));
+	e->name = efs_mem_strndup((const char *)name, len);
+	if (!e->name)
+		return -ENOMEM;
+	e->ino = ino;
+	e->type = type;
+	h->nents++;
+	return 0;
+}
+
+static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg);
+static int dir_build(struct efs_fs_op *op);
+static int fetch_attrs(struct efs_fs_op *op);
+
+/* Reads the attributes of entries [attr_from, nents) for readdirplus. */
+static int fetch_attrs(struct efs_fs_op *op)
+{
+	struct dir_state *st = op->priv;
+	struct efs_fs_handle *h = op->h;
+	struct efs_etcd_txn *t = NULL;
+	int r;
+
+	r = efs_etcd_txn_new(&t, 0);
+	for (size_t i = st->attr_from; r == 0 && i < h->nents && i < st->attr_from + EFS_FS_PLUS_BATCH;
+	     i++) {
+		struct efs_meta_key k;
+
+		r = efs_meta_key_inode(&op->fs->ns, h->ents[i].ino, &k);
+		if (r == 0)
+			r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0);
+	}
+	if (r == 0)
+		r = efs_fs_read_txn(op->fs, t, page_attr_cb, op);
+	efs_etcd_txn_free(t);
+	return r;
+}
+
+static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct efs_fs_op *op = arg;
+	struct dir_state *st = op->priv;
+	struct efs_fs_handle *h = op->h;
+	size_t i = st->attr_from;
+
+	if (r->err) {
+		/* A read changes nothing: after a lost reply, read again. */
+		if ((r->outcome_unknown || r->err == -ETIMEDOUT) &&
+		    ++op->read_tries <= EFS_FS_RETRY_MAX && fetch_attrs(op) == 0) {
+			efs_counter_inc(op->fs->m_retries);
+			return;
+		}
+		efs_fs_op_resume_build(op, -EIO);
+		return;
+	}
+	for (size_t j = 0; j < resp->n_responses && i < h->nents; j++, i++) {
+		Etcdserverpb__RangeResponse *rr = NULL;
+		Etcfs__Inode *rec = NULL;
+
+		if (efs_etcd_txn_resp_range(resp, j, &rr) < 0 || rr->n_kvs == 0)
+			continue;
+		if (efs_meta_inode_decode(rr->kvs[0]->value.data, rr->kvs[0]->value.len, &rec,
+					  NULL) < 0)
+			continue;
+		efs_meta_inode_to_stat(rec, h->ents[i].ino, op->fs->blksize, &h->ents[i].st);
+		h->ents[i].has_attr = true;
+		{
+			/* Under a lock the record becomes the cached one. */
+			struct efs_fs_inode *in = efs_fs_ifind(op->fs, h->ents[i].ino);
+
+			if (in && (in->refs || in->nlookup) &&
+			    efs_lock_held(op->fs->lc, in->ino) != EFS_LOCK_NONE &&
+			    !(efs_fs_inode_valid(op->fs, in) &&
+			      in->mod_rev >= rr->kvs[0]->mod_revision)) {
+				efs_fs_inode_set(op->fs, in, rec, rr->kvs[0]->mod_revision, true);
+				rec = NULL;
+			}
+		}
+		efs_meta_record_free(rec);
+	}
+	st->attr_from = i;
+	if (st->attr_from < h->nents) {
+		int e = fetch_attrs(op);
+
+		if (e < 0)
+			efs_fs_op_resume_build(op, -EIO);
+		return;
+	}
+	efs_fs_op_resume_build(op, 0);
+}
+
+static void plus_locks_done(struct efs_fs_op *op)
+{
+	struct dir_state *st = op->priv;
+
+	if (st->pending)
+		return;
+	if (fetch_attrs(op) < 0)
+		efs_fs_op_resume_build(op, -EIO);
+}
+
+static void plus_lock_cb(struct efs_lock_req *req, int status)
+{
+	struct plus_lock *pl = req->arg;
+	struct efs_fs_op *op = pl->op;
+	struct dir_state *st = op->priv;
+
+	/* Without the locks the entries simply go out uncached. */
+	pl->pinned = status == 0;
+	if (status == 0)
+		efs_fs_count_txn(op->fs, EFS_FS_ORIG_LOCK, EFS_FS_TXN_OK);
+	for (size_t i = 0; status == 0 && i < req->n; i++) {
+		if (!pl->in[i])
+			continue;
+		/* Newly taken: what was cached before is reread below. */
+		pl->in[i]->lock_gen++;
+		pl->in[i]->epoch = 0;
+	}
+	st->pending--;
+	plus_locks_done(op);
+}
+
+/* Takes shared locks on the entries [page_first, nents) not held yet,
+ * then reads their records (fetch_attrs). */
+static void plus_lock_page(struct efs_fs_op *op)
+{
+	struct dir_state *st = op->priv;
+	struct efs_fs_handle *h = op->h;
+	struct efs_fs *fs = op->fs;
+	struct plus_lock *pl = NULL;
+
+	st->pending = 1; /* held until every request is out */
+	for (size_t i = st->page_first; i < h->nents; i++) {
+		uint64_t ino = h->ents[i].ino;
+		struct plus_lock **nl;
+		int r;
+
+		if (efs_lock_held(fs->lc, ino) != EFS_LOCK_NONE || ino == h->ino)
+			continue;
+		if (!pl) {
+			nl = efs_mem_realloc(st->locks, (st->nlocks + 1) * sizeof(*nl));
+			if (!nl)
+				break;
+			st->locks = nl;
+			pl = efs_mem_calloc(1, sizeof(*pl));
+			if (!pl)
+				break;
+			pl->op = op;
+			pl->lr.cb = plus_lock_cb;
+			pl->lr.arg = pl;
+			st->locks[st->nlocks++] = pl;
+		}
+		pl->in[pl->lr.n] = efs_fs_iget(fs, ino);
+		if (pl->in[pl->lr.n])
+			pl->in[pl->lr.n]->refs++;
+		pl->lr.ino[pl->lr.n] = ino;
+		pl->lr.mode[pl->lr.n] = EFS_LOCK_SHARED;
+		pl->lr.n++;
+		if (pl->lr.n < EFS_LOCK_REQ_MAX && i + 1 < h->nents)
+			continue;
+		st->pending++;
+		r = efs_lock_acquire(fs->lc, &pl->lr);
+		if (r == 1) {
+			pl->pinned = true;
+			st->pending--;
+		} else if (r < 0) {
+			st->pending--;
+		}
+		pl = NULL;
+	}
+	if (pl && pl->lr.n) {
+		st->pending++;
+		int r = efs_lock_acquire(fs->lc, &pl->lr);
+
+		if (r == 1) {
+			pl->pinned = true;
+			st->pending--;
+		} else if (r < 0) {
+			st->pending--;
+		}
+	}
+	st->pending--;
+	plus_locks_done(op);
+}
+
+/* Unpins the page locks (they stay cached) and drops the entry refs. */
+static void plus_unlock(struct efs_fs_op *op)
+{
+	struct dir_state *st = op->priv;
+
+	for (size_t i = 0; i < st->nlocks; i++) {
+		struct plus_lock *pl = st->locks[i];
+
+		if (pl->pinned)
+			efs_lock_put(op->fs->lc, &pl->lr);
+		for (size_t j = 0; j < pl->lr.n; j++)
+			efs_fs_iput(op->fs, pl->in[j]);
+		efs_mem_free(pl);
+	}
+	efs_mem_free(st->locks);
+	st->locks = NULL;
+	st->nlocks = 0;
+}
+
+static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
+{
+	struct efs_fs_op *op = arg;
+	struct dir_state *st = op->priv;
+	struct efs_fs_handle *h = op->h;
+	size_t first = h->nents;
+	int e;
+
+	if (r->err) {
+		efs_fs_op_resume_build(op, -EIO);
+		return;
+	}
+	for (size_t i = 0; i < resp->n_kvs; i++) {
+		struct efs_meta_key_info info;
+		Etcfs__Dirent *de = NULL;
+
+		if (efs_meta_key_parse(&op->fs->ns, resp->kvs[i]->key.data, resp->kvs[i]->key.len,
+				       &info) < 0 ||
+		    info.family != EFS_META_K_DIRENT)
+			continue;
+		if (efs_meta_dirent_decode(resp->kvs[i]->value.data, resp->kvs[i]->value.len, &de,
+					   NULL) < 0) {
+			efs_log_debug("fs: bad dirent in directory %llu, skipped",
+				      (unsigned long long)h->ino);
+			continue;
+		}
+		e = ents_add(h, info.name, info.name_len, de->ino, de->type);
+		efs_meta_record_free(de);
+		if (e < 0) {
+			efs_fs_op_resume_build(op, e);
+			return;
+		}
+	}
+	if (!resp->more || resp->n_kvs == 0)
+		h->complete = true;
+	if (st->plus && h->nents > first) {
+		st->attr_from = first;
+		st->page_first = first;
+		plus_lock_page(op);
+		return;
+	}
+	efs_fs_op_resume_build(op, 0);
+}
+
+static int fetch_page(struct efs_fs_op *op)
+{
+	struct efs_fs_handle *h = op->h;
+	struct efs_meta_range rg;
+	struct efs_etcd_range_opts o = {0};
+	int r;
+
+	if (h->nents == 0)
+		r = efs_meta_range_ino(&op->fs->ns, EFS_META_K_DIRENT, h->ino, &rg);
+	else
+		r = efs_meta_range_dirents_after(&op->fs->ns, h->ino, h->ents[h->nents - 1].name,
+						 strlen(h->ents[h->nents - 1].name), &rg);
+	if (r < 0)
+		return r;
+	o.range_end = rg.end.buf;
+	o.range_end_len = rg.end.len;
+	o.limit = EFS_FS_PLUS_BATCH;
+	return efs_etcd_range(op->fs->c, rg.key.buf, rg.key.len, &o, NULL, page_cb, op);
+}
+
+/* Adds one entry at position |pos| to the reply buffer; false when full. */
+static bool emit(struct efs_fs_op *op, const char *name, uint64_t ino, uint32_t type,
+		 const struct efs_fs_dirent_ent *ent, bool dot)
+{
+	struct dir_state *st = op->priv;
+	struct efs_fs *fs = op->fs;
+	size_t room = op->size - st->used, need;
+
+	if (!st->plus) {
+		struct stat s;
+
+		memset(&s, 0, sizeof(s));
+		s.st_ino = ino;
+		s.st_mode = (mode_t)(type << 12);
+		need = fuse_add_direntry(op->req, st->buf + st->used, room, name, &s, st->pos + 1);
+		if (need > room)
+			return false;
+	} else {
+		struct fuse_entry_param e;
+		struct efs_fs_inode *in = dot ? NULL : efs_fs_ifind(fs, ino);
+
+		memset(&e, 0, sizeof(e));
+		if (in && efs_fs_inode_valid(fs, in) && in->rec) {
+			efs_fs_fill_entry(fs, op->ino, ino, in->rec, &e);
+		} else if (ent && ent->has_attr) {
+			e.ino = ino;
+			e.attr = ent->st;
+		} else {
+			e.attr.st_ino = ino;
+			e.attr.st_mode = (mode_t)(type << 12);
+		}
+		if (dot)
+			e.ino = 0;
+		need = fuse_add_direntry_plus(op->req, st->buf + st->used, room, name, &e,
+					      st->pos + 1);
+		if (need > room)
+			return false;
+		if (e.ino)
+			efs_fs_inode_ref_kernel(fs, ino);
+	}
+	st->used += need;
+	st->pos++;
+	return true;
+}
+
+static int dir_build(struct efs_fs_op *op)
+{
+	struct dir_state *st = op->priv;
+	struct efs_fs_handle *h = op->h;
+	int r;
+
+	if (efs_fs_handle_check(op->fs, h) < 0)
+		return -EIO;
+	if (!st->started) {
+		st->started = true;
+		if (op->off == 0) {
+			for (size_t i = 0; i < h->nents; i++)
+				efs_mem_free(h->ents[i].name);
+			h->nents = 0;
+			h->complete = false;
+		}
+		st->pos = op->off;
+		st->buf = efs_mem_malloc(op->size ? op->size : 1);
+		if (!st->buf)
+			return -ENOMEM;
+	}
+	for (;;) {
+		long i = efs_fs_dir_index(st->pos, h->nents);
+		bool ok;
+
+		if (i == -1) {
+			ok = emit(op, ".", h->ino, DT_DIR, NULL, true);
+		} else if (i == -2) {
+			ok = emit(op, "..", h->parent, DT_DIR, NULL, true);
+		} else if ((size_t)i >= h->nents) {
+			if (h->complete)
+				break;
+			r = fetch_page(op);
+			if (r < 0)
+				return r == -ENOMEM ? r : -EIO;
+			return EFS_FS_WAIT;
+		} else {
+			struct efs_fs_dirent_ent *e = &h->ents[i];
+
+			ok = emit(op, e->name, e->ino, e->type, e, false);
+		}
+		if (!ok)
+			break;
+	}
+	op->replied = true;
+	fuse_reply_buf(op->req, st->buf, st->used);
+	if (op->off == 0)
+		efs_fs_touch_atime(op->fs, op->ino, efs_fs_rec(op, op->ino));
+	return EFS_FS_DONE;
+}
+
+static int readdir_plan(struct efs_fs_op *op)
+{
+	if (efs_fs_handle_check(op->fs, op->h) < 0)
+		return -EIO;
+	if (op->loads_done == 0)
+		return efs_fs_want(op, op->ino, EFS_LOCK_SHARED);
+	return EFS_FS_CONT;
+}
+
+static void dir_state_free(struct efs_fs_op *op)
+{
+	struct dir_state *st = op->priv;
+
+	if (st) {
+		plus_unlock(op);
+		efs_mem_free(st->buf);
+	}
+}
+
+static void readdir_done(struct efs_fs_op *op)
+{
+}
+
+static const struct efs_fs_opdesc readdir_desc = {
+	.code = EFS_FS_OP_READDIR,
+	.plan = readdir_plan,
+	.build = dir_build,
+	.done = readdir_done,
+};
+
+static const struct efs_fs_opdesc readdirplus_desc = {
+	.code = EFS_FS_OP_READDIRPLUS,
+	.plan = readdir_plan,
+	.build = dir_build,
+	.done = readdir_done,
+};
+
+static void readdir_start(fuse_req_t req, const struct efs_fs_opdesc *d, fuse_ino_t ino,
+			  size_t size, off_t off, struct fuse_file_info *fi, bool plus)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	struct efs_fs_op *op = efs_fs_op_new(fs, req, d);
+	struct dir_state *st;
+
+	if (!op) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	op->ino = ino;
+	op->h = fh_of(fi);
+	op->size = size;
+	op->off = off;
+	st = efs_mem_calloc(1, sizeof(*st));
+	if (!st || !op->h) {
+		efs_mem_free(st);
+		efs_fs_op_finish(op, st ? -EBADF : -ENOMEM);
+		return;
+	}
+	st->plus = plus;
+	op->priv = st;
+	op->priv_free = dir_state_free;
+	efs_fs_op_run(op);
+}
+
+void efs_fs_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		    struct fuse_file_info *fi)
+{
+	readdir_start(req, &readdir_desc, ino, size, off, fi, false);
+}
+
+void efs_fs_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+			struct fuse_file_info *fi)
+{
+	readdir_start(req, &readdirplus_desc, ino, size, off, fi, true);
+}
+
+void efs_fs_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	struct efs_fs_handle *h = fh_of(fi);
+
+	efs_counter_inc(fs->m_ops[EFS_FS_OP_RELEASEDIR]);
+	if (h)
+		efs_fs_handle_free(fs, h);
+	fuse_reply_err(req, 0);
+}
+
+void efs_fs_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	int r;
+
+	/* Every namespace change was committed before its reply. */
+	efs_counter_inc(fs->m_ops[EFS_FS_OP_FSYNCDIR]);
+	r = efs_fs_handle_check(fs, fh_of(fi));
+	if (r < 0)
+		efs_counter_inc(fs->m_errs[EFS_FS_OP_FSYNCDIR]);
+	fuse_reply_err(req, -r);
+}

@@ -1,0 +1,630 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#pragma once
+
+/*
+ * Internals of lib/fs (tests may include this): struct efs_fs, the inode
+ * cache, the operation record and the step engine every handler composes,
+ * and the pure helpers (operation ids, timestamp and mode rules, readdir
+ * cookies, xattr name rules) that the unit suite checks.
+ *
+ * The engine (fs.c) runs every operation through the same steps:
+ *   session   wait for an ACTIVE session (efs_session_wait), else EIO;
+ *   plan      the operation names the inodes it needs and their lock modes,
+ *             and the extra keys it must read (dirents, xattrs, ...);
+ *   mutex     mutations take a node-local mutex per inode they rewrite, in
+ *             inode number order, so that two operations of this node never
+ *             build transactions from the same cached mod_revision (and so
+ *             that "op_id is mine" on an inode record is conclusive);
+ *   lock      one efs_lock_req for the whole set (cached locks: no etcd);
+ *   load      one read-only transaction for the extra keys and for every
+ *             inode record not valid in the cache; then plan again: a plan
+ *             that grew (unlink learns the child) goes back to mutex/lock;
+ *   build     the operation computes the new records and the transaction;
+ *   commit    one transaction; on a compare failure: reload and rebuild
+ *             (bounded); on an unknown outcome: reload and treat "op_id is
+ *             mine" on the first rewritten inode as applied;
+ *   finish    update the cache, send exactly one reply, free the record.
+ * Everything runs on the loop thread.
+ */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/stat.h>
+
+#include "etcd/etcd.h"
+#include "etcd/kv.h"
+#include "etcd/txn.h"
+#include "fs/capacity.h"
+#include "fs/fs.h"
+#include "lock/lock.h"
+#include "lock/session.h"
+#include "meta/keys.h"
+#include "meta/records.h"
+#include "util/metrics.h"
+#include "etcfs.pb-c.h"
+
+/* ---- Constants ---- */
+
+/* Transaction attempts after compare failures or unknown outcomes. */
+#define EFS_FS_RETRY_MAX 8
+/* Keys one operation reads besides inode records. */
+#define EFS_FS_KV_MAX 6
+/* Inode records one operation rewrites or creates. */
+#define EFS_FS_OUT_MAX 5
+/* Bytes of an operation id: node, NUL, generation, sequence. */
+#define EFS_FS_OPID_MAX (EFS_META_NODE_MAX + 1 + 8 + 8)
+/* Dirents read per readdir page. */
+#define EFS_FS_DIR_PAGE 128
+/* Inode records read per readdirplus transaction (etcd's op cap is 128). */
+#define EFS_FS_PLUS_BATCH 100
+/* Statfs answers are reused this long. */
+#define EFS_FS_STATFS_CACHE_NS (1000ull * 1000 * 1000)
+/* Recount inodes before each create once within this many of the limit. */
+#define EFS_FS_INODE_SLACK 1000
+
+/* FUSE operations, for metrics (names in efs_fs_op_names). */
+enum efs_fs_opcode {
+	EFS_FS_OP_INIT = 0,
+	EFS_FS_OP_LOOKUP,
+	EFS_FS_OP_FORGET,
+	EFS_FS_OP_GETATTR,
+	EFS_FS_OP_SETATTR,
+	EFS_FS_OP_READLINK,
+	EFS_FS_OP_MKNOD,
+	EFS_FS_OP_MKDIR,
+	EFS_FS_OP_UNLINK,
+	EFS_FS_OP_RMDIR,
+	EFS_FS_OP_SYMLINK,
+	EFS_FS_OP_RENAME,
+	EFS_FS_OP_LINK,
+	EFS_FS_OP_OPEN,
+	EFS_FS_OP_READ,
+	EFS_FS_OP_RELEASE,
+	EFS_FS_OP_OPENDIR,
+	EFS_FS_OP_READDIR,
+	EFS_FS_OP_READDIRPLUS,
+	EFS_FS_OP_RELEASEDIR,
+	EFS_FS_OP_FSYNCDIR,
+	EFS_FS_OP_STATFS,
+	EFS_FS_OP_SETXATTR,
+	EFS_FS_OP_GETXATTR,
+	EFS_FS_OP_LISTXATTR,
+	EFS_FS_OP_REMOVEXATTR,
+	EFS_FS_OP_ACCESS,
+	EFS_FS_OP_CREATE,
+	EFS_FS_OP_RECLAIM, /* internal: last close of an unlinked inode */
+	EFS_FS_OP_ATIME,   /* internal: relatime update after a read */
+	EFS_FS_NOPS,
+};
+
+/* Who sent an etcd transaction (etcfs_etcd_txns_total{origin}). */
+enum efs_fs_origin {
+	EFS_FS_ORIG_CREATE = 0,
+	EFS_FS_ORIG_MKDIR,
+	EFS_FS_ORIG_MKNOD,
+	EFS_FS_ORIG_SYMLINK,
+	EFS_FS_ORIG_LINK,
+	EFS_FS_ORIG_UNLINK,
+	EFS_FS_ORIG_RMDIR,
+	EFS_FS_ORIG_RENAME,
+	EFS_FS_ORIG_SETATTR,
+	EFS_FS_ORIG_XATTR,
+	EFS_FS_ORIG_INO,
+	EFS_FS_ORIG_LOCK,
+	EFS_FS_ORIG_RECLAIM,
+	EFS_FS_ORIG_ATIME,
+	EFS_FS_NORIGINS,
+};
+
+enum efs_fs_outcome {
+	EFS_FS_TXN_OK = 0,
+	EFS_FS_TXN_CONFLICT,
+	EFS_FS_TXN_ERROR,
+	EFS_FS_TXN_UNKNOWN,
+	EFS_FS_NOUTCOMES,
+};
+
+extern const char *const efs_fs_op_names[EFS_FS_NOPS];
+
+/* ---- Inode cache ---- */
+
+struct efs_fs_op;
+
+/* Names of one directory looked up under its lock (ino 0: negative). */
+struct efs_fs_dent {
+	struct efs_fs_dent *next;
+	uint64_t ino;
+	uint32_t type;
+	size_t len;
+	char name[]; /* |len| bytes, NUL-terminated */
+};
+
+struct efs_fs_dcache {
+	uint64_t gen; /* the directory's lock_gen when filled */
+	size_t n, nbuckets;
+	struct efs_fs_dent **b;
+};
+
+/* Most names cached per directory (the cache empties when full). */
+#define EFS_FS_DCACHE_MAX 4096
+
+/*
+ * One cached inode. |rec| is trusted only while this node holds a lock on
+ * the inode and |epoch| equals the fs's (a lost session bumps it): see
+ * efs_fs_inode_valid(). The entry lives while the kernel references it
+ * (|nlookup|), a handle has it open (|opens|) or an operation uses it
+ * (|refs|).
+ */
+struct efs_fs_inode {
+	uint64_t ino;
+	struct efs_fs_inode *hnext; /* hash chain */
+	Etcfs__Inode *rec;	    /* NULL: not loaded; owned */
+	int64_t mod_rev;	    /* of i/<ino> when |rec| was read or written */
+	uint64_t epoch;		    /* fs epoch of |rec|; 0: never valid */
+	bool gone;		    /* i/<ino> does not exist (as of |epoch|) */
+	uint64_t nlookup;	    /* kernel references */
+	uint32_t opens;		    /* open handles */
+	uint32_t refs;		    /* operations using the entry */
+	uint64_t lock_gen;	    /* bumped whenever the lock is newly taken */
+	uint64_t mseq;		    /* bumped by each name change this node makes */
+	bool atime_busy;	    /* a relatime update is in flight */
+	struct efs_fs_dcache *dc;   /* directories: names, valid under the lock */
+	/* Node-local mutex of mutations (see the engine above). */
+	struct efs_fs_op *mx_owner;
+	struct efs_fs_op *mx_head, *mx_tail; /* waiters, FIFO via op->mx_next */
+};
+
+/* ---- Open handles ---- */
+
+struct efs_fs_dirent_ent {
+	char *name; /* NUL-terminated, efs_mem */
+	uint64_t ino;
+	uint32_t type; /* DT_* */
+	bool has_attr; /* readdirplus: |st| filled */
+	struct stat st;
+};
+
+struct efs_fs_handle {
+	uint64_t ino;
+	uint64_t epoch; /* fs epoch at open: later operations fail EIO after a loss */
+	bool dir;
+	/* Directories: entries read so far, in name order; position p (the
+	 * cookie) is "." for 0, ".." for 1, ents[p - 2] afterwards. */
+	struct efs_fs_dirent_ent *ents;
+	size_t nents, cap;
+	bool complete; /* every entry after the last one has been read */
+	uint64_t parent; /* ".." */
+	struct efs_fs_handle *next, *prev;
+};
+
+/* ---- The filesystem ---- */
+
+struct efs_fs {
+	uv_loop_t *loop;
+	struct efs_etcd *c;
+	struct efs_session *s;
+	struct efs_lockcache *lc;
+	struct efs_metrics *m;
+	struct efs_capacity *cap; /* may be NULL */
+	struct efs_meta_ns ns;
+	Etcfs__FsInfo *fi; /* copy (efs_meta_fsinfo_decode of its packing) */
+	uint32_t blksize;
+	bool read_only;
+	bool noatime;
+	bool posix_acl; /* FUSE_CAP_POSIX_ACL granted at init */
+	uint32_t cache_timeout_ms;
+	uint32_t ino_batch;
+	struct fuse_session *se;
+
+	uint64_t epoch; /* bumped when the session is lost */
+	uint64_t inflight;
+	uint64_t seq; /* operation sequence of op ids */
+
+	/* Inode cache. */
+	struct efs_fs_inode **htab;
+	size_t hsize, ninodes;
+
+	/* Open handles (to fail them after a loss). */
+	struct efs_fs_handle *handles;
+
+	/* Inode number reservation: [ino_next, ino_end) is ours. */
+	uint64_t ino_next, ino_end;
+	bool ino_busy;
+	struct efs_fs_op *ino_wait_head, *ino_wait_tail;
+
+	/* Inode count estimate (FORMAT.md section 4). */
+	bool count_known;
+	bool count_busy;
+	int64_t icount;
+	int64_t icreating; /* creates between the limit check and their end */
+	uint64_t icount_ns;
+	struct efs_fs_op *count_wait_head, *count_wait_tail;
+
+	/* Statfs cache. */
+	uint64_t statfs_ns;
+	uint64_t free_blocks;
+
+	/* Operations ready to continue (mutex hand-over), run from |idle|. */
+	struct efs_fs_op *ready_head, *ready_tail;
+	uv_idle_t *idle;
+
+	/* Lock cache stats already counted into the "lock" origin. */
+	uint64_t lock_txns_seen, lock_retries_seen;
+
+	/* Metrics. */
+	struct efs_counter *m_ops[EFS_FS_NOPS];
+	struct efs_counter *m_errs[EFS_FS_NOPS];
+	struct efs_histogram *m_lat[EFS_FS_NOPS];
+	struct efs_counter *m_txns[EFS_FS_NORIGINS][EFS_FS_NOUTCOMES];
+	struct efs_counter *m_retries;
+};
+
+/* ---- Operation records ---- */
+
+/* One key (or range) the load step reads. */
+struct efs_fs_kv {
+	struct efs_meta_key key;
+	struct efs_meta_key end; /* end.len 0: the key alone */
+	int64_t limit;		 /* ranges: 0 all */
+	bool keys_only;
+	bool count_only;
+	/* Results (borrowed from the op's last read response). */
+	bool found;
+	int64_t mod_rev;
+	int64_t create_rev;
+	const uint8_t *val;
+	size_t val_len;
+	int64_t count;
+	Mvccpb__KeyValue **kvs; /* ranges */
+	size_t nkvs;
+};
+
+/* An inode record the transaction writes. */
+struct efs_fs_out {
+	uint64_t ino;
+	bool is_new; /* compare create_revision == 0 instead of mod_revision */
+	bool del;    /* delete the record (last link) */
+	int64_t mod_rev;
+	ProtobufCBinaryData val; /* packed record (efs_mem) */
+};
+
+struct efs_fs_slot {
+	uint64_t ino;
+	enum efs_lock_mode mode;
+	struct efs_fs_inode *in; /* ref held */
+	bool mx;		 /* holds the inode's mutex */
+	enum efs_lock_mode locked; /* mode pinned by the last acquisition */
+	bool loading;		 /* read by the current load */
+};
+
+struct efs_fs_opdesc;
+
+/* Results of plan/build: go on, wait (the op resumes itself), or stop. */
+#define EFS_FS_CONT 0
+#define EFS_FS_WAIT 1
+#define EFS_FS_DONE 2
+
+struct efs_fs_op {
+	struct efs_fs *fs;
+	fuse_req_t req; /* NULL for internal operations */
+	const struct efs_fs_opdesc *d;
+	uint64_t start_ns;
+	int retries;
+	int replans;
+	bool replied;
+	bool verify;	  /* after an unknown outcome: check op_id first */
+	bool force_load;  /* reload every record (after a conflict) */
+	bool granted;	  /* efs_lock_grant_in_txn done for |new_ino| */
+	bool lock_pinned;
+	int state;	  /* engine step to resume at after a wait */
+	int wait_err;	  /* error handed to a waiter */
+	bool planned;	  /* plan ran once */
+	bool counted;	  /* the inode count was read for this create */
+	bool creating;	  /* counted in fs->icreating */
+	bool committed;	  /* the transaction applied */
+	int loads_done;
+	size_t nkv_loaded; /* kv entries the last load covered */
+
+	struct efs_session_waiter sw;
+	struct efs_lock_req lr;
+	enum efs_lock_mode held_before[EFS_LOCK_REQ_MAX];
+
+	/* Inodes of the plan, in inode number order, deduplicated. */
+	size_t nslots;
+	struct efs_fs_slot slots[EFS_LOCK_REQ_MAX];
+	/* Extra reads. */
+	size_t nkv;
+	struct efs_fs_kv kv[EFS_FS_KV_MAX];
+	Etcdserverpb__TxnResponse *rresp; /* last load (owned) */
+	Etcdserverpb__RangeResponse *rresp1; /* last single-key load (owned) */
+	int read_tries;
+	uint64_t dc_mseq; /* lookup: the directory's mseq when its dirent read left */
+
+	/* Transaction being built and its inode writes. */
+	struct efs_etcd_txn *txn;
+	size_t nout;
+	struct efs_fs_out out[EFS_FS_OUT_MAX];
+	uint64_t check_ino; /* inode whose op_id tells "applied" */
+	int64_t commit_rev;
+
+	uint8_t op_id[EFS_FS_OPID_MAX];
+	size_t op_id_len;
+
+	/* Queues: mutex waiters, ready list, ino/count waiters. */
+	struct efs_fs_op *mx_next;
+	struct efs_fs_inode *mx_wait; /* inode waited on */
+	struct efs_fs_op *qnext;
+
+	/* Arguments (by operation). */
+	uint64_t ino;	 /* target inode or parent */
+	uint64_t ino2;	 /* new parent (rename, link) */
+	char name[EFS_META_NAME_MAX + 1];
+	size_t name_len;
+	char name2[EFS_META_NAME_MAX + 1];
+	size_t name2_len;
+	mode_t mode;
+	dev_t rdev;
+	unsigned flags;
+	uid_t uid;
+	gid_t gid;
+	mode_t umask;
+	char *link; /* symlink target (efs_mem) */
+	size_t link_len;
+	struct stat attr;
+	int to_set;
+	size_t size;
+	off_t off;
+	uint8_t *value; /* xattr value (efs_mem) */
+	size_t value_len;
+	struct fuse_file_info fi;
+	bool has_fi;
+	struct efs_fs_handle *h;
+
+	/* Results. */
+	uint64_t child;	    /* inode found under |name| */
+	uint64_t child2;    /* inode found under |name2| */
+	uint32_t child_type, child2_type;
+	uint64_t new_ino;   /* create-like operations */
+	struct efs_fs_inode *newin; /* its cache entry (ref held) */
+	Etcfs__Inode *newrec; /* the new inode's record as written (owned) */
+	int64_t seq_mod_rev; /* renameseq (cross-directory directory rename) */
+	uint64_t seq_val;
+	uint64_t walk;	     /* rename: ancestor being read */
+	int walk_depth;
+	void *priv;	     /* per-operation scratch (efs_mem) */
+	void (*priv_free)(struct efs_fs_op *op); /* frees what |priv| points to */
+};
+
+/*
+ * What an operation plugs into the engine. |plan| fills slots and kv
+ * (efs_fs_want, efs_fs_want_kv) and may answer now (EFS_FS_DONE after
+ * replying, or a negative errno); it runs before the first load and after
+ * every load. |build| adds the operation's part of the transaction (the
+ * engine adds the guards and the inode writes of op->out) or answers
+ * (EFS_FS_DONE) for read-only operations, or waits (EFS_FS_WAIT: it resumes
+ * with efs_fs_op_resume_build). |done| replies after a commit (the cache
+ * already holds op->out).
+ */
+struct efs_fs_opdesc {
+	enum efs_fs_opcode code;
+	enum efs_fs_origin origin;
+	bool mutates;
+	bool new_inode; /* reserves an inode number and checks the limit */
+	bool grows;	/* adds metadata: refused while etcd is near its quota */
+	int (*plan)(struct efs_fs_op *op);
+	int (*build)(struct efs_fs_op *op);
+	void (*done)(struct efs_fs_op *op);
+};
+
+/* ---- Engine (fs.c) ---- */
+
+/* A new record for |req| (NULL: internal), started with efs_fs_op_run.
+ * NULL on ENOMEM (the caller replies ENOMEM). */
+struct efs_fs_op *efs_fs_op_new(struct efs_fs *fs, fuse_req_t req, const struct efs_fs_opdesc *d);
+/* Starts the steps; every outcome ends in efs_fs_op_finish. */
+void efs_fs_op_run(struct efs_fs_op *op);
+/* Replies |err| (a negative errno; 0: the operation replied already) if no
+ * reply was sent, releases everything and frees |op|. */
+void efs_fs_op_finish(struct efs_fs_op *op, int err);
+/* Resumes an operation whose build returned EFS_FS_WAIT: |err| < 0 ends it. */
+void efs_fs_op_resume_build(struct efs_fs_op *op, int err);
+
+/* Plan helpers: add inode |ino| with lock |mode| (deduplicated, strongest
+ * mode wins), and a key to read. -E2BIG beyond the bounds. */
+int efs_fs_want(struct efs_fs_op *op, uint64_t ino, enum efs_lock_mode mode);
+struct efs_fs_kv *efs_fs_want_kv(struct efs_fs_op *op);
+/* The cached record of a planned inode (NULL: it does not exist). */
+const Etcfs__Inode *efs_fs_rec(const struct efs_fs_op *op, uint64_t ino);
+int64_t efs_fs_rec_rev(const struct efs_fs_op *op, uint64_t ino);
+/* Adds an inode write to op->out: |rec| is packed with the op id set. */
+int efs_fs_put_inode(struct efs_fs_op *op, uint64_t ino, Etcfs__Inode *rec, bool is_new);
+int efs_fs_del_inode(struct efs_fs_op *op, uint64_t ino);
+/* Dirent helpers for build. */
+int efs_fs_put_dirent(struct efs_fs_op *op, uint64_t parent, const char *name, size_t len,
+		      uint64_t ino, uint32_t type, bool must_be_new, int64_t mod_rev);
+int efs_fs_del_dirent(struct efs_fs_op *op, uint64_t parent, const char *name, size_t len,
+		      int64_t mod_rev);
+/* Deletes every key of a removed inode besides i/ (xattrs, holders,
+ * extents, orphan) in the transaction. */
+int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino);
+
+/* Reply helpers: fill a fuse_entry_param / attr reply from a record, with
+ * kernel timeouts only under a held lock (7.1). */
+void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, uint64_t ino, const Etcfs__Inode *rec,
+		       struct fuse_entry_param *e);
+double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino);
+void efs_fs_reply_entry(struct efs_fs_op *op, uint64_t parent, uint64_t ino,
+			const Etcfs__Inode *rec);
+void efs_fs_reply_attr(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *rec);
+/* Wall clock now, nanoseconds. */
+int64_t efs_fs_now(void);
+/* A deep copy of |rec| (efs_mem through protobuf). NULL on ENOMEM. */
+Etcfs__Inode *efs_fs_rec_dup(const Etcfs__Inode *rec);
+/* Counts one transaction of |origin| with outcome |oc|. */
+void efs_fs_count_txn(struct efs_fs *fs, enum efs_fs_origin origin, enum efs_fs_outcome oc);
+/* Counts the inode records (count-only range over i/). */
+int efs_fs_count_inodes(struct efs_fs *fs, efs_etcd_range_cb cb, void *arg);
+/* Sends the read-only transaction |t| (ranges only; serialised before
+ * this returns, so |t| may be freed) and calls |cb| once, as
+ * efs_etcd_txn does: for dir.c and attr.c reads outside the plan/load
+ * cycle. */
+int efs_fs_read_txn(struct efs_fs *fs, struct efs_etcd_txn *t, efs_etcd_txn_cb cb, void *arg);
+
+/* ---- Inode cache (inode.c) ---- */
+
+int efs_fs_icache_init(struct efs_fs *fs);
+void efs_fs_icache_done(struct efs_fs *fs);
+/* Finds or creates the entry of |ino| (NULL: ENOMEM). */
+struct efs_fs_inode *efs_fs_iget(struct efs_fs *fs, uint64_t ino);
+struct efs_fs_inode *efs_fs_ifind(struct efs_fs *fs, uint64_t ino);
+/* Drops an operation reference; frees the entry when nothing holds it. */
+void efs_fs_iput(struct efs_fs *fs, struct efs_fs_inode *in);
+/* True when |in|'s record may be used now (lock held, same epoch). */
+bool efs_fs_inode_valid(const struct efs_fs *fs, const struct efs_fs_inode *in);
+/* Replaces the cached record (takes ownership of |rec|, NULL: gone). */
+void efs_fs_inode_set(struct efs_fs *fs, struct efs_fs_inode *in, Etcfs__Inode *rec,
+		      int64_t mod_rev, bool trusted);
+/*
+ * The directory name cache: answers lookups with no etcd read while this
+ * node holds the directory's lock (other nodes change names only under an
+ * exclusive lock, which recalls ours). get: 1 (|*ino| set, 0 for a known
+ * absent name) or 0 (not cached). This node's own changes forget the names
+ * they touch.
+ */
+int efs_fs_dcache_get(struct efs_fs *fs, struct efs_fs_inode *dir, const char *name, size_t len,
+		      uint64_t *ino, uint32_t *type);
+void efs_fs_dcache_put(struct efs_fs *fs, struct efs_fs_inode *dir, const char *name, size_t len,
+		       uint64_t ino, uint32_t type);
+void efs_fs_dcache_forget(struct efs_fs *fs, uint64_t dir, const char *name, size_t len);
+void efs_fs_dcache_clear(struct efs_fs_inode *dir);
+
+/* Kernel references: +1 per entry reply, -n per forget. */
+void efs_fs_inode_ref_kernel(struct efs_fs *fs, uint64_t ino);
+void efs_fs_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup);
+void efs_fs_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets);
+
+/* ---- Handlers (ns.c, attr.c, dir.c, xattr.c) ---- */
+
+void efs_fs_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);
+void efs_fs_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void efs_fs_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+		    struct fuse_file_info *fi);
+void efs_fs_readlink(fuse_req_t req, fuse_ino_t ino);
+void efs_fs_access(fuse_req_t req, fuse_ino_t ino, int mask);
+void efs_fs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void efs_fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		 struct fuse_file_info *fi);
+void efs_fs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void efs_fs_statfs(fuse_req_t req, fuse_ino_t ino);
+
+void efs_fs_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev);
+void efs_fs_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode);
+void efs_fs_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name);
+void efs_fs_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+		   struct fuse_file_info *fi);
+void efs_fs_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname);
+void efs_fs_unlink(fuse_req_t req, fuse_ino_t parent, const char *name);
+void efs_fs_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name);
+void efs_fs_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+		   const char *newname, unsigned int flags);
+/*
+ * Relatime (7.3): after a read or readdir of |ino| whose record is |rec|,
+ * writes atime = now in the background (exclusive lock, one transaction)
+ * when atime is not after mtime or ctime, or is a day old; nothing under
+ * noatime or read-only. efs_fs_atime_due is the pure rule.
+ */
+void efs_fs_touch_atime(struct efs_fs *fs, uint64_t ino, const Etcfs__Inode *rec);
+bool efs_fs_atime_due(const Etcfs__Inode *rec, int64_t now);
+/* Starts the reclaim of an unlinked inode whose last handle closed. */
+void efs_fs_reclaim(struct efs_fs *fs, uint64_t ino);
+
+void efs_fs_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void efs_fs_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		    struct fuse_file_info *fi);
+void efs_fs_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+			struct fuse_file_info *fi);
+void efs_fs_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void efs_fs_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi);
+
+void efs_fs_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
+		     size_t size, int flags);
+void efs_fs_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size);
+void efs_fs_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size);
+void efs_fs_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name);
+
+/* Handles (attr.c). */
+struct efs_fs_handle *efs_fs_handle_new(struct efs_fs *fs, uint64_t ino, bool dir);
+void efs_fs_handle_free(struct efs_fs *fs, struct efs_fs_handle *h);
+/* -EIO when the handle predates a lost session, else 0. */
+int efs_fs_handle_check(const struct efs_fs *fs, const struct efs_fs_handle *h);
+
+/* ---- Pure helpers (unit-tested) ---- */
+
+/*
+ * Operation ids (FORMAT.md section 4): |node| NUL |generation| BE64
+ * |seq| BE64 into |buf| (EFS_FS_OPID_MAX bytes). Returns the length, or
+ * -EINVAL for an invalid node id.
+ */
+int efs_fs_opid_encode(uint8_t *buf, const char *node, uint64_t generation, uint64_t seq);
+/* Parses an op id; |node| gets EFS_META_NODE_MAX + 1 bytes. -EINVAL. */
+int efs_fs_opid_decode(const uint8_t *buf, size_t len, char *node, uint64_t *generation,
+		       uint64_t *seq);
+/* True when |a| and |b| are the same non-empty id. */
+bool efs_fs_opid_equal(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
+
+/*
+ * setattr on |rec| (FUSE_SET_ATTR_* in |to_set|, values in |attr|) at
+ * wall time |now|: mode (type bits kept), uid/gid (clearing S_ISUID, and
+ * S_ISGID when group-executable, on non-directories unless the mode is set
+ * in the same request), size, atime/mtime (explicit or *_NOW), ctime
+ * (explicit, else |now| whenever anything changed). Returns 0, or
+ * -EINVAL (size on a non-regular file: -EISDIR for directories).
+ */
+int efs_fs_setattr_apply(Etcfs__Inode *rec, const struct stat *attr, int to_set, int64_t now);
+
+/*
+ * Owner and mode of a new inode in |parent| (set-group-ID directories
+ * give their group, and directories inherit S_ISGID); |mode| holds the
+ * type and permission bits asked for, |umask| is applied unless
+ * |dont_mask|.
+ */
+void efs_fs_new_owner(const Etcfs__Inode *parent, uid_t uid, gid_t gid, mode_t mode,
+		      mode_t umask, bool apply_umask, uint32_t *ret_mode, uint32_t *ret_uid,
+		      uint32_t *ret_gid);
+
+/*
+ * Readdir positions: "." is 0, ".." 1, entry i is i + 2. For a request at
+ * |off| with |nents| entries known, returns the entry index to emit next
+ * (-1 for ".", -2 for ".."), or nents when more must be read.
+ */
+long efs_fs_dir_index(off_t off, size_t nents);
+
+/*
+ * Xattr rules: 0, -EPERM (trusted.* by a non-root caller, for set and
+ * remove), -ENODATA (trusted.* read by a non-root caller), -E2BIG (a
+ * value over EFS_META_XATTR_VALUE_MAX), -ERANGE/-EINVAL (bad name).
+ * |write| is set/remove.
+ */
+int efs_fs_xattr_check(const char *name, size_t value_len, uid_t uid, bool write);
+
+/*
+ * POSIX ACLs in the posix_acl_xattr format. efs_fs_acl_to_mode: the
+ * permission bits an access ACL implies (the mask stands for the group
+ * when present) and whether it says no more than the mode. acl_chmod:
+ * rewrites an access ACL in place after a chmod to |mode|. acl_inherit: a
+ * copy of the parent's default ACL becomes the new inode's access ACL,
+ * masked by the create |mode| whose permission bits it then rewrites;
+ * returns 1 when the result must be stored, 0 when the mode says it all.
+ * -EINVAL for a malformed ACL.
+ */
+int efs_fs_acl_to_mode(const uint8_t *v, size_t len, uint32_t *perm, bool *minimal);
+int efs_fs_acl_chmod(uint8_t *v, size_t len, uint32_t mode);
+int efs_fs_acl_inherit(uint8_t *v, size_t len, uint32_t *mode);
+
+/*
+ * access(2) on a record for a caller (|uid|, |gid|, supplementary
+ * |groups|): 0 or -EACCES. |mask| is F_OK or R_OK|W_OK|X_OK.
+ */
+int efs_fs_access_check(const Etcfs__Inode *rec, int mask, uid_t uid, gid_t gid,
+			const gid_t *groups, size_t ngroups);

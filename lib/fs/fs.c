@@ -1,0 +1,1789 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The fs object, the FUSE operation table, metrics, and the step engine of
+ * fs-int.h that every handler runs through.
+ */
+#include "fs/fs.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "etcd/keys.h"
+#include "etcd/kv.h"
+#include "fs/fs-int.h"
+#include "meta/records.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+const char *const efs_fs_op_names[EFS_FS_NOPS] = {
+	[EFS_FS_OP_INIT] = "init",
+	[EFS_FS_OP_LOOKUP] = "lookup",
+	[EFS_FS_OP_FORGET] = "forget",
+	[EFS_FS_OP_GETATTR] = "getattr",
+	[EFS_FS_OP_SETATTR] = "setattr",
+	[EFS_FS_OP_READLINK] = "readlink",
+	[EFS_FS_OP_MKNOD] = "mknod",
+	[EFS_FS_OP_MKDIR] = "mkdir",
+	[EFS_FS_OP_UNLINK] = "unlink",
+	[EFS_FS_OP_RMDIR] = "rmdir",
+	[EFS_FS_OP_SYMLINK] = "symlink",
+	[EFS_FS_OP_RENAME] = "rename",
+	[EFS_FS_OP_LINK] = "link",
+	[EFS_FS_OP_OPEN] = "open",
+	[EFS_FS_OP_READ] = "read",
+	[EFS_FS_OP_RELEASE] = "release",
+	[EFS_FS_OP_OPENDIR] = "opendir",
+	[EFS_FS_OP_READDIR] = "readdir",
+	[EFS_FS_OP_READDIRPLUS] = "readdirplus",
+	[EFS_FS_OP_RELEASEDIR] = "releasedir",
+	[EFS_FS_OP_FSYNCDIR] = "fsyncdir",
+	[EFS_FS_OP_STATFS] = "statfs",
+	[EFS_FS_OP_SETXATTR] = "setxattr",
+	[EFS_FS_OP_GETXATTR] = "getxattr",
+	[EFS_FS_OP_LISTXATTR] = "listxattr",
+	[EFS_FS_OP_REMOVEXATTR] = "removexattr",
+	[EFS_FS_OP_ACCESS] = "access",
+	[EFS_FS_OP_CREATE] = "create",
+	[EFS_FS_OP_RECLAIM] = "reclaim",
+	[EFS_FS_OP_ATIME] = "atime",
+};
+
+static const char *const origin_names[EFS_FS_NORIGINS] = {
+	[EFS_FS_ORIG_CREATE] = "create",   [EFS_FS_ORIG_MKDIR] = "mkdir",
+	[EFS_FS_ORIG_MKNOD] = "mknod",	   [EFS_FS_ORIG_SYMLINK] = "symlink",
+	[EFS_FS_ORIG_LINK] = "link",	   [EFS_FS_ORIG_UNLINK] = "unlink",
+	[EFS_FS_ORIG_RMDIR] = "rmdir",	   [EFS_FS_ORIG_RENAME] = "rename",
+	[EFS_FS_ORIG_SETATTR] = "setattr", [EFS_FS_ORIG_XATTR] = "xattr",
+	[EFS_FS_ORIG_INO] = "ino",	   [EFS_FS_ORIG_LOCK] = "lock",
+	[EFS_FS_ORIG_RECLAIM] = "reclaim", [EFS_FS_ORIG_ATIME] = "atime",
+};
+
+static const char *const outcome_names[EFS_FS_NOUTCOMES] = {
+	[EFS_FS_TXN_OK] = "ok",
+	[EFS_FS_TXN_CONFLICT] = "conflict",
+	[EFS_FS_TXN_ERROR] = "error",
+	[EFS_FS_TXN_UNKNOWN] = "unknown",
+};
+
+/* Engine resume points after a wait on the ready queue. */
+enum {
+	RESUME_ACQUIRE = 1,
+	RESUME_PREPARE,
+};
+
+static void step_session(struct efs_fs_op *op);
+static void step_acquire(struct efs_fs_op *op);
+static void step_load(struct efs_fs_op *op);
+static void step_loaded(struct efs_fs_op *op);
+static void step_prepare(struct efs_fs_op *op);
+static void step_build(struct efs_fs_op *op);
+
+/* ---- Small helpers ---- */
+
+int64_t efs_fs_now(void)
+{
+	return (int64_t)efs_clock_real_ns();
+}
+
+Etcfs__Inode *efs_fs_rec_dup(const Etcfs__Inode *rec)
+{
+	ProtobufCBinaryData b;
+	Etcfs__Inode *ret;
+
+	if (efs_meta_pack(&rec->base, &b) < 0)
+		return NULL;
+	ret = etcfs__inode__unpack(efs_mem_protobuf(), b.len, b.data);
+	efs_mem_free(b.data);
+	return ret;
+}
+
+void efs_fs_count_txn(struct efs_fs *fs, enum efs_fs_origin origin, enum efs_fs_outcome oc)
+{
+	efs_counter_inc(fs->m_txns[origin][oc]);
+}
+
+static void count_lock_txns(struct efs_fs *fs)
+{
+	struct efs_lockcache_stats st;
+	uint64_t txns;
+
+	if (!fs->lc)
+		return;
+	/* Acquisitions are counted where they finish (one transaction per
+	 * request that needed etcd); releases here, from the cache's stats. */
+	efs_lockcache_get_stats(fs->lc, &st);
+	txns = st.release_txns;
+	if (txns > fs->lock_txns_seen) {
+		efs_counter_add(fs->m_txns[EFS_FS_ORIG_LOCK][EFS_FS_TXN_OK], txns - fs->lock_txns_seen);
+		fs->lock_txns_seen = txns;
+	}
+	if (st.txn_retries > fs->lock_retries_seen) {
+		efs_counter_add(fs->m_txns[EFS_FS_ORIG_LOCK][EFS_FS_TXN_CONFLICT],
+				st.txn_retries - fs->lock_retries_seen);
+		fs->lock_retries_seen = st.txn_retries;
+	}
+}
+
+int efs_fs_read_txn(struct efs_fs *fs, struct efs_etcd_txn *t, efs_etcd_txn_cb cb, void *arg)
+{
+	return efs_etcd_txn(fs->c, efs_etcd_txn_request(t), NULL, cb, arg);
+}
+
+/* ---- Reply helpers ---- */
+
+double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino)
+{
+	double t;
+
+	if (!fs->cache_timeout_ms || !efs_session_is_active(fs->s))
+		return 0;
+	if (efs_lock_held(fs->lc, ino) == EFS_LOCK_NONE)
+		return 0;
+	t = fs->cache_timeout_ms / 1000.0;
+	efs_lock_note_kernel_cache(fs->lc, ino,
+				   efs_clock_mono_ns() +
+					   (uint64_t)fs->cache_timeout_ms * EFS_NSEC_PER_MSEC);
+	return t;
+}
+
+void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, uint64_t ino, const Etcfs__Inode *rec,
+		       struct fuse_entry_param *e)
+{
+	memset(e, 0, sizeof(*e));
+	e->ino = ino;
+	e->generation = rec->generation;
+	efs_meta_inode_to_stat(rec, ino, fs->blksize, &e->attr);
+	e->attr_timeout = efs_fs_attr_timeout(fs, ino);
+	e->entry_timeout = parent ? efs_fs_attr_timeout(fs, parent) : 0;
+}
+
+void efs_fs_reply_entry(struct efs_fs_op *op, uint64_t parent, uint64_t ino,
+			const Etcfs__Inode *rec)
+{
+	struct fuse_entry_param e;
+
+	efs_fs_fill_entry(op->fs, parent, ino, rec, &e);
+	op->replied = true;
+	if (fuse_reply_entry(op->req, &e) == 0)
+		efs_fs_inode_ref_kernel(op->fs, ino);
+}
+
+void efs_fs_reply_attr(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *rec)
+{
+	struct stat st;
+
+	efs_meta_inode_to_stat(rec, ino, op->fs->blksize, &st);
+	op->replied = true;
+	fuse_reply_attr(op->req, &st, efs_fs_attr_timeout(op->fs, ino));
+}
+
+/* ---- Operation records ---- */
+
+struct efs_fs_op *efs_fs_op_new(struct efs_fs *fs, fuse_req_t req, const struct efs_fs_opdesc *d)
+{
+	struct efs_fs_op *op = efs_mem_calloc(1, sizeof(*op));
+
+	if (!op)
+		return NULL;
+	op->fs = fs;
+	op->req = req;
+	op->d = d;
+	op->start_ns = efs_clock_mono_ns();
+	fs->inflight++;
+	if (req) {
+		const struct fuse_ctx *ctx = fuse_req_ctx(req);
+
+		op->uid = ctx->uid;
+		op->gid = ctx->gid;
+		op->umask = ctx->umask;
+	}
+	efs_counter_inc(fs->m_ops[d->code]);
+	return op;
+}
+
+static void reset_out(struct efs_fs_op *op)
+{
+	for (size_t i = 0; i < op->nout; i++)
+		efs_mem_free(op->out[i].val.data);
+	op->nout = 0;
+	op->check_ino = 0;
+	op->txn = efs_etcd_txn_free(op->txn);
+}
+
+static void free_rresp(struct efs_fs_op *op)
+{
+	if (op->rresp)
+		protobuf_c_message_free_unpacked(&op->rresp->base, efs_mem_protobuf());
+	op->rresp = NULL;
+	if (op->rresp1)
+		protobuf_c_message_free_unpacked(&op->rresp1->base, efs_mem_protobuf());
+	op->rresp1 = NULL;
+	for (size_t i = 0; i < op->nkv; i++) {
+		op->kv[i].found = false;
+		op->kv[i].kvs = NULL;
+		op->kv[i].nkvs = 0;
+		op->kv[i].val = NULL;
+		op->kv[i].val_len = 0;
+	}
+}
+
+/* ---- Node-local mutexes ---- */
+
+static void ready_push(struct efs_fs_op *op, int state);
+
+static struct efs_fs_slot *slot_of(struct efs_fs_op *op, uint64_t ino)
+{
+	for (size_t i = 0; i < op->nslots; i++)
+		if (op->slots[i].ino == ino)
+			return &op->slots[i];
+	return NULL;
+}
+
+static void mx_release(struct efs_fs_op *op, struct efs_fs_slot *sl)
+{
+	struct efs_fs_inode *in = sl->in;
+	struct efs_fs_op *w;
+
+	if (!sl->mx)
+		return;
+	sl->mx = false;
+	in->mx_owner = NULL;
+	w = in->mx_head;
+	if (!w)
+		return;
+	in->mx_head = w->mx_next;
+	if (!in->mx_head)
+		in->mx_tail = NULL;
+	w->mx_next = NULL;
+	w->mx_wait = NULL;
+	in->mx_owner = w;
+	struct efs_fs_slot *ws = slot_of(w, in->ino);
+	if (ws)
+		ws->mx = true;
+	ready_push(w, RESUME_ACQUIRE);
+}
+
+static void mx_release_all(struct efs_fs_op *op)
+{
+	for (size_t i = 0; i < op->nslots; i++)
+		mx_release(op, &op->slots[i]);
+}
+
+/* Takes the mutexes of the exclusive slots in inode order: EFS_FS_CONT, or
+ * EFS_FS_WAIT (queued; resumed with RESUME_ACQUIRE). An operation waits
+ * only while every mutex it holds is below the one it waits for. */
+static int mx_acquire(struct efs_fs_op *op)
+{
+	for (size_t i = 0; i < op->nslots; i++) {
+		struct efs_fs_slot *sl = &op->slots[i];
+		struct efs_fs_inode *in = sl->in;
+
+		if (sl->mode != EFS_LOCK_EXCLUSIVE || sl->mx)
+			continue;
+		if (!in->mx_owner) {
+			in->mx_owner = op;
+			sl->mx = true;
+			continue;
+		}
+		for (size_t j = i + 1; j < op->nslots; j++)
+			if (op->slots[j].mx) {
+				mx_release_all(op);
+				break;
+			}
+		op->mx_wait = in;
+		op->mx_next = NULL;
+		if (in->mx_tail)
+			in->mx_tail->mx_next = op;
+		else
+			in->mx_head = op;
+		in->mx_tail = op;
+		return EFS_FS_WAIT;
+	}
+	return EFS_FS_CONT;
+}
+
+static void mx_cancel_wait(struct efs_fs_op *op)
+{
+	struct efs_fs_inode *in = op->mx_wait;
+	struct efs_fs_op **pp;
+
+	if (!in)
+		return;
+	for (pp = &in->mx_head; *pp; pp = &(*pp)->mx_next) {
+		if (*pp == op) {
+			*pp = op->mx_next;
+			break;
+		}
+	}
+	in->mx_tail = NULL;
+	for (struct efs_fs_op *w = in->mx_head; w; w = w->mx_next)
+		in->mx_tail = w;
+	op->mx_wait = NULL;
+}
+
+/* ---- Ready queue ---- */
+
+static void run_ready(struct efs_fs_op *op)
+{
+	int st = op->state;
+
+	op->state = 0;
+	if (st == RESUME_ACQUIRE)
+		step_acquire(op);
+	else if (st == RESUME_PREPARE)
+		step_prepare(op);
+}
+
+static void idle_cb(uv_idle_t *h)
+{
+	struct efs_fs *fs = h->data;
+	struct efs_fs_op *list = fs->ready_head;
+
+	fs->ready_head = fs->ready_tail = NULL;
+	uv_idle_stop(h);
+	while (list) {
+		struct efs_fs_op *op = list;
+
+		list = op->qnext;
+		op->qnext = NULL;
+		run_ready(op);
+	}
+}
+
+static void ready_push(struct efs_fs_op *op, int state)
+{
+	struct efs_fs *fs = op->fs;
+
+	op->state = state;
+	op->qnext = NULL;
+	if (fs->ready_tail)
+		fs->ready_tail->qnext = op;
+	else
+		fs->ready_head = op;
+	fs->ready_tail = op;
+	uv_idle_start(fs->idle, idle_cb);
+}
+
+/* ---- Finish ---- */
+
+void efs_fs_op_finish(struct efs_fs_op *op, int err)
+{
+	struct efs_fs *fs = op->fs;
+
+	if (op->req && !op->replied) {
+		if (err == 0)
+			err = -EIO; /* a path that forgot its reply: never leave the kernel hanging */
+		fuse_reply_err(op->req, -err);
+		op->replied = true;
+	}
+	if (err < 0 && op->req)
+		efs_counter_inc(fs->m_errs[op->d->code]);
+	if (op->granted) {
+		efs_lock_grant_committed(fs->lc, op->new_ino, false);
+		op->granted = false;
+	}
+	if (op->creating) {
+		fs->icreating--;
+		if (op->committed)
+			fs->icount++;
+	}
+	mx_cancel_wait(op);
+	mx_release_all(op);
+	if (op->lock_pinned) {
+		efs_lock_put(fs->lc, &op->lr);
+		op->lock_pinned = false;
+	}
+	for (size_t i = 0; i < op->nslots; i++)
+		if (op->slots[i].in)
+			efs_fs_iput(fs, op->slots[i].in);
+	if (op->newin)
+		efs_fs_iput(fs, op->newin);
+	reset_out(op);
+	free_rresp(op);
+	if (op->newrec)
+		protobuf_c_message_free_unpacked(&op->newrec->base, efs_mem_protobuf());
+	efs_mem_free(op->link);
+	efs_mem_free(op->value);
+	if (op->priv_free)
+		op->priv_free(op);
+	efs_mem_free(op->priv);
+	efs_histogram_observe_ns(fs->m_lat[op->d->code], efs_clock_mono_ns() - op->start_ns);
+	count_lock_txns(fs);
+	fs->inflight--;
+	efs_mem_free(op);
+}
+
+/* ---- Plan helpers ---- */
+
+int efs_fs_want(struct efs_fs_op *op, uint64_t ino, enum efs_lock_mode mode)
+{
+	size_t i;
+
+	if (ino == 0)
+		return -EINVAL;
+	for (i = 0; i < op->nslots; i++) {
+		if (op->slots[i].ino == ino) {
+			if (mode > op->slots[i].mode)
+				op->slots[i].mode = mode;
+			return 0;
+		}
+		if (op->slots[i].ino > ino)
+			break;
+	}
+	if (op->nslots == EFS_LOCK_REQ_MAX)
+		return -E2BIG;
+	memmove(&op->slots[i + 1], &op->slots[i], (op->nslots - i) * sizeof(op->slots[0]));
+	memset(&op->slots[i], 0, sizeof(op->slots[i]));
+	op->slots[i].ino = ino;
+	op->slots[i].mode = mode;
+	op->nslots++;
+	return 0;
+}
+
+struct efs_fs_kv *efs_fs_want_kv(struct efs_fs_op *op)
+{
+	struct efs_fs_kv *kv;
+
+	if (op->nkv == EFS_FS_KV_MAX)
+		return NULL;
+	kv = &op->kv[op->nkv++];
+	memset(kv, 0, sizeof(*kv));
+	return kv;
+}
+
+const Etcfs__Inode *efs_fs_rec(const struct efs_fs_op *op, uint64_t ino)
+{
+	for (size_t i = 0; i < op->nslots; i++)
+		if (op->slots[i].ino == ino && op->slots[i].in)
+			return op->slots[i].in->gone ? NULL : op->slots[i].in->rec;
+	return NULL;
+}
+
+int64_t efs_fs_rec_rev(const struct efs_fs_op *op, uint64_t ino)
+{
+	for (size_t i = 0; i < op->nslots; i++)
+		if (op->slots[i].ino == ino && op->slots[i].in)
+			return op->slots[i].in->mod_rev;
+	return 0;
+}
+
+/* ---- Build helpers ---- */
+
+static int ensure_txn(struct efs_fs_op *op)
+{
+	if (op->txn)
+		return 0;
+	return efs_etcd_txn_new(&op->txn, 0);
+}
+
+static int ensure_opid(struct efs_fs_op *op)
+{
+	struct efs_fs *fs = op->fs;
+	int r;
+
+	if (op->op_id_len)
+		return 0;
+	r = efs_fs_opid_encode(op->op_id, efs_session_node(fs->s), efs_session_generation(fs->s),
+			       ++fs->seq);
+	if (r < 0)
+		return r;
+	op->op_id_len = (size_t)r;
+	return 0;
+}
+
+int efs_fs_put_inode(struct efs_fs_op *op, uint64_t ino, Etcfs__Inode *rec, bool is_new)
+{
+	struct efs_fs_out *o;
+	const char *reason = NULL;
+	ProtobufCBinaryData saved = rec->op_id;
+	int r;
+
+	if (op->nout == EFS_FS_OUT_MAX)
+		return -E2BIG;
+	r = ensure_opid(op);
+	if (r < 0)
+		return r;
+	r = efs_meta_inode_check(rec, &reason);
+	if (r < 0) {
+		efs_log_debug("fs: refusing to write inode %llu: %s", (unsigned long long)ino,
+			      reason);
+		return -EIO;
+	}
+	o = &op->out[op->nout];
+	memset(o, 0, sizeof(*o));
+	rec->op_id.data = op->op_id;
+	rec->op_id.len = op->op_id_len;
+	r = efs_meta_pack(&rec->base, &o->val);
+	rec->op_id = saved;
+	if (r < 0)
+		return r;
+	o->ino = ino;
+	o->is_new = is_new;
+	o->mod_rev = is_new ? 0 : efs_fs_rec_rev(op, ino);
+	if (!op->check_ino)
+		op->check_ino = ino;
+	op->nout++;
+	return 0;
+}
+
+int efs_fs_del_inode(struct efs_fs_op *op, uint64_t ino)
+{
+	struct efs_fs_out *o;
+
+	if (op->nout == EFS_FS_OUT_MAX)
+		return -E2BIG;
+	o = &op->out[op->nout++];
+	memset(o, 0, sizeof(*o));
+	o->ino = ino;
+	o->del = true;
+	o->mod_rev = efs_fs_rec_rev(op, ino);
+	return 0;
+}
+
+int efs_fs_put_dirent(struct efs_fs_op *op, uint64_t parent, const char *name, size_t len,
+		      uint64_t ino, uint32_t type, bool must_be_new, int64_t mod_rev)
+{
+	Etcfs__Dirent de = ETCFS__DIRENT__INIT;
+	struct efs_meta_key k;
+	ProtobufCBinaryData b;
+	int r;
+
+	r = ensure_txn(op);
+	if (r < 0)
+		return r;
+	r = ensure_opid(op);
+	if (r < 0)
+		return r;
+	r = efs_meta_key_dirent(&op->fs->ns, parent, name, len, &k);
+	if (r < 0)
+		return r;
+	de.ino = ino;
+	de.type = type;
+	de.op_id.data = op->op_id;
+	de.op_id.len = op->op_id_len;
+	r = efs_meta_pack(&de.base, &b);
+	if (r < 0)
+		return r;
+	if (must_be_new)
+		r = efs_etcd_txn_compare(op->txn, EFS_ETCD_CMP_CREATE, EFS_ETCD_CMP_EQUAL, k.buf,
+					 k.len, 0);
+	else
+		r = efs_etcd_txn_compare(op->txn, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, k.buf,
+					 k.len, mod_rev);
+	if (r == 0)
+		r = efs_etcd_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, b.data, b.len, 0);
+	efs_mem_free(b.data);
+	return r;
+}
+
+int efs_fs_del_dirent(struct efs_fs_op *op, uint64_t parent, const char *name, size_t len,
+		      int64_t mod_rev)
+{
+	struct efs_meta_key k;
+	int r;
+
+	r = ensure_txn(op);
+	if (r < 0)
+		return r;
+	r = efs_meta_key_dirent(&op->fs->ns, parent, name, len, &k);
+	if (r < 0)
+		return r;
+	r = efs_etcd_txn_compare(op->txn, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, k.buf, k.len,
+				 mod_rev);
+	if (r == 0)
+		r = efs_etcd_txn_delete(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0,
+					false);
+	return r;
+}
+
+static int del_family(struct efs_fs_op *op, enum efs_meta_family fam, uint64_t ino)
+{
+	struct efs_meta_range rg;
+	int r;
+
+	r = efs_meta_range_ino(&op->fs->ns, fam, ino, &rg);
+	if (r < 0)
+		return r;
+	return efs_etcd_txn_delete(op->txn, EFS_ETCD_TXN_SUCCESS, rg.key.buf, rg.key.len,
+				   rg.end.buf, rg.end.len, false);
+}
+
+int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino)
+{
+	struct efs_meta_key k;
+	int r;
+
+	r = ensure_txn(op);
+	if (r < 0)
+		return r;
+	r = del_family(op, EFS_META_K_XATTR, ino);
+	if (r == 0)
+		r = del_family(op, EFS_META_K_EXTENT, ino);
+	if (r == 0)
+		r = efs_lock_drop_in_txn(op->fs->lc, op->txn, ino);
+	if (r == 0)
+		r = efs_meta_key_orphan(&op->fs->ns, ino, &k);
+	if (r == 0)
+		r = efs_etcd_txn_delete(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0,
+					false);
+	return r;
+}
+
+/* ---- Steps ---- */
+
+void efs_fs_op_run(struct efs_fs_op *op)
+{
+	step_session(op);
+}
+
+static void session_ready(struct efs_fs_op *op)
+{
+	int r;
+
+	if (!op->planned) {
+		op->planned = true;
+		r = op->d->plan(op);
+		if (r < 0 || r == EFS_FS_DONE) {
+			efs_fs_op_finish(op, r < 0 ? r : 0);
+			return;
+		}
+	}
+	step_acquire(op);
+}
+
+static void session_cb(struct efs_session_waiter *w, int status, bool generation_changed)
+{
+	struct efs_fs_op *op = w->arg;
+
+	(void)generation_changed;
+	if (status < 0) {
+		efs_fs_op_finish(op, -EIO);
+		return;
+	}
+	session_ready(op);
+}
+
+static void step_session(struct efs_fs_op *op)
+{
+	int r;
+
+	r = efs_session_wait(op->fs->s, &op->sw, session_cb, op);
+	if (r < 0) {
+		efs_fs_op_finish(op, -EIO);
+		return;
+	}
+	if (r == 1)
+		session_ready(op);
+}
+
+static void lock_cb(struct efs_lock_req *req, int status);
+
+static bool slots_covered(const struct efs_fs_op *op)
+{
+	for (size_t i = 0; i < op->nslots; i++) {
+		const struct efs_fs_slot *sl = &op->slots[i];
+
+		if (!sl->in || sl->locked < sl->mode)
+			return false;
+		if (op->d->mutates && sl->mode == EFS_LOCK_EXCLUSIVE && !sl->mx)
+			return false;
+	}
+	return true;
+}
+
+static void step_acquire(struct efs_fs_op *op)
+{
+	struct efs_fs *fs = op->fs;
+	int r;
+
+	for (size_t i = 0; i < op->nslots; i++) {
+		if (!op->slots[i].in) {
+			op->slots[i].in = efs_fs_iget(fs, op->slots[i].ino);
+			if (!op->slots[i].in) {
+				efs_fs_op_finish(op, -ENOMEM);
+				return;
+			}
+			op->slots[i].in->refs++;
+		}
+	}
+	if (op->d->mutates && mx_acquire(op) == EFS_FS_WAIT) {
+		/* Never hold lock pins while waiting on a node-local mutex. */
+		if (op->lock_pinned) {
+			efs_lock_put(fs->lc, &op->lr);
+			op->lock_pinned = false;
+			for (size_t i = 0; i < op->nslots; i++)
+				op->slots[i].locked = EFS_LOCK_NONE;
+		}
+		return;
+	}
+	if (op->lock_pinned) {
+		efs_lock_put(fs->lc, &op->lr);
+		op->lock_pinned = false;
+	}
+	memset(&op->lr, 0, sizeof(op->lr));
+	op->lr.n = op->nslots;
+	for (size_t i = 0; i < op->nslots; i++) {
+		op->lr.ino[i] = op->slots[i].ino;
+		op->lr.mode[i] = op->slots[i].mode;
+		op->held_before[i] = efs_lock_held(fs->lc, op->slots[i].ino);
+	}
+	op->lr.cb = lock_cb;
+	op->lr.arg = op;
+	if (op->nslots == 0) {
+		lock_cb(&op->lr, 0);
+		return;
+	}
+	r = efs_lock_acquire(fs->lc, &op->lr);
+	if (r < 0) {
+		efs_fs_op_finish(op, r == -EINTR ? -EINTR : -EIO);
+		return;
+	}
+	if (r == 1)
+		lock_cb(&op->lr, 0);
+}
+
+static void lock_cb(struct efs_lock_req *req, int status)
+{
+	struct efs_fs_op *op = req->arg;
+	struct efs_fs *fs = op->fs;
+
+	if (status < 0) {
+		efs_fs_op_finish(op, status == -EINTR ? -EINTR : -EIO);
+		return;
+	}
+	op->lock_pinned = op->nslots > 0;
+	for (size_t i = 0; i < op->nslots; i++) {
+		if (op->held_before[i] < op->slots[i].mode) {
+			efs_fs_count_txn(fs, EFS_FS_ORIG_LOCK, EFS_FS_TXN_OK);
+			break;
+		}
+	}
+	for (size_t i = 0; i < op->nslots; i++) {
+		struct efs_fs_slot *sl = &op->slots[i];
+		const Mvccpb__KeyValue *kv = req->recs[i];
+
+		sl->locked = sl->mode;
+		if (op->held_before[i] < sl->mode)
+			sl->in->lock_gen++; /* names cached under an older hold are stale */
+		if (kv) {
+			Etcfs__Inode *rec = NULL;
+			const char *reason = NULL;
+
+			if (efs_meta_inode_decode(kv->value.data, kv->value.len, &rec, &reason) == 0)
+				efs_fs_inode_set(fs, sl->in, rec, kv->mod_revision, true);
+			else
+				sl->in->epoch = 0;
+		} else if (op->held_before[i] < sl->mode) {
+			/* Newly taken without a record: read it in the load step. */
+			sl->in->epoch = 0;
+		}
+	}
+	step_load(op);
+}
+
+static void load_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg);
+static void load1_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg);
+
+static void fill_range(Etcdserverpb__RangeRequest *rq, const struct efs_fs_kv *kv)
+{
+	rq->key.data = (uint8_t *)kv->key.buf;
+	rq->key.len = kv->key.len;
+	if (kv->end.len) {
+		rq->range_end.data = (uint8_t *)kv->end.buf;
+		rq->range_end.len = kv->end.len;
+	}
+	rq->limit = kv->limit;
+	rq->keys_only = kv->keys_only;
+	rq->count_only = kv->count_only;
+}
+
+static bool slot_needs_load(struct efs_fs_op *op, const struct efs_fs_slot *sl)
+{
+	if (op->force_load || (op->verify && sl->ino == op->check_ino))
+		return true;
+	return !efs_fs_inode_valid(op->fs, sl->in);
+}
+
+/*
+ * Reads the op's keys and the inode records it lacks: one Range when there
+ * is a single key (the client retries Range by itself, and a dropped Txn
+ * reply then always belongs to a mutation), else one read-only Txn (one
+ * snapshot for all of them), retried here after an unknown outcome since
+ * it changes nothing.
+ */
+static void step_load(struct efs_fs_op *op)
+{
+	struct efs_fs *fs = op->fs;
+	struct efs_etcd_txn *t = NULL;
+	struct efs_fs_kv one;
+	size_t n = 0;
+	int r;
+
+	free_rresp(op);
+	for (size_t i = 0; i < op->nslots; i++) {
+		op->slots[i].loading = slot_needs_load(op, &op->slots[i]);
+		n += op->slots[i].loading;
+	}
+	n += op->nkv;
+	op->nkv_loaded = op->nkv;
+	if (n == 0) {
+		op->loads_done++;
+		op->force_load = false;
+		step_loaded(op);
+		return;
+	}
+	if (n == 1) {
+		struct efs_etcd_range_opts o = {0};
+
+		r = 0;
+		if (op->nkv) {
+			one = op->kv[0];
+		} else {
+			memset(&one, 0, sizeof(one));
+			for (size_t i = 0; i < op->nslots && r == 0; i++)
+				if (op->slots[i].loading)
+					r = efs_meta_key_inode(&fs->ns, op->slots[i].ino, &one.key);
+		}
+		o.range_end = one.end.len ? one.end.buf : NULL;
+		o.range_end_len = one.end.len;
+		o.limit = one.limit;
+		o.keys_only = one.keys_only;
+		o.count_only = one.count_only;
+		if (r == 0)
+			r = efs_etcd_range(fs->c, one.key.buf, one.key.len, &o, NULL, load1_cb, op);
+		if (r < 0)
+			efs_fs_op_finish(op, -EIO);
+		return;
+	}
+	r = efs_etcd_txn_new(&t, 0);
+	for (size_t i = 0; r == 0 && i < op->nkv; i++) {
+		Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
+
+		fill_range(&rq, &op->kv[i]);
+		r = efs_etcd_txn_range_req(t, EFS_ETCD_TXN_SUCCESS, &rq);
+	}
+	for (size_t i = 0; r == 0 && i < op->nslots; i++) {
+		struct efs_meta_key k;
+
+		if (!op->slots[i].loading)
+			continue;
+		r = efs_meta_key_inode(&fs->ns, op->slots[i].ino, &k);
+		if (r == 0)
+			r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0);
+	}
+	if (r == 0)
+		r = efs_fs_read_txn(fs, t, load_cb, op);
+	efs_etcd_txn_free(t);
+	if (r < 0)
+		efs_fs_op_finish(op, r == -ENOMEM ? -ENOMEM : -EIO);
+}
+
+/* Applies the ranges of one load, in step_load's order. */
+/* True when |in| holds a trusted record newer than what a read at
+ * revision |rev| returned (a mutation of this node committed meanwhile). */
+static bool cache_is_newer(struct efs_fs *fs, struct efs_fs_inode *in, int64_t rev)
+{
+	return efs_fs_inode_valid(fs, in) && rev > 0 && in->mod_rev > rev;
+}
+
+static void load_parse(struct efs_fs_op *op, Etcdserverpb__RangeResponse **rrs, size_t n,
+		       int64_t rev)
+{
+	struct efs_fs *fs = op->fs;
+	size_t idx = 0;
+
+	for (size_t i = 0; i < op->nkv; i++, idx++) {
+		Etcdserverpb__RangeResponse *rr = idx < n ? rrs[idx] : NULL;
+		struct efs_fs_kv *kv = &op->kv[i];
+
+		if (!rr)
+			goto bad;
+		kv->kvs = rr->kvs;
+		kv->nkvs = rr->n_kvs;
+		kv->count = rr->count;
+		kv->found = rr->n_kvs > 0 || (kv->count_only && rr->count > 0);
+		if (rr->n_kvs > 0) {
+			kv->mod_rev = rr->kvs[0]->mod_revision;
+			kv->create_rev = rr->kvs[0]->create_revision;
+			kv->val = rr->kvs[0]->value.data;
+			kv->val_len = rr->kvs[0]->value.len;
+		}
+	}
+	for (size_t i = 0; i < op->nslots; i++) {
+		struct efs_fs_slot *sl = &op->slots[i];
+		Etcdserverpb__RangeResponse *rr;
+		bool trusted;
+
+		if (!sl->loading)
+			continue;
+		rr = idx < n ? rrs[idx] : NULL;
+		idx++;
+		if (!rr)
+			goto bad;
+		trusted = efs_lock_held(fs->lc, sl->ino) != EFS_LOCK_NONE;
+		if (cache_is_newer(fs, sl->in, rr->n_kvs ? rr->kvs[0]->mod_revision : rev))
+			continue;
+		if (rr->n_kvs == 0) {
+			efs_fs_inode_set(fs, sl->in, NULL, 0, trusted);
+		} else {
+			Etcfs__Inode *rec = NULL;
+			const char *reason = NULL;
+
+			if (efs_meta_inode_decode(rr->kvs[0]->value.data, rr->kvs[0]->value.len,
+						  &rec, &reason) < 0) {
+				efs_log_warn("fs: inode %llu: bad record: %s",
+					     (unsigned long long)sl->ino, reason ? reason : "?");
+				efs_fs_op_finish(op, -EIO);
+				return;
+			}
+			efs_fs_inode_set(fs, sl->in, rec, rr->kvs[0]->mod_revision, trusted);
+		}
+	}
+	op->loads_done++;
+	op->force_load = false;
+	op->read_tries = 0;
+	step_loaded(op);
+	return;
+bad:
+	efs_fs_op_finish(op, -EIO);
+}
+
+static bool read_retry(struct efs_fs_op *op, const struct efs_etcd_result *r)
+{
+	if (!(r->outcome_unknown || r->err == -ETIMEDOUT || r->err == -ECONNRESET ||
+	      r->err == -EAGAIN || r->err == -ENOTCONN))
+		return false;
+	if (++op->read_tries > EFS_FS_RETRY_MAX)
+		return false;
+	efs_counter_inc(op->fs->m_retries);
+	efs_log_debug("fs: %s: read failed (%s), again", efs_fs_op_names[op->d->code],
+		      r->message);
+	step_load(op);
+	return true;
+}
+
+static void load1_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
+{
+	struct efs_fs_op *op = arg;
+
+	if (r->err) {
+		if (read_retry(op, r))
+			return;
+		efs_log_debug("fs: %s: read failed: %s", efs_fs_op_names[op->d->code], r->message);
+		efs_fs_op_finish(op, -EIO);
+		return;
+	}
+	r->resp = NULL;
+	op->rresp1 = resp;
+	load_parse(op, &resp, 1, resp->header ? resp->header->revision : 0);
+}
+
+static void load_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct efs_fs_op *op = arg;
+	Etcdserverpb__RangeResponse *rrs[EFS_FS_KV_MAX + EFS_LOCK_REQ_MAX];
+	size_t n = 0;
+
+	if (r->err) {
+		if (read_retry(op, r))
+			return;
+		efs_log_debug("fs: %s: read failed: %s", efs_fs_op_names[op->d->code], r->message);
+		efs_fs_op_finish(op, -EIO);
+		return;
+	}
+	r->resp = NULL;
+	op->rresp = resp;
+	for (size_t i = 0; i < resp->n_responses && n < EFS_FS_KV_MAX + EFS_LOCK_REQ_MAX; i++) {
+		if (efs_etcd_txn_resp_range(resp, i, &rrs[n]) < 0)
+			break;
+		n++;
+	}
+	load_parse(op, rrs, n, resp->header ? resp->header->revision : 0);
+}
+
+static void apply_out(struct efs_fs_op *op, int64_t rev)
+{
+	struct efs_fs *fs = op->fs;
+
+	for (size_t i = 0; i < op->nout; i++) {
+		struct efs_fs_out *o = &op->out[i];
+		struct efs_fs_inode *in = efs_fs_iget(fs, o->ino);
+		Etcfs__Inode *rec = NULL;
+
+		if (!in)
+			continue;
+		in->refs++;
+		if (o->del) {
+			efs_fs_inode_set(fs, in, NULL, rev, true);
+			efs_lock_forget(fs->lc, o->ino);
+			fs->icount--;
+		} else if (efs_meta_inode_decode(o->val.data, o->val.len, &rec, NULL) == 0) {
+			efs_fs_inode_set(fs, in, rec, rev, true);
+		} else {
+			in->epoch = 0;
+		}
+		efs_fs_iput(fs, in);
+	}
+}
+
+static void op_done(struct efs_fs_op *op, int64_t rev)
+{
+	op->commit_rev = rev;
+	op->committed = true;
+	apply_out(op, rev);
+	/* Names this operation changed (xattr names land here too: a harmless
+	 * miss at worst). */
+	if (op->name_len)
+		efs_fs_dcache_forget(op->fs, op->ino, op->name, op->name_len);
+	if (op->name2_len)
+		efs_fs_dcache_forget(op->fs, op->ino2, op->name2, op->name2_len);
+	for (int i = 0; i < 2; i++) {
+		struct efs_fs_inode *d = efs_fs_ifind(op->fs, i ? op->ino2 : op->ino);
+
+		if (d)
+			d->mseq++;
+	}
+	if (op->granted) {
+		efs_lock_grant_committed(op->fs->lc, op->new_ino, true);
+		op->granted = false;
+	}
+	op->d->done(op);
+	efs_fs_op_finish(op, 0);
+}
+
+static void step_loaded(struct efs_fs_op *op)
+{
+	int r;
+
+	if (op->verify) {
+		struct efs_fs_slot *sl = slot_of(op, op->check_ino);
+		const Etcfs__Inode *rec = sl && sl->in && !sl->in->gone ? sl->in->rec : NULL;
+
+		op->verify = false;
+		if (rec && efs_fs_opid_equal(rec->op_id.data, rec->op_id.len, op->op_id,
+					     op->op_id_len)) {
+			op_done(op, sl->in->mod_rev);
+			return;
+		}
+		if (op->granted) {
+			efs_lock_grant_committed(op->fs->lc, op->new_ino, false);
+			op->granted = false;
+		}
+	}
+	r = op->d->plan(op);
+	if (r < 0 || r == EFS_FS_DONE) {
+		efs_fs_op_finish(op, r < 0 ? r : 0);
+		return;
+	}
+	if (!slots_covered(op)) {
+		if (++op->replans > EFS_FS_RETRY_MAX) {
+			efs_fs_op_finish(op, -EIO);
+			return;
+		}
+		step_acquire(op);
+		return;
+	}
+	if (op->nkv_loaded < op->nkv) {
+		step_load(op);
+		return;
+	}
+	step_prepare(op);
+}
+
+/* ---- Inode numbers and the inode limit ---- */
+
+static void ino_wake(struct efs_fs *fs, int err)
+{
+	struct efs_fs_op *list = fs->ino_wait_head;
+
+	fs->ino_wait_head = fs->ino_wait_tail = NULL;
+	while (list) {
+		struct efs_fs_op *op = list;
+
+		list = op->qnext;
+		op->qnext = NULL;
+		op->wait_err = err;
+		ready_push(op, RESUME_PREPARE);
+	}
+}
+
+struct ino_reserve {
+	struct efs_fs *fs;
+	int tries;
+	uint64_t next;
+};
+
+static void ino_read(struct ino_reserve *ir);
+
+static void ino_txn_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct ino_reserve *ir = arg;
+	struct efs_fs *fs = ir->fs;
+
+	if (r->err) {
+		efs_fs_count_txn(fs, EFS_FS_ORIG_INO,
+				 r->outcome_unknown ? EFS_FS_TXN_UNKNOWN : EFS_FS_TXN_ERROR);
+		/* After an unknown outcome the block may be ours or not: numbers
+		 * are never reused, so simply reserve again. */
+		if (r->outcome_unknown && ++ir->tries < EFS_FS_RETRY_MAX) {
+			efs_counter_inc(fs->m_retries);
+			ino_read(ir);
+			return;
+		}
+		goto fail;
+	}
+	if (!resp->succeeded) {
+		efs_fs_count_txn(fs, EFS_FS_ORIG_INO, EFS_FS_TXN_CONFLICT);
+		if (++ir->tries < EFS_FS_RETRY_MAX) {
+			ino_read(ir);
+			return;
+		}
+		goto fail;
+	}
+	efs_fs_count_txn(fs, EFS_FS_ORIG_INO, EFS_FS_TXN_OK);
+	fs->ino_next = ir->next;
+	fs->ino_end = ir->next + fs->ino_batch;
+	fs->ino_busy = false;
+	efs_mem_free(ir);
+	ino_wake(fs, 0);
+	return;
+fail:
+	fs->ino_busy = false;
+	efs_mem_free(ir);
+	ino_wake(fs, -EIO);
+}
+
+static void ino_read_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
+{
+	struct ino_reserve *ir = arg;
+	struct efs_fs *fs = ir->fs;
+	Etcfs__InoCounter *ctr = NULL;
+	Etcfs__InoCounter nc = ETCFS__INO_COUNTER__INIT;
+	struct efs_etcd_txn *t = NULL;
+	struct efs_meta_key k;
+	ProtobufCBinaryData b = {0};
+	int64_t rev;
+	int e;
+
+	if (r->err || resp->n_kvs == 0)
+		goto fail;
+	if (efs_meta_ino_counter_decode(resp->kvs[0]->value.data, resp->kvs[0]->value.len, &ctr,
+					NULL) < 0)
+		goto fail;
+	rev = resp->kvs[0]->mod_revision;
+	ir->next = ctr->next < 3 ? 3 : ctr->next;
+	efs_meta_record_free(ctr);
+	nc.next = ir->next + fs->ino_batch;
+	e = efs_meta_key_ino_counter(&fs->ns, &k);
+	if (e == 0)
+		e = efs_etcd_txn_new(&t, 0);
+	if (e == 0)
+		e = efs_session_guard(fs->s, t);
+	if (e == 0)
+		e = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, k.buf, k.len,
+					 rev);
+	if (e == 0)
+		e = efs_meta_pack(&nc.base, &b);
+	if (e == 0)
+		e = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, b.data, b.len, 0);
+	if (e == 0)
+		e = efs_etcd_txn(fs->c, efs_etcd_txn_request(t), NULL, ino_txn_cb, ir);
+	efs_mem_free(b.data);
+	efs_etcd_txn_free(t);
+	if (e < 0)
+		goto fail;
+	return;
+fail:
+	efs_log_debug("fs: cannot reserve inode numbers: %s", r->err ? r->message : "bad counter");
+	fs->ino_busy = false;
+	efs_mem_free(ir);
+	ino_wake(fs, -EIO);
+}
+
+static void ino_read(struct ino_reserve *ir)
+{
+	struct efs_fs *fs = ir->fs;
+	struct efs_meta_key k;
+	int r;
+
+	r = efs_meta_key_ino_counter(&fs->ns, &k);
+	if (r == 0)
+		r = efs_etcd_range(fs->c, k.buf, k.len, NULL, NULL, ino_read_cb, ir);
+	if (r < 0) {
+		fs->ino_busy = false;
+		efs_mem_free(ir);
+		ino_wake(fs, -EIO);
+	}
+}
+
+/* EFS_FS_CONT with op->new_ino set, or EFS_FS_WAIT (queued). */
+static int ino_alloc(struct efs_fs_op *op)
+{
+	struct efs_fs *fs = op->fs;
+	struct ino_reserve *ir;
+
+	if (fs->ino_next < fs->ino_end) {
+		op->new_ino = fs->ino_next++;
+		return EFS_FS_CONT;
+	}
+	op->qnext = NULL;
+	if (fs->ino_wait_tail)
+		fs->ino_wait_tail->qnext = op;
+	else
+		fs->ino_wait_head = op;
+	fs->ino_wait_tail = op;
+	if (fs->ino_busy)
+		return EFS_FS_WAIT;
+	ir = efs_mem_calloc(1, sizeof(*ir));
+	if (!ir) {
+		ino_wake(fs, -ENOMEM);
+		return EFS_FS_WAIT;
+	}
+	ir->fs = fs;
+	fs->ino_busy = true;
+	ino_read(ir);
+	return EFS_FS_WAIT;
+}
+
+static void count_wake(struct efs_fs *fs, int err)
+{
+	struct efs_fs_op *list = fs->count_wait_head;
+
+	fs->count_wait_head = fs->count_wait_tail = NULL;
+	while (list) {
+		struct efs_fs_op *op = list;
+
+		list = op->qnext;
+		op->qnext = NULL;
+		op->wait_err = err;
+		op->counted = true;
+		ready_push(op, RESUME_PREPARE);
+	}
+}
+
+static void count_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
+{
+	struct efs_fs *fs = arg;
+
+	fs->count_busy = false;
+	if (r->err) {
+		count_wake(fs, -EIO);
+		return;
+	}
+	fs->icount = resp->count;
+	fs->count_known = true;
+	fs->icount_ns = efs_clock_mono_ns();
+	count_wake(fs, 0);
+}
+
+int efs_fs_count_inodes(struct efs_fs *fs, efs_etcd_range_cb cb, void *arg)
+{
+	struct efs_meta_range rg;
+	struct efs_etcd_range_opts o = {0};
+	int r;
+
+	r = efs_meta_range_family(&fs->ns, EFS_META_K_INODE, &rg);
+	if (r < 0)
+		return r;
+	o.range_end = rg.end.buf;
+	o.range_end_len = rg.end.len;
+	o.count_only = true;
+	return efs_etcd_range(fs->c, rg.key.buf, rg.key.len, &o, NULL, cb, arg);
+}
+
+/* EFS_FS_CONT when a new inode fits under the limit, EFS_FS_WAIT while
+ * counting, -ENOSPC. */
+static int count_check(struct efs_fs_op *op)
+{
+	struct efs_fs *fs = op->fs;
+	uint64_t limit = fs->fi->inode_limit;
+	int r;
+
+	if (!limit)
+		return EFS_FS_CONT;
+	if (!op->counted &&
+	    (!fs->count_known ||
+	     (uint64_t)(fs->icount + fs->icreating) + 1 + EFS_FS_INODE_SLACK > limit)) {
+		op->qnext = NULL;
+		if (fs->count_wait_tail)
+			fs->count_wait_tail->qnext = op;
+		else
+			fs->count_wait_head = op;
+		fs->count_wait_tail = op;
+		if (fs->count_busy)
+			return EFS_FS_WAIT;
+		r = efs_fs_count_inodes(fs, count_cb, fs);
+		if (r < 0) {
+			count_wake(fs, -EIO);
+			return EFS_FS_WAIT;
+		}
+		fs->count_busy = true;
+		return EFS_FS_WAIT;
+	}
+	if ((uint64_t)(fs->icount + fs->icreating) + 1 > limit)
+		return -ENOSPC;
+	return EFS_FS_CONT;
+}
+
+static void step_prepare(struct efs_fs_op *op)
+{
+	int r;
+
+	if (op->wait_err) {
+		efs_fs_op_finish(op, op->wait_err);
+		return;
+	}
+	if (op->d->grows && efs_capacity_check_growth(op->fs->cap) < 0) {
+		efs_fs_op_finish(op, -ENOSPC);
+		return;
+	}
+	if (op->d->new_inode && !op->creating) {
+		r = count_check(op);
+		if (r == EFS_FS_WAIT)
+			return;
+		if (r < 0) {
+			efs_fs_op_finish(op, r);
+			return;
+		}
+		op->creating = true;
+		op->fs->icreating++;
+	}
+	if (op->d->new_inode && !op->new_ino) {
+		r = ino_alloc(op);
+		if (r == EFS_FS_WAIT)
+			return;
+	}
+	if (op->d->new_inode && !op->newin) {
+		/* Pinned so that the committed record stays cached for the reply. */
+		op->newin = efs_fs_iget(op->fs, op->new_ino);
+		if (!op->newin) {
+			efs_fs_op_finish(op, -ENOMEM);
+			return;
+		}
+		op->newin->refs++;
+	}
+	step_build(op);
+}
+
+void efs_fs_op_resume_build(struct efs_fs_op *op, int err)
+{
+	if (err < 0) {
+		efs_fs_op_finish(op, err);
+		return;
+	}
+	step_build(op);
+}
+
+/* ---- Commit ---- */
+
+static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct efs_fs_op *op = arg;
+	struct efs_fs *fs = op->fs;
+	enum efs_fs_origin orig = op->d->origin;
+
+	if (r->err) {
+		efs_capacity_note_error(fs->cap, r->err);
+		if (r->outcome_unknown || r->err == -ETIMEDOUT) {
+			efs_fs_count_txn(fs, orig, EFS_FS_TXN_UNKNOWN);
+			efs_counter_inc(fs->m_retries);
+			if (++op->retries > EFS_FS_RETRY_MAX) {
+				efs_fs_op_finish(op, -EIO);
+				return;
+			}
+			op->verify = op->check_ino != 0;
+			op->force_load = true;
+			step_session(op);
+			return;
+		}
+		efs_fs_count_txn(fs, orig, EFS_FS_TXN_ERROR);
+		efs_log_debug("fs: %s: transaction failed: %s", efs_fs_op_names[op->d->code],
+			      r->message);
+		if ((r->err == -EBUSY || r->err == -EAGAIN) && ++op->retries <= EFS_FS_RETRY_MAX) {
+			/* Refused before it applied (etcd's apply backlog): again. */
+			if (op->granted) {
+				efs_lock_grant_committed(fs->lc, op->new_ino, false);
+				op->granted = false;
+			}
+			efs_counter_inc(fs->m_retries);
+			op->force_load = true;
+			step_session(op);
+			return;
+		}
+		efs_fs_op_finish(op, r->err == -ENOSPC ? -ENOSPC : -EIO);
+		return;
+	}
+	if (!resp->succeeded) {
+		efs_fs_count_txn(fs, orig, EFS_FS_TXN_CONFLICT);
+		efs_counter_inc(fs->m_retries);
+		if (op->granted) {
+			efs_lock_grant_committed(fs->lc, op->new_ino, false);
+			op->granted = false;
+		}
+		if (++op->retries > EFS_FS_RETRY_MAX) {
+			efs_fs_op_finish(op, -EIO);
+			return;
+		}
+		op->force_load = true;
+		step_session(op);
+		return;
+	}
+	efs_fs_count_txn(fs, orig, EFS_FS_TXN_OK);
+	op_done(op, resp->header ? resp->header->revision : 0);
+}
+
+static int add_guards(struct efs_fs_op *op)
+{
+	struct efs_fs *fs = op->fs;
+	int r;
+
+	r = efs_session_guard(fs->s, op->txn);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < op->nslots; i++) {
+		if (op->slots[i].mode != EFS_LOCK_EXCLUSIVE)
+			continue;
+		r = efs_lock_guard(fs->lc, op->txn, op->slots[i].ino, EFS_LOCK_EXCLUSIVE);
+		if (r < 0)
+			return r;
+	}
+	for (size_t i = 0; i < op->nout; i++) {
+		struct efs_fs_out *o = &op->out[i];
+		struct efs_meta_key k;
+
+		r = efs_meta_key_inode(&fs->ns, o->ino, &k);
+		if (r < 0)
+			return r;
+		if (o->is_new)
+			r = efs_etcd_txn_compare(op->txn, EFS_ETCD_CMP_CREATE, EFS_ETCD_CMP_EQUAL,
+						 k.buf, k.len, 0);
+		else
+			r = efs_etcd_txn_compare(op->txn, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL,
+						 k.buf, k.len, o->mod_rev);
+		if (r < 0)
+			return r;
+		if (o->del)
+			r = efs_etcd_txn_delete(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL,
+						0, false);
+		else
+			r = efs_etcd_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len,
+					     o->val.data, o->val.len, 0);
+		if (r < 0)
+			return r;
+	}
+	if (op->d->new_inode && op->new_ino) {
+		r = efs_lock_grant_in_txn(fs->lc, op->txn, op->new_ino);
+		if (r < 0)
+			return r;
+		op->granted = true;
+	}
+	return 0;
+}
+
+static void step_build(struct efs_fs_op *op)
+{
+	struct efs_fs *fs = op->fs;
+	int r;
+
+	reset_out(op);
+	if (op->d->mutates && fs->read_only) {
+		efs_fs_op_finish(op, -EROFS);
+		return;
+	}
+	if (op->d->mutates) {
+		r = ensure_txn(op);
+		if (r < 0) {
+			efs_fs_op_finish(op, r);
+			return;
+		}
+	}
+	r = op->d->build(op);
+	if (r == EFS_FS_WAIT)
+		return;
+	if (r < 0 || r == EFS_FS_DONE) {
+		efs_fs_op_finish(op, r < 0 ? r : 0);
+		return;
+	}
+	r = add_guards(op);
+	if ((r == -ENOLCK || r == -EIO) && op->retries < EFS_FS_RETRY_MAX) {
+		/* A lock or the session went (a loss, a recall) between the
+		 * acquisition and now: wait for the session and lock again. */
+		if (op->granted) {
+			efs_lock_grant_committed(fs->lc, op->new_ino, false);
+			op->granted = false;
+		}
+		op->retries++;
+		op->force_load = true;
+		step_session(op);
+		return;
+	}
+	if (r < 0) {
+		efs_log_debug("fs: %s: cannot build the transaction: %d",
+			      efs_fs_op_names[op->d->code], r);
+		efs_fs_op_finish(op, r == -ENOLCK ? -EIO : r == -ENOMEM ? -ENOMEM : -EIO);
+		return;
+	}
+	r = efs_etcd_txn(fs->c, efs_etcd_txn_request(op->txn), NULL, commit_cb, op);
+	if (r < 0) {
+		efs_fs_op_finish(op, -EIO);
+		return;
+	}
+}
+
+/* ---- FUSE glue ---- */
+
+static void fs_init(void *userdata, struct fuse_conn_info *conn)
+{
+	struct efs_fs *fs = userdata;
+
+	if (conn->capable & FUSE_CAP_POSIX_ACL) {
+		conn->want |= FUSE_CAP_POSIX_ACL;
+		fs->posix_acl = true;
+		/* With ACLs the umask is ours to apply (default ACLs replace it). */
+		if (conn->capable & FUSE_CAP_DONT_MASK)
+			conn->want |= FUSE_CAP_DONT_MASK;
+	}
+	/* Always readdirplus: its entries come locked, four to a transaction,
+	 * with their attributes, so a tree walk (du, ls -l, find) needs no
+	 * lookup per name. */
+	if (conn->capable & FUSE_CAP_READDIRPLUS)
+		conn->want |= FUSE_CAP_READDIRPLUS;
+	conn->want &= ~(unsigned)FUSE_CAP_READDIRPLUS_AUTO;
+	/* Data comes with part 2: no writeback cache, no page cache reuse. */
+	conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
+	/* O_TRUNC arrives as a setattr (size 0, mtime now) rather than an
+	 * open flag, so truncation has one code path. */
+	conn->want &= ~(unsigned)FUSE_CAP_ATOMIC_O_TRUNC;
+	efs_counter_inc(fs->m_ops[EFS_FS_OP_INIT]);
+}
+
+static const struct fuse_lowlevel_ops ops = {
+	.init = fs_init,
+	.lookup = efs_fs_lookup,
+	.forget = efs_fs_forget,
+	.forget_multi = efs_fs_forget_multi,
+	.getattr = efs_fs_getattr,
+	.setattr = efs_fs_setattr,
+	.readlink = efs_fs_readlink,
+	.mknod = efs_fs_mknod,
+	.mkdir = efs_fs_mkdir,
+	.unlink = efs_fs_unlink,
+	.rmdir = efs_fs_rmdir,
+	.symlink = efs_fs_symlink,
+	.rename = efs_fs_rename,
+	.link = efs_fs_link,
+	.open = efs_fs_open,
+	.read = efs_fs_read,
+	.release = efs_fs_release,
+	.opendir = efs_fs_opendir,
+	.readdir = efs_fs_readdir,
+	.readdirplus = efs_fs_readdirplus,
+	.releasedir = efs_fs_releasedir,
+	.fsyncdir = efs_fs_fsyncdir,
+	.statfs = efs_fs_statfs,
+	.setxattr = efs_fs_setxattr,
+	.getxattr = efs_fs_getxattr,
+	.listxattr = efs_fs_listxattr,
+	.removexattr = efs_fs_removexattr,
+	.access = efs_fs_access,
+	.create = efs_fs_create,
+};
+
+const struct fuse_lowlevel_ops *efs_fs_ops(void)
+{
+	return &ops;
+}
+
+/* ---- Lifecycle ---- */
+
+static int register_metrics(struct efs_fs *fs)
+{
+	char lab[128];
+
+	for (int i = 0; i < EFS_FS_NOPS; i++) {
+		snprintf(lab, sizeof(lab), "op=\"%s\"", efs_fs_op_names[i]);
+		fs->m_ops[i] = efs_metrics_counter(fs->m, "etcfs_fuse_ops_total",
+						   "FUSE requests by operation", lab);
+		fs->m_errs[i] = efs_metrics_counter(fs->m, "etcfs_fuse_errors_total",
+						    "FUSE requests answered with an error", lab);
+		fs->m_lat[i] = efs_metrics_histogram(fs->m, "etcfs_fuse_op_seconds",
+						     "FUSE request latency", lab);
+		if (!fs->m_ops[i] || !fs->m_errs[i] || !fs->m_lat[i])
+			return -ENOMEM;
+	}
+	for (int o = 0; o < EFS_FS_NORIGINS; o++) {
+		for (int x = 0; x < EFS_FS_NOUTCOMES; x++) {
+			snprintf(lab, sizeof(lab), "origin=\"%s\",outcome=\"%s\"", origin_names[o],
+				 outcome_names[x]);
+			fs->m_txns[o][x] = efs_metrics_counter(
+				fs->m, "etcfs_etcd_txns_total",
+				"etcd transactions by origin and outcome", lab);
+			if (!fs->m_txns[o][x])
+				return -ENOMEM;
+		}
+	}
+	fs->m_retries = efs_metrics_counter(
+		fs->m, "etcfs_op_retries_total",
+		"Operations that read again and retried after a conflict or an unknown outcome "
+		"(namespace and attribute commits, inode number reservations, reads)",
+		NULL);
+	return fs->m_retries ? 0 : -ENOMEM;
+}
+
+static void idle_close_cb(uv_handle_t *h)
+{
+	efs_mem_free(h);
+}
+
+int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
+	       struct efs_session *s, struct efs_lockcache *lc, struct efs_metrics *m,
+	       const struct efs_fs_opts *o)
+{
+	struct efs_fs *fs;
+	ProtobufCBinaryData b = {0};
+	int r;
+
+	if (!o || !o->ns || !o->fi || !c || !s || !lc || !loop)
+		return -EINVAL;
+	fs = efs_mem_calloc(1, sizeof(*fs));
+	if (!fs)
+		return -ENOMEM;
+	fs->loop = loop;
+	fs->c = c;
+	fs->s = s;
+	fs->lc = lc;
+	fs->m = m;
+	fs->ns = *o->ns;
+	fs->read_only = o->read_only;
+	fs->noatime = o->noatime;
+	fs->cache_timeout_ms = o->cache_timeout_ms ? o->cache_timeout_ms : 500;
+	fs->ino_batch = o->ino_batch ? o->ino_batch : 1024;
+	fs->epoch = 1;
+	r = efs_meta_pack(&o->fi->base, &b);
+	if (r < 0)
+		goto fail;
+	r = efs_meta_fsinfo_decode(b.data, b.len, &fs->fi, NULL);
+	efs_mem_free(b.data);
+	if (r < 0)
+		goto fail;
+	fs->blksize = fs->fi->block_size ? fs->fi->block_size : 4096;
+	if (o->sb && o->sb->block_size)
+		fs->blksize = o->sb->block_size;
+	r = efs_fs_icache_init(fs);
+	if (r < 0)
+		goto fail;
+	fs->idle = efs_mem_calloc(1, sizeof(*fs->idle));
+	if (!fs->idle) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	r = uv_idle_init(loop, fs->idle);
+	if (r < 0) {
+		efs_mem_free(fs->idle);
+		fs->idle = NULL;
+		goto fail;
+	}
+	fs->idle->data = fs;
+	if (m) {
+		r = register_metrics(fs);
+		if (r < 0)
+			goto fail;
+	}
+	*ret = fs;
+	return 0;
+fail:
+	efs_fs_free(fs);
+	return r;
+}
+
+void efs_fs_set_capacity(struct efs_fs *fs, struct efs_capacity *cap)
+{
+	fs->cap = cap;
+}
+
+void efs_fs_set_fuse(struct efs_fs *fs, struct fuse_session *se)
+{
+	fs->se = se;
+}
+
+void efs_fs_session_changed(struct efs_fs *fs, enum efs_session_state old,
+			    enum efs_session_state new_state)
+{
+	(void)old;
+	if (new_state == EFS_SESSION_GONE) {
+		/* Every lock and open reference went with the lease: nothing
+		 * cached is trustworthy, and handles opened before fail. (The
+		 * lock cache forgets its locks by itself when it sees the new
+		 * generation.) */
+		fs->epoch++;
+		fs->ino_next = fs->ino_end; /* reserve afresh under the new generation */
+	}
+}
+
+uint64_t efs_fs_inflight(const struct efs_fs *fs)
+{
+	return fs->inflight;
+}
+
+struct efs_fs *efs_fs_free(struct efs_fs *fs)
+{
+	if (!fs)
+		return NULL;
+	while (fs->handles)
+		efs_fs_handle_free(fs, fs->handles);
+	efs_fs_icache_done(fs);
+	if (fs->fi)
+		efs_meta_record_free(fs->fi);
+	if (fs->idle) {
+		uv_idle_stop(fs->idle);
+		uv_close((uv_handle_t *)fs->idle, idle_close_cb);
+	}
+	efs_mem_free(fs);
+	return NULL;
+}
+
+/* ---- Pure helpers: operation ids ---- */
+
+int efs_fs_opid_encode(uint8_t *buf, const char *node, uint64_t generation, uint64_t seq)
+{
+	size_t n;
+
+	if (!efs_meta_node_is_valid(node))
+		return -EINVAL;
+	n = strlen(node);
+	memcpy(buf, node, n);
+	buf[n] = 0;
+	efs_etcd_be64_put(buf + n + 1, generation);
+	efs_etcd_be64_put(buf + n + 9, seq);
+	return (int)(n + 17);
+}
+
+int efs_fs_opid_decode(const uint8_t *buf, size_t len, char *node, uint64_t *generation,
+		       uint64_t *seq)
+{
+	const uint8_t *z;
+	size_t n;
+
+	if (!buf || len < 18)
+		return -EINVAL;
+	z = memchr(buf, 0, len);
+	if (!z)
+		return -EINVAL;
+	n = (size_t)(z - buf);
+	if (n == 0 || n > EFS_META_NODE_MAX || len != n + 17)
+		return -EINVAL;
+	memcpy(node, buf, n);
+	node[n] = 0;
+	if (!efs_meta_node_is_valid(node))
+		return -EINVAL;
+	*generation = efs_etcd_be64_get(buf + n + 1);
+	*seq = efs_etcd_be64_get(buf + n + 9);
+	return 0;
+}
+
+bool efs_fs_opid_equal(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
+{
+	return alen > 0 && alen == blen && memcmp(a, b, alen) == 0;
+}

@@ -1,0 +1,318 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The inode cache: inode number -> record, its mod_revision and the
+ * kernel's lookup count. A record is trusted only while this node holds a
+ * lock on the inode (7.1) and no session loss happened since it was read;
+ * entries live while the kernel, a handle or an operation references them.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "fs/fs-int.h"
+#include "util/mem.h"
+
+#define HASH_INIT 1024
+
+static size_t hash_ino(uint64_t ino, size_t size)
+{
+	ino ^= ino >> 33;
+	ino *= 0xff51afd7ed558ccdull;
+	ino ^= ino >> 33;
+	return (size_t)(ino & (size - 1));
+}
+
+int efs_fs_icache_init(struct efs_fs *fs)
+{
+	fs->htab = efs_mem_calloc(HASH_INIT, sizeof(*fs->htab));
+	if (!fs->htab)
+		return -ENOMEM;
+	fs->hsize = HASH_INIT;
+	fs->ninodes = 0;
+	return 0;
+}
+
+static size_t hash_name(const char *s, size_t len, size_t size)
+{
+	uint64_t h = 1469598103934665603ull;
+
+	for (size_t i = 0; i < len; i++) {
+		h ^= (uint8_t)s[i];
+		h *= 1099511628211ull;
+	}
+	return (size_t)(h & (size - 1));
+}
+
+void efs_fs_dcache_clear(struct efs_fs_inode *dir)
+{
+	struct efs_fs_dcache *dc = dir->dc;
+
+	if (!dc)
+		return;
+	for (size_t i = 0; i < dc->nbuckets; i++) {
+		struct efs_fs_dent *d = dc->b[i];
+
+		while (d) {
+			struct efs_fs_dent *next = d->next;
+
+			efs_mem_free(d);
+			d = next;
+		}
+	}
+	efs_mem_free(dc->b);
+	efs_mem_free(dc);
+	dir->dc = NULL;
+}
+
+static bool dcache_valid(struct efs_fs *fs, struct efs_fs_inode *dir)
+{
+	return dir->dc && dir->dc->gen == dir->lock_gen && efs_fs_inode_valid(fs, dir) &&
+	       dir->rec && S_ISDIR(dir->rec->mode);
+}
+
+int efs_fs_dcache_get(struct efs_fs *fs, struct efs_fs_inode *dir, const char *name, size_t len,
+		      uint64_t *ino, uint32_t *type)
+{
+	if (!dcache_valid(fs, dir))
+		return 0;
+	for (struct efs_fs_dent *d = dir->dc->b[hash_name(name, len, dir->dc->nbuckets)]; d;
+	     d = d->next) {
+		if (d->len == len && memcmp(d->name, name, len) == 0) {
+			*ino = d->ino;
+			*type = d->type;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+void efs_fs_dcache_put(struct efs_fs *fs, struct efs_fs_inode *dir, const char *name, size_t len,
+		       uint64_t ino, uint32_t type)
+{
+	struct efs_fs_dcache *dc = dir->dc;
+	struct efs_fs_dent *d;
+	size_t h;
+
+	if (!efs_fs_inode_valid(fs, dir))
+		return;
+	if (dc && (dc->gen != dir->lock_gen || dc->n >= EFS_FS_DCACHE_MAX)) {
+		efs_fs_dcache_clear(dir);
+		dc = NULL;
+	}
+	if (!dc) {
+		dc = efs_mem_calloc(1, sizeof(*dc));
+		if (!dc)
+			return;
+		dc->nbuckets = 256;
+		dc->b = efs_mem_calloc(dc->nbuckets, sizeof(*dc->b));
+		if (!dc->b) {
+			efs_mem_free(dc);
+			return;
+		}
+		dc->gen = dir->lock_gen;
+		dir->dc = dc;
+	}
+	h = hash_name(name, len, dc->nbuckets);
+	for (d = dc->b[h]; d; d = d->next) {
+		if (d->len == len && memcmp(d->name, name, len) == 0) {
+			d->ino = ino;
+			d->type = type;
+			return;
+		}
+	}
+	d = efs_mem_malloc(sizeof(*d) + len + 1);
+	if (!d)
+		return; /* a cache: the next lookup reads etcd */
+	d->ino = ino;
+	d->type = type;
+	d->len = len;
+	memcpy(d->name, name, len);
+	d->name[len] = 0;
+	d->next = dc->b[h];
+	dc->b[h] = d;
+	dc->n++;
+}
+
+void efs_fs_dcache_forget(struct efs_fs *fs, uint64_t dir, const char *name, size_t len)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(fs, dir);
+	struct efs_fs_dent **pp;
+
+	if (!in || !in->dc)
+		return;
+	for (pp = &in->dc->b[hash_name(name, len, in->dc->nbuckets)]; *pp; pp = &(*pp)->next) {
+		if ((*pp)->len == len && memcmp((*pp)->name, name, len) == 0) {
+			struct efs_fs_dent *d = *pp;
+
+			*pp = d->next;
+			efs_mem_free(d);
+			in->dc->n--;
+			return;
+		}
+	}
+}
+
+static void inode_free(struct efs_fs_inode *in)
+{
+	efs_fs_dcache_clear(in);
+	if (in->rec)
+		protobuf_c_message_free_unpacked(&in->rec->base, efs_mem_protobuf());
+	efs_mem_free(in);
+}
+
+void efs_fs_icache_done(struct efs_fs *fs)
+{
+	if (!fs->htab)
+		return;
+	for (size_t i = 0; i < fs->hsize; i++) {
+		struct efs_fs_inode *in = fs->htab[i];
+
+		while (in) {
+			struct efs_fs_inode *next = in->hnext;
+
+			inode_free(in);
+			in = next;
+		}
+	}
+	efs_mem_free(fs->htab);
+	fs->htab = NULL;
+	fs->hsize = fs->ninodes = 0;
+}
+
+struct efs_fs_inode *efs_fs_ifind(struct efs_fs *fs, uint64_t ino)
+{
+	for (struct efs_fs_inode *in = fs->htab[hash_ino(ino, fs->hsize)]; in; in = in->hnext)
+		if (in->ino == ino)
+			return in;
+	return NULL;
+}
+
+static void grow(struct efs_fs *fs)
+{
+	size_t nsize = fs->hsize * 2;
+	struct efs_fs_inode **nt = efs_mem_calloc(nsize, sizeof(*nt));
+
+	if (!nt)
+		return; /* longer chains, still correct */
+	for (size_t i = 0; i < fs->hsize; i++) {
+		struct efs_fs_inode *in = fs->htab[i];
+
+		while (in) {
+			struct efs_fs_inode *next = in->hnext;
+			size_t h = hash_ino(in->ino, nsize);
+
+			in->hnext = nt[h];
+			nt[h] = in;
+			in = next;
+		}
+	}
+	efs_mem_free(fs->htab);
+	fs->htab = nt;
+	fs->hsize = nsize;
+}
+
+struct efs_fs_inode *efs_fs_iget(struct efs_fs *fs, uint64_t ino)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(fs, ino);
+	size_t h;
+
+	if (in)
+		return in;
+	in = efs_mem_calloc(1, sizeof(*in));
+	if (!in)
+		return NULL;
+	in->ino = ino;
+	if (fs->ninodes + 1 > fs->hsize)
+		grow(fs);
+	h = hash_ino(ino, fs->hsize);
+	in->hnext = fs->htab[h];
+	fs->htab[h] = in;
+	fs->ninodes++;
+	return in;
+}
+
+static void maybe_drop(struct efs_fs *fs, struct efs_fs_inode *in)
+{
+	struct efs_fs_inode **pp;
+
+	if (in->nlookup || in->opens || in->refs || in->mx_owner || in->mx_head)
+		return;
+	/* The root stays: the kernel never looks it up. */
+	if (in->ino == EFS_META_ROOT_INO)
+		return;
+	for (pp = &fs->htab[hash_ino(in->ino, fs->hsize)]; *pp; pp = &(*pp)->hnext) {
+		if (*pp == in) {
+			*pp = in->hnext;
+			fs->ninodes--;
+			inode_free(in);
+			return;
+		}
+	}
+}
+
+void efs_fs_iput(struct efs_fs *fs, struct efs_fs_inode *in)
+{
+	if (!in)
+		return;
+	if (in->refs)
+		in->refs--;
+	maybe_drop(fs, in);
+}
+
+bool efs_fs_inode_valid(const struct efs_fs *fs, const struct efs_fs_inode *in)
+{
+	if (!in || in->epoch == 0 || in->epoch != fs->epoch)
+		return false;
+	if (!in->rec && !in->gone)
+		return false;
+	return efs_lock_held(fs->lc, in->ino) != EFS_LOCK_NONE;
+}
+
+void efs_fs_inode_set(struct efs_fs *fs, struct efs_fs_inode *in, Etcfs__Inode *rec,
+		      int64_t mod_rev, bool trusted)
+{
+	if (in->rec)
+		protobuf_c_message_free_unpacked(&in->rec->base, efs_mem_protobuf());
+	in->rec = rec;
+	in->gone = rec == NULL;
+	in->mod_rev = mod_rev;
+	in->epoch = trusted ? fs->epoch : 0;
+}
+
+void efs_fs_inode_ref_kernel(struct efs_fs *fs, uint64_t ino)
+{
+	struct efs_fs_inode *in = efs_fs_iget(fs, ino);
+
+	/* Without memory the count is lost: the entry is then simply dropped
+	 * early and re-read on the next use. */
+	if (in)
+		in->nlookup++;
+}
+
+static void forget_one(struct efs_fs *fs, uint64_t ino, uint64_t n)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(fs, ino);
+
+	if (!in)
+		return;
+	in->nlookup = in->nlookup > n ? in->nlookup - n : 0;
+	maybe_drop(fs, in);
+}
+
+void efs_fs_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+
+	efs_counter_inc(fs->m_ops[EFS_FS_OP_FORGET]);
+	forget_one(fs, ino, nlookup);
+	fuse_reply_none(req);
+}
+
+void efs_fs_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+
+	efs_counter_add(fs->m_ops[EFS_FS_OP_FORGET], count);
+	for (size_t i = 0; i < count; i++)
+		forget_one(fs, forgets[i].ino, forgets[i].nlookup);
+	fuse_reply_none(req);
+}

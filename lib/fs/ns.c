@@ -1,0 +1,1196 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Namespace operations (ARCHITECTURE.md 7.2, 7.6): create, mknod, mkdir,
+ * symlink, link, unlink, rmdir, rename, and the reclaim of an unlinked
+ * inode at its last close. Each is one transaction built by the engine of
+ * fs.c: the session and lock guards, a mod_revision compare on every
+ * inode record it rewrites (parents included: their times and link counts
+ * change), create_revision == 0 on every new name, and the operation id on
+ * every record and dirent it writes.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <string.h>
+
+#include "etcd/kv.h"
+#include "fs/fs-int.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+#ifndef RENAME_NOREPLACE
+#define RENAME_NOREPLACE (1 << 0)
+#endif
+#ifndef RENAME_EXCHANGE
+#define RENAME_EXCHANGE (1 << 1)
+#endif
+
+/* Longest ancestor chain a directory rename walks before giving up. */
+#define WALK_MAX 4096
+
+static struct efs_fs_op *op_start(fuse_req_t req, const struct efs_fs_opdesc *d, uint64_t ino)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	struct efs_fs_op *op = efs_fs_op_new(fs, req, d);
+
+	if (!op) {
+		efs_counter_inc(fs->m_errs[d->code]);
+		fuse_reply_err(req, ENOMEM);
+		return NULL;
+	}
+	op->ino = ino;
+	return op;
+}
+
+static int set_name(struct efs_fs_op *op, const char *name, bool second)
+{
+	size_t len = strlen(name);
+	int r = efs_meta_name_check(name, len);
+
+	if (r < 0)
+		return r;
+	if (second) {
+		memcpy(op->name2, name, len + 1);
+		op->name2_len = len;
+	} else {
+		memcpy(op->name, name, len + 1);
+		op->name_len = len;
+	}
+	return 0;
+}
+
+static int decode_dirent(const struct efs_fs_kv *kv, uint64_t *ino, uint32_t *type)
+{
+	Etcfs__Dirent *de = NULL;
+
+	if (efs_meta_dirent_decode(kv->val, kv->val_len, &de, NULL) < 0)
+		return -EIO;
+	*ino = de->ino;
+	*type = de->type;
+	efs_meta_record_free(de);
+	return 0;
+}
+
+static int dir_check(const Etcfs__Inode *rec)
+{
+	if (!rec || rec->nlink == 0)
+		return -ENOENT;
+	if (!S_ISDIR(rec->mode))
+		return -ENOTDIR;
+	return 0;
+}
+
+static bool slot_ready(const struct efs_fs_op *op, uint64_t ino)
+{
+	for (size_t i = 0; i < op->nslots; i++)
+		if (op->slots[i].ino == ino)
+			return op->slots[i].in && op->slots[i].locked >= op->slots[i].mode;
+	return false;
+}
+
+/* Puts the orphan record of an inode whose last name goes while it is open. */
+static int put_orphan(struct efs_fs_op *op, uint64_t ino)
+{
+	Etcfs__Orphan o = ETCFS__ORPHAN__INIT;
+	struct efs_meta_key k;
+	ProtobufCBinaryData b;
+	int r;
+
+	o.since_ns = efs_fs_now();
+	o.op_id.data = op->op_id;
+	o.op_id.len = op->op_id_len;
+	r = efs_meta_key_orphan(&op->fs->ns, ino, &k);
+	if (r < 0)
+		return r;
+	r = efs_meta_pack(&o.base, &b);
+	if (r < 0)
+		return r;
+	r = efs_etcd_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, b.data, b.len, 0);
+	efs_mem_free(b.data);
+	return r;
+}
+
+/* The last link of |ino| (record |rec|, nlink already 0) goes: delete it,
+ * or keep it as an orphan while a handle of this node has it open. */
+static int drop_or_orphan(struct efs_fs_op *op, uint64_t ino, Etcfs__Inode *rec)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(op->fs, ino);
+	int r;
+
+	if (in && in->opens > 0) {
+		r = efs_fs_put_inode(op, ino, rec, false);
+		if (r == 0)
+			r = put_orphan(op, ino);
+		return r;
+	}
+	r = efs_fs_del_inode(op, ino);
+	if (r == 0)
+		r = efs_fs_drop_inode_keys(op, ino);
+	return r;
+}
+
+/* "The directory |ino| is empty" as a compare: no dirent key under it. */
+static int cmp_empty(struct efs_fs_op *op, uint64_t ino)
+{
+	struct efs_meta_range rg;
+	struct efs_etcd_cmp c = {0};
+	int r;
+
+	r = efs_meta_range_ino(&op->fs->ns, EFS_META_K_DIRENT, ino, &rg);
+	if (r < 0)
+		return r;
+	c.target = EFS_ETCD_CMP_CREATE;
+	c.result = EFS_ETCD_CMP_EQUAL;
+	c.key = rg.key.buf;
+	c.key_len = rg.key.len;
+	c.range_end = rg.end.buf;
+	c.range_end_len = rg.end.len;
+	c.num = 0;
+	return efs_etcd_txn_compare_ex(op->txn, &c);
+}
+
+static int want_empty_kv(struct efs_fs_op *op, uint64_t ino, int *idx)
+{
+	struct efs_fs_kv *kv;
+	struct efs_meta_range rg;
+	int r;
+
+	if (*idx)
+		return 0;
+	r = efs_meta_range_ino(&op->fs->ns, EFS_META_K_DIRENT, ino, &rg);
+	if (r < 0)
+		return r;
+	kv = efs_fs_want_kv(op);
+	if (!kv)
+		return -E2BIG;
+	kv->key = rg.key;
+	kv->end = rg.end;
+	kv->limit = 1;
+	kv->keys_only = true;
+	*idx = (int)op->nkv; /* 1-based */
+	return 0;
+}
+
+/* ---- Create-like operations ---- */
+
+struct mk_priv {
+	int dirent_kv; /* 1-based index of the dirent read after a conflict */
+	int acl_kv;    /* 1-based index of the parent's default ACL */
+};
+
+#define ACL_ACCESS  "system.posix_acl_access"
+#define ACL_DEFAULT "system.posix_acl_default"
+
+static int put_xattr(struct efs_fs_op *op, uint64_t ino, const char *name, const void *val,
+		     size_t len)
+{
+	struct efs_meta_key k;
+	int r = efs_meta_key_xattr(&op->fs->ns, ino, name, strlen(name), &k);
+
+	if (r < 0)
+		return r;
+	return efs_etcd_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, val, len, 0);
+}
+
+void efs_fs_new_owner(const Etcfs__Inode *parent, uid_t uid, gid_t gid, mode_t mode,
+		      mode_t umask, bool apply_umask, uint32_t *ret_mode, uint32_t *ret_uid,
+		      uint32_t *ret_gid)
+{
+	uint32_t type = (uint32_t)mode & S_IFMT;
+	uint32_t perm = (uint32_t)mode & 07777;
+
+	if (type == S_IFLNK)
+		perm = 0777;
+	else if (apply_umask)
+		perm &= ~((uint32_t)umask & 0777);
+	*ret_uid = (uint32_t)uid;
+	*ret_gid = (uint32_t)gid;
+	if (parent && (parent->mode & S_ISGID)) {
+		*ret_gid = parent->gid;
+		if (type == S_IFDIR)
+			perm |= S_ISGID;
+	}
+	*ret_mode = type | perm;
+}
+
+static int mk_plan(struct efs_fs_op *op)
+{
+	struct mk_priv *p = op->priv;
+	const Etcfs__Inode *prec;
+	int r;
+
+	if (op->loads_done == 0)
+		return efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
+	prec = efs_fs_rec(op, op->ino);
+	r = dir_check(prec);
+	if (r < 0)
+		return r;
+	if (op->fs->posix_acl && prec->xattr_count > 0 && !p->acl_kv &&
+	    ((uint32_t)op->mode & S_IFMT) != S_IFLNK) {
+		struct efs_fs_kv *kv = efs_fs_want_kv(op);
+
+		if (!kv)
+			return -E2BIG;
+		r = efs_meta_key_xattr(&op->fs->ns, op->ino, ACL_DEFAULT, strlen(ACL_DEFAULT),
+				       &kv->key);
+		if (r < 0)
+			return r;
+		p->acl_kv = (int)op->nkv;
+		return EFS_FS_CONT;
+	}
+	if (op->retries > 0 && !p->dirent_kv) {
+		struct efs_fs_kv *kv = efs_fs_want_kv(op);
+
+		if (!kv)
+			return -E2BIG;
+		r = efs_meta_key_dirent(&op->fs->ns, op->ino, op->name, op->name_len, &kv->key);
+		if (r < 0)
+			return r;
+		p->dirent_kv = (int)op->nkv;
+		return EFS_FS_CONT; /* the engine reads it before building */
+	}
+	if (p->dirent_kv && op->nkv_loaded >= (size_t)p->dirent_kv &&
+	    op->kv[p->dirent_kv - 1].found)
+		return -EEXIST;
+	return EFS_FS_CONT;
+}
+
+static int mk_build(struct efs_fs_op *op)
+{
+	struct efs_fs *fs = op->fs;
+	const Etcfs__Inode *prec = efs_fs_rec(op, op->ino);
+	Etcfs__Inode *pr = NULL;
+	Etcfs__Inode nr = ETCFS__INODE__INIT;
+	uint32_t type = (uint32_t)op->mode & S_IFMT;
+	bool dir = type == S_IFDIR;
+	int64_t now = efs_fs_now();
+	int r;
+
+	struct mk_priv *p = op->priv;
+	const struct efs_fs_kv *akv = NULL;
+	uint8_t *acc = NULL;
+	bool store_acc = false;
+
+	r = dir_check(prec);
+	if (r < 0)
+		return r;
+	if (dir && prec->nlink >= EFS_META_LINK_MAX)
+		return -EMLINK;
+	if (p->acl_kv && op->nkv_loaded >= (size_t)p->acl_kv && op->kv[p->acl_kv - 1].found &&
+	    type != S_IFLNK)
+		akv = &op->kv[p->acl_kv - 1];
+	/* With a default ACL the umask does not apply (POSIX 1003.1e). */
+	efs_fs_new_owner(prec, op->uid, op->gid, op->mode, op->umask, !akv, &nr.mode, &nr.uid,
+			 &nr.gid);
+	if (akv) {
+		acc = efs_mem_memdup(akv->val, akv->val_len);
+		if (!acc)
+			return -ENOMEM;
+		r = efs_fs_acl_inherit(acc, akv->val_len, &nr.mode);
+		if (r < 0) {
+			efs_log_debug("fs: bad default ACL on %llu ignored",
+				      (unsigned long long)op->ino);
+			efs_mem_free(acc);
+			acc = NULL;
+			akv = NULL;
+		} else {
+			store_acc = r == 1;
+		}
+		if (store_acc) {
+			nr.xattr_count++;
+			nr.xattr_bytes += strlen(ACL_ACCESS) + akv->val_len;
+		}
+		if (akv && dir) {
+			nr.xattr_count++;
+			nr.xattr_bytes += strlen(ACL_DEFAULT) + akv->val_len;
+		}
+	}
+	nr.nlink = dir ? 2 : 1;
+	nr.atime_ns = nr.mtime_ns = nr.ctime_ns = nr.btime_ns = now;
+	nr.generation = 1;
+	if (dir)
+		nr.parent = op->ino;
+	if (type == S_IFLNK) {
+		nr.symlink.data = (uint8_t *)op->link;
+		nr.symlink.len = op->link_len;
+		nr.size = op->link_len;
+	}
+	if (type == S_IFCHR || type == S_IFBLK)
+		nr.rdev = op->rdev;
+
+	pr = efs_fs_rec_dup(prec);
+	if (!pr) {
+		efs_mem_free(acc);
+		return -ENOMEM;
+	}
+	pr->mtime_ns = pr->ctime_ns = now;
+	if (dir)
+		pr->nlink++;
+	r = efs_fs_put_inode(op, op->ino, pr, false);
+	if (r == 0)
+		r = efs_fs_put_inode(op, op->new_ino, &nr, true);
+	if (r == 0)
+		r = efs_fs_put_dirent(op, op->ino, op->name, op->name_len, op->new_ino,
+				      efs_meta_dt_from_mode(nr.mode), true, 0);
+	if (r == 0 && store_acc)
+		r = put_xattr(op, op->new_ino, ACL_ACCESS, acc, akv->val_len);
+	if (r == 0 && akv && dir)
+		r = put_xattr(op, op->new_ino, ACL_DEFAULT, akv->val, akv->val_len);
+	protobuf_c_message_free_unpacked(&pr->base, efs_mem_protobuf());
+	efs_mem_free(acc);
+	(void)fs;
+	return r;
+}
+
+static void mk_done(struct efs_fs_op *op)
+{
+	struct efs_fs *fs = op->fs;
+	struct efs_fs_inode *in = efs_fs_ifind(fs, op->new_ino);
+	struct efs_fs_handle *h;
+	struct fuse_entry_param e;
+
+	if (!in || !in->rec) {
+		/* Committed, yet the record did not decode into the cache
+		 * (ENOMEM): the kernel will look the name up again. */
+		op->replied = true;
+		fuse_reply_err(op->req, ENOMEM);
+		return;
+	}
+	if (op->d->code != EFS_FS_OP_CREATE) {
+		efs_fs_reply_entry(op, op->ino, op->new_ino, in->rec);
+		return;
+	}
+	h = efs_fs_handle_new(fs, op->new_ino, false);
+	if (!h) {
+		op->replied = true;
+		fuse_reply_err(op->req, ENOMEM);
+		return;
+	}
+	efs_fs_fill_entry(fs, op->ino, op->new_ino, in->rec, &e);
+	op->fi.fh = (uint64_t)(uintptr_t)h;
+	op->fi.keep_cache = 0;
+	op->fi.direct_io = 0;
+	op->replied = true;
+	if (fuse_reply_create(op->req, &e, &op->fi) == 0)
+		efs_fs_inode_ref_kernel(fs, op->new_ino);
+	else
+		efs_fs_handle_free(fs, h);
+}
+
+#define MK_DESC(var, opcode, orig)                                                                 \
+	static const struct efs_fs_opdesc var = {                                                  \
+		.code = opcode,                                                                    \
+		.origin = orig,                                                                    \
+		.mutates = true,                                                                   \
+		.new_inode = true,                                                                 \
+		.grows = true,                                                                     \
+		.plan = mk_plan,                                                                   \
+		.build = mk_build,                                                                 \
+		.done = mk_done,                                                                   \
+	}
+
+MK_DESC(create_desc, EFS_FS_OP_CREATE, EFS_FS_ORIG_CREATE);
+MK_DESC(mknod_desc, EFS_FS_OP_MKNOD, EFS_FS_ORIG_MKNOD);
+MK_DESC(mkdir_desc, EFS_FS_OP_MKDIR, EFS_FS_ORIG_MKDIR);
+MK_DESC(symlink_desc, EFS_FS_OP_SYMLINK, EFS_FS_ORIG_SYMLINK);
+
+static void mk_start(fuse_req_t req, const struct efs_fs_opdesc *d, fuse_ino_t parent,
+		     const char *name, mode_t mode, dev_t rdev, const char *link,
+		     struct fuse_file_info *fi)
+{
+	struct efs_fs_op *op = op_start(req, d, parent);
+	int r;
+
+	if (!op)
+		return;
+	r = set_name(op, name, false);
+	if (r < 0)
+		goto fail;
+	op->mode = mode;
+	op->rdev = rdev;
+	if (fi)
+		op->fi = *fi;
+	op->priv = efs_mem_calloc(1, sizeof(struct mk_priv));
+	if (!op->priv) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	if (link) {
+		op->link_len = strlen(link);
+		if (op->link_len == 0) {
+			r = -ENOENT;
+			goto fail;
+		}
+		if (op->link_len > EFS_META_SYMLINK_MAX) {
+			r = -ENAMETOOLONG;
+			goto fail;
+		}
+		op->link = efs_mem_strdup(link);
+		if (!op->link) {
+			r = -ENOMEM;
+			goto fail;
+		}
+	}
+	if (op->fs->read_only) {
+		r = -EROFS;
+		goto fail;
+	}
+	efs_fs_op_run(op);
+	return;
+fail:
+	efs_fs_op_finish(op, r);
+}
+
+void efs_fs_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+		   struct fuse_file_info *fi)
+{
+	mk_start(req, &create_desc, parent, name, (mode & 07777) | S_IFREG, 0, NULL, fi);
+}
+
+void efs_fs_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
+{
+	switch (mode & S_IFMT) {
+	case 0:
+		mode |= S_IFREG;
+		break;
+	case S_IFREG:
+	case S_IFIFO:
+	case S_IFSOCK:
+	case S_IFCHR:
+	case S_IFBLK:
+		break;
+	default: {
+		struct efs_fs *fs = fuse_req_userdata(req);
+
+		efs_counter_inc(fs->m_ops[EFS_FS_OP_MKNOD]);
+		efs_counter_inc(fs->m_errs[EFS_FS_OP_MKNOD]);
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	}
+	mk_start(req, &mknod_desc, parent, name, mode, rdev, NULL, NULL);
+}
+
+void efs_fs_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+{
+	mk_start(req, &mkdir_desc, parent, name, (mode & 07777) | S_IFDIR, 0, NULL, NULL);
+}
+
+void efs_fs_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
+{
+	mk_start(req, &symlink_desc, parent, name, S_IFLNK | 0777, 0, link, NULL);
+}
+
+/* ---- link ---- */
+
+static int link_plan(struct efs_fs_op *op)
+{
+	struct mk_priv *p = op->priv;
+	const Etcfs__Inode *rec, *prec;
+	int r;
+
+	if (op->loads_done == 0) {
+		r = efs_fs_want(op, op->ino2, EFS_LOCK_EXCLUSIVE);
+		if (r == 0)
+			r = efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
+		return r;
+	}
+	rec = efs_fs_rec(op, op->ino);
+	prec = efs_fs_rec(op, op->ino2);
+	if (!rec || rec->nlink == 0)
+		return -ENOENT;
+	if (S_ISDIR(rec->mode))
+		return -EPERM;
+	r = dir_check(prec);
+	if (r < 0)
+		return r;
+	if (rec->nlink >= EFS_META_LINK_MAX)
+		return -EMLINK;
+	if (op->retries > 0 && !p->dirent_kv) {
+		struct efs_fs_kv *kv = efs_fs_want_kv(op);
+
+		if (!kv)
+			return -E2BIG;
+		r = efs_meta_key_dirent(&op->fs->ns, op->ino2, op->name2, op->name2_len,
+					&kv->key);
+		if (r < 0)
+			return r;
+		p->dirent_kv = (int)op->nkv;
+		return EFS_FS_CONT;
+	}
+	if (p->dirent_kv && op->nkv_loaded >= (size_t)p->dirent_kv &&
+	    op->kv[p->dirent_kv - 1].found)
+		return -EEXIST;
+	return EFS_FS_CONT;
+}
+
+static int link_build(struct efs_fs_op *op)
+{
+	Etcfs__Inode *pr = NULL, *ir = NULL;
+	int64_t now = efs_fs_now();
+	int r = -ENOMEM;
+
+	pr = efs_fs_rec_dup(efs_fs_rec(op, op->ino2));
+	ir = efs_fs_rec_dup(efs_fs_rec(op, op->ino));
+	if (!pr || !ir)
+		goto out;
+	pr->mtime_ns = pr->ctime_ns = now;
+	ir->nlink++;
+	ir->ctime_ns = now;
+	r = efs_fs_put_inode(op, op->ino2, pr, false);
+	if (r == 0)
+		r = efs_fs_put_inode(op, op->ino, ir, false);
+	if (r == 0)
+		r = efs_fs_put_dirent(op, op->ino2, op->name2, op->name2_len, op->ino,
+				      efs_meta_dt_from_mode(ir->mode), true, 0);
+out:
+	if (pr)
+		protobuf_c_message_free_unpacked(&pr->base, efs_mem_protobuf());
+	if (ir)
+		protobuf_c_message_free_unpacked(&ir->base, efs_mem_protobuf());
+	return r;
+}
+
+static void link_done(struct efs_fs_op *op)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
+
+	if (in && in->rec)
+		efs_fs_reply_entry(op, op->ino2, op->ino, in->rec);
+}
+
+static const struct efs_fs_opdesc link_desc = {
+	.code = EFS_FS_OP_LINK,
+	.origin = EFS_FS_ORIG_LINK,
+	.mutates = true,
+	.grows = true,
+	.plan = link_plan,
+	.build = link_build,
+	.done = link_done,
+};
+
+void efs_fs_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
+{
+	struct efs_fs_op *op = op_start(req, &link_desc, ino);
+	int r;
+
+	if (!op)
+		return;
+	op->ino2 = newparent;
+	r = set_name(op, newname, true);
+	if (r == 0) {
+		op->priv = efs_mem_calloc(1, sizeof(struct mk_priv));
+		if (!op->priv)
+			r = -ENOMEM;
+	}
+	if (r < 0) {
+		efs_fs_op_finish(op, r);
+		return;
+	}
+	efs_fs_op_run(op);
+}
+
+/* ---- unlink and rmdir ---- */
+
+struct rm_priv {
+	int empty_kv; /* 1-based: the child directory's first dirent */
+};
+
+static int rm_plan(struct efs_fs_op *op)
+{
+	bool rmdir = op->d->code == EFS_FS_OP_RMDIR;
+	struct rm_priv *p = op->priv;
+	const Etcfs__Inode *crec;
+	struct efs_fs_kv *kv;
+	int r;
+
+	if (op->loads_done == 0) {
+		r = efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
+		if (r < 0)
+			return r;
+		kv = efs_fs_want_kv(op);
+		return efs_meta_key_dirent(&op->fs->ns, op->ino, op->name, op->name_len, &kv->key);
+	}
+	r = dir_check(efs_fs_rec(op, op->ino));
+	if (r < 0)
+		return r;
+	if (!op->kv[0].found)
+		return -ENOENT;
+	r = decode_dirent(&op->kv[0], &op->child, &op->child_type);
+	if (r < 0)
+		return r;
+	if (!rmdir && op->child_type == DT_DIR)
+		return -EISDIR;
+	if (rmdir && op->child_type != DT_DIR)
+		return -ENOTDIR;
+	if (op->child == EFS_META_ROOT_INO)
+		return -EBUSY;
+	r = efs_fs_want(op, op->child, EFS_LOCK_EXCLUSIVE);
+	if (r < 0)
+		return r;
+	if (rmdir) {
+		r = want_empty_kv(op, op->child, &p->empty_kv);
+		if (r < 0)
+			return r;
+	}
+	if (!slot_ready(op, op->child) || op->nkv_loaded < op->nkv)
+		return EFS_FS_CONT;
+	crec = efs_fs_rec(op, op->child);
+	if (crec && rmdir && !S_ISDIR(crec->mode))
+		return -ENOTDIR;
+	if (crec && !rmdir && S_ISDIR(crec->mode))
+		return -EISDIR;
+	if (rmdir && op->kv[p->empty_kv - 1].found)
+		return -ENOTEMPTY;
+	return EFS_FS_CONT;
+}
+
+static int rm_build(struct efs_fs_op *op)
+{
+	bool rmdir = op->d->code == EFS_FS_OP_RMDIR;
+	const Etcfs__Inode *crec = efs_fs_rec(op, op->child);
+	Etcfs__Inode *pr = NULL, *cr = NULL;
+	int64_t now = efs_fs_now();
+	int r = -ENOMEM;
+
+	pr = efs_fs_rec_dup(efs_fs_rec(op, op->ino));
+	if (!pr)
+		goto out;
+	pr->mtime_ns = pr->ctime_ns = now;
+	if (rmdir && pr->nlink > 2)
+		pr->nlink--;
+	r = efs_fs_put_inode(op, op->ino, pr, false);
+	if (r == 0)
+		r = efs_fs_del_dirent(op, op->ino, op->name, op->name_len, op->kv[0].mod_rev);
+	if (r < 0 || !crec)
+		goto out; /* a dangling name: removing it is all there is to do */
+	r = -ENOMEM;
+	cr = efs_fs_rec_dup(crec);
+	if (!cr)
+		goto out;
+	cr->ctime_ns = now;
+	if (rmdir) {
+		cr->nlink = 0;
+		r = cmp_empty(op, op->child);
+	} else {
+		cr->nlink = cr->nlink ? cr->nlink - 1 : 0;
+		r = 0;
+	}
+	if (r < 0)
+		goto out;
+	if (cr->nlink == 0)
+		r = drop_or_orphan(op, op->child, cr);
+	else
+		r = efs_fs_put_inode(op, op->child, cr, false);
+out:
+	if (pr)
+		protobuf_c_message_free_unpacked(&pr->base, efs_mem_protobuf());
+	if (cr)
+		protobuf_c_message_free_unpacked(&cr->base, efs_mem_protobuf());
+	return r;
+}
+
+static void rm_done(struct efs_fs_op *op)
+{
+	op->replied = true;
+	fuse_reply_err(op->req, 0);
+}
+
+static const struct efs_fs_opdesc unlink_desc = {
+	.code = EFS_FS_OP_UNLINK,
+	.origin = EFS_FS_ORIG_UNLINK,
+	.mutates = true,
+	.plan = rm_plan,
+	.build = rm_build,
+	.done = rm_done,
+};
+
+static const struct efs_fs_opdesc rmdir_desc = {
+	.code = EFS_FS_OP_RMDIR,
+	.origin = EFS_FS_ORIG_RMDIR,
+	.mutates = true,
+	.plan = rm_plan,
+	.build = rm_build,
+	.done = rm_done,
+};
+
+static void rm_start(fuse_req_t req, const struct efs_fs_opdesc *d, fuse_ino_t parent,
+		     const char *name)
+{
+	struct efs_fs_op *op = op_start(req, d, parent);
+	int r;
+
+	if (!op)
+		return;
+	r = set_name(op, name, false);
+	if (r == -EINVAL && strcmp(name, ".") == 0)
+		r = -EINVAL;
+	else if (r == -EINVAL && strcmp(name, "..") == 0)
+		r = -ENOTEMPTY;
+	if (r == 0) {
+		op->priv = efs_mem_calloc(1, sizeof(struct rm_priv));
+		if (!op->priv)
+			r = -ENOMEM;
+	}
+	if (r == 0 && op->fs->read_only)
+		r = -EROFS;
+	if (r < 0) {
+		efs_fs_op_finish(op, r);
+		return;
+	}
+	efs_fs_op_run(op);
+}
+
+void efs_fs_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	rm_start(req, &unlink_desc, parent, name);
+}
+
+void efs_fs_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	rm_start(req, &rmdir_desc, parent, name);
+}
+
+/* ---- rename ---- */
+
+struct rn_priv {
+	int seq_kv;    /* 1-based: renameseq */
+	int empty_kv;  /* 1-based: the replaced directory's first dirent */
+	bool walk;     /* a cross-directory directory move: walk ancestors */
+	bool walked;   /* the walk found no cycle */
+	uint64_t cur;  /* walk position */
+	int phase;     /* 0: S against ino2's chain; 1: T against ino's */
+	int depth;
+};
+
+static bool rn_cross_dir(const struct efs_fs_op *op)
+{
+	if (op->ino == op->ino2)
+		return false;
+	if (op->child_type == DT_DIR)
+		return true;
+	return (op->flags & RENAME_EXCHANGE) && op->child2 && op->child2_type == DT_DIR;
+}
+
+static int rn_plan(struct efs_fs_op *op)
+{
+	struct rn_priv *p = op->priv;
+	bool exch = op->flags & RENAME_EXCHANGE;
+	const Etcfs__Inode *srec, *trec;
+	struct efs_fs_kv *kv;
+	int r;
+
+	if (op->loads_done == 0) {
+		r = efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
+		if (r == 0)
+			r = efs_fs_want(op, op->ino2, EFS_LOCK_EXCLUSIVE);
+		if (r < 0)
+			return r;
+		kv = efs_fs_want_kv(op);
+		r = efs_meta_key_dirent(&op->fs->ns, op->ino, op->name, op->name_len, &kv->key);
+		if (r < 0)
+			return r;
+		kv = efs_fs_want_kv(op);
+		return efs_meta_key_dirent(&op->fs->ns, op->ino2, op->name2, op->name2_len,
+					   &kv->key);
+	}
+	r = dir_check(efs_fs_rec(op, op->ino));
+	if (r == 0)
+		r = dir_check(efs_fs_rec(op, op->ino2));
+	if (r < 0)
+		return r;
+	if (!op->kv[0].found)
+		return -ENOENT;
+	r = decode_dirent(&op->kv[0], &op->child, &op->child_type);
+	if (r < 0)
+		return r;
+	op->child2 = 0;
+	op->child2_type = 0;
+	if (op->kv[1].found) {
+		r = decode_dirent(&op->kv[1], &op->child2, &op->child2_type);
+		if (r < 0)
+			return r;
+	}
+	if (exch && !op->child2)
+		return -ENOENT;
+	if ((op->flags & RENAME_NOREPLACE) && op->child2)
+		return -EEXIST;
+	if (op->child2 == op->child) {
+		/* Two names of one inode (or one name): POSIX says do nothing. */
+		op->replied = true;
+		fuse_reply_err(op->req, 0);
+		return EFS_FS_DONE;
+	}
+	if (!exch && op->child2) {
+		if (op->child_type == DT_DIR && op->child2_type != DT_DIR)
+			return -ENOTDIR;
+		if (op->child_type != DT_DIR && op->child2_type == DT_DIR)
+			return -EISDIR;
+	}
+	if (op->child == EFS_META_ROOT_INO || op->child2 == EFS_META_ROOT_INO)
+		return -EBUSY;
+	r = efs_fs_want(op, op->child, EFS_LOCK_EXCLUSIVE);
+	if (r == 0 && op->child2)
+		r = efs_fs_want(op, op->child2, EFS_LOCK_EXCLUSIVE);
+	if (r < 0)
+		return r;
+	if (!exch && op->child2 && op->child2_type == DT_DIR) {
+		r = want_empty_kv(op, op->child2, &p->empty_kv);
+		if (r < 0)
+			return r;
+	}
+	if (rn_cross_dir(op) && !p->seq_kv) {
+		kv = efs_fs_want_kv(op);
+		if (!kv)
+			return -E2BIG;
+		r = efs_meta_key_renameseq(&op->fs->ns, &kv->key);
+		if (r < 0)
+			return r;
+		p->seq_kv = (int)op->nkv;
+		p->walked = false;
+	}
+	if (!slot_ready(op, op->child) || (op->child2 && !slot_ready(op, op->child2)) ||
+	    op->nkv_loaded < op->nkv)
+		return EFS_FS_CONT;
+	srec = efs_fs_rec(op, op->child);
+	trec = op->child2 ? efs_fs_rec(op, op->child2) : NULL;
+	if (!srec)
+		return -ENOENT;
+	if (op->child2 && !trec && exch)
+		return -ENOENT;
+	if (p->empty_kv && op->kv[p->empty_kv - 1].found)
+		return -ENOTEMPTY;
+	p->walk = rn_cross_dir(op);
+	return EFS_FS_CONT;
+}
+
+/* The ancestor walk of a cross-directory directory rename: no moved
+ * directory may become its own ancestor. Records are read linearizably;
+ * renameseq, read before and compared in the transaction, makes the walk's
+ * answer hold at commit time (7.6). */
+static void walk_step(struct efs_fs_op *op);
+
+static void walk_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
+{
+	struct efs_fs_op *op = arg;
+	struct rn_priv *p = op->priv;
+	Etcfs__Inode *rec = NULL;
+
+	if (r->err) {
+		efs_fs_op_resume_build(op, -EIO);
+		return;
+	}
+	if (resp->n_kvs == 0 ||
+	    efs_meta_inode_decode(resp->kvs[0]->value.data, resp->kvs[0]->value.len, &rec,
+				  NULL) < 0 ||
+	    !S_ISDIR(rec->mode)) {
+		efs_meta_record_free(rec);
+		/* An ancestor vanished or is not a directory: retry from scratch. */
+		efs_fs_op_resume_build(op, -EIO);
+		return;
+	}
+	p->cur = rec->parent;
+	efs_meta_record_free(rec);
+	walk_step(op);
+}
+
+static uint64_t walk_parent_cached(struct efs_fs_op *op, uint64_t ino, bool *found)
+{
+	const Etcfs__Inode *rec;
+
+	for (size_t i = 0; i < op->nslots; i++) {
+		if (op->slots[i].ino != ino)
+			continue;
+		rec = efs_fs_rec(op, ino);
+		if (rec) {
+			*found = true;
+			return rec->parent;
+		}
+	}
+	*found = false;
+	return 0;
+}
+
+static void walk_step(struct efs_fs_op *op)
+{
+	struct rn_priv *p = op->priv;
+	bool exch = op->flags & RENAME_EXCHANGE;
+	struct efs_meta_key k;
+	bool found;
+	int r;
+
+	for (;;) {
+		uint64_t target = p->phase == 0 ? op->child : op->child2;
+		uint64_t par;
+
+		if (p->cur == target) {
+			efs_fs_op_resume_build(op, -EINVAL);
+			return;
+		}
+		if (p->cur == EFS_META_ROOT_INO || p->cur == 0) {
+			if (p->phase == 0 && exch && op->child2_type == DT_DIR) {
+				p->phase = 1;
+				p->cur = op->ino;
+				p->depth = 0;
+				continue;
+			}
+			p->walked = true;
+			efs_fs_op_resume_build(op, 0);
+			return;
+		}
+		if (++p->depth > WALK_MAX) {
+			efs_fs_op_resume_build(op, -ELOOP);
+			return;
+		}
+		par = walk_parent_cached(op, p->cur, &found);
+		if (!found)
+			break;
+		p->cur = par;
+	}
+	r = efs_meta_key_inode(&op->fs->ns, p->cur, &k);
+	if (r == 0)
+		r = efs_etcd_range(op->fs->c, k.buf, k.len, NULL, NULL, walk_cb, op);
+	if (r < 0)
+		efs_fs_op_resume_build(op, -EIO);
+}
+
+/* One modified copy per distinct inode of the rename. */
+struct rn_recs {
+	uint64_t ino[4];
+	Etcfs__Inode *rec[4];
+	size_t n;
+};
+
+static Etcfs__Inode *rn_get(struct efs_fs_op *op, struct rn_recs *rs, uint64_t ino)
+{
+	for (size_t i = 0; i < rs->n; i++)
+		if (rs->ino[i] == ino)
+			return rs->rec[i];
+	if (rs->n == 4)
+		return NULL;
+	rs->rec[rs->n] = efs_fs_rec_dup(efs_fs_rec(op, ino));
+	if (!rs->rec[rs->n])
+		return NULL;
+	rs->ino[rs->n] = ino;
+	return rs->rec[rs->n++];
+}
+
+static int rn_build(struct efs_fs_op *op)
+{
+	struct rn_priv *p = op->priv;
+	bool exch = op->flags & RENAME_EXCHANGE;
+	bool cross = op->ino != op->ino2;
+	struct rn_recs rs = {0};
+	Etcfs__Inode *pr, *npr, *sr, *tr = NULL;
+	int64_t now = efs_fs_now();
+	int r = -ENOMEM;
+
+	if (!exch && !op->kv[1].found && efs_capacity_check_growth(op->fs->cap) < 0)
+		return -ENOSPC; /* a new name: metadata growth */
+	if (p->walk && !p->walked) {
+		/* S moves under ino2: S may not be ino2 or above it; for an
+		 * exchange, T moves under ino likewise. */
+		p->phase = op->child_type == DT_DIR ? 0 : 1;
+		p->cur = p->phase == 0 ? op->ino2 : op->ino;
+		p->depth = 0;
+		walk_step(op);
+		return EFS_FS_WAIT;
+	}
+	pr = rn_get(op, &rs, op->ino);
+	npr = rn_get(op, &rs, op->ino2);
+	sr = rn_get(op, &rs, op->child);
+	if (op->child2 && efs_fs_rec(op, op->child2))
+		tr = rn_get(op, &rs, op->child2);
+	if (!pr || !npr || !sr || (op->child2 && efs_fs_rec(op, op->child2) && !tr))
+		goto out;
+	pr->mtime_ns = pr->ctime_ns = now;
+	npr->mtime_ns = npr->ctime_ns = now;
+	sr->ctime_ns = now;
+	if (exch) {
+		if (tr)
+			tr->ctime_ns = now;
+		if (cross && S_ISDIR(sr->mode)) {
+			sr->parent = op->ino2;
+			pr->nlink--;
+			npr->nlink++;
+		}
+		if (cross && tr && S_ISDIR(tr->mode)) {
+			tr->parent = op->ino;
+			npr->nlink--;
+			pr->nlink++;
+		}
+		r = efs_fs_put_dirent(op, op->ino, op->name, op->name_len, op->child2,
+				      op->child2_type, false, op->kv[0].mod_rev);
+		if (r == 0)
+			r = efs_fs_put_dirent(op, op->ino2, op->name2, op->name2_len, op->child,
+					      op->child_type, false, op->kv[1].mod_rev);
+	} else {
+		if (cross && S_ISDIR(sr->mode)) {
+			sr->parent = op->ino2;
+			pr->nlink--;
+			npr->nlink++;
+		}
+		if (tr) {
+			tr->ctime_ns = now;
+			if (S_ISDIR(tr->mode)) {
+				tr->nlink = 0;
+				npr->nlink--;
+				r = cmp_empty(op, op->child2);
+				if (r < 0)
+					goto out;
+			} else if (tr->nlink) {
+				tr->nlink--;
+			}
+		}
+		if (npr->nlink > EFS_META_LINK_MAX) {
+			r = -EMLINK;
+			goto out;
+		}
+		r = efs_fs_del_dirent(op, op->ino, op->name, op->name_len, op->kv[0].mod_rev);
+		if (r == 0)
+			r = efs_fs_put_dirent(op, op->ino2, op->name2, op->name2_len, op->child,
+					      op->child_type, !op->kv[1].found, op->kv[1].mod_rev);
+	}
+	if (r < 0)
+		goto out;
+	if (npr->nlink > EFS_META_LINK_MAX || pr->nlink > EFS_META_LINK_MAX) {
+		r = -EMLINK;
+		goto out;
+	}
+	/* Inode writes, the source parent first (its op_id tells "applied"). */
+	r = efs_fs_put_inode(op, op->ino, pr, false);
+	if (r == 0 && cross)
+		r = efs_fs_put_inode(op, op->ino2, npr, false);
+	if (r == 0 && op->child != op->ino && op->child != op->ino2)
+		r = efs_fs_put_inode(op, op->child, sr, false);
+	if (r == 0 && tr && op->child2 != op->ino && op->child2 != op->ino2) {
+		if (tr->nlink == 0)
+			r = drop_or_orphan(op, op->child2, tr);
+		else
+			r = efs_fs_put_inode(op, op->child2, tr, false);
+	}
+	if (r == 0 && p->walk) {
+		struct efs_fs_kv *kv = &op->kv[p->seq_kv - 1];
+		Etcfs__RenameSeq *seq = NULL;
+		Etcfs__RenameSeq ns = ETCFS__RENAME_SEQ__INIT;
+		struct efs_meta_key k;
+		ProtobufCBinaryData b;
+
+		if (kv->found &&
+		    efs_meta_renameseq_decode(kv->val, kv->val_len, &seq, NULL) == 0) {
+			ns.seq = seq->seq + 1;
+			efs_meta_record_free(seq);
+		} else {
+			ns.seq = 1;
+		}
+		r = efs_meta_key_renameseq(&op->fs->ns, &k);
+		if (r == 0)
+			r = efs_etcd_txn_compare(op->txn, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL,
+						 k.buf, k.len, kv->found ? kv->mod_rev : 0);
+		if (r == 0)
+			r = efs_meta_pack(&ns.base, &b);
+		if (r == 0) {
+			r = efs_etcd_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, b.data,
+					     b.len, 0);
+			efs_mem_free(b.data);
+		}
+		p->walked = false; /* a retry walks again */
+	}
+out:
+	for (size_t i = 0; i < rs.n; i++)
+		protobuf_c_message_free_unpacked(&rs.rec[i]->base, efs_mem_protobuf());
+	return r;
+}
+
+static const struct efs_fs_opdesc rename_desc = {
+	.code = EFS_FS_OP_RENAME,
+	.origin = EFS_FS_ORIG_RENAME,
+	.mutates = true,
+	.plan = rn_plan,
+	.build = rn_build,
+	.done = rm_done,
+};
+
+void efs_fs_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+		   const char *newname, unsigned int flags)
+{
+	struct efs_fs_op *op = op_start(req, &rename_desc, parent);
+	int r;
+
+	if (!op)
+		return;
+	op->ino2 = newparent;
+	op->flags = flags;
+	r = set_name(op, name, false);
+	if (r == 0)
+		r = set_name(op, newname, true);
+	if (r == 0 && (flags & ~(unsigned)(RENAME_NOREPLACE | RENAME_EXCHANGE)))
+		r = -EINVAL;
+	if (r == 0 && (flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE))
+		r = -EINVAL;
+	if (r == 0) {
+		op->priv = efs_mem_calloc(1, sizeof(struct rn_priv));
+		if (!op->priv)
+			r = -ENOMEM;
+	}
+	if (r == 0 && op->fs->read_only)
+		r = -EROFS;
+	if (r < 0) {
+		efs_fs_op_finish(op, r);
+		return;
+	}
+	efs_fs_op_run(op);
+}
+
+/* ---- reclaim ---- */
+
+static int rc_plan(struct efs_fs_op *op)
+{
+	const Etcfs__Inode *rec;
+	struct efs_fs_inode *in;
+
+	if (op->loads_done == 0)
+		return efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
+	rec = efs_fs_rec(op, op->ino);
+	in = efs_fs_ifind(op->fs, op->ino);
+	if (!rec || rec->nlink != 0 || (in && in->opens > 0))
+		return EFS_FS_DONE;
+	return EFS_FS_CONT;
+}
+
+static int rc_build(struct efs_fs_op *op)
+{
+	int r = efs_fs_del_inode(op, op->ino);
+
+	if (r == 0)
+		r = efs_fs_drop_inode_keys(op, op->ino);
+	op->check_ino = 0; /* nothing to re-read: a retry finds the record gone */
+	return r;
+}
+
+static void rc_done(struct efs_fs_op *op)
+{
+}
+
+static const struct efs_fs_opdesc reclaim_desc = {
+	.code = EFS_FS_OP_RECLAIM,
+	.origin = EFS_FS_ORIG_RECLAIM,
+	.mutates = true,
+	.plan = rc_plan,
+	.build = rc_build,
+	.done = rc_done,
+};
+
+void efs_fs_reclaim(struct efs_fs *fs, uint64_t ino)
+{
+	struct efs_fs_op *op = efs_fs_op_new(fs, NULL, &reclaim_desc);
+
+	if (!op) {
+		efs_log_warn("fs: no memory to reclaim inode %llu; fsck will",
+			     (unsigned long long)ino);
+		return;
+	}
+	op->ino = ino;
+	efs_fs_op_run(op);
+}

@@ -1,0 +1,508 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Extended attributes: x/<ino><name> = the raw value (at most 64 KiB).
+ * The inode record counts them (xattr_count, xattr_bytes), so an inode
+ * with none answers getxattr/listxattr from the cache with no etcd read,
+ * and every change rewrites the record (its ctime changes anyway).
+ * POSIX ACLs are the system.posix_acl_* attributes; with
+ * FUSE_CAP_POSIX_ACL the kernel parses, caches and enforces them and keeps
+ * the mode in sync through setattr.
+ */
+#include <errno.h>
+#include <string.h>
+#include <sys/xattr.h>
+
+#include "fs/fs-int.h"
+#include "util/mem.h"
+
+#define P_USER	   "user."
+#define P_TRUSTED  "trusted."
+#define P_SECURITY "security."
+#define P_SYSTEM   "system."
+
+static bool has_prefix(const char *s, const char *p)
+{
+	return strncmp(s, p, strlen(p)) == 0;
+}
+
+int efs_fs_xattr_check(const char *name, size_t value_len, uid_t uid, bool write)
+{
+	size_t len = strlen(name);
+	int r = efs_meta_xattr_name_check(name, len);
+
+	if (r < 0)
+		return r;
+	if (value_len > EFS_META_XATTR_VALUE_MAX)
+		return -E2BIG;
+	if (has_prefix(name, P_TRUSTED)) {
+		if (uid != 0)
+			return write ? -EPERM : -ENODATA;
+		return len > strlen(P_TRUSTED) ? 0 : -EINVAL;
+	}
+	if (has_prefix(name, P_USER) || has_prefix(name, P_SECURITY))
+		return len > (size_t)(strchr(name, '.') - name) + 1 ? 0 : -EINVAL;
+	if (strcmp(name, "system.posix_acl_access") == 0 ||
+	    strcmp(name, "system.posix_acl_default") == 0)
+		return 0;
+	return -EOPNOTSUPP;
+}
+
+/* ---- POSIX ACLs (the posix_acl_xattr format: a little-endian version
+ * 2 header, then {tag u16, perm u16, id u32} entries) ---- */
+
+#define ACL_VERSION   2
+#define ACL_USER_OBJ  0x01
+#define ACL_USER      0x02
+#define ACL_GROUP_OBJ 0x04
+#define ACL_GROUP     0x08
+#define ACL_MASK      0x10
+#define ACL_OTHER     0x20
+
+static uint16_t le16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static void le16_put(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static int acl_count(const uint8_t *v, size_t len)
+{
+	if (len < 4 || (len - 4) % 8 != 0)
+		return -EINVAL;
+	if ((v[0] | v[1] << 8 | v[2] << 16 | (uint32_t)v[3] << 24) != ACL_VERSION)
+		return -EINVAL;
+	return (int)((len - 4) / 8);
+}
+
+int efs_fs_acl_to_mode(const uint8_t *v, size_t len, uint32_t *perm, bool *minimal)
+{
+	int n = acl_count(v, len);
+	int u = -1, g = -1, m = -1, o = -1;
+	bool ext = false;
+
+	if (n < 0)
+		return n;
+	for (int i = 0; i < n; i++) {
+		const uint8_t *e = v + 4 + 8 * i;
+		int p = le16(e + 2) & 7;
+
+		switch (le16(e)) {
+		case ACL_USER_OBJ:
+			u = p;
+			break;
+		case ACL_GROUP_OBJ:
+			g = p;
+			break;
+		case ACL_MASK:
+			m = p;
+			break;
+		case ACL_OTHER:
+			o = p;
+			break;
+		case ACL_USER:
+		case ACL_GROUP:
+			ext = true;
+			break;
+		default:
+			return -EINVAL;
+		}
+	}
+	if (u < 0 || g < 0 || o < 0 || (ext && m < 0))
+		return -EINVAL;
+	*perm = (uint32_t)(u << 6 | (m >= 0 ? m : g) << 3 | o);
+	*minimal = !ext && m < 0;
+	return 0;
+}
+
+int efs_fs_acl_chmod(uint8_t *v, size_t len, uint32_t mode)
+{
+	int n = acl_count(v, len);
+	uint8_t *gobj = NULL;
+	bool mask = false;
+
+	if (n < 0)
+		return n;
+	for (int i = 0; i < n; i++) {
+		uint8_t *e = v + 4 + 8 * i;
+
+		switch (le16(e)) {
+		case ACL_USER_OBJ:
+			le16_put(e + 2, (uint16_t)((mode >> 6) & 7));
+			break;
+		case ACL_GROUP_OBJ:
+			gobj = e;
+			break;
+		case ACL_MASK:
+			mask = true;
+			le16_put(e + 2, (uint16_t)((mode >> 3) & 7));
+			break;
+		case ACL_OTHER:
+			le16_put(e + 2, (uint16_t)(mode & 7));
+			break;
+		default:
+			break;
+		}
+	}
+	if (!mask && gobj)
+		le16_put(gobj + 2, (uint16_t)((mode >> 3) & 7));
+	return 0;
+}
+
+int efs_fs_acl_inherit(uint8_t *v, size_t len, uint32_t *mode)
+{
+	uint8_t *gobj = NULL, *mask = NULL;
+	uint32_t perm;
+	bool minimal;
+	int n = acl_count(v, len);
+
+	if (n < 0)
+		return n;
+	for (int i = 0; i < n; i++) {
+		uint8_t *e = v + 4 + 8 * i;
+		uint16_t p = le16(e + 2);
+
+		switch (le16(e)) {
+		case ACL_USER_OBJ:
+			le16_put(e + 2, p & ((*mode >> 6) & 7));
+			break;
+		case ACL_GROUP_OBJ:
+			gobj = e;
+			break;
+		case ACL_MASK:
+			mask = e;
+			break;
+		case ACL_OTHER:
+			le16_put(e + 2, p & (*mode & 7));
+			break;
+		default:
+			break;
+		}
+	}
+	if (mask)
+		le16_put(mask + 2, le16(mask + 2) & ((*mode >> 3) & 7));
+	else if (gobj)
+		le16_put(gobj + 2, le16(gobj + 2) & ((*mode >> 3) & 7));
+	if (efs_fs_acl_to_mode(v, len, &perm, &minimal) < 0)
+		return -EINVAL;
+	*mode = (*mode & ~0777u) | perm;
+	return minimal ? 0 : 1;
+}
+
+static struct efs_fs_op *op_start(fuse_req_t req, const struct efs_fs_opdesc *d, uint64_t ino,
+				  const char *name, size_t value_len, bool write)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	struct efs_fs_op *op = efs_fs_op_new(fs, req, d);
+	int r;
+
+	if (!op) {
+		efs_counter_inc(fs->m_errs[d->code]);
+		fuse_reply_err(req, ENOMEM);
+		return NULL;
+	}
+	op->ino = ino;
+	if (name) {
+		r = efs_fs_xattr_check(name, value_len, op->uid, write);
+		if (r == 0 && write && fs->read_only)
+			r = -EROFS;
+		if (r < 0) {
+			efs_fs_op_finish(op, r);
+			return NULL;
+		}
+		op->name_len = strlen(name);
+		memcpy(op->name, name, op->name_len + 1);
+	}
+	return op;
+}
+
+static int want_xattr_kv(struct efs_fs_op *op)
+{
+	struct efs_fs_kv *kv = efs_fs_want_kv(op);
+
+	if (!kv)
+		return -E2BIG;
+	return efs_meta_key_xattr(&op->fs->ns, op->ino, op->name, op->name_len, &kv->key);
+}
+
+static void xattr_done(struct efs_fs_op *op)
+{
+	op->replied = true;
+	fuse_reply_err(op->req, 0);
+}
+
+static int no_build(struct efs_fs_op *op)
+{
+	return -EIO;
+}
+
+/* ---- setxattr / removexattr ---- */
+
+static int set_plan(struct efs_fs_op *op)
+{
+	bool remove = op->d->code == EFS_FS_OP_REMOVEXATTR;
+	bool found;
+	int r;
+
+	if (op->loads_done == 0) {
+		r = efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
+		return r < 0 ? r : want_xattr_kv(op);
+	}
+	if (!efs_fs_rec(op, op->ino))
+		return -ENOENT;
+	found = op->kv[0].found;
+	if (remove && !found)
+		return -ENODATA;
+	if (!remove && (op->flags & XATTR_CREATE) && found)
+		return -EEXIST;
+	if (!remove && (op->flags & XATTR_REPLACE) && !found)
+		return -ENODATA;
+	return EFS_FS_CONT;
+}
+
+static int set_build(struct efs_fs_op *op)
+{
+	bool remove = op->d->code == EFS_FS_OP_REMOVEXATTR;
+	const struct efs_fs_kv *kv = &op->kv[0];
+	Etcfs__Inode *rec;
+	struct efs_meta_key k;
+	uint64_t old = kv->found ? op->name_len + kv->val_len : 0;
+	int r;
+
+	if (!remove && efs_capacity_check_growth(op->fs->cap) < 0)
+		return -ENOSPC;
+	rec = efs_fs_rec_dup(efs_fs_rec(op, op->ino));
+	if (!rec)
+		return -ENOMEM;
+	if (!remove && strcmp(op->name, "system.posix_acl_access") == 0) {
+		/* The mode follows the ACL (the daemon's job since Linux 6.2),
+		 * and an ACL the mode says all of is not stored. */
+		uint32_t perm;
+		bool minimal;
+
+		r = efs_fs_acl_to_mode(op->value, op->value_len, &perm, &minimal);
+		if (r < 0) {
+			protobuf_c_message_free_unpacked(&rec->base, efs_mem_protobuf());
+			return -EINVAL;
+		}
+		rec->mode = (rec->mode & ~0777u) | perm;
+		if (minimal) {
+			if (!kv->found) {
+				rec->ctime_ns = efs_fs_now();
+				r = efs_fs_put_inode(op, op->ino, rec, false);
+				protobuf_c_message_free_unpacked(&rec->base, efs_mem_protobuf());
+				return r;
+			}
+			remove = true;
+		}
+	}
+	if (kv->found && rec->xattr_count > 0)
+		rec->xattr_count--;
+	rec->xattr_bytes = rec->xattr_bytes > old ? rec->xattr_bytes - old : 0;
+	if (!remove) {
+		rec->xattr_count++;
+		rec->xattr_bytes += op->name_len + op->value_len;
+	}
+	if (rec->xattr_count == 0)
+		rec->xattr_bytes = 0;
+	rec->ctime_ns = efs_fs_now();
+	r = efs_fs_put_inode(op, op->ino, rec, false);
+	protobuf_c_message_free_unpacked(&rec->base, efs_mem_protobuf());
+	if (r == 0)
+		r = efs_meta_key_xattr(&op->fs->ns, op->ino, op->name, op->name_len, &k);
+	if (r < 0)
+		return r;
+	if (kv->found)
+		r = efs_etcd_txn_compare(op->txn, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, k.buf,
+					 k.len, kv->mod_rev);
+	else
+		r = efs_etcd_txn_compare(op->txn, EFS_ETCD_CMP_CREATE, EFS_ETCD_CMP_EQUAL, k.buf,
+					 k.len, 0);
+	if (r < 0)
+		return r;
+	if (remove)
+		return efs_etcd_txn_delete(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0,
+					   false);
+	return efs_etcd_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, op->value,
+				op->value_len, 0);
+}
+
+static const struct efs_fs_opdesc setxattr_desc = {
+	.code = EFS_FS_OP_SETXATTR,
+	.origin = EFS_FS_ORIG_XATTR,
+	.mutates = true,
+	.plan = set_plan,
+	.build = set_build,
+	.done = xattr_done,
+};
+
+static const struct efs_fs_opdesc removexattr_desc = {
+	.code = EFS_FS_OP_REMOVEXATTR,
+	.origin = EFS_FS_ORIG_XATTR,
+	.mutates = true,
+	.plan = set_plan,
+	.build = set_build,
+	.done = xattr_done,
+};
+
+void efs_fs_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
+		     size_t size, int flags)
+{
+	struct efs_fs_op *op = op_start(req, &setxattr_desc, ino, name, size, true);
+
+	if (!op)
+		return;
+	if (flags & ~(XATTR_CREATE | XATTR_REPLACE)) {
+		efs_fs_op_finish(op, -EINVAL);
+		return;
+	}
+	op->flags = (unsigned)flags;
+	op->value = efs_mem_memdup(size ? value : "", size ? size : 1);
+	if (!op->value) {
+		efs_fs_op_finish(op, -ENOMEM);
+		return;
+	}
+	op->value_len = size;
+	efs_fs_op_run(op);
+}
+
+void efs_fs_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
+{
+	struct efs_fs_op *op = op_start(req, &removexattr_desc, ino, name, 0, true);
+
+	if (op)
+		efs_fs_op_run(op);
+}
+
+/* ---- getxattr / listxattr ---- */
+
+static int reply_sized(struct efs_fs_op *op, const void *buf, size_t len)
+{
+	if (op->size == 0) {
+		op->replied = true;
+		fuse_reply_xattr(op->req, len);
+		return EFS_FS_DONE;
+	}
+	if (len > op->size)
+		return -ERANGE;
+	op->replied = true;
+	fuse_reply_buf(op->req, buf, len);
+	return EFS_FS_DONE;
+}
+
+static int get_plan(struct efs_fs_op *op)
+{
+	const Etcfs__Inode *rec;
+
+	if (op->loads_done == 0)
+		return efs_fs_want(op, op->ino, EFS_LOCK_SHARED);
+	rec = efs_fs_rec(op, op->ino);
+	if (!rec)
+		return -ENOENT;
+	if (op->nkv == 0) {
+		if (rec->xattr_count == 0)
+			return -ENODATA;
+		return want_xattr_kv(op); /* the engine reads it, then plans again */
+	}
+	if (op->nkv_loaded < op->nkv)
+		return EFS_FS_CONT;
+	if (!op->kv[0].found)
+		return -ENODATA;
+	return reply_sized(op, op->kv[0].val, op->kv[0].val_len);
+}
+
+static int get_build(struct efs_fs_op *op)
+{
+	/* Reached only when a plan pass ended without an answer. */
+	return -EIO;
+}
+
+static const struct efs_fs_opdesc getxattr_desc = {
+	.code = EFS_FS_OP_GETXATTR,
+	.plan = get_plan,
+	.build = get_build,
+	.done = xattr_done,
+};
+
+void efs_fs_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+{
+	struct efs_fs_op *op = op_start(req, &getxattr_desc, ino, name, 0, false);
+
+	if (!op)
+		return;
+	op->size = size;
+	efs_fs_op_run(op);
+}
+
+static int list_plan(struct efs_fs_op *op)
+{
+	const Etcfs__Inode *rec;
+	struct efs_fs_kv *kv;
+	struct efs_meta_range rg;
+	char *buf;
+	size_t total = 0;
+	int r;
+
+	if (op->loads_done == 0)
+		return efs_fs_want(op, op->ino, EFS_LOCK_SHARED);
+	rec = efs_fs_rec(op, op->ino);
+	if (!rec)
+		return -ENOENT;
+	if (op->nkv == 0) {
+		if (rec->xattr_count == 0)
+			return reply_sized(op, "", 0);
+		r = efs_meta_range_ino(&op->fs->ns, EFS_META_K_XATTR, op->ino, &rg);
+		if (r < 0)
+			return r;
+		kv = efs_fs_want_kv(op);
+		if (!kv)
+			return -E2BIG;
+		kv->key = rg.key;
+		kv->end = rg.end;
+		kv->keys_only = true;
+		return EFS_FS_CONT;
+	}
+	if (op->nkv_loaded < op->nkv)
+		return EFS_FS_CONT;
+	kv = &op->kv[0];
+	buf = efs_mem_malloc(kv->nkvs * (EFS_META_XATTR_NAME_MAX + 1) + 1);
+	if (!buf)
+		return -ENOMEM;
+	for (size_t i = 0; i < kv->nkvs; i++) {
+		struct efs_meta_key_info info;
+
+		if (efs_meta_key_parse(&op->fs->ns, kv->kvs[i]->key.data, kv->kvs[i]->key.len,
+				       &info) < 0 ||
+		    info.family != EFS_META_K_XATTR)
+			continue;
+		if (op->uid != 0 && info.name_len >= strlen(P_TRUSTED) &&
+		    memcmp(info.name, P_TRUSTED, strlen(P_TRUSTED)) == 0)
+			continue;
+		memcpy(buf + total, info.name, info.name_len);
+		total += info.name_len;
+		buf[total++] = 0;
+	}
+	r = reply_sized(op, buf, total);
+	efs_mem_free(buf);
+	return r;
+}
+
+static const struct efs_fs_opdesc listxattr_desc = {
+	.code = EFS_FS_OP_LISTXATTR,
+	.plan = list_plan,
+	.build = no_build,
+	.done = xattr_done,
+};
+
+void efs_fs_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+	struct efs_fs_op *op = op_start(req, &listxattr_desc, ino, NULL, 0, false);
+
+	if (!op)
+		return;
+	op->size = size;
+	efs_fs_op_run(op);
+}

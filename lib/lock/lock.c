@@ -1,0 +1,1667 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "lock/lock.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "etcd/kv.h"
+#include "etcd/txn.h"
+#include "etcd/watch.h"
+#include "lock/locktab.h"
+#include "meta/records.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+/*
+ * How the etcd side works (ARCHITECTURE.md 7.2, docs/FORMAT.md section 4).
+ *
+ * Acquire of one inode I in mode M is one transaction:
+ *   compares  the session guard (n/<node> on our lease, g/<node> as written)
+ *   success   a nested transaction:
+ *     compares  no conflicting holder: M = S: no key in l/<I>X...; M = X:
+ *               no key in l/<I> except our own S key (an upgrade);
+ *               no older recall key: no key in w/<I> at all, or, once we
+ *               wait with our own recall key created at revision C, every
+ *               key of w/<I> created at C or later (FIFO by commit order);
+ *     success   [delete our S key (upgrade)], put l/<I><M><node>
+ *               (LockHolder, on the session lease), [delete our recall
+ *               key], range i/<I> (the record comes with the lock);
+ *     failure   [put our recall key w/<I><seq><node> (LockWaiter, on the
+ *               lease)], range l/<I>, range w/<I>, range i/<I>;
+ *   failure   range n/<node> (the guard failed: the session is lost).
+ * On a conflict we watch l/<I> and w/<I> for deletes only (puts never
+ * clear a conflict) from the failed transaction's revision + 1, so no
+ * release is missed, and retry at the first delete.
+ *
+ * Recall keys: |seq| is the highest etcd revision this node has read (the
+ * "revision-ordered counter the waiter read" of FORMAT.md), so keys list
+ * roughly in arrival order; the order that counts is the recall key's
+ * create_revision, which etcd assigns in commit order, compared as above.
+ * One acquisition keeps its seq across retries, so a retry after an
+ * unknown outcome overwrites its own key (same name, same create
+ * revision) instead of queueing behind itself.
+ *
+ * Unknown outcomes: a retried transaction finds our own holder key in the
+ * failure branch's holder range (on our lease) and adopts it.
+ *
+ * Several inodes (n > 1 not yet held): one transaction for all of them,
+ * all or nothing, with no recall keys; when it fails, they are taken one
+ * by one in inode order, waiting as needed. Ordered acquisition cannot
+ * deadlock among acquirers; a holder that keeps a lock pinned while it
+ * waits for a higher inode delays recalls of the lower one only until
+ * that wait ends.
+ *
+ * Recall (the cluster issue): peers ask for a lock by putting a recall
+ * key; the holder must watch w/<I> of every inode it holds (one prefix
+ * watch on w/ from the priority channel) and, when a key of another node
+ * appears, stop granting cache hits for I, wait for its pins to go, run
+ * the invalidate hook, and release (see release_start). That watch is the
+ * hook point marked RECALL below; a single node never recalls from itself.
+ */
+
+/* Retry delay after a transient etcd error. */
+#define RETRY_MS 50
+/* The idle-release timer period bounds. */
+#define TICK_MIN_MS 20
+#define TICK_MAX_MS 250
+
+struct lref {
+	struct efs_lockcache *lc;
+	unsigned refs;
+};
+
+enum acq_wait {
+	AW_KICK = 0, /* runs at the next kick */
+	AW_SESSION,  /* waits for the session */
+	AW_ENTRY,    /* waits for another local acquisition or a release */
+	AW_TXN,	     /* a transaction is in flight */
+	AW_WATCH,    /* waits for a conflicting holder or recall key to go */
+	AW_BACKOFF,  /* retries after a transient error */
+	AW_DONE,     /* finished with 0: holds pins until efs_lock_put */
+};
+
+struct acq {
+	struct efs_lock_req *req;
+	struct efs_lockcache *lc;
+	struct acq *next, *prev; /* lc->acqs */
+	enum acq_wait wait;
+	bool cancelled;
+	bool batch_tried;
+	unsigned pass; /* kick pass it was queued for */
+	/* The batch in flight: request indices, and which were upgrades. */
+	size_t batch[EFS_LOCK_REQ_MAX];
+	bool batch_up[EFS_LOCK_REQ_MAX];
+	size_t batch_n;
+	uint64_t gen; /* session generation the acquisition works under */
+	size_t order[EFS_LOCK_REQ_MAX];
+	bool dup[EFS_LOCK_REQ_MAX];			 /* same inode as an earlier index */
+	enum efs_lock_mode want[EFS_LOCK_REQ_MAX];	 /* merged over duplicates */
+	struct efs_locktab_entry *pinned[EFS_LOCK_REQ_MAX];
+	Etcdserverpb__TxnResponse *resps[EFS_LOCK_REQ_MAX]; /* keep recs alive */
+	size_t n_resps;
+	/* The one-by-one acquisition in progress. */
+	size_t cur;	     /* request index */
+	uint64_t recall_seq; /* 0: none chosen yet */
+	int64_t recall_rev;  /* create revision of our recall key (0: unknown) */
+	bool counted_wait;
+	uint64_t wait_deadline_ns;
+	struct efs_locktab_entry *blocked_on; /* AW_ENTRY: compared, never used */
+	struct efs_etcd_watcher *wl, *ww;
+	struct efs_session_waiter sw;
+};
+
+/* Argument of one etcd call. */
+struct lcall {
+	struct lref *ref;
+	struct acq *acq; /* NULL for releases */
+	uint64_t gen;
+	bool batch;
+	/* Response layout of a single acquire. */
+	size_t s_rec; /* success: index of the i/ range */
+	size_t f_l, f_w, f_i;
+	/* Releases. */
+	size_t n;
+	uint64_t ino[];
+};
+
+struct efs_lockcache {
+	uv_loop_t *loop;
+	struct efs_etcd *c;
+	struct efs_session *s;
+	struct lref *ref;
+	struct efs_meta_ns ns;
+	size_t max_cached;
+	uint32_t idle_ms;
+	size_t release_batch;
+	uint32_t wait_timeout_ms;
+	void (*invalidate)(uint64_t ino, void (*done)(void *darg), void *darg, void *arg);
+	void *invalidate_arg;
+
+	struct efs_locktab tab;
+	uint64_t gen; /* session generation the table belongs to */
+	struct acq acqs; /* list head */
+	uv_timer_t *tick;
+	uv_timer_t *kick;
+	uv_timer_t *retry;
+	struct efs_etcd_watch_stream *ws;
+	int64_t last_rev;    /* highest header revision seen */
+	uint64_t token_seq;
+	unsigned pass;
+	uint64_t period_ms; /* tick period */
+	struct lcall *rel_retry; /* a release to send again */
+	bool releasing;	     /* a release transaction is in flight */
+	bool release_all;
+	void (*release_all_done)(int status, void *arg);
+	void *release_all_arg;
+	struct efs_lockcache_stats stats;
+};
+
+static void kick_soon(struct efs_lockcache *lc);
+static void release_start(struct efs_lockcache *lc);
+
+/* ---- Small helpers ---- */
+
+static struct lref *lref_get(struct lref *r)
+{
+	r->refs++;
+	return r;
+}
+
+static struct efs_lockcache *lref_put(struct lref *r)
+{
+	struct efs_lockcache *lc = r->lc;
+
+	if (--r->refs == 0)
+		efs_mem_free(r);
+	return lc;
+}
+
+static struct lcall *lcall_new(struct efs_lockcache *lc, struct acq *a, size_t n)
+{
+	struct lcall *k = efs_mem_calloc(1, sizeof(*k) + n * sizeof(uint64_t));
+
+	if (!k)
+		return NULL;
+	k->ref = lref_get(lc->ref);
+	k->acq = a;
+	k->gen = lc->gen;
+	k->n = n;
+	return k;
+}
+
+static struct efs_lockcache *lcall_end(struct lcall *k)
+{
+	struct efs_lockcache *lc = lref_put(k->ref);
+
+	efs_mem_free(k);
+	return lc;
+}
+
+static int meta_mode(enum efs_lock_mode m)
+{
+	return m == EFS_LOCK_EXCLUSIVE ? EFS_META_LOCK_EXCLUSIVE : EFS_META_LOCK_SHARED;
+}
+
+static uint64_t now_ns(void)
+{
+	return efs_clock_mono_ns();
+}
+
+static void note_rev(struct efs_lockcache *lc, const Etcdserverpb__ResponseHeader *h)
+{
+	if (h && h->revision > lc->last_rev)
+		lc->last_rev = h->revision;
+}
+
+static bool is_transient(int err)
+{
+	return err == -ETIMEDOUT || err == -EAGAIN || err == -ENOTCONN || err == -ECONNRESET ||
+	       err == -ECONNREFUSED || err == -EHOSTUNREACH || err == -ENETUNREACH ||
+	       err == -EPIPE;
+}
+
+/* Acquisitions blocked on |e| (or on anything, e == NULL) run again. */
+static void entry_changed(struct efs_lockcache *lc, const struct efs_locktab_entry *e)
+{
+	for (struct acq *a = lc->acqs.next; a != &lc->acqs; a = a->next) {
+		if (a->wait == AW_ENTRY && (!e || a->blocked_on == e)) {
+			a->blocked_on = NULL;
+			a->wait = AW_KICK;
+			kick_soon(lc);
+		}
+	}
+}
+
+static void remove_entry(struct efs_lockcache *lc, struct efs_locktab_entry *e)
+{
+	entry_changed(lc, e);
+	efs_locktab_remove(&lc->tab, e);
+}
+
+/*
+ * The session was replaced (GONE, then registered anew) since the table
+ * was filled: every holder key went with the old lease.
+ */
+static void check_generation(struct efs_lockcache *lc)
+{
+	uint64_t g = efs_session_generation(lc->s);
+
+	if (g != lc->gen) {
+		if (lc->gen)
+			efs_lockcache_forget_all(lc);
+		lc->gen = g;
+	}
+}
+
+/* ---- Watchers ---- */
+
+static void watchers_free(struct acq *a)
+{
+	a->wl = efs_etcd_watcher_free(a->wl);
+	a->ww = efs_etcd_watcher_free(a->ww);
+}
+
+static void watch_cb(struct efs_etcd_watcher *w, int status, const struct efs_etcd_watch_update *u,
+		     void *arg)
+{
+	struct acq *a = arg;
+
+	(void)w;
+	(void)status;
+	if (a->wait != AW_WATCH)
+		return;
+	if (u->kind == EFS_ETCD_WATCH_CREATED || u->kind == EFS_ETCD_WATCH_PROGRESS)
+		return;
+	if (u->kind == EFS_ETCD_WATCH_EVENTS && u->n_events == 0)
+		return;
+	/* A delete, or the watch ended: try again (a new watch follows a
+	 * failure). Freeing our own watcher from its callback is allowed. */
+	watchers_free(a);
+	a->wait = AW_KICK;
+	kick_soon(a->lc);
+}
+
+static int watch_range(struct acq *a, const struct efs_meta_range *rg, int64_t from,
+		       struct efs_etcd_watcher **ret)
+{
+	struct efs_lockcache *lc = a->lc;
+	struct efs_etcd_watch_opts o = {
+		.key = rg->key.buf,
+		.key_len = rg->key.len,
+		.range_end = rg->end.buf,
+		.range_end_len = rg->end.len,
+		.start_revision = from,
+		.no_put = true,
+	};
+	int r;
+
+	if (!lc->ws) {
+		r = efs_etcd_watch_stream_new(&lc->ws, lc->c, EFS_ETCD_CH_PRIO);
+		if (r < 0)
+			return r;
+	}
+	return efs_etcd_watcher_new(ret, lc->ws, &o, watch_cb, a);
+}
+
+/* ---- Finishing ---- */
+
+static void acq_unlink(struct acq *a)
+{
+	a->prev->next = a->next;
+	a->next->prev = a->prev;
+	a->next = a->prev = a;
+}
+
+static void acq_release_resources(struct acq *a, bool unpin)
+{
+	struct efs_lockcache *lc = a->lc;
+	uint64_t now = now_ns();
+
+	watchers_free(a);
+	efs_session_wait_cancel(lc->s, &a->sw);
+	for (size_t i = 0; i < EFS_LOCK_REQ_MAX; i++) {
+		if (unpin && a->pinned[i])
+			efs_locktab_unpin(&lc->tab, a->pinned[i], now);
+		a->pinned[i] = NULL;
+		a->req->recs[i] = NULL;
+	}
+	for (size_t i = 0; i < a->n_resps; i++)
+		protobuf_c_message_free_unpacked(&a->resps[i]->base, efs_mem_protobuf());
+	a->n_resps = 0;
+}
+
+static void recall_delete_done(struct efs_etcd_result *r, Etcdserverpb__DeleteRangeResponse *resp,
+			       void *arg)
+{
+	(void)r;
+	(void)resp;
+	lcall_end(arg);
+}
+
+/* Deletes our recall key of the current inode, if we may have put one. */
+static void recall_drop(struct acq *a)
+{
+	struct efs_lockcache *lc = a->lc;
+	struct efs_meta_key k;
+	struct lcall *kc;
+
+	if (!a->recall_seq)
+		return;
+	if (efs_meta_key_recall(&lc->ns, a->req->ino[a->cur], a->recall_seq,
+				efs_session_node(lc->s), &k) == 0 &&
+	    (kc = lcall_new(lc, NULL, 0)) != NULL) {
+		if (efs_etcd_delete(lc->c, k.buf, k.len, NULL, NULL, recall_delete_done, kc) < 0)
+			lcall_end(kc);
+	}
+	a->recall_seq = 0;
+	a->recall_rev = 0;
+}
+
+/* Entries this acquisition made busy go back to what they were. */
+static void revert_busy(struct acq *a)
+{
+	struct efs_lockcache *lc = a->lc;
+
+	for (size_t i = 0; i < a->req->n; i++) {
+		struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, a->req->ino[i]);
+
+		if (!e || e->owner != a || e->state != EFS_LOCKTAB_ACQUIRING)
+			continue;
+		e->owner = NULL;
+		if (e->mode == EFS_LOCK_NONE) {
+			remove_entry(lc, e);
+		} else {
+			e->state = EFS_LOCKTAB_HELD;
+			entry_changed(lc, e);
+		}
+	}
+}
+
+/*
+ * Ends an acquisition: the callback runs now (we are always in a callback
+ * of our own here, never inside efs_lock_acquire). Returns false when the
+ * callback freed the lock cache.
+ */
+static bool acq_finish(struct acq *a, int status)
+{
+	struct efs_lockcache *lc = a->lc;
+	struct efs_lock_req *req = a->req;
+	struct lref *r;
+
+	if (status < 0) {
+		recall_drop(a);
+		revert_busy(a);
+		acq_release_resources(a, true);
+		acq_unlink(a);
+		efs_mem_free(a);
+		req->priv = NULL;
+	} else {
+		watchers_free(a);
+		a->wait = AW_DONE;
+	}
+	r = lref_get(lc->ref);
+	req->cb(req, status);
+	return lref_put(r) != NULL;
+}
+
+/* ---- Transactions ---- */
+
+static int put_holder(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino,
+		      enum efs_lock_mode m, uint64_t *ret_token)
+{
+	Etcfs__LockHolder h = ETCFS__LOCK_HOLDER__INIT;
+	ProtobufCBinaryData v = {0};
+	struct efs_meta_key k;
+	int r;
+
+	r = efs_meta_key_holder(&lc->ns, ino, meta_mode(m), efs_session_node(lc->s), &k);
+	if (r < 0)
+		return r;
+	h.node = (char *)efs_session_node(lc->s);
+	h.mode = (uint32_t)meta_mode(m);
+	h.session_generation = efs_session_generation(lc->s);
+	h.token = (efs_session_generation(lc->s) << 40) ^ ++lc->token_seq;
+	h.lease_id = efs_session_lease_id(lc->s);
+	h.granted_ns = (int64_t)efs_clock_real_ns();
+	r = efs_meta_pack(&h.base, &v);
+	if (r < 0)
+		return r;
+	r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, v.data, v.len, h.lease_id);
+	efs_mem_free(v.data);
+	if (r == 0 && ret_token)
+		*ret_token = h.token;
+	return r;
+}
+
+static int cmp_none(struct efs_etcd_txn *t, const void *key, size_t klen, const void *end,
+		    size_t elen)
+{
+	struct efs_etcd_cmp c = {
+		.target = EFS_ETCD_CMP_CREATE,
+		.result = EFS_ETCD_CMP_EQUAL,
+		.key = key,
+		.key_len = klen,
+		.range_end = end,
+		.range_end_len = elen,
+		.num = 0,
+	};
+
+	return efs_etcd_txn_compare_ex(t, &c);
+}
+
+/*
+ * Adds the compares that no holder conflicts with taking |ino| in |want|
+ * while this node holds |held| (NONE or SHARED).
+ */
+static int add_holder_compares(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino,
+			       enum efs_lock_mode want, enum efs_lock_mode held)
+{
+	struct efs_meta_range all, xr;
+	struct efs_meta_key mine;
+	int r;
+
+	if (want == EFS_LOCK_SHARED) {
+		r = efs_meta_range_holders(&lc->ns, ino, EFS_META_LOCK_EXCLUSIVE, &xr);
+		return r < 0 ? r : cmp_none(t, xr.key.buf, xr.key.len, xr.end.buf, xr.end.len);
+	}
+	r = efs_meta_range_ino(&lc->ns, EFS_META_K_HOLDER, ino, &all);
+	if (r < 0)
+		return r;
+	if (held != EFS_LOCK_SHARED)
+		return cmp_none(t, all.key.buf, all.key.len, all.end.buf, all.end.len);
+	/* Upgrade: every holder but our own S key. */
+	r = efs_meta_key_holder(&lc->ns, ino, EFS_META_LOCK_SHARED, efs_session_node(lc->s),
+				&mine);
+	if (r < 0)
+		return r;
+	r = cmp_none(t, all.key.buf, all.key.len, mine.buf, mine.len);
+	if (r < 0)
+		return r;
+	if (mine.len + 1 > sizeof(mine.buf))
+		return -ENAMETOOLONG;
+	mine.buf[mine.len++] = '\0';
+	return cmp_none(t, mine.buf, mine.len, all.end.buf, all.end.len);
+}
+
+static int add_recall_compare(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino,
+			      int64_t own_rev)
+{
+	struct efs_meta_range w;
+	struct efs_etcd_cmp c = {.target = EFS_ETCD_CMP_CREATE};
+	int r;
+
+	r = efs_meta_range_ino(&lc->ns, EFS_META_K_RECALL, ino, &w);
+	if (r < 0)
+		return r;
+	if (!own_rev)
+		return cmp_none(t, w.key.buf, w.key.len, w.end.buf, w.end.len);
+	c.result = EFS_ETCD_CMP_GREATER;
+	c.key = w.key.buf;
+	c.key_len = w.key.len;
+	c.range_end = w.end.buf;
+	c.range_end_len = w.end.len;
+	c.num = own_rev - 1;
+	return efs_etcd_txn_compare_ex(t, &c);
+}
+
+static size_t n_ops(struct efs_etcd_txn *t, enum efs_etcd_txn_branch b)
+{
+	Etcdserverpb__TxnRequest *req = efs_etcd_txn_request(t);
+
+	return b == EFS_ETCD_TXN_SUCCESS ? req->n_success : req->n_failure;
+}
+
+static int add_range(struct efs_etcd_txn *t, enum efs_etcd_txn_branch b,
+		     const struct efs_meta_range *rg)
+{
+	return efs_etcd_txn_range(t, b, rg->key.buf, rg->key.len, rg->end.buf, rg->end.len);
+}
+
+static int add_inode_range(struct efs_lockcache *lc, struct efs_etcd_txn *t,
+			   enum efs_etcd_txn_branch b, uint64_t ino)
+{
+	struct efs_meta_key k;
+	int r = efs_meta_key_inode(&lc->ns, ino, &k);
+
+	return r < 0 ? r : efs_etcd_txn_range(t, b, k.buf, k.len, NULL, 0);
+}
+
+/* The outer transaction: session guard, the failure branch reads n/<node>. */
+static int outer_new(struct efs_lockcache *lc, struct efs_etcd_txn **ret,
+		     struct efs_etcd_txn **ret_inner)
+{
+	struct efs_etcd_txn *t = NULL;
+	struct efs_meta_key nk;
+	int r;
+
+	r = efs_etcd_txn_new(&t, 0);
+	if (r < 0)
+		return r;
+	r = efs_session_guard(lc->s, t);
+	if (r == 0)
+		r = efs_meta_key_node(&lc->ns, efs_session_node(lc->s), &nk);
+	if (r == 0)
+		r = efs_etcd_txn_range(t, EFS_ETCD_TXN_FAILURE, nk.buf, nk.len, NULL, 0);
+	if (r == 0)
+		r = efs_etcd_txn_nested(t, EFS_ETCD_TXN_SUCCESS, ret_inner);
+	if (r < 0) {
+		efs_etcd_txn_free(t);
+		return r;
+	}
+	*ret = t;
+	return 0;
+}
+
+static void acq_txn_done(struct efs_etcd_result *res, Etcdserverpb__TxnResponse *resp, void *arg);
+
+static int send_txn(struct acq *a, struct efs_etcd_txn *t, struct lcall *k)
+{
+	struct efs_lockcache *lc = a->lc;
+	struct efs_etcd_callopts co = {.channel = EFS_ETCD_CH_PRIO};
+	int r;
+
+	r = efs_etcd_txn(lc->c, efs_etcd_txn_request(t), &co, acq_txn_done, k);
+	if (r < 0)
+		return r;
+	a->wait = AW_TXN;
+	return 0;
+}
+
+/* Marks |ino|'s entry busy for |a| (creating it when absent). */
+static int entry_claim(struct acq *a, uint64_t ino, struct efs_locktab_entry **ret)
+{
+	struct efs_lockcache *lc = a->lc;
+	struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, ino);
+	int r;
+
+	if (!e) {
+		r = efs_locktab_add(&lc->tab, ino, now_ns(), &e);
+		if (r < 0)
+			return r;
+		e->mode = EFS_LOCK_NONE;
+	}
+	e->state = EFS_LOCKTAB_ACQUIRING;
+	e->owner = a;
+	*ret = e;
+	return 0;
+}
+
+/* One transaction for every inode of |need| (all or nothing, no waiting). */
+static int start_batch(struct acq *a, const size_t *need, size_t n_need)
+{
+	struct efs_lockcache *lc = a->lc;
+	struct efs_etcd_txn *t = NULL, *in = NULL;
+	struct efs_meta_key sk;
+	struct lcall *k;
+	int r;
+
+	k = lcall_new(lc, a, 0);
+	if (!k)
+		return -ENOMEM;
+	k->batch = true;
+	r = outer_new(lc, &t, &in);
+	for (size_t j = 0; r == 0 && j < n_need; j++) {
+		size_t i = need[j];
+		uint64_t ino = a->req->ino[i];
+		struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, ino);
+		enum efs_lock_mode held = e ? (enum efs_lock_mode)e->mode : EFS_LOCK_NONE;
+
+		r = add_holder_compares(lc, in, ino, a->want[i], held);
+		if (r == 0)
+			r = add_recall_compare(lc, in, ino, 0);
+		if (r == 0 && held == EFS_LOCK_SHARED) {
+			r = efs_meta_key_holder(&lc->ns, ino, EFS_META_LOCK_SHARED,
+						efs_session_node(lc->s), &sk);
+			if (r == 0)
+				r = efs_etcd_txn_delete(in, EFS_ETCD_TXN_SUCCESS, sk.buf, sk.len,
+							NULL, 0, false);
+		}
+		if (r == 0)
+			r = put_holder(lc, in, ino, a->want[i], NULL);
+		if (r == 0)
+			r = add_inode_range(lc, in, EFS_ETCD_TXN_SUCCESS, ino);
+		a->batch[j] = i;
+		a->batch_up[j] = held == EFS_LOCK_SHARED;
+	}
+	a->batch_n = n_need;
+	if (r == 0) {
+		for (size_t j = 0; r == 0 && j < n_need; j++) {
+			struct efs_locktab_entry *e;
+
+			r = entry_claim(a, a->req->ino[need[j]], &e);
+		}
+		if (r == 0)
+			r = send_txn(a, t, k);
+		if (r < 0)
+			revert_busy(a);
+	}
+	efs_etcd_txn_free(t);
+	if (r < 0)
+		lcall_end(k);
+	return r;
+}
+
+/* One transaction for request index |i| (may wait). */
+static int start_single(struct acq *a, size_t i)
+{
+	struct efs_lockcache *lc = a->lc;
+	uint64_t ino = a->req->ino[i];
+	struct efs_etcd_txn *t = NULL, *in = NULL;
+	struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, ino);
+	enum efs_lock_mode held = e ? (enum efs_lock_mode)e->mode : EFS_LOCK_NONE;
+	const char *node = efs_session_node(lc->s);
+	struct efs_meta_range hr, wr;
+	struct efs_meta_key sk, wk;
+	struct lcall *k;
+	int r;
+
+	if (a->cur != i) {
+		recall_drop(a);
+		a->cur = i;
+		a->counted_wait = false;
+		a->wait_deadline_ns = 0;
+	}
+	if (!a->recall_seq)
+		a->recall_seq = lc->last_rev > 0 ? (uint64_t)lc->last_rev : 1;
+	k = lcall_new(lc, a, 0);
+	if (!k)
+		return -ENOMEM;
+	r = outer_new(lc, &t, &in);
+	if (r == 0)
+		r = add_holder_compares(lc, in, ino, a->want[i], held);
+	if (r == 0)
+		r = add_recall_compare(lc, in, ino, a->recall_rev);
+	/* Success branch. */
+	if (r == 0 && held == EFS_LOCK_SHARED) {
+		r = efs_meta_key_holder(&lc->ns, ino, EFS_META_LOCK_SHARED, node, &sk);
+		if (r == 0)
+			r = efs_etcd_txn_delete(in, EFS_ETCD_TXN_SUCCESS, sk.buf, sk.len, NULL, 0,
+						false);
+	}
+	if (r == 0)
+		r = put_holder(lc, in, ino, a->want[i], NULL);
+	if (r == 0)
+		r = efs_meta_key_recall(&lc->ns, ino, a->recall_seq, node, &wk);
+	if (r == 0)
+		r = efs_etcd_txn_delete(in, EFS_ETCD_TXN_SUCCESS, wk.buf, wk.len, NULL, 0, false);
+	if (r == 0) {
+		k->s_rec = n_ops(in, EFS_ETCD_TXN_SUCCESS);
+		r = add_inode_range(lc, in, EFS_ETCD_TXN_SUCCESS, ino);
+	}
+	/* Failure branch. */
+	if (r == 0) {
+		Etcfs__LockWaiter w = ETCFS__LOCK_WAITER__INIT;
+		ProtobufCBinaryData v = {0};
+
+		w.node = (char *)node;
+		w.mode = (uint32_t)meta_mode(a->want[i]);
+		w.session_generation = efs_session_generation(lc->s);
+		w.lease_id = efs_session_lease_id(lc->s);
+		r = efs_meta_pack(&w.base, &v);
+		if (r == 0)
+			r = efs_etcd_txn_put(in, EFS_ETCD_TXN_FAILURE, wk.buf, wk.len, v.data,
+					     v.len, w.lease_id);
+		efs_mem_free(v.data);
+	}
+	if (r == 0)
+		r = efs_meta_range_ino(&lc->ns, EFS_META_K_HOLDER, ino, &hr);
+	if (r == 0)
+		r = efs_meta_range_ino(&lc->ns, EFS_META_K_RECALL, ino, &wr);
+	if (r == 0) {
+		k->f_l = n_ops(in, EFS_ETCD_TXN_FAILURE);
+		r = add_range(in, EFS_ETCD_TXN_FAILURE, &hr);
+	}
+	if (r == 0) {
+		k->f_w = n_ops(in, EFS_ETCD_TXN_FAILURE);
+		r = add_range(in, EFS_ETCD_TXN_FAILURE, &wr);
+	}
+	if (r == 0) {
+		k->f_i = n_ops(in, EFS_ETCD_TXN_FAILURE);
+		r = add_inode_range(lc, in, EFS_ETCD_TXN_FAILURE, ino);
+	}
+	if (r == 0) {
+		r = entry_claim(a, ino, &e);
+		if (r == 0)
+			r = send_txn(a, t, k);
+		if (r < 0)
+			revert_busy(a);
+	}
+	efs_etcd_txn_free(t);
+	if (r < 0)
+		lcall_end(k);
+	return r;
+}
+
+/* ---- The acquisition state machine ---- */
+
+static void session_ready(struct efs_session_waiter *w, int status, bool generation_changed)
+{
+	struct acq *a = w->arg;
+
+	(void)generation_changed;
+	if (status < 0) {
+		a->wait = AW_KICK;
+		acq_finish(a, status);
+		return;
+	}
+	a->wait = AW_KICK;
+	kick_soon(a->lc);
+}
+
+/* Pins |e| for request index |i| and records the lock as used. */
+static void pin_for(struct acq *a, size_t i, struct efs_locktab_entry *e)
+{
+	efs_locktab_pin(&a->lc->tab, e, now_ns());
+	a->pinned[i] = e;
+}
+
+/*
+ * Takes the next step of |a|. Returns false when a callback freed the lock
+ * cache. Runs only from the loop (kick, etcd and watch callbacks).
+ */
+static bool acq_step(struct acq *a)
+{
+	struct efs_lockcache *lc = a->lc;
+	size_t need[EFS_LOCK_REQ_MAX], n_need = 0;
+	int r;
+
+	if (a->cancelled)
+		return acq_finish(a, -EINTR);
+	if (!efs_session_is_active(lc->s)) {
+		r = efs_session_wait(lc->s, &a->sw, session_ready, a);
+		if (r == 0) {
+			a->wait = AW_SESSION;
+			return true;
+		}
+		if (r < 0)
+			return acq_finish(a, r);
+	}
+	check_generation(lc);
+	if (a->gen != lc->gen) {
+		/* The session was replaced: pins on forgotten locks are void
+		 * and any recall key went with the old lease. */
+		for (size_t i = 0; i < a->req->n; i++) {
+			if (a->pinned[i]) {
+				efs_locktab_unpin(&lc->tab, a->pinned[i], now_ns());
+				a->pinned[i] = NULL;
+			}
+			a->req->recs[i] = NULL;
+		}
+		for (size_t i = 0; i < a->n_resps; i++)
+			protobuf_c_message_free_unpacked(&a->resps[i]->base, efs_mem_protobuf());
+		a->n_resps = 0;
+		a->batch_tried = false;
+		a->recall_seq = 0;
+		a->recall_rev = 0;
+		a->gen = lc->gen;
+	}
+	for (size_t j = 0; j < a->req->n; j++) {
+		size_t i = a->order[j];
+		struct efs_locktab_entry *e;
+
+		if (a->dup[i])
+			continue;
+		if (a->pinned[i] && a->pinned[i]->dead) {
+			efs_locktab_unpin(&lc->tab, a->pinned[i], now_ns());
+			a->pinned[i] = NULL;
+		}
+		if (a->pinned[i])
+			continue;
+		e = efs_locktab_find(&lc->tab, a->req->ino[i]);
+		if (e && e->mode >= (int)a->want[i] && e->state != EFS_LOCKTAB_RELEASING) {
+			pin_for(a, i, e);
+			continue;
+		}
+		if (e && e->state != EFS_LOCKTAB_HELD && e->owner != a) {
+			/* Another local acquisition or a release is on it:
+			 * its end decides (they share the node's lock). */
+			a->wait = AW_ENTRY;
+			a->blocked_on = e;
+			return true;
+		}
+		need[n_need++] = i;
+	}
+	if (n_need == 0) {
+		recall_drop(a);
+		return acq_finish(a, 0);
+	}
+	if (n_need > 1 && !a->batch_tried)
+		r = start_batch(a, need, n_need);
+	else
+		r = start_single(a, need[0]);
+	if (r < 0) {
+		if (r == -EIO && !efs_session_is_active(lc->s)) {
+			a->wait = AW_KICK;
+			kick_soon(lc);
+			return true;
+		}
+		return acq_finish(a, r);
+	}
+	return true;
+}
+
+static void kick_cb(uv_timer_t *t)
+{
+	struct efs_lockcache *lc = t->data;
+	struct lref *ref;
+
+	if (!lc)
+		return;
+	ref = lref_get(lc->ref);
+	/* Only those queued before this pass run now; a step that queues
+	 * itself again runs at the next pass (no busy loop). */
+	lc->pass++;
+	for (struct acq *a = lc->acqs.next; a != &lc->acqs; a = a->next)
+		if (a->wait == AW_KICK)
+			a->pass = lc->pass;
+	for (;;) {
+		struct acq *a;
+
+		for (a = lc->acqs.next; a != &lc->acqs; a = a->next)
+			if (a->wait == AW_KICK && a->pass == lc->pass)
+				break;
+		if (a == &lc->acqs)
+			break;
+		a->pass = 0;
+		if (!acq_step(a) || !ref->lc)
+			break;
+	}
+	lref_put(ref);
+}
+
+static void kick_soon(struct efs_lockcache *lc)
+{
+	if (lc->kick && !uv_is_active((uv_handle_t *)lc->kick))
+		uv_timer_start(lc->kick, kick_cb, 0, 0);
+}
+
+static void retry_cb(uv_timer_t *t)
+{
+	struct efs_lockcache *lc = t->data;
+
+	if (!lc)
+		return;
+	for (struct acq *a = lc->acqs.next; a != &lc->acqs; a = a->next)
+		if (a->wait == AW_BACKOFF)
+			a->wait = AW_KICK;
+	kick_soon(lc);
+}
+
+static void backoff(struct acq *a)
+{
+	struct efs_lockcache *lc = a->lc;
+
+	a->wait = AW_BACKOFF;
+	lc->stats.txn_retries++;
+	if (!uv_is_active((uv_handle_t *)lc->retry))
+		uv_timer_start(lc->retry, retry_cb, RETRY_MS, 0);
+}
+
+/* |ino|'s lock is ours now in |mode|: record it and pin it for index |i|. */
+static void granted(struct acq *a, size_t i, enum efs_lock_mode mode,
+		    const Etcdserverpb__RangeResponse *rec)
+{
+	struct efs_lockcache *lc = a->lc;
+	struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, a->req->ino[i]);
+
+	if (!e || e->owner != a) {
+		/* Forgotten meanwhile (efs_lock_forget): the inode is gone. */
+		return;
+	}
+	e->mode = mode;
+	e->state = EFS_LOCKTAB_HELD;
+	e->owner = NULL;
+	e->token = lc->token_seq;
+	pin_for(a, i, e);
+	a->req->recs[i] = rec && rec->n_kvs > 0 ? rec->kvs[0] : NULL;
+	entry_changed(lc, e);
+	/* RECALL: the cluster issue starts watching w/<ino> for this lock
+	 * here (a recall key of another node means: release it). */
+}
+
+/* Finds our own holder key of |ino| in |hold| (a failure branch's range). */
+static enum efs_lock_mode own_holder(struct efs_lockcache *lc,
+				     const Etcdserverpb__RangeResponse *hold)
+{
+	enum efs_lock_mode best = EFS_LOCK_NONE;
+
+	for (size_t j = 0; j < hold->n_kvs; j++) {
+		struct efs_meta_key_info ki;
+		const Mvccpb__KeyValue *kv = hold->kvs[j];
+
+		if (efs_meta_key_parse(&lc->ns, kv->key.data, kv->key.len, &ki) < 0 ||
+		    ki.family != EFS_META_K_HOLDER || strcmp(ki.node, efs_session_node(lc->s)) ||
+		    kv->lease != efs_session_lease_id(lc->s))
+			continue;
+		if (ki.mode == EFS_META_LOCK_EXCLUSIVE)
+			best = EFS_LOCK_EXCLUSIVE;
+		else if (best == EFS_LOCK_NONE)
+			best = EFS_LOCK_SHARED;
+	}
+	return best;
+}
+
+/* Keeps the response that |recs| will point into; false when it cannot
+ * (then no record is handed out). */
+static bool keep_resp(struct acq *a, struct efs_etcd_result *res, Etcdserverpb__TxnResponse *resp)
+{
+	if (!res->resp)
+		return true; /* kept already (a batch) */
+	if (a->n_resps >= EFS_LOCK_REQ_MAX)
+		return false;
+	a->resps[a->n_resps++] = resp;
+	res->resp = NULL;
+	return true;
+}
+
+static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *res,
+			Etcdserverpb__TxnResponse *outer, Etcdserverpb__TxnResponse *inner)
+{
+	struct efs_lockcache *lc = a->lc;
+	size_t i = a->cur;
+	Etcdserverpb__RangeResponse *rec = NULL, *hold = NULL, *wait = NULL;
+	enum efs_lock_mode own;
+	int r;
+
+	if (inner->succeeded) {
+		r = efs_etcd_txn_resp_range(inner, k->s_rec, &rec);
+		if (r < 0)
+			return acq_finish(a, r);
+		a->recall_seq = 0;
+		a->recall_rev = 0;
+		lc->stats.acquires++;
+		granted(a, i, a->want[i], keep_resp(a, res, outer) ? rec : NULL);
+		return acq_step(a);
+	}
+	r = efs_etcd_txn_resp_range(inner, k->f_l, &hold);
+	if (r == 0)
+		r = efs_etcd_txn_resp_range(inner, k->f_w, &wait);
+	if (r == 0)
+		r = efs_etcd_txn_resp_range(inner, k->f_i, &rec);
+	if (r < 0)
+		return acq_finish(a, r);
+	own = own_holder(lc, hold);
+	if (own >= a->want[i]) {
+		/* An earlier attempt with an unknown outcome took it. */
+		lc->stats.acquires++;
+		recall_drop(a);
+		granted(a, i, own, keep_resp(a, res, outer) ? rec : NULL);
+		return acq_step(a);
+	}
+	/* Our recall key: its create revision orders us among waiters. */
+	for (size_t j = 0; j < wait->n_kvs; j++) {
+		struct efs_meta_key_info ki;
+		const Mvccpb__KeyValue *kv = wait->kvs[j];
+
+		if (efs_meta_key_parse(&lc->ns, kv->key.data, kv->key.len, &ki) == 0 &&
+		    ki.family == EFS_META_K_RECALL && ki.num == a->recall_seq &&
+		    strcmp(ki.node, efs_session_node(lc->s)) == 0)
+			a->recall_rev = kv->create_revision;
+	}
+	if (!a->counted_wait) {
+		a->counted_wait = true;
+		lc->stats.waits++;
+		if (lc->wait_timeout_ms)
+			a->wait_deadline_ns = now_ns() + (uint64_t)lc->wait_timeout_ms *
+								    EFS_NSEC_PER_MSEC;
+	}
+	{
+		struct efs_meta_range hr, wr;
+		int64_t from = outer->header ? outer->header->revision + 1 : 0;
+
+		r = efs_meta_range_ino(&lc->ns, EFS_META_K_HOLDER, a->req->ino[i], &hr);
+		if (r == 0)
+			r = efs_meta_range_ino(&lc->ns, EFS_META_K_RECALL, a->req->ino[i], &wr);
+		if (r == 0)
+			r = watch_range(a, &hr, from, &a->wl);
+		if (r == 0)
+			r = watch_range(a, &wr, from, &a->ww);
+		if (r < 0) {
+			watchers_free(a);
+			return acq_finish(a, r);
+		}
+	}
+	a->wait = AW_WATCH;
+	return true;
+}
+
+static bool batch_done(struct acq *a, struct efs_etcd_result *res,
+		       Etcdserverpb__TxnResponse *outer, Etcdserverpb__TxnResponse *inner)
+{
+	struct efs_lockcache *lc = a->lc;
+	size_t idx = 0;
+	bool kept;
+
+	if (!inner->succeeded) {
+		/* Some conflict: take them one by one, waiting as needed. */
+		a->batch_tried = true;
+		revert_busy(a);
+		return acq_step(a);
+	}
+	kept = keep_resp(a, res, outer);
+	for (size_t j = 0; j < a->batch_n; j++) {
+		size_t i = a->batch[j];
+		Etcdserverpb__RangeResponse *rec = NULL;
+
+		idx += a->batch_up[j] ? 3 : 2; /* [delete S], put, range i/ */
+		if (!kept || efs_etcd_txn_resp_range(inner, idx - 1, &rec) < 0)
+			rec = NULL;
+		lc->stats.acquires++;
+		granted(a, i, a->want[i], rec);
+	}
+	a->batch_n = 0;
+	return acq_step(a);
+}
+
+static void acq_txn_result(struct efs_lockcache *lc, struct lcall *k,
+			   struct efs_etcd_result *res, Etcdserverpb__TxnResponse *resp)
+{
+	struct acq *a = k->acq;
+	Etcdserverpb__TxnResponse *inner = NULL;
+
+	a->wait = AW_KICK;
+	if (res->err < 0) {
+		efs_log_debug("lock: acquire txn: %s", res->message);
+		if (k->batch)
+			revert_busy(a);
+		if (a->cancelled) {
+			acq_finish(a, -EINTR);
+			return;
+		}
+		if (is_transient(res->err) || res->outcome_unknown) {
+			backoff(a);
+			return;
+		}
+		acq_finish(a, res->err);
+		return;
+	}
+	note_rev(lc, resp->header);
+	if (k->gen != efs_session_generation(lc->s) || k->gen != lc->gen) {
+		/* Answered for a session that is no more: start again. */
+		check_generation(lc);
+		kick_soon(lc);
+		return;
+	}
+	if (!resp->succeeded) {
+		/* The session guard failed: our node key is not on our lease
+		 * or g/<node> moved. Wait for the session if it noticed. */
+		if (k->batch)
+			revert_busy(a);
+		if (!efs_session_is_active(lc->s)) {
+			kick_soon(lc);
+			return;
+		}
+		efs_log_err("lock: session guard of node %s failed: session lost",
+			    efs_session_node(lc->s));
+		acq_finish(a, -EIO);
+		return;
+	}
+	if (efs_etcd_txn_resp_txn(resp, 0, &inner) < 0) {
+		if (k->batch)
+			revert_busy(a);
+		acq_finish(a, -EBADMSG);
+		return;
+	}
+	if (k->batch)
+		batch_done(a, res, resp, inner);
+	else
+		single_done(a, k, res, resp, inner);
+}
+
+static void acq_txn_done(struct efs_etcd_result *res, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct lcall *k = arg;
+
+	if (k->ref->lc)
+		acq_txn_result(k->ref->lc, k, res, resp);
+	lcall_end(k);
+}
+
+/* ---- Idle release ---- */
+
+static void release_send(struct efs_lockcache *lc, struct lcall *k);
+
+static void release_txn_done(struct efs_etcd_result *res, Etcdserverpb__TxnResponse *resp,
+			     void *arg)
+{
+	struct lcall *k = arg;
+	struct efs_lockcache *lc = k->ref->lc;
+	bool ok = res->err == 0 && resp->succeeded;
+
+	if (!lc) {
+		lcall_end(k);
+		return;
+	}
+	lc->releasing = false;
+	if (res->err < 0) {
+		/* Deleting is idempotent: send the same deletes again (the
+		 * locks stay RELEASING, unusable, until then). */
+		efs_log_debug("lock: release txn: %s", res->message);
+		lc->stats.txn_retries++;
+		lc->rel_retry = k;
+		return;
+	}
+	note_rev(lc, resp->header);
+	for (size_t j = 0; j < k->n; j++) {
+		struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, k->ino[j]);
+
+		if (!e || e->state != EFS_LOCKTAB_RELEASING)
+			continue;
+		if (ok) {
+			remove_entry(lc, e);
+			lc->stats.releases++;
+		} else {
+			/* The guard failed: the session is being replaced and
+			 * forgets every lock; until then, nothing changes. */
+			e->state = EFS_LOCKTAB_HELD;
+			entry_changed(lc, e);
+		}
+	}
+	if (ok)
+		lc->stats.release_txns++;
+	lcall_end(k);
+	if (ok)
+		release_start(lc);
+}
+
+static void release_all_check(struct efs_lockcache *lc, int status)
+{
+	void (*done)(int, void *) = lc->release_all_done;
+
+	if (!lc->release_all)
+		return;
+	if (status == 0 && lc->tab.count > 0)
+		return;
+	lc->release_all = false;
+	lc->release_all_done = NULL;
+	if (done)
+		done(status, lc->release_all_arg);
+}
+
+/* Sends the deletes of |k| (its inodes still RELEASING); takes |k|. */
+static void release_send(struct efs_lockcache *lc, struct lcall *k)
+{
+	struct efs_etcd_callopts co = {.channel = EFS_ETCD_CH_PRIO};
+	struct efs_etcd_txn *t = NULL;
+	size_t n = 0;
+	int r;
+
+	r = efs_etcd_txn_new(&t, 0);
+	if (r == 0)
+		r = efs_session_guard(lc->s, t);
+	for (size_t j = 0; r == 0 && j < k->n; j++) {
+		struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, k->ino[j]);
+		struct efs_meta_key hk;
+
+		if (!e || e->state != EFS_LOCKTAB_RELEASING)
+			continue;
+		r = efs_meta_key_holder(&lc->ns, e->ino, meta_mode(e->mode),
+					efs_session_node(lc->s), &hk);
+		if (r == 0)
+			r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, hk.buf, hk.len, NULL, 0,
+						false);
+		n++;
+	}
+	if (r == 0 && n == 0) {
+		efs_etcd_txn_free(t);
+		lcall_end(k);
+		return;
+	}
+	if (r == 0)
+		r = efs_etcd_txn(lc->c, efs_etcd_txn_request(t), &co, release_txn_done, k);
+	efs_etcd_txn_free(t);
+	if (r < 0) {
+		/* Try again at the next tick. */
+		efs_log_debug("lock: release: %s", strerror(-r));
+		lc->rel_retry = k;
+		return;
+	}
+	lc->releasing = true;
+}
+
+/* Starts one batched release if anything is due and none is in flight. */
+static void release_start(struct efs_lockcache *lc)
+{
+	struct efs_locktab_entry *sel[EFS_ETCD_TXN_MAX_OPS];
+	struct efs_locktab_sel s = {
+		.now = now_ns(),
+		.idle_ns = (uint64_t)lc->idle_ms * EFS_NSEC_PER_MSEC,
+		.all = lc->release_all,
+		.ignore_kcache = lc->release_all,
+	};
+	struct lcall *k;
+	size_t n;
+
+	if (lc->releasing)
+		return;
+	if (!efs_session_is_active(lc->s)) {
+		if (lc->release_all && efs_session_state(lc->s) != EFS_SESSION_STARTING)
+			release_all_check(lc, -EIO);
+		return;
+	}
+	check_generation(lc);
+	if (lc->rel_retry) {
+		k = lc->rel_retry;
+		lc->rel_retry = NULL;
+		if (k->gen == lc->gen) {
+			release_send(lc, k);
+			return;
+		}
+		lcall_end(k);
+	}
+	n = efs_locktab_select(&lc->tab, &s, sel, lc->release_batch);
+	if (n == 0) {
+		release_all_check(lc, 0);
+		return;
+	}
+	k = lcall_new(lc, NULL, n);
+	if (!k)
+		return;
+	for (size_t j = 0; j < n; j++) {
+		k->ino[j] = sel[j]->ino;
+		sel[j]->state = EFS_LOCKTAB_RELEASING;
+	}
+	release_send(lc, k);
+}
+
+static void tick_cb(uv_timer_t *t)
+{
+	struct efs_lockcache *lc = t->data;
+	uint64_t now;
+	struct lref *ref;
+
+	if (!lc)
+		return;
+	now = now_ns();
+	ref = lref_get(lc->ref);
+	for (struct acq *a = lc->acqs.next; a != &lc->acqs && ref->lc; a = a->next) {
+		if (a->wait == AW_WATCH && a->wait_deadline_ns && now >= a->wait_deadline_ns) {
+			watchers_free(a);
+			a->wait = AW_KICK;
+			acq_finish(a, -ETIMEDOUT);
+			break; /* the list may have changed: the next tick goes on */
+		}
+	}
+	if (ref->lc)
+		release_start(lc);
+	lref_put(ref);
+}
+
+/* ---- Public ---- */
+
+static uv_timer_t *timer_new(struct efs_lockcache *lc)
+{
+	uv_timer_t *t = efs_mem_calloc(1, sizeof(*t));
+
+	if (!t)
+		return NULL;
+	uv_timer_init(lc->loop, t);
+	t->data = lc;
+	return t;
+}
+
+static void timer_closed(uv_handle_t *h)
+{
+	efs_mem_free(h);
+}
+
+static uv_timer_t *timer_free(uv_timer_t *t)
+{
+	if (t) {
+		t->data = NULL;
+		uv_close((uv_handle_t *)t, timer_closed);
+	}
+	return NULL;
+}
+
+int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_etcd *c,
+		      struct efs_session *s, const struct efs_lockcache_opts *o)
+{
+	struct efs_lockcache *lc;
+	uint64_t period;
+	int r;
+
+	if (!ret || !loop || !c || !s || !o)
+		return -EINVAL;
+	lc = efs_mem_calloc(1, sizeof(*lc));
+	if (!lc)
+		return -ENOMEM;
+	lc->loop = loop;
+	lc->c = c;
+	lc->s = s;
+	lc->ns = o->ns ? *o->ns : *efs_session_ns(s);
+	lc->max_cached = o->max_cached ? o->max_cached : 4096;
+	lc->idle_ms = o->idle_ms ? o->idle_ms : 5000;
+	lc->release_batch = o->release_batch ? o->release_batch : 64;
+	if (lc->release_batch > EFS_ETCD_TXN_MAX_OPS - 2)
+		lc->release_batch = EFS_ETCD_TXN_MAX_OPS - 2;
+	lc->wait_timeout_ms = o->wait_timeout_ms;
+	lc->invalidate = o->invalidate;
+	lc->invalidate_arg = o->invalidate_arg;
+	lc->acqs.next = lc->acqs.prev = &lc->acqs;
+	lc->gen = efs_session_generation(s);
+	r = efs_locktab_init(&lc->tab, lc->max_cached);
+	if (r < 0)
+		goto fail;
+	r = -ENOMEM;
+	lc->ref = efs_mem_calloc(1, sizeof(*lc->ref));
+	if (!lc->ref)
+		goto fail;
+	lc->ref->lc = lc;
+	lc->ref->refs = 1;
+	lc->tick = timer_new(lc);
+	lc->kick = timer_new(lc);
+	lc->retry = timer_new(lc);
+	if (!lc->tick || !lc->kick || !lc->retry)
+		goto fail;
+	period = lc->idle_ms / 4;
+	if (period < TICK_MIN_MS)
+		period = TICK_MIN_MS;
+	if (period > TICK_MAX_MS)
+		period = TICK_MAX_MS;
+	lc->period_ms = period;
+	uv_timer_start(lc->tick, tick_cb, period, period);
+	*ret = lc;
+	return 0;
+fail:
+	efs_lockcache_free(lc);
+	return r;
+}
+
+int efs_lockcache_release_all(struct efs_lockcache *lc, void (*done)(int status, void *arg),
+			      void *arg)
+{
+	if (!lc || !done)
+		return -EINVAL;
+	if (lc->release_all)
+		return -EALREADY;
+	lc->release_all = true;
+	lc->release_all_done = done;
+	lc->release_all_arg = arg;
+	/* Runs from the timer, so |done| is never called inline. */
+	uv_timer_start(lc->tick, tick_cb, 0, lc->period_ms);
+	return 0;
+}
+
+void efs_lockcache_forget_all(struct efs_lockcache *lc)
+{
+	if (!lc)
+		return;
+	efs_locktab_remove_all(&lc->tab);
+	for (struct acq *a = lc->acqs.next; a != &lc->acqs; a = a->next) {
+		if (a->wait == AW_WATCH) {
+			/* Our recall key went with the lease. */
+			watchers_free(a);
+			a->recall_seq = 0;
+			a->recall_rev = 0;
+			a->wait = AW_KICK;
+		}
+	}
+	entry_changed(lc, NULL);
+	kick_soon(lc);
+}
+
+struct efs_lockcache *efs_lockcache_free(struct efs_lockcache *lc)
+{
+	if (!lc)
+		return NULL;
+	while (lc->acqs.next && lc->acqs.next != &lc->acqs) {
+		struct acq *a = lc->acqs.next;
+
+		acq_release_resources(a, false);
+		a->req->priv = NULL;
+		acq_unlink(a);
+		efs_mem_free(a);
+	}
+	if (lc->rel_retry)
+		lcall_end(lc->rel_retry);
+	lc->ws = efs_etcd_watch_stream_free(lc->ws);
+	lc->tick = timer_free(lc->tick);
+	lc->kick = timer_free(lc->kick);
+	lc->retry = timer_free(lc->retry);
+	efs_locktab_done(&lc->tab);
+	if (lc->ref) {
+		lc->ref->lc = NULL;
+		lref_put(lc->ref);
+	}
+	efs_mem_free(lc);
+	return NULL;
+}
+
+static int check_req(const struct efs_lock_req *req)
+{
+	if (!req || !req->cb || req->n == 0 || req->n > EFS_LOCK_REQ_MAX)
+		return -EINVAL;
+	for (size_t i = 0; i < req->n; i++) {
+		if (req->ino[i] == 0)
+			return -EINVAL;
+		if (req->mode[i] != EFS_LOCK_SHARED && req->mode[i] != EFS_LOCK_EXCLUSIVE)
+			return -EINVAL;
+	}
+	return 0;
+}
+
+int efs_lock_acquire(struct efs_lockcache *lc, struct efs_lock_req *req)
+{
+	struct acq *a;
+	bool hit = true;
+	uint64_t now = now_ns();
+	int r;
+
+	r = check_req(req);
+	if (r < 0 || !lc)
+		return r < 0 ? r : -EINVAL;
+	a = efs_mem_calloc(1, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	a->req = req;
+	a->lc = lc;
+	a->cur = SIZE_MAX;
+	for (size_t i = 0; i < req->n; i++) {
+		req->recs[i] = NULL;
+		a->order[i] = i;
+		a->want[i] = req->mode[i];
+	}
+	/* Inode order (insertion sort of at most 4), duplicates merged into
+	 * their first index with the stronger mode. */
+	for (size_t i = 1; i < req->n; i++) {
+		size_t v = a->order[i], j = i;
+
+		while (j > 0 && req->ino[a->order[j - 1]] > req->ino[v]) {
+			a->order[j] = a->order[j - 1];
+			j--;
+		}
+		a->order[j] = v;
+	}
+	for (size_t j = 0, first = a->order[0]; j < req->n; j++) {
+		size_t i = a->order[j];
+
+		if (j == 0 || req->ino[i] != req->ino[first]) {
+			first = i;
+			continue;
+		}
+		a->dup[i] = true;
+		if (a->want[i] > a->want[first])
+			a->want[first] = a->want[i];
+	}
+	a->next = lc->acqs.next;
+	a->prev = &lc->acqs;
+	lc->acqs.next->prev = a;
+	lc->acqs.next = a;
+	req->priv = a;
+
+	if (efs_session_is_active(lc->s)) {
+		check_generation(lc);
+		a->gen = lc->gen;
+		for (size_t i = 0; i < req->n && hit; i++) {
+			struct efs_locktab_entry *e;
+
+			if (a->dup[i])
+				continue;
+			e = efs_locktab_find(&lc->tab, req->ino[i]);
+			hit = e && e->mode >= (int)a->want[i] && e->state != EFS_LOCKTAB_RELEASING;
+		}
+	} else {
+		hit = false;
+	}
+	if (hit) {
+		for (size_t i = 0; i < req->n; i++)
+			if (!a->dup[i])
+				efs_locktab_pin(&lc->tab, efs_locktab_find(&lc->tab, req->ino[i]),
+						now);
+		for (size_t i = 0; i < req->n; i++)
+			if (!a->dup[i])
+				a->pinned[i] = efs_locktab_find(&lc->tab, req->ino[i]);
+		a->wait = AW_DONE;
+		lc->stats.hits++;
+		return 1;
+	}
+	a->gen = lc->gen;
+	a->wait = AW_KICK;
+	kick_soon(lc);
+	return 0;
+}
+
+void efs_lock_cancel(struct efs_lockcache *lc, struct efs_lock_req *req)
+{
+	struct acq *a = req ? req->priv : NULL;
+
+	if (!lc || !a || a->wait == AW_DONE || a->cancelled)
+		return;
+	a->cancelled = true;
+	switch (a->wait) {
+	case AW_SESSION:
+		efs_session_wait_cancel(lc->s, &a->sw);
+		break;
+	case AW_WATCH:
+		watchers_free(a);
+		break;
+	case AW_TXN:
+		return; /* its answer runs the next step, which sees the cancel */
+	default:
+		break;
+	}
+	a->wait = AW_KICK;
+	kick_soon(lc);
+}
+
+void efs_lock_put(struct efs_lockcache *lc, struct efs_lock_req *req)
+{
+	struct acq *a = req ? req->priv : NULL;
+
+	if (!lc || !a || a->wait != AW_DONE)
+		return;
+	acq_release_resources(a, true);
+	acq_unlink(a);
+	efs_mem_free(a);
+	req->priv = NULL;
+	if (lc->max_cached && lc->tab.count > lc->max_cached)
+		release_start(lc);
+}
+
+enum efs_lock_mode efs_lock_held(const struct efs_lockcache *lc, uint64_t ino)
+{
+	const struct efs_locktab_entry *e;
+
+	if (!lc || !efs_session_is_active(lc->s) || efs_session_generation(lc->s) != lc->gen)
+		return EFS_LOCK_NONE;
+	e = efs_locktab_find(&lc->tab, ino);
+	if (!e || e->state == EFS_LOCKTAB_RELEASING || e->state == EFS_LOCKTAB_GRANTING)
+		return EFS_LOCK_NONE;
+	return (enum efs_lock_mode)e->mode;
+}
+
+int efs_lock_guard(const struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino,
+		   enum efs_lock_mode mode)
+{
+	enum efs_lock_mode held = efs_lock_held(lc, ino);
+	struct efs_meta_key k;
+	int r;
+
+	if (held == EFS_LOCK_NONE || held < mode)
+		return -ENOLCK;
+	r = efs_meta_key_holder(&lc->ns, ino, meta_mode(held), efs_session_node(lc->s), &k);
+	if (r < 0)
+		return r;
+	return efs_etcd_txn_compare(t, EFS_ETCD_CMP_LEASE, EFS_ETCD_CMP_EQUAL, k.buf, k.len,
+				    efs_session_lease_id(lc->s));
+}
+
+int efs_lock_grant_in_txn(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino)
+{
+	struct efs_locktab_entry *e;
+	int r;
+
+	if (!lc || !t || ino == 0)
+		return -EINVAL;
+	if (!efs_session_is_active(lc->s))
+		return -EIO;
+	check_generation(lc);
+	if (efs_locktab_find(&lc->tab, ino))
+		return -EEXIST;
+	r = put_holder(lc, t, ino, EFS_LOCK_EXCLUSIVE, NULL);
+	if (r < 0)
+		return r;
+	r = efs_locktab_add(&lc->tab, ino, now_ns(), &e);
+	if (r < 0)
+		return r;
+	e->state = EFS_LOCKTAB_GRANTING;
+	e->mode = EFS_LOCK_NONE;
+	return 0;
+}
+
+void efs_lock_grant_committed(struct efs_lockcache *lc, uint64_t ino, bool committed)
+{
+	struct efs_locktab_entry *e = lc ? efs_locktab_find(&lc->tab, ino) : NULL;
+
+	if (!e || e->state != EFS_LOCKTAB_GRANTING)
+		return;
+	if (!committed) {
+		remove_entry(lc, e);
+		return;
+	}
+	e->state = EFS_LOCKTAB_HELD;
+	e->mode = EFS_LOCK_EXCLUSIVE;
+	e->token = lc->token_seq;
+	efs_locktab_touch(&lc->tab, e, now_ns());
+	entry_changed(lc, e);
+}
+
+int efs_lock_drop_in_txn(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino)
+{
+	struct efs_meta_range rg;
+	int r;
+
+	if (!lc || !t)
+		return -EINVAL;
+	r = efs_meta_range_ino(&lc->ns, EFS_META_K_HOLDER, ino, &rg);
+	if (r < 0)
+		return r;
+	return efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, rg.key.buf, rg.key.len, rg.end.buf,
+				   rg.end.len, false);
+}
+
+void efs_lock_forget(struct efs_lockcache *lc, uint64_t ino)
+{
+	struct efs_locktab_entry *e = lc ? efs_locktab_find(&lc->tab, ino) : NULL;
+
+	if (e)
+		remove_entry(lc, e);
+}
+
+void efs_lock_note_kernel_cache(struct efs_lockcache *lc, uint64_t ino, uint64_t until_ns)
+{
+	struct efs_locktab_entry *e = lc ? efs_locktab_find(&lc->tab, ino) : NULL;
+
+	if (e)
+		efs_locktab_note_kcache(e, until_ns);
+}
+
+void efs_lockcache_get_stats(const struct efs_lockcache *lc, struct efs_lockcache_stats *ret)
+{
+	*ret = lc->stats;
+	ret->held = lc->tab.count;
+}

@@ -1,0 +1,720 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The lock cache against a real etcd: acquisition in both modes with the
+ * inode record read in the same transaction, cache hits with no etcd
+ * traffic, upgrade, several inodes at once, waiting for a holder of another
+ * node and FIFO order among waiters, idle release in batches and kernel
+ * cache deadlines, the cache bound, grant and drop inside a caller's
+ * transaction, holder guards, cancellation, wait timeouts, session loss and
+ * release of everything.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+#include <uv.h>
+
+#include "etcd/etcd.h"
+#include "etcd/kv.h"
+#include "etcd/sync.h"
+#include "etcd/txn.h"
+#include "harness.h"
+#include "lock/lock.h"
+#include "lock/session.h"
+#include "meta/keys.h"
+#include "meta/records.h"
+#include "util/clock.h"
+#include "util/mem.h"
+
+#include "../support/leak.h"
+#include "../support/loop.h"
+
+static struct efs_harness *h;
+static struct efs_etcd *c, *c2;
+static struct efs_etcd_sync *sc;
+static struct efs_meta_ns ns;
+static struct efs_session *s, *s2;
+
+static void session_done(struct efs_session *ss, int status, void *arg)
+{
+	int *st = arg;
+
+	(void)ss;
+	*st = status;
+}
+
+static struct efs_session *start_session(struct efs_etcd *cl, const char *node)
+{
+	struct efs_session_opts o = {.ns = &ns, .node = node, .machine_id = "m", .ttl_s = 2};
+	struct efs_session *ss = NULL;
+	int st = 1;
+	uint64_t end = efs_test_now_ms() + 10000;
+
+	cr_assert_eq(efs_session_start(&ss, &efs_test_loop, cl, &o, NULL, session_done, &st), 0);
+	while (st == 1 && efs_test_now_ms() < end)
+		efs_test_run_for(5);
+	cr_assert_eq(st, 0, "session start: %d", st);
+	return ss;
+}
+
+static void setup(void)
+{
+	struct efs_harness_opts o = {.members = 1};
+	struct efs_etcd_opts eo = {0};
+	int r;
+
+	r = efs_harness_start(&h, &o);
+	cr_assert_eq(r, 0, "harness start: %d", r);
+	efs_test_loop_init();
+	c = efs_test_client_new(efs_harness_endpoints(h));
+	eo.endpoints = efs_harness_endpoints(h);
+	cr_assert_eq(efs_etcd_sync_new(&sc, &eo), 0);
+	cr_assert_eq(efs_meta_ns_init(&ns, "lk"), 0);
+	s = start_session(c, "node1");
+}
+
+static void teardown(void)
+{
+	s = efs_session_free(s);
+	s2 = efs_session_free(s2);
+	if (c2) {
+		efs_test_client_free(c2);
+		c2 = NULL;
+	}
+	if (c) {
+		efs_test_client_free(c);
+		c = NULL;
+	}
+	sc = efs_etcd_sync_free(sc);
+	efs_test_loop_fini();
+	h = efs_harness_free(h);
+}
+
+TestSuite(lock, .init = setup, .fini = teardown, .timeout = 60);
+
+/* ---- Helpers ---- */
+
+static int done_seq;
+
+struct lres {
+	struct efs_lock_req req;
+	bool done;
+	int status;
+	int seq; /* completion order */
+};
+
+static void on_lock(struct efs_lock_req *req, int status)
+{
+	struct lres *x = req->arg;
+
+	x->done = true;
+	x->status = status;
+	x->seq = ++done_seq;
+}
+
+static struct efs_lockcache *new_lc(struct efs_session *ss, struct efs_etcd *cl, size_t max,
+				    uint32_t idle_ms, size_t batch, uint32_t wait_ms)
+{
+	struct efs_lockcache_opts o = {
+		.ns = &ns,
+		.max_cached = max,
+		.idle_ms = idle_ms,
+		.release_batch = batch,
+		.wait_timeout_ms = wait_ms,
+	};
+	struct efs_lockcache *lc = NULL;
+
+	cr_assert_eq(efs_lockcache_new(&lc, &efs_test_loop, cl, ss, &o), 0);
+	return lc;
+}
+
+/* Starts an acquisition of the |n| inode/mode pairs; returns acquire's value. */
+static int acquire(struct efs_lockcache *lc, struct lres *x, size_t n, const uint64_t *ino,
+		   const enum efs_lock_mode *mode)
+{
+	int r;
+
+	*x = (struct lres){0};
+	x->req.n = n;
+	for (size_t i = 0; i < n; i++) {
+		x->req.ino[i] = ino[i];
+		x->req.mode[i] = mode[i];
+	}
+	x->req.cb = on_lock;
+	x->req.arg = x;
+	r = efs_lock_acquire(lc, &x->req);
+	cr_assert_geq(r, 0, "acquire: %d", r);
+	cr_assert_not(x->done, "callback ran inline");
+	return r;
+}
+
+static int acquire1(struct efs_lockcache *lc, struct lres *x, uint64_t ino, enum efs_lock_mode m)
+{
+	return acquire(lc, x, 1, &ino, &m);
+}
+
+/* Acquires and waits; asserts success. */
+static void take(struct efs_lockcache *lc, struct lres *x, uint64_t ino, enum efs_lock_mode m)
+{
+	if (acquire1(lc, x, ino, m) == 1)
+		return;
+	cr_assert(efs_test_run_until(&x->done, 5000), "acquire of %" PRIu64 " timed out", ino);
+	cr_assert_eq(x->status, 0, "acquire of %" PRIu64 ": %d", ino, x->status);
+}
+
+static struct efs_meta_key holder_key(uint64_t ino, int mode, const char *node)
+{
+	struct efs_meta_key k;
+
+	cr_assert_eq(efs_meta_key_holder(&ns, ino, mode, node, &k), 0);
+	return k;
+}
+
+/* The lease of key |k|, -1 when absent. */
+static int64_t key_lease(const struct efs_meta_key *k)
+{
+	Mvccpb__KeyValue *kv = NULL;
+	int64_t lease;
+	int r = efs_etcd_sync_get(sc, k->buf, k->len, &kv, NULL);
+
+	if (r == -ENOENT)
+		return -1;
+	cr_assert_eq(r, 0);
+	lease = kv->lease;
+	efs_test_pb_free(kv);
+	return lease;
+}
+
+static bool holder_exists(uint64_t ino, int mode, const char *node)
+{
+	struct efs_meta_key k = holder_key(ino, mode, node);
+
+	return key_lease(&k) >= 0;
+}
+
+static void put_key(const struct efs_meta_key *k, const char *v)
+{
+	cr_assert_eq(efs_etcd_sync_put(sc, k->buf, k->len, v, strlen(v), 0, NULL), 0);
+}
+
+static void del_key(const struct efs_meta_key *k)
+{
+	int64_t n = 0;
+
+	cr_assert_eq(efs_etcd_sync_delete(sc, k->buf, k->len, false, &n), 0);
+	cr_assert_eq(n, 1);
+}
+
+/* A holder key of "another node" (no session of ours). */
+static struct efs_meta_key put_foreign_holder(uint64_t ino, int mode)
+{
+	struct efs_meta_key k = holder_key(ino, mode, "other");
+
+	put_key(&k, "foreign");
+	return k;
+}
+
+/* Number of keys in family |fam| of |ino|. */
+static int64_t count_keys(enum efs_meta_family fam, uint64_t ino)
+{
+	Etcdserverpb__RangeRequest req = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	Etcdserverpb__RangeResponse *resp = NULL;
+	struct efs_meta_range rg;
+	int64_t n;
+
+	cr_assert_eq(efs_meta_range_ino(&ns, fam, ino, &rg), 0);
+	req.key.data = rg.key.buf;
+	req.key.len = rg.key.len;
+	req.range_end.data = rg.end.buf;
+	req.range_end.len = rg.end.len;
+	req.count_only = true;
+	cr_assert_eq(efs_etcd_sync_call(sc, EFS_ETCD_RANGE, &req.base, (ProtobufCMessage **)&resp,
+					NULL),
+		     0);
+	n = resp->count;
+	efs_test_pb_free(resp);
+	return n;
+}
+
+static bool txn_ok(struct efs_etcd_txn *t)
+{
+	Etcdserverpb__TxnResponse *resp = NULL;
+	bool ok;
+
+	cr_assert_eq(efs_etcd_sync_txn(sc, efs_etcd_txn_request(t), &resp), 0);
+	ok = resp->succeeded;
+	efs_test_pb_free(resp);
+	return ok;
+}
+
+static uint64_t calls(struct efs_etcd *cl)
+{
+	struct efs_etcd_stats st;
+
+	efs_etcd_get_stats(cl, &st);
+	return st.calls_started;
+}
+
+static struct efs_lockcache_stats lstats(struct efs_lockcache *lc)
+{
+	struct efs_lockcache_stats st;
+
+	efs_lockcache_get_stats(lc, &st);
+	return st;
+}
+
+static bool run_until_held(struct efs_lockcache *lc, uint64_t held, uint64_t ms)
+{
+	uint64_t end = efs_test_now_ms() + ms;
+
+	while (lstats(lc).held != held && efs_test_now_ms() < end)
+		efs_test_run_for(10);
+	return lstats(lc).held == held;
+}
+
+static void finish(struct efs_lockcache *lc)
+{
+	efs_lockcache_free(lc);
+	teardown();
+}
+
+/* ---- Tests ---- */
+
+Test(lock, acquire_reads_the_record_and_caches_with_no_etcd_traffic)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 0);
+	struct efs_meta_key ik, hk;
+	struct lres a, b, hit;
+	uint64_t inos[2] = {10, 11}, before;
+	enum efs_lock_mode shared2[2] = {EFS_LOCK_SHARED, EFS_LOCK_SHARED};
+	Mvccpb__KeyValue *kv = NULL;
+	Etcfs__LockHolder *lh = NULL;
+
+	cr_assert_eq(efs_meta_key_inode(&ns, 11, &ik), 0);
+	put_key(&ik, "record-of-11");
+
+	cr_assert_eq(acquire1(lc, &a, 10, EFS_LOCK_EXCLUSIVE), 0);
+	cr_assert_eq(efs_lock_held(lc, 10), EFS_LOCK_NONE);
+	cr_assert(efs_test_run_until(&a.done, 5000));
+	cr_assert_eq(a.status, 0);
+	cr_assert_null(a.req.recs[0], "no i/10 record exists");
+	cr_assert_eq(efs_lock_held(lc, 10), EFS_LOCK_EXCLUSIVE);
+	hk = holder_key(10, EFS_META_LOCK_EXCLUSIVE, "node1");
+	cr_assert_eq(efs_etcd_sync_get(sc, hk.buf, hk.len, &kv, NULL), 0);
+	cr_assert_eq(kv->lease, efs_session_lease_id(s), "holder key not on the session lease");
+	cr_assert_eq(efs_meta_holder_decode(kv->value.data, kv->value.len, &lh, NULL), 0);
+	cr_assert_str_eq(lh->node, "node1");
+	cr_assert_eq(lh->mode, EFS_META_LOCK_EXCLUSIVE);
+	cr_assert_eq(lh->session_generation, efs_session_generation(s));
+	cr_assert_eq(lh->lease_id, efs_session_lease_id(s));
+	cr_assert_neq(lh->token, 0);
+	efs_meta_record_free(lh);
+	efs_test_pb_free(kv);
+
+	take(lc, &b, 11, EFS_LOCK_SHARED);
+	cr_assert_not_null(b.req.recs[0]);
+	cr_assert_eq(b.req.recs[0]->key.len, ik.len);
+	cr_assert_eq(memcmp(b.req.recs[0]->key.data, ik.buf, ik.len), 0);
+	cr_assert_eq(b.req.recs[0]->value.len, strlen("record-of-11"));
+	cr_assert(holder_exists(11, EFS_META_LOCK_SHARED, "node1"));
+	cr_assert_eq(efs_lock_held(lc, 11), EFS_LOCK_SHARED);
+	efs_lock_put(lc, &a.req);
+	efs_lock_put(lc, &b.req);
+	cr_assert_null(a.req.priv);
+	cr_assert_null(a.req.recs[0]);
+
+	/* Both cached: X covers S. No etcd call at all. */
+	before = calls(c);
+	cr_assert_eq(acquire(lc, &hit, 2, inos, shared2), 1);
+	cr_assert_null(hit.req.recs[0]);
+	cr_assert_null(hit.req.recs[1]);
+	efs_test_run_for(50);
+	cr_assert_not(hit.done, "a cache hit must not call back");
+	cr_assert_eq(calls(c), before, "a cache hit talked to etcd");
+	cr_assert_eq(lstats(lc).hits, 1);
+	cr_assert_eq(lstats(lc).acquires, 2);
+	cr_assert_eq(lstats(lc).held, 2);
+	cr_assert_eq(lstats(lc).waits, 0);
+	efs_lock_put(lc, &hit.req);
+	cr_assert_eq(efs_lock_held(lc, 12), EFS_LOCK_NONE);
+	/* Bad requests. */
+	{
+		struct efs_lock_req bad = {.n = 1, .ino = {0}, .mode = {EFS_LOCK_SHARED},
+					   .cb = on_lock};
+
+		cr_assert_eq(efs_lock_acquire(lc, &bad), -EINVAL);
+		bad.ino[0] = 5;
+		bad.mode[0] = EFS_LOCK_NONE;
+		cr_assert_eq(efs_lock_acquire(lc, &bad), -EINVAL);
+		bad.n = EFS_LOCK_REQ_MAX + 1;
+		cr_assert_eq(efs_lock_acquire(lc, &bad), -EINVAL);
+	}
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, upgrade_and_several_inodes)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 0);
+	struct lres a, b, m;
+	uint64_t inos[4] = {32, 30, 31, 30}, before;
+	enum efs_lock_mode modes[4] = {EFS_LOCK_EXCLUSIVE, EFS_LOCK_SHARED, EFS_LOCK_EXCLUSIVE,
+				       EFS_LOCK_EXCLUSIVE};
+	struct efs_meta_key fk;
+
+	/* Upgrade S -> X: the S key goes, the X key comes, in one txn. */
+	take(lc, &a, 20, EFS_LOCK_SHARED);
+	efs_lock_put(lc, &a.req);
+	cr_assert_eq(acquire1(lc, &b, 20, EFS_LOCK_EXCLUSIVE), 0);
+	cr_assert(efs_test_run_until(&b.done, 5000));
+	cr_assert_eq(b.status, 0);
+	cr_assert_eq(efs_lock_held(lc, 20), EFS_LOCK_EXCLUSIVE);
+	cr_assert_not(holder_exists(20, EFS_META_LOCK_SHARED, "node1"));
+	cr_assert(holder_exists(20, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	efs_lock_put(lc, &b.req);
+
+	/* Several inodes, out of order, one twice (merged to X): one txn. */
+	before = calls(c);
+	cr_assert_eq(acquire(lc, &m, 4, inos, modes), 0);
+	cr_assert(efs_test_run_until(&m.done, 5000));
+	cr_assert_eq(m.status, 0);
+	cr_assert_eq(calls(c) - before, 1, "not one transaction");
+	cr_assert_eq(efs_lock_held(lc, 30), EFS_LOCK_EXCLUSIVE);
+	cr_assert_eq(efs_lock_held(lc, 31), EFS_LOCK_EXCLUSIVE);
+	cr_assert_eq(efs_lock_held(lc, 32), EFS_LOCK_EXCLUSIVE);
+	cr_assert(holder_exists(30, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	cr_assert_not(holder_exists(30, EFS_META_LOCK_SHARED, "node1"));
+	efs_lock_put(lc, &m.req);
+
+	/* A conflict on one of them: one by one, waiting for it. */
+	fk = put_foreign_holder(41, EFS_META_LOCK_EXCLUSIVE);
+	inos[0] = 42;
+	inos[1] = 41;
+	inos[2] = 40;
+	modes[1] = EFS_LOCK_SHARED;
+	cr_assert_eq(acquire(lc, &m, 3, inos, modes), 0);
+	efs_test_run_for(400);
+	cr_assert_not(m.done);
+	cr_assert_eq(efs_lock_held(lc, 40), EFS_LOCK_EXCLUSIVE, "inode order: 40 first");
+	cr_assert_eq(efs_lock_held(lc, 41), EFS_LOCK_NONE);
+	cr_assert_eq(efs_lock_held(lc, 42), EFS_LOCK_NONE);
+	del_key(&fk);
+	cr_assert(efs_test_run_until(&m.done, 3000));
+	cr_assert_eq(m.status, 0);
+	cr_assert_eq(efs_lock_held(lc, 41), EFS_LOCK_SHARED);
+	cr_assert_eq(efs_lock_held(lc, 42), EFS_LOCK_EXCLUSIVE);
+	cr_assert_eq(count_keys(EFS_META_K_RECALL, 41), 0, "recall key left behind");
+	efs_lock_put(lc, &m.req);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, conflicting_holder_of_another_node_is_waited_for)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 0);
+	struct efs_meta_key fk = put_foreign_holder(50, EFS_META_LOCK_EXCLUSIVE);
+	struct efs_meta_key sk = put_foreign_holder(51, EFS_META_LOCK_SHARED);
+	struct lres a, b, x;
+	uint64_t t0;
+
+	/* Shared with a foreign shared holder: no conflict. */
+	take(lc, &b, 51, EFS_LOCK_SHARED);
+	efs_lock_put(lc, &b.req);
+	/* Exclusive with a foreign shared holder: waits. */
+	cr_assert_eq(acquire1(lc, &x, 51, EFS_LOCK_EXCLUSIVE), 0);
+
+	cr_assert_eq(acquire1(lc, &a, 50, EFS_LOCK_SHARED), 0);
+	efs_test_run_for(500);
+	cr_assert_not(a.done);
+	cr_assert_not(x.done);
+	cr_assert_eq(lstats(lc).waits, 2);
+	cr_assert_eq(count_keys(EFS_META_K_RECALL, 50), 1, "no recall key");
+	cr_assert_eq(efs_lock_held(lc, 50), EFS_LOCK_NONE);
+	t0 = efs_test_now_ms();
+	del_key(&fk);
+	cr_assert(efs_test_run_until(&a.done, 3000));
+	cr_assert_eq(a.status, 0);
+	cr_assert_lt(efs_test_now_ms() - t0, 500, "not woken by the delete");
+	cr_assert_eq(count_keys(EFS_META_K_RECALL, 50), 0, "recall key left behind");
+	cr_assert(holder_exists(50, EFS_META_LOCK_SHARED, "node1"));
+	efs_lock_put(lc, &a.req);
+	cr_assert_not(x.done);
+	del_key(&sk);
+	cr_assert(efs_test_run_until(&x.done, 3000));
+	cr_assert_eq(x.status, 0);
+	cr_assert(holder_exists(51, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	cr_assert_not(holder_exists(51, EFS_META_LOCK_SHARED, "node1"));
+	efs_lock_put(lc, &x.req);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, waiters_are_served_in_arrival_order)
+{
+	struct efs_lockcache *lc1, *lc2;
+	struct efs_meta_key fk = put_foreign_holder(60, EFS_META_LOCK_EXCLUSIVE);
+	struct lres a, b;
+
+	c2 = efs_test_client_new(efs_harness_endpoints(h));
+	s2 = start_session(c2, "node2");
+	lc1 = new_lc(s, c, 0, 300, 0, 0);
+	lc2 = new_lc(s2, c2, 0, 300, 0, 0);
+	done_seq = 0;
+	/* node1 wants X first, node2 then wants S: S would be compatible once
+	 * the foreign holder goes, but node1's older recall comes first. */
+	cr_assert_eq(acquire1(lc1, &a, 60, EFS_LOCK_EXCLUSIVE), 0);
+	efs_test_run_for(300);
+	cr_assert_eq(acquire1(lc2, &b, 60, EFS_LOCK_SHARED), 0);
+	efs_test_run_for(300);
+	cr_assert_eq(count_keys(EFS_META_K_RECALL, 60), 2);
+	cr_assert_not(a.done);
+	cr_assert_not(b.done);
+	del_key(&fk);
+	cr_assert(efs_test_run_until(&a.done, 3000));
+	cr_assert_eq(a.status, 0);
+	efs_test_run_for(300);
+	cr_assert_not(b.done, "the younger waiter overtook");
+	cr_assert(holder_exists(60, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	/* node1 is done with it: released idle, node2 gets it. */
+	efs_lock_put(lc1, &a.req);
+	cr_assert(efs_test_run_until(&b.done, 3000));
+	cr_assert_eq(b.status, 0);
+	cr_assert_lt(a.seq, b.seq);
+	cr_assert_not(holder_exists(60, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	cr_assert(holder_exists(60, EFS_META_LOCK_SHARED, "node2"));
+	cr_assert_eq(count_keys(EFS_META_K_RECALL, 60), 0);
+	efs_lock_put(lc2, &b.req);
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, idle_locks_are_released_in_batches_after_kernel_caches)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 200, 3, 0);
+	struct lres x[8];
+	struct efs_lockcache_stats st;
+	uint64_t t0;
+
+	for (int i = 0; i < 8; i++)
+		take(lc, &x[i], 70 + (uint64_t)i, EFS_LOCK_EXCLUSIVE);
+	/* The kernel may cache under 77 for 900 ms. */
+	efs_lock_note_kernel_cache(lc, 77, efs_clock_mono_ns() + 900 * EFS_NSEC_PER_MSEC);
+	for (int i = 0; i < 8; i++)
+		efs_lock_put(lc, &x[i].req);
+	t0 = efs_test_now_ms();
+	efs_test_run_for(120);
+	cr_assert_eq(lstats(lc).held, 8, "released before idle");
+	cr_assert(run_until_held(lc, 1, 1000), "idle locks not released");
+	st = lstats(lc);
+	cr_assert_eq(st.releases, 7);
+	cr_assert_eq(st.release_txns, 3, "7 locks in batches of 3: %" PRIu64, st.release_txns);
+	for (uint64_t ino = 70; ino < 77; ino++)
+		cr_assert_not(holder_exists(ino, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	cr_assert_eq(efs_lock_held(lc, 77), EFS_LOCK_EXCLUSIVE);
+	cr_assert(holder_exists(77, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	cr_assert(run_until_held(lc, 0, 2000));
+	cr_assert_geq(efs_test_now_ms() - t0, 880, "released under a kernel cache");
+	cr_assert_not(holder_exists(77, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	/* A released lock is taken again from etcd. */
+	cr_assert_eq(acquire1(lc, &x[0], 70, EFS_LOCK_SHARED), 0);
+	cr_assert(efs_test_run_until(&x[0].done, 3000));
+	efs_lock_put(lc, &x[0].req);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, the_cache_bound_releases_the_oldest)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 4, 60000, 0, 0);
+	struct lres x[6], y;
+
+	for (int i = 0; i < 6; i++) {
+		take(lc, &x[i], 80 + (uint64_t)i, EFS_LOCK_EXCLUSIVE);
+		efs_lock_put(lc, &x[i].req);
+	}
+	cr_assert(run_until_held(lc, 4, 2000), "bound not enforced");
+	cr_assert_not(holder_exists(80, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	cr_assert_not(holder_exists(81, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	for (uint64_t ino = 82; ino < 86; ino++)
+		cr_assert_eq(efs_lock_held(lc, ino), EFS_LOCK_EXCLUSIVE);
+	/* Pinned locks are never released, even over the bound. */
+	take(lc, &y, 90, EFS_LOCK_EXCLUSIVE);
+	cr_assert(run_until_held(lc, 4, 2000));
+	cr_assert_eq(efs_lock_held(lc, 90), EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(lc, &y.req);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, grant_and_drop_in_the_callers_transaction)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 0);
+	struct efs_etcd_txn *t = NULL;
+	struct efs_meta_key ik;
+	struct lres x;
+
+	cr_assert_eq(efs_meta_key_inode(&ns, 100, &ik), 0);
+	cr_assert_eq(efs_etcd_txn_new(&t, 0), 0);
+	cr_assert_eq(efs_session_guard(s, t), 0);
+	cr_assert_eq(efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, ik.buf, ik.len, "new", 3, 0), 0);
+	cr_assert_eq(efs_lock_grant_in_txn(lc, t, 100), 0);
+	cr_assert_eq(efs_lock_held(lc, 100), EFS_LOCK_NONE, "held before the commit");
+	cr_assert(txn_ok(t));
+	t = efs_etcd_txn_free(t);
+	efs_lock_grant_committed(lc, 100, true);
+	cr_assert_eq(efs_lock_held(lc, 100), EFS_LOCK_EXCLUSIVE);
+	{
+		struct efs_meta_key hk = holder_key(100, EFS_META_LOCK_EXCLUSIVE, "node1");
+
+		cr_assert_eq(key_lease(&hk), efs_session_lease_id(s));
+	}
+	cr_assert_eq(acquire1(lc, &x, 100, EFS_LOCK_EXCLUSIVE), 1, "granted lock not cached");
+	efs_lock_put(lc, &x.req);
+
+	/* A creating transaction that did not commit. */
+	cr_assert_eq(efs_etcd_txn_new(&t, 0), 0);
+	cr_assert_eq(efs_lock_grant_in_txn(lc, t, 101), 0);
+	cr_assert_eq(efs_lock_grant_in_txn(lc, t, 100), -EEXIST);
+	t = efs_etcd_txn_free(t);
+	efs_lock_grant_committed(lc, 101, false);
+	cr_assert_eq(efs_lock_held(lc, 101), EFS_LOCK_NONE);
+	cr_assert_eq(lstats(lc).held, 1);
+
+	/* Deleting the inode drops its holder keys in the same txn. */
+	cr_assert_eq(efs_etcd_txn_new(&t, 0), 0);
+	cr_assert_eq(efs_session_guard(s, t), 0);
+	cr_assert_eq(efs_lock_guard(lc, t, 100, EFS_LOCK_EXCLUSIVE), 0);
+	cr_assert_eq(efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, ik.buf, ik.len, NULL, 0, false),
+		     0);
+	cr_assert_eq(efs_lock_drop_in_txn(lc, t, 100), 0);
+	cr_assert(txn_ok(t));
+	t = efs_etcd_txn_free(t);
+	efs_lock_forget(lc, 100);
+	cr_assert_eq(efs_lock_held(lc, 100), EFS_LOCK_NONE);
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, 100), 0);
+	cr_assert_eq(lstats(lc).held, 0);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, guard_fails_once_the_holder_key_is_gone)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 0);
+	struct efs_meta_key hk = holder_key(110, EFS_META_LOCK_EXCLUSIVE, "node1");
+	struct efs_etcd_txn *t = NULL;
+	struct lres x;
+
+	take(lc, &x, 110, EFS_LOCK_EXCLUSIVE);
+	cr_assert_eq(efs_etcd_txn_new(&t, 0), 0);
+	cr_assert_eq(efs_lock_guard(lc, t, 111, EFS_LOCK_SHARED), -ENOLCK);
+	cr_assert_eq(efs_lock_guard(lc, t, 110, EFS_LOCK_EXCLUSIVE), 0);
+	cr_assert_eq(efs_lock_guard(lc, t, 110, EFS_LOCK_SHARED), 0); /* X covers S */
+	cr_assert_eq(efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, "k", 1, "v", 1, 0), 0);
+	cr_assert(txn_ok(t));
+	del_key(&hk);
+	cr_assert_not(txn_ok(t), "holder guard passed without the holder key");
+	/* A key of the same name on another lease does not pass either. */
+	put_key(&hk, "impostor");
+	cr_assert_not(txn_ok(t));
+	t = efs_etcd_txn_free(t);
+	efs_lock_put(lc, &x.req);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, cancel_and_wait_timeout)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 400);
+	struct lres a, b;
+	uint64_t t0;
+
+	put_foreign_holder(120, EFS_META_LOCK_EXCLUSIVE);
+	cr_assert_eq(acquire1(lc, &a, 120, EFS_LOCK_EXCLUSIVE), 0);
+	efs_test_run_for(150);
+	cr_assert_eq(count_keys(EFS_META_K_RECALL, 120), 1);
+	efs_lock_cancel(lc, &a.req);
+	cr_assert_not(a.done, "cancel called back inline");
+	cr_assert(efs_test_run_until(&a.done, 1000));
+	cr_assert_eq(a.status, -EINTR);
+	cr_assert_null(a.req.priv);
+	efs_test_run_for(100);
+	cr_assert_eq(count_keys(EFS_META_K_RECALL, 120), 0, "recall key of a cancelled wait");
+	cr_assert_eq(efs_lock_held(lc, 120), EFS_LOCK_NONE);
+
+	t0 = efs_test_now_ms();
+	cr_assert_eq(acquire1(lc, &b, 120, EFS_LOCK_SHARED), 0);
+	cr_assert(efs_test_run_until(&b.done, 2000));
+	cr_assert_eq(b.status, -ETIMEDOUT);
+	cr_assert_geq(efs_test_now_ms() - t0, 380);
+	efs_test_run_for(100);
+	cr_assert_eq(count_keys(EFS_META_K_RECALL, 120), 0);
+	cr_assert_eq(lstats(lc).held, 0);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+static void on_released(int status, void *arg)
+{
+	int *st = arg;
+
+	*st = status;
+}
+
+Test(lock, session_loss_forgets_locks_and_release_all_empties_the_cache)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 0);
+	struct lres x, y;
+	int64_t old_lease = efs_session_lease_id(s);
+	uint64_t end;
+	int st = 1;
+
+	take(lc, &x, 130, EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(lc, &x.req);
+	take(lc, &x, 131, EFS_LOCK_SHARED);
+	/* The lease is revoked behind our back: every holder key goes. */
+	{
+		Etcdserverpb__LeaseRevokeRequest req = ETCDSERVERPB__LEASE_REVOKE_REQUEST__INIT;
+
+		req.id = old_lease;
+		cr_assert_eq(efs_etcd_sync_call(sc, EFS_ETCD_LEASE_REVOKE, &req.base, NULL, NULL),
+			     0);
+	}
+	end = efs_test_now_ms() + 6000;
+	while ((efs_session_generation(s) != 2 || !efs_session_is_active(s)) &&
+	       efs_test_now_ms() < end)
+		efs_test_run_for(10);
+	cr_assert_eq(efs_session_generation(s), 2, "session not re-registered");
+	cr_assert_eq(efs_lock_held(lc, 130), EFS_LOCK_NONE, "lock survived the session");
+	/* Taken again from etcd, on the new lease. */
+	cr_assert_eq(acquire1(lc, &y, 130, EFS_LOCK_EXCLUSIVE), 0);
+	cr_assert(efs_test_run_until(&y.done, 3000));
+	cr_assert_eq(y.status, 0);
+	{
+		struct efs_meta_key hk = holder_key(130, EFS_META_LOCK_EXCLUSIVE, "node1");
+
+		cr_assert_eq(key_lease(&hk), efs_session_lease_id(s));
+	}
+	/* The pin of the lost 131 is void but harmless. */
+	cr_assert_eq(efs_lock_guard(lc, NULL, 131, EFS_LOCK_SHARED), -ENOLCK);
+	efs_lock_put(lc, &x.req);
+	efs_lock_put(lc, &y.req);
+	take(lc, &x, 132, EFS_LOCK_SHARED);
+	efs_lock_put(lc, &x.req);
+	cr_assert_eq(lstats(lc).held, 2);
+
+	cr_assert_eq(efs_lockcache_release_all(lc, on_released, &st), 0);
+	cr_assert_eq(st, 1, "release_all called back inline");
+	end = efs_test_now_ms() + 3000;
+	while (st == 1 && efs_test_now_ms() < end)
+		efs_test_run_for(10);
+	cr_assert_eq(st, 0, "release_all: %d", st);
+	cr_assert_eq(lstats(lc).held, 0);
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, 130), 0);
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, 132), 0);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}

@@ -1,0 +1,642 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The real-mount fixture of test/support/mount.h. Every process it starts
+ * is a child stopped by PID; the daemon runs in the foreground (-f) with
+ * its stderr in a log file of the fixture's directory, and dies with the
+ * test (PR_SET_PDEATHSIG: SIGTERM, so that it still leaves cleanly).
+ */
+#include "mount.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+/* How long a mount may take to answer, and a daemon to exit. */
+#define MOUNT_WAIT_MS  20000
+#define EXIT_WAIT_MS   30000
+#define RUN_TIMEOUT_MS 120000
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(unsigned ms)
+{
+	struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
+
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
+const char *efs_test_build_root(void)
+{
+	static char root[PATH_MAX];
+	const char *env = getenv("ETCFS_BUILD_ROOT");
+	char exe[PATH_MAX];
+	ssize_t n;
+
+	if (env && *env)
+		return env;
+	if (root[0])
+		return root;
+	/* A test binary lives in <build>/test/<suite>/. */
+	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	cr_assert_gt(n, 0, "mount fixture: ETCFS_BUILD_ROOT is not set and /proc/self/exe unreadable");
+	exe[n] = '\0';
+	for (int i = 0; i < 3; i++) {
+		char *slash = strrchr(exe, '/');
+
+		cr_assert_not_null(slash, "mount fixture: cannot find the build root from %s", exe);
+		*slash = '\0';
+	}
+	snprintf(root, sizeof(root), "%s", exe);
+	return root;
+}
+
+const char *efs_test_command_path(const char *cmd, char *buf, size_t size)
+{
+	int n = snprintf(buf, size, "%s/etcfsd/%s", efs_test_build_root(), cmd);
+
+	cr_assert(n > 0 && (size_t)n < size, "mount fixture: path of %s too long", cmd);
+	return buf;
+}
+
+/* The last |max| bytes of |path| (for failure messages). */
+static void file_tail(const char *path, char *buf, size_t max)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	off_t size;
+	ssize_t n;
+
+	buf[0] = '\0';
+	if (fd < 0)
+		return;
+	size = lseek(fd, 0, SEEK_END);
+	if (size > (off_t)max - 1)
+		lseek(fd, size - (off_t)max + 1, SEEK_SET);
+	else
+		lseek(fd, 0, SEEK_SET);
+	n = read(fd, buf, max - 1);
+	buf[n > 0 ? n : 0] = '\0';
+	close(fd);
+}
+
+bool efs_test_is_fuse_mount(const char *dir)
+{
+	FILE *fp = fopen("/proc/self/mountinfo", "re");
+	char line[4096];
+	bool found = false;
+
+	if (!fp)
+		return false;
+	/* "id parent maj:min root mountpoint opts [optional...] - fstype source superopts" */
+	while (fgets(line, sizeof(line), fp)) {
+		char mp[PATH_MAX], *sep, fstype[64];
+
+		if (sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1)
+			continue;
+		if (strcmp(mp, dir) != 0)
+			continue;
+		sep = strstr(line, " - ");
+		if (!sep || sscanf(sep + 3, "%63s", fstype) != 1)
+			continue;
+		/* The last mount on the directory wins. */
+		found = strncmp(fstype, "fuse", 4) == 0;
+	}
+	fclose(fp);
+	return found;
+}
+
+/* Runs |argv| (no output capture) and returns its exit status or -1. */
+static int run_quiet(const char *const *argv)
+{
+	pid_t pid = fork();
+	int st;
+
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		int null = open("/dev/null", O_RDWR);
+
+		if (null >= 0) {
+			dup2(null, STDIN_FILENO);
+			dup2(null, STDOUT_FILENO);
+			dup2(null, STDERR_FILENO);
+		}
+		execvp(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int fusermount(const char *dir, bool lazy)
+{
+	const char *argv[] = {"fusermount3", lazy ? "-uz" : "-u", dir, NULL};
+
+	return run_quiet(argv);
+}
+
+/* Waits up to |ms| for |pid|; 1 when it exited (status in *st), 0 if not. */
+static int wait_pid(pid_t pid, int *st, uint64_t ms)
+{
+	uint64_t end = now_ms() + ms;
+
+	for (;;) {
+		pid_t r = waitpid(pid, st, WNOHANG);
+
+		if (r == pid)
+			return 1;
+		if (r < 0 && errno != EINTR)
+			return -1;
+		if (now_ms() >= end)
+			return 0;
+		sleep_ms(10);
+	}
+}
+
+static off_t file_size(const char *path)
+{
+	struct stat st;
+
+	return stat(path, &st) == 0 ? st.st_size : 0;
+}
+
+/* True when the daemon logged its own readiness ("mounted ...") after |from|. */
+static bool logged_ready(struct efs_test_fs *f, off_t from)
+{
+	char buf[16384];
+	int fd = open(f->log, O_RDONLY | O_CLOEXEC);
+	ssize_t n;
+
+	if (fd < 0)
+		return false;
+	n = pread(fd, buf, sizeof(buf) - 1, from);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	return strstr(buf, "info: mounted ") != NULL;
+}
+
+/* Finds "metrics: listening on http://HOST:PORT/metrics" after |from|. */
+static bool find_metrics_addr(struct efs_test_fs *f, off_t from)
+{
+	static const char tag[] = "listening on http://";
+	char buf[16384];
+	int fd = open(f->log, O_RDONLY | O_CLOEXEC);
+	ssize_t n;
+	char *p, *last = NULL, *end;
+
+	if (fd < 0)
+		return false;
+	n = pread(fd, buf, sizeof(buf) - 1, from);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	for (p = buf; (p = strstr(p, tag)); p += sizeof(tag) - 1)
+		last = p + sizeof(tag) - 1;
+	if (!last)
+		return false;
+	end = strstr(last, "/metrics");
+	if (!end || (size_t)(end - last) >= sizeof(f->metrics))
+		return false;
+	memcpy(f->metrics, last, (size_t)(end - last));
+	f->metrics[end - last] = '\0';
+	return true;
+}
+
+static void push(const char **argv, int *argc, int max, const char *a)
+{
+	cr_assert_lt(*argc, max - 1, "mount fixture: too many daemon arguments");
+	argv[(*argc)++] = a;
+	argv[*argc] = NULL;
+}
+
+void efs_test_fs_mount(struct efs_test_fs *f, const char *const *extra_args)
+{
+	char daemon[PATH_MAX], ttl[32], tail[4096];
+	const char *argv[64];
+	int argc = 0, st, logfd;
+	bool quiet = false;
+	off_t log_start;
+	uint64_t deadline;
+	pid_t pid;
+
+	cr_assert_eq(f->daemon, 0, "mount fixture: a daemon is already running");
+	efs_test_command_path("etcfsd", daemon, sizeof(daemon));
+	push(argv, &argc, 64, daemon);
+	push(argv, &argc, 64, "-f");
+	push(argv, &argc, 64, "--endpoints");
+	push(argv, &argc, 64, f->endpoints);
+	push(argv, &argc, 64, "--node-id");
+	push(argv, &argc, 64, f->opts.node);
+	if (f->opts.session_ttl > 0) {
+		snprintf(ttl, sizeof(ttl), "%d", f->opts.session_ttl);
+		push(argv, &argc, 64, "--session-ttl");
+		push(argv, &argc, 64, ttl);
+	}
+	if (f->opts.metrics) {
+		push(argv, &argc, 64, "--metrics-addr");
+		push(argv, &argc, 64, "127.0.0.1:0");
+	}
+	for (int i = 0; f->opts.mount_args && f->opts.mount_args[i]; i++)
+		push(argv, &argc, 64, f->opts.mount_args[i]);
+	for (int i = 0; extra_args && extra_args[i]; i++)
+		push(argv, &argc, 64, extra_args[i]);
+	/* Below info the daemon does not log its readiness. */
+	for (int i = 0; i < argc; i++)
+		if (strncmp(argv[i], "--log-level", 11) == 0)
+			quiet = true;
+	push(argv, &argc, 64, f->image);
+	push(argv, &argc, 64, f->mnt);
+
+	logfd = open(f->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+	cr_assert_geq(logfd, 0, "mount fixture: cannot open %s: %s", f->log, strerror(errno));
+	log_start = file_size(f->log);
+	f->metrics[0] = '\0';
+
+	pid = fork();
+	cr_assert_geq(pid, 0, "mount fixture: fork: %s", strerror(errno));
+	if (pid == 0) {
+		int null = open("/dev/null", O_RDONLY);
+
+		/* Leave cleanly if the test dies. */
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		if (null >= 0)
+			dup2(null, STDIN_FILENO);
+		dup2(logfd, STDOUT_FILENO);
+		dup2(logfd, STDERR_FILENO);
+		execv(daemon, (char *const *)argv);
+		dprintf(logfd, "mount fixture: exec %s: %s\n", daemon, strerror(errno));
+		_exit(127);
+	}
+	close(logfd);
+	f->daemon = pid;
+
+	deadline = now_ms() + MOUNT_WAIT_MS;
+	for (;;) {
+		struct stat sb;
+
+		if (waitpid(pid, &st, WNOHANG) == pid) {
+			f->daemon = 0;
+			file_tail(f->log, tail, sizeof(tail));
+			cr_assert_fail("mount fixture: etcfsd exited during mount (%s %d); log:\n%s",
+				 WIFEXITED(st) ? "status" : "signal",
+				 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), tail);
+		}
+		/* Mounted, answering, and the daemon itself considers it ready. */
+		if (efs_test_is_fuse_mount(f->mnt) && stat(f->mnt, &sb) == 0 &&
+		    (quiet || logged_ready(f, log_start)) &&
+		    (!f->opts.metrics || find_metrics_addr(f, log_start)))
+			break;
+		if (now_ms() >= deadline) {
+			file_tail(f->log, tail, sizeof(tail));
+			cr_assert_fail("mount fixture: %s did not answer within %d ms; log:\n%s", f->mnt,
+				 MOUNT_WAIT_MS, tail);
+		}
+		sleep_ms(20);
+	}
+}
+
+void efs_test_fs_unmount(struct efs_test_fs *f)
+{
+	char tail[4096];
+	int st, r;
+
+	cr_assert_neq(f->daemon, 0, "mount fixture: no daemon to unmount");
+	r = fusermount(f->mnt, false);
+	if (r != 0) {
+		/* Busy or already dead: do not leave anything behind. */
+		kill(f->daemon, SIGTERM);
+		if (wait_pid(f->daemon, &st, EXIT_WAIT_MS) != 1) {
+			kill(f->daemon, SIGKILL);
+			waitpid(f->daemon, &st, 0);
+		}
+		f->daemon = 0;
+		if (efs_test_is_fuse_mount(f->mnt))
+			fusermount(f->mnt, true);
+		cr_assert_fail("mount fixture: fusermount3 -u %s failed (%d)", f->mnt, r);
+	}
+	r = wait_pid(f->daemon, &st, EXIT_WAIT_MS);
+	if (r != 1) {
+		kill(f->daemon, SIGKILL);
+		waitpid(f->daemon, &st, 0);
+		f->daemon = 0;
+		file_tail(f->log, tail, sizeof(tail));
+		cr_assert_fail("mount fixture: etcfsd did not exit within %d ms after unmount; log:\n%s",
+			 EXIT_WAIT_MS, tail);
+	}
+	f->daemon = 0;
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		file_tail(f->log, tail, sizeof(tail));
+		cr_assert_fail("mount fixture: etcfsd exited with %s %d after unmount; log:\n%s",
+			 WIFEXITED(st) ? "status" : "signal",
+			 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), tail);
+	}
+}
+
+void efs_test_fs_kill(struct efs_test_fs *f)
+{
+	int st;
+
+	cr_assert_neq(f->daemon, 0, "mount fixture: no daemon to kill");
+	kill(f->daemon, SIGKILL);
+	waitpid(f->daemon, &st, 0);
+	f->daemon = 0;
+	fusermount(f->mnt, true);
+	cr_assert(!efs_test_is_fuse_mount(f->mnt), "mount fixture: %s still mounted after kill",
+		  f->mnt);
+}
+
+static int run_cmd(struct efs_test_fs *f, char *out, size_t out_size, const char *cmd,
+		   const char *const *args)
+{
+	char path[PATH_MAX];
+	const char *argv[64];
+	int argc = 0, pfd[2], st;
+	size_t used = 0;
+	uint64_t deadline;
+	bool exited = false;
+	pid_t pid;
+
+	efs_test_command_path(cmd, path, sizeof(path));
+	push(argv, &argc, 64, path);
+	/* etcfsctl takes its subcommand first. */
+	if (strcmp(cmd, "etcfsctl") == 0 && args[0])
+		push(argv, &argc, 64, *args++);
+	push(argv, &argc, 64, "--endpoints");
+	push(argv, &argc, 64, f->endpoints);
+	for (; *args; args++)
+		push(argv, &argc, 64, *args);
+
+	cr_assert_eq(pipe2(pfd, O_CLOEXEC), 0, "mount fixture: pipe: %s", strerror(errno));
+	pid = fork();
+	cr_assert_geq(pid, 0, "mount fixture: fork: %s", strerror(errno));
+	if (pid == 0) {
+		int null = open("/dev/null", O_RDONLY);
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (null >= 0)
+			dup2(null, STDIN_FILENO);
+		dup2(pfd[1], STDOUT_FILENO);
+		dup2(pfd[1], STDERR_FILENO);
+		execv(path, (char *const *)argv);
+		dprintf(pfd[1], "mount fixture: exec %s: %s\n", path, strerror(errno));
+		_exit(127);
+	}
+	close(pfd[1]);
+	fcntl(pfd[0], F_SETFL, O_NONBLOCK);
+	if (out && out_size)
+		out[0] = '\0';
+
+	/*
+	 * Read until the command exits, then what it left in the pipe: a
+	 * daemon it started in the background may keep the write end open.
+	 */
+	deadline = now_ms() + RUN_TIMEOUT_MS;
+	for (;;) {
+		struct pollfd p = {.fd = pfd[0], .events = POLLIN};
+		char buf[4096];
+		ssize_t n;
+
+		if (!exited && waitpid(pid, &st, WNOHANG) == pid)
+			exited = true;
+		if (poll(&p, 1, exited ? 0 : 50) > 0) {
+			n = read(pfd[0], buf, sizeof(buf));
+			if (n > 0) {
+				if (out && out_size > used + 1) {
+					size_t k = (size_t)n < out_size - used - 1 ? (size_t)n
+										    : out_size - used - 1;
+
+					memcpy(out + used, buf, k);
+					used += k;
+					out[used] = '\0';
+				}
+				continue;
+			}
+			if (n == 0 && !exited) {
+				waitpid(pid, &st, 0);
+				exited = true;
+			}
+		}
+		if (exited)
+			break;
+		if (now_ms() >= deadline) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &st, 0);
+			close(pfd[0]);
+			cr_assert_fail("mount fixture: %s did not finish within %d ms; output:\n%s", cmd,
+				 RUN_TIMEOUT_MS, out ? out : "");
+		}
+	}
+	close(pfd[0]);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int efs_test_fs_run(struct efs_test_fs *f, char *out, size_t out_size, const char *cmd, ...)
+{
+	const char *args[56];
+	int n = 0;
+	va_list ap;
+
+	va_start(ap, cmd);
+	for (const char *a; (a = va_arg(ap, const char *));) {
+		cr_assert_lt(n, 55, "mount fixture: too many arguments for %s", cmd);
+		args[n++] = a;
+	}
+	va_end(ap);
+	args[n] = NULL;
+	return run_cmd(f, out, out_size, cmd, args);
+}
+
+int efs_test_fs_runv(struct efs_test_fs *f, char *out, size_t out_size, const char *cmd,
+		     const char *const *args)
+{
+	return run_cmd(f, out, out_size, cmd, args);
+}
+
+void efs_test_fs_start(struct efs_test_fs *f, const struct efs_test_fs_opts *o)
+{
+	struct efs_harness_opts ho = {0};
+	char out[8192], inodes[32];
+	const char *args[48];
+	int fd, r, n = 0;
+
+	memset(f, 0, sizeof(*f));
+	if (o)
+		f->opts = *o;
+	if (!f->opts.fsname)
+		f->opts.fsname = "testfs";
+	if (!f->opts.node)
+		f->opts.node = "node1";
+	if (!f->opts.image_size)
+		f->opts.image_size = 256ull << 20;
+
+	ho.members = f->opts.members ? f->opts.members : 1;
+	r = efs_harness_start(&f->etcd, &ho);
+	cr_assert_eq(r, 0, "mount fixture: etcd harness start: %s", strerror(-r));
+	snprintf(f->endpoints, sizeof(f->endpoints), "%s", efs_harness_endpoints(f->etcd));
+
+	snprintf(f->dir, sizeof(f->dir), "/tmp/etcfs-test-XXXXXX");
+	cr_assert_not_null(mkdtemp(f->dir), "mount fixture: mkdtemp: %s", strerror(errno));
+	snprintf(f->image, sizeof(f->image), "%s/disk.img", f->dir);
+	snprintf(f->mnt, sizeof(f->mnt), "%s/mnt", f->dir);
+	snprintf(f->log, sizeof(f->log), "%s/etcfsd.log", f->dir);
+	cr_assert_eq(mkdir(f->mnt, 0755), 0, "mount fixture: mkdir %s: %s", f->mnt,
+		     strerror(errno));
+	fd = open(f->image, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	cr_assert_geq(fd, 0, "mount fixture: create %s: %s", f->image, strerror(errno));
+	r = ftruncate(fd, (off_t)f->opts.image_size);
+	close(fd);
+	cr_assert_eq(r, 0, "mount fixture: truncate %s: %s", f->image, strerror(errno));
+
+	args[n++] = "--name";
+	args[n++] = f->opts.fsname;
+	if (f->opts.inodes) {
+		snprintf(inodes, sizeof(inodes), "%llu", (unsigned long long)f->opts.inodes);
+		args[n++] = "--inodes";
+		args[n++] = inodes;
+	}
+	for (int i = 0; f->opts.mkfs_args && f->opts.mkfs_args[i]; i++) {
+		cr_assert_lt(n, 45, "mount fixture: too many mkfs arguments");
+		args[n++] = f->opts.mkfs_args[i];
+	}
+	args[n++] = f->image;
+	args[n] = NULL;
+	r = run_cmd(f, out, sizeof(out), "mkfs.etcfs", args);
+	cr_assert_eq(r, 0, "mount fixture: mkfs.etcfs failed (%d):\n%s", r, out);
+
+	if (!f->opts.no_mount)
+		efs_test_fs_mount(f, NULL);
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+	(void)sb;
+	(void)ftw;
+	return type == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+void efs_test_fs_stop(struct efs_test_fs *f)
+{
+	char problem[512] = "";
+	int st;
+
+	if (f->daemon) {
+		if (waitpid(f->daemon, &st, WNOHANG) == f->daemon) {
+			/* It died: clear the dead mount. */
+			snprintf(problem, sizeof(problem), "etcfsd had exited (%s %d) before stop",
+				 WIFEXITED(st) ? "status" : "signal",
+				 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+			f->daemon = 0;
+		} else if (fusermount(f->mnt, false) != 0) {
+			snprintf(problem, sizeof(problem), "fusermount3 -u %s failed", f->mnt);
+			kill(f->daemon, SIGTERM);
+		}
+		if (f->daemon && wait_pid(f->daemon, &st, EXIT_WAIT_MS) != 1) {
+			snprintf(problem, sizeof(problem), "etcfsd did not exit within %d ms",
+				 EXIT_WAIT_MS);
+			kill(f->daemon, SIGKILL);
+			waitpid(f->daemon, &st, 0);
+		}
+		f->daemon = 0;
+	}
+	/* A dead daemon, or one a test started itself, may leave a mount. */
+	if (f->mnt[0] && efs_test_is_fuse_mount(f->mnt)) {
+		fusermount(f->mnt, false);
+		if (efs_test_is_fuse_mount(f->mnt))
+			fusermount(f->mnt, true);
+	}
+	f->etcd = efs_harness_free(f->etcd);
+	if (f->dir[0]) {
+		nftw(f->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+		f->dir[0] = '\0';
+	}
+	if (problem[0])
+		cr_assert_fail("mount fixture: stop: %s", problem);
+}
+
+double efs_test_fs_metric(struct efs_test_fs *f, const char *sample)
+{
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+	char host[128], *port, *body = NULL, *p;
+	size_t len = 0, cap = 0;
+	size_t slen = strlen(sample);
+	double v = -1;
+	int fd = -1;
+
+	cr_assert(f->metrics[0], "mount fixture: metrics were not asked for (opts.metrics)");
+	snprintf(host, sizeof(host), "%s", f->metrics);
+	port = strrchr(host, ':');
+	cr_assert_not_null(port, "mount fixture: bad metrics address %s", f->metrics);
+	*port++ = '\0';
+	if (host[0] == '[') {
+		memmove(host, host + 1, strlen(host));
+		host[strlen(host) - 1] = '\0';
+	}
+	cr_assert_eq(getaddrinfo(host, port, &hints, &ai), 0, "mount fixture: resolve %s",
+		     f->metrics);
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(fd, 0);
+	if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+		int e = errno;
+
+		close(fd);
+		freeaddrinfo(ai);
+		cr_assert_fail("mount fixture: connect to %s: %s", f->metrics, strerror(e));
+	}
+	freeaddrinfo(ai);
+	dprintf(fd, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", f->metrics);
+	for (;;) {
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
+		ssize_t n;
+
+		if (cap - len < 4096) {
+			cap = cap ? cap * 2 : 65536;
+			body = realloc(body, cap + 1);
+			cr_assert_not_null(body);
+		}
+		if (poll(&pf, 1, 5000) <= 0)
+			break;
+		n = read(fd, body + len, cap - len);
+		if (n <= 0)
+			break;
+		len += (size_t)n;
+	}
+	close(fd);
+	cr_assert_not_null(body);
+	body[len] = '\0';
+	for (p = body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+		if (strncmp(p, sample, slen) == 0 && p[slen] == ' ') {
+			v = strtod(p + slen + 1, NULL);
+			break;
+		}
+	}
+	free(body);
+	return v;
+}
