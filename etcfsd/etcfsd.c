@@ -1043,6 +1043,20 @@ static void on_drain_tick(uv_timer_t *t)
 	if (n > 0)
 		efs_log_warn("%" PRIu64 " operations still in flight after %d ms; leaving anyway",
 			     n, DRAIN_TIMEOUT_MS);
+	/*
+	 * Unmount before the locks go: the kernel may still answer from
+	 * entries and attributes it cached under them (up to the cache
+	 * timeout), and a peer could take a lock the moment its holder key is
+	 * deleted. Closing /dev/fuse ends those caches at once.
+	 */
+	if (d->fl) {
+		efs_fuseloop_close(d->fl, NULL, NULL);
+		d->fl = NULL;
+	}
+	if (d->se && d->mounted) {
+		fuse_session_unmount(d->se);
+		d->mounted = false;
+	}
 	release_locks(d);
 }
 
