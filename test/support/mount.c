@@ -239,7 +239,7 @@ static void push(const char **argv, int *argc, int max, const char *a)
 
 void efs_test_fs_mount(struct efs_test_fs *f, const char *const *extra_args)
 {
-	char daemon[PATH_MAX], ttl[32], tail[4096];
+	char daemon[PATH_MAX], ttl[32], quota[32], tail[4096];
 	const char *argv[64];
 	int argc = 0, st, logfd;
 	bool quiet = false;
@@ -259,6 +259,11 @@ void efs_test_fs_mount(struct efs_test_fs *f, const char *const *extra_args)
 		snprintf(ttl, sizeof(ttl), "%d", f->opts.session_ttl);
 		push(argv, &argc, 64, "--session-ttl");
 		push(argv, &argc, 64, ttl);
+	}
+	if (f->opts.etcd_quota) {
+		snprintf(quota, sizeof(quota), "%llu", (unsigned long long)f->opts.etcd_quota);
+		push(argv, &argc, 64, "--etcd-quota");
+		push(argv, &argc, 64, quota);
 	}
 	if (f->opts.metrics) {
 		push(argv, &argc, 64, "--metrics-addr");
@@ -498,6 +503,7 @@ void efs_test_fs_start(struct efs_test_fs *f, const struct efs_test_fs_opts *o)
 		f->opts.image_size = 256ull << 20;
 
 	ho.members = f->opts.members ? f->opts.members : 1;
+	ho.quota_bytes = (long long)f->opts.etcd_quota;
 	r = efs_harness_start(&f->etcd, &ho);
 	cr_assert_eq(r, 0, "mount fixture: etcd harness start: %s", strerror(-r));
 	snprintf(f->endpoints, sizeof(f->endpoints), "%s", efs_harness_endpoints(f->etcd));

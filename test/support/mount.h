@@ -31,6 +31,8 @@ struct efs_test_fs_opts {
 	bool metrics;		   /* pass --metrics-addr 127.0.0.1:0, read the
 				    * bound address from the daemon's log */
 	bool no_mount;		   /* stop after mkfs (bad-input tests) */
+	uint64_t etcd_quota;	   /* etcd --quota-backend-bytes and etcfsd
+				    * --etcd-quota, bytes (0: etcd's default) */
 };
 
 struct efs_test_fs {
