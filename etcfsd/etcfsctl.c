@@ -1024,7 +1024,8 @@ static int fs_cmd_parse(struct fs_cmd *f, int argc, char **argv, bool df,
 				f->human = true;
 				break;
 			}
-			/* fall through */
+			fprintf(stderr, "Try '%s %s --help'.\n", prog, argv[0]);
+			return EXIT_USAGE;
 		default:
 			fprintf(stderr, "Try '%s %s --help'.\n", prog, argv[0]);
 			return EXIT_USAGE;
