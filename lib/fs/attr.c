@@ -572,6 +572,7 @@ static int open_plan(struct efs_fs_op *op)
 
 static const struct efs_fs_opdesc open_desc = {
 	.code = EFS_FS_OP_OPEN,
+	.mx_all = true, /* never answered while an unlink of the inode is in flight */
 	.plan = open_plan,
 	.build = no_build,
 	.done = no_done,

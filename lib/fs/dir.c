@@ -38,6 +38,7 @@ struct dir_state {
 	size_t page_first; /* readdirplus: first entry of the page being read */
 	struct plus_lock **locks;
 	size_t nlocks, pending;
+	uint64_t fetch_mseq, fetch_gen; /* the directory's when the page read left */
 };
 
 static struct efs_fs_handle *fh_of(const struct fuse_file_info *fi)
@@ -367,6 +368,8 @@ static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 			efs_fs_op_resume_build(op, e);
 			return;
 		}
+		h->ents[h->nents - 1].dir_mseq = st->fetch_mseq;
+		h->ents[h->nents - 1].dir_gen = st->fetch_gen;
 	}
 	if (!resp->more || resp->n_kvs == 0)
 		h->complete = true;
@@ -381,10 +384,17 @@ static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 
 static int fetch_page(struct efs_fs_op *op)
 {
+	struct dir_state *st = op->priv;
 	struct efs_fs_handle *h = op->h;
+	struct efs_fs_inode *din = efs_fs_ifind(op->fs, h->ino);
 	struct efs_meta_range rg;
 	struct efs_etcd_range_opts o = {0};
 	int r;
+
+	/* A name change of this node that ends after the read left makes the
+	 * page's names suspect: seen at emit time through the changed mseq. */
+	st->fetch_mseq = din ? din->mseq : 0;
+	st->fetch_gen = din ? din->lock_gen : 0;
 
 	if (h->nents == 0)
 		r = efs_meta_range_ino(&op->fs->ns, EFS_META_K_DIRENT, h->ino, &rg);
@@ -397,6 +407,20 @@ static int fetch_page(struct efs_fs_op *op)
 	o.range_end_len = rg.end.len;
 	o.limit = EFS_FS_PLUS_BATCH;
 	return efs_etcd_range(op->fs->c, rg.key.buf, rg.key.len, &o, NULL, page_cb, op);
+}
+
+/*
+ * True when the listing of |ent| still stands for the directory's names:
+ * its lock has been held without a break and this node changed no name in
+ * it since the page was asked for, and no name change is in flight.
+ */
+static bool entry_current(struct efs_fs *fs, const struct efs_fs_handle *h,
+			  const struct efs_fs_dirent_ent *ent)
+{
+	const struct efs_fs_inode *din = efs_fs_ifind(fs, h->ino);
+
+	return din && !din->mx_owner && din->mseq == ent->dir_mseq &&
+	       din->lock_gen == ent->dir_gen && efs_fs_inode_valid(fs, din);
 }
 
 /* Adds one entry at position |pos| to the reply buffer; false when full. */
@@ -421,7 +445,13 @@ static bool emit(struct efs_fs_op *op, const char *name, uint64_t ino, uint32_t 
 		struct efs_fs_inode *in = dot ? NULL : efs_fs_ifind(fs, ino);
 
 		memset(&e, 0, sizeof(e));
-		if (in && efs_fs_inode_valid(fs, in) && in->rec) {
+		if (ent && !entry_current(fs, op->h, ent)) {
+			/* The name may be gone (this node renamed or unlinked it,
+			 * or the lock was let go since the page was read): list
+			 * it, but give the kernel no dentry to cache (7.1). */
+			e.attr.st_ino = ino;
+			e.attr.st_mode = (mode_t)(type << 12);
+		} else if (in && efs_fs_inode_valid(fs, in) && in->rec) {
 			efs_fs_fill_entry(fs, op->ino, ino, in->rec, &e);
 		} else if (ent && ent->has_attr) {
 			e.ino = ino;

@@ -183,6 +183,10 @@ struct efs_fs_dirent_ent {
 	uint32_t type; /* DT_* */
 	bool has_attr; /* readdirplus: |st| filled */
 	struct stat st;
+	/* The directory's mseq and lock_gen when the page holding this entry
+	 * was asked for: readdirplus lets the kernel cache the entry only while
+	 * both are unchanged (7.1). */
+	uint64_t dir_mseq, dir_gen;
 };
 
 struct efs_fs_handle {
@@ -316,6 +320,7 @@ struct efs_fs_op {
 	bool verify;	  /* after an unknown outcome: check op_id first */
 	bool force_load;  /* reload every record (after a conflict) */
 	bool granted;	  /* efs_lock_grant_in_txn done for |new_ino| */
+	bool unsettled;	  /* a transaction's outcome is unknown and not yet settled */
 	bool lock_pinned;
 	int state;	  /* engine step to resume at after a wait */
 	int wait_err;	  /* error handed to a waiter */
@@ -346,6 +351,12 @@ struct efs_fs_op {
 	size_t nout;
 	struct efs_fs_out out[EFS_FS_OUT_MAX];
 	uint64_t check_ino; /* inode whose op_id tells "applied" */
+	/* The new name a create-like operation or link writes: after an
+	 * unknown outcome its dirent is read too (kv[vkv - 1]), and our op_id
+	 * on it also tells "applied" (a peer may rewrite check_ino since). */
+	struct efs_meta_key vkey;
+	bool has_vkey;
+	size_t vkv;
 	int64_t commit_rev;
 
 	uint8_t op_id[EFS_FS_OPID_MAX];
@@ -412,6 +423,10 @@ struct efs_fs_opdesc {
 	bool mutates;
 	bool new_inode; /* reserves an inode number and checks the limit */
 	bool grows;	/* adds metadata: refused while etcd is near its quota */
+	/* Takes the node-local mutex of every planned inode, shared or not
+	 * (open: so that it never overlaps an unlink of this node, which
+	 * decides between delete and orphan from the open count). */
+	bool mx_all;
 	int (*plan)(struct efs_fs_op *op);
 	int (*build)(struct efs_fs_op *op);
 	void (*done)(struct efs_fs_op *op);
@@ -429,6 +444,10 @@ void efs_fs_op_run(struct efs_fs_op *op);
 void efs_fs_op_finish(struct efs_fs_op *op, int err);
 /* Resumes an operation whose build returned EFS_FS_WAIT: |err| < 0 ends it. */
 void efs_fs_op_resume_build(struct efs_fs_op *op, int err);
+/* Instead of resuming a waiting build: starts over from the session step
+ * with every record reloaded and planned again (what a compare failure
+ * does), as a retry; -EIO once the retries are spent. */
+void efs_fs_op_restart(struct efs_fs_op *op);
 
 /* Plan helpers: add inode |ino| with lock |mode| (deduplicated, strongest
  * mode wins), and a key to read. -E2BIG beyond the bounds. */
@@ -592,6 +611,16 @@ int efs_fs_setattr_apply(Etcfs__Inode *rec, const struct stat *attr, int to_set,
 void efs_fs_new_owner(const Etcfs__Inode *parent, uid_t uid, gid_t gid, mode_t mode,
 		      mode_t umask, bool apply_umask, uint32_t *ret_mode, uint32_t *ret_uid,
 		      uint32_t *ret_gid);
+
+/*
+ * How long (ns) the kernel may cache an answer given at mono time |now|:
+ * |cache_ns|, but never past the point where the session would suspend
+ * (lease |deadline| - TTL/2; |ttl_s| 0: unknown, TTL/2 is then taken as
+ * 2 * |cache_ns|, the cache timeout being TTL/4). 0 when that point has
+ * passed: a loop lagging behind its renewals never lets kernel caches
+ * outlive the locks (7.1).
+ */
+uint64_t efs_fs_cache_bound(uint64_t cache_ns, uint64_t now, uint64_t deadline, int64_t ttl_s);
 
 /*
  * Readdir positions: "." is 0, ".." 1, entry i is i + 2. For a request at

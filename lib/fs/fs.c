@@ -133,19 +133,31 @@ int efs_fs_read_txn(struct efs_fs *fs, struct efs_etcd_txn *t, efs_etcd_txn_cb c
 
 /* ---- Reply helpers ---- */
 
+uint64_t efs_fs_cache_bound(uint64_t cache_ns, uint64_t now, uint64_t deadline, int64_t ttl_s)
+{
+	/* Without the TTL: the cache timeout is TTL/4, so TTL/2 is twice it. */
+	uint64_t half = ttl_s > 0 ? (uint64_t)ttl_s * EFS_NSEC_PER_SEC / 2 : 2 * cache_ns;
+
+	if (deadline <= now || deadline - now <= half)
+		return 0;
+	return deadline - now - half < cache_ns ? deadline - now - half : cache_ns;
+}
+
 double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino)
 {
-	double t;
+	uint64_t t, now;
 
 	if (!fs->cache_timeout_ms || !efs_session_is_active(fs->s))
 		return 0;
 	if (efs_lock_held(fs->lc, ino) == EFS_LOCK_NONE)
 		return 0;
-	t = fs->cache_timeout_ms / 1000.0;
-	efs_lock_note_kernel_cache(fs->lc, ino,
-				   efs_clock_mono_ns() +
-					   (uint64_t)fs->cache_timeout_ms * EFS_NSEC_PER_MSEC);
-	return t;
+	now = efs_clock_mono_ns();
+	t = efs_fs_cache_bound((uint64_t)fs->cache_timeout_ms * EFS_NSEC_PER_MSEC, now,
+			       efs_session_deadline_ns(fs->s), efs_session_ttl_s(fs->s));
+	if (!t)
+		return 0;
+	efs_lock_note_kernel_cache(fs->lc, ino, now + t);
+	return (double)t / EFS_NSEC_PER_SEC;
 }
 
 void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, uint64_t ino, const Etcfs__Inode *rec,
@@ -241,6 +253,12 @@ static struct efs_fs_slot *slot_of(struct efs_fs_op *op, uint64_t ino)
 	return NULL;
 }
 
+/* True when |op| must hold the node-local mutex of slot |sl|. */
+static bool slot_wants_mx(const struct efs_fs_op *op, const struct efs_fs_slot *sl)
+{
+	return op->d->mx_all || (op->d->mutates && sl->mode == EFS_LOCK_EXCLUSIVE);
+}
+
 static void mx_release(struct efs_fs_op *op, struct efs_fs_slot *sl)
 {
 	struct efs_fs_inode *in = sl->in;
@@ -280,7 +298,7 @@ static int mx_acquire(struct efs_fs_op *op)
 		struct efs_fs_slot *sl = &op->slots[i];
 		struct efs_fs_inode *in = sl->in;
 
-		if (sl->mode != EFS_LOCK_EXCLUSIVE || sl->mx)
+		if (!slot_wants_mx(op, sl) || sl->mx)
 			continue;
 		if (!in->mx_owner) {
 			in->mx_owner = op;
@@ -381,7 +399,10 @@ void efs_fs_op_finish(struct efs_fs_op *op, int err)
 	if (err < 0 && op->req)
 		efs_counter_inc(fs->m_errs[op->d->code]);
 	if (op->granted) {
-		efs_lock_grant_committed(fs->lc, op->new_ino, false);
+		/* An outcome never settled may have committed the holder key:
+		 * keep the lock held then (a lock on an inode that may not exist
+		 * is harmless and goes idle), never leak the key to peers. */
+		efs_lock_grant_committed(fs->lc, op->new_ino, op->unsettled);
 		op->granted = false;
 	}
 	if (op->creating) {
@@ -566,6 +587,11 @@ int efs_fs_put_dirent(struct efs_fs_op *op, uint64_t parent, const char *name, s
 	r = efs_meta_pack(&de.base, &b);
 	if (r < 0)
 		return r;
+	if (must_be_new && !op->has_vkey &&
+	    (op->d->new_inode || op->d->code == EFS_FS_OP_LINK)) {
+		op->vkey = k;
+		op->has_vkey = true;
+	}
 	if (must_be_new)
 		r = efs_etcd_txn_compare(op->txn, EFS_ETCD_CMP_CREATE, EFS_ETCD_CMP_EQUAL, k.buf,
 					 k.len, 0);
@@ -687,7 +713,7 @@ static bool slots_covered(const struct efs_fs_op *op)
 
 		if (!sl->in || sl->locked < sl->mode)
 			return false;
-		if (op->d->mutates && sl->mode == EFS_LOCK_EXCLUSIVE && !sl->mx)
+		if (slot_wants_mx(op, sl) && !sl->mx)
 			return false;
 	}
 	return true;
@@ -708,7 +734,7 @@ static void step_acquire(struct efs_fs_op *op)
 			op->slots[i].in->refs++;
 		}
 	}
-	if (op->d->mutates && mx_acquire(op) == EFS_FS_WAIT) {
+	if ((op->d->mutates || op->d->mx_all) && mx_acquire(op) == EFS_FS_WAIT) {
 		/* Never hold lock pins while waiting on a node-local mutex. */
 		if (op->lock_pinned) {
 			efs_lock_put(fs->lc, &op->lr);
@@ -1019,6 +1045,9 @@ static void apply_out(struct efs_fs_op *op, int64_t rev)
 			efs_fs_inode_set(fs, in, NULL, rev, true);
 			efs_lock_forget(fs->lc, o->ino);
 			fs->icount--;
+		} else if (efs_fs_inode_valid(fs, in) && in->rec && in->mod_rev > rev) {
+			/* Settled after an unknown outcome: the load read a newer
+			 * record (a peer rewrote it since), keep that one. */
 		} else if (efs_meta_inode_decode(o->val.data, o->val.len, &rec, NULL) == 0) {
 			efs_fs_inode_set(fs, in, rec, rev, true);
 		} else {
@@ -1039,7 +1068,9 @@ static void op_done(struct efs_fs_op *op, int64_t rev)
 		efs_fs_dcache_forget(op->fs, op->ino, op->name, op->name_len);
 	if (op->name2_len)
 		efs_fs_dcache_forget(op->fs, op->ino2, op->name2, op->name2_len);
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < 2 && op->d->mutates && op->d->origin <= EFS_FS_ORIG_RENAME; i++) {
+		/* Namespace operations only: a relatime update or an xattr of
+		 * the directory changes none of its names. */
 		struct efs_fs_inode *d = efs_fs_ifind(op->fs, i ? op->ino2 : op->ino);
 
 		if (d)
@@ -1053,6 +1084,23 @@ static void op_done(struct efs_fs_op *op, int64_t rev)
 	efs_fs_op_finish(op, 0);
 }
 
+/* True when the verify read of the new name found a dirent with our op id. */
+static bool vkv_is_ours(const struct efs_fs_op *op)
+{
+	const struct efs_fs_kv *kv;
+	Etcfs__Dirent *de = NULL;
+	bool ours;
+
+	if (!op->vkv || op->nkv_loaded < op->vkv)
+		return false;
+	kv = &op->kv[op->vkv - 1];
+	if (!kv->found || efs_meta_dirent_decode(kv->val, kv->val_len, &de, NULL) < 0)
+		return false;
+	ours = efs_fs_opid_equal(de->op_id.data, de->op_id.len, op->op_id, op->op_id_len);
+	efs_meta_record_free(de);
+	return ours;
+}
+
 static void step_loaded(struct efs_fs_op *op)
 {
 	int r;
@@ -1062,9 +1110,14 @@ static void step_loaded(struct efs_fs_op *op)
 		const Etcfs__Inode *rec = sl && sl->in && !sl->in->gone ? sl->in->rec : NULL;
 
 		op->verify = false;
+		op->unsettled = false;
 		if (rec && efs_fs_opid_equal(rec->op_id.data, rec->op_id.len, op->op_id,
 					     op->op_id_len)) {
 			op_done(op, sl->in->mod_rev);
+			return;
+		}
+		if (vkv_is_ours(op)) {
+			op_done(op, op->kv[op->vkv - 1].mod_rev);
 			return;
 		}
 		if (op->granted) {
@@ -1376,6 +1429,21 @@ void efs_fs_op_resume_build(struct efs_fs_op *op, int err)
 	step_build(op);
 }
 
+void efs_fs_op_restart(struct efs_fs_op *op)
+{
+	if (op->granted) {
+		efs_lock_grant_committed(op->fs->lc, op->new_ino, false); /* never sent */
+		op->granted = false;
+	}
+	if (++op->retries > EFS_FS_RETRY_MAX) {
+		efs_fs_op_finish(op, -EIO);
+		return;
+	}
+	efs_counter_inc(op->fs->m_retries);
+	op->force_load = true;
+	step_session(op);
+}
+
 /* ---- Commit ---- */
 
 static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
@@ -1389,11 +1457,20 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 		if (r->outcome_unknown || r->err == -ETIMEDOUT) {
 			efs_fs_count_txn(fs, orig, EFS_FS_TXN_UNKNOWN);
 			efs_counter_inc(fs->m_retries);
+			op->unsettled = true;
 			if (++op->retries > EFS_FS_RETRY_MAX) {
 				efs_fs_op_finish(op, -EIO);
 				return;
 			}
 			op->verify = op->check_ino != 0;
+			if (op->verify && op->has_vkey && !op->vkv) {
+				struct efs_fs_kv *kv = efs_fs_want_kv(op);
+
+				if (kv) {
+					kv->key = op->vkey;
+					op->vkv = op->nkv;
+				}
+			}
 			op->force_load = true;
 			step_session(op);
 			return;

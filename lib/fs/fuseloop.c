@@ -42,11 +42,16 @@ static void end_session(struct efs_fuseloop *fl, int status)
  * or close the fuseloop, so the loop checks after each request; the memory
  * stays valid until the close callback, which runs in a later loop phase.
  */
+/* Requests read per poll callback: the rest wait for the next loop
+ * iteration (the fd stays readable and the poll armed), so that timers
+ * (session suspension, lease renewal) are never starved by a busy mount. */
+#define PUMP_MAX 64
+
 static void pump(struct efs_fuseloop *fl)
 {
 	int r;
 
-	while (!fl->closing && !fl->paused && !fl->ended) {
+	for (int n = 0; n < PUMP_MAX && !fl->closing && !fl->paused && !fl->ended; n++) {
 		r = fuse_session_receive_buf(fl->se, &fl->buf);
 		if (r == -EINTR)
 			continue;

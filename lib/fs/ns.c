@@ -886,8 +886,10 @@ static void walk_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 				  NULL) < 0 ||
 	    !S_ISDIR(rec->mode)) {
 		efs_meta_record_free(rec);
-		/* An ancestor vanished or is not a directory: retry from scratch. */
-		efs_fs_op_resume_build(op, -EIO);
+		/* An ancestor vanished or is not a directory (a peer moved or
+		 * removed it meanwhile): reload, plan and walk again. */
+		p->walked = false;
+		efs_fs_op_restart(op);
 		return;
 	}
 	p->cur = rec->parent;

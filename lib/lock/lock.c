@@ -62,6 +62,29 @@
  * hook point marked RECALL below; a single node never recalls from itself.
  */
 
+/*
+ * Cleanups (every one a transaction carrying the session guard):
+ *   recall   deletes our recall key w/<I><seq><node> once the acquisition
+ *            that put it is done with it;
+ *   settle   ends an acquisition that failed (cancelled, timed out, an
+ *            error) after one of its transactions had an unknown outcome:
+ *            the holder key it put may have committed. With no lock held
+ *            before, it deletes both of our holder keys of I; after an
+ *            upgrade from shared, if our exclusive key exists it deletes
+ *            it and puts the shared one back (what the table holds). The
+ *            entry stays busy (ACQUIRING, owned by the cleanup) meanwhile,
+ *            so no other acquisition of this node touches those keys.
+ * A cleanup that cannot be sent or answered (the session not ACTIVE, a
+ * transient error, an unknown outcome: both are idempotent) is sent again
+ * from the retry timer; it is dropped once the session is replaced or
+ * closed, since its keys went with the lease.
+ */
+enum cleanup_kind {
+	CL_NONE = 0,
+	CL_RECALL,
+	CL_SETTLE,
+};
+
 /* Retry delay after a transient etcd error. */
 #define RETRY_MS 50
 /* The idle-release timer period bounds. */
@@ -109,6 +132,9 @@ struct acq {
 	bool counted_wait;
 	uint64_t wait_deadline_ns;
 	struct efs_locktab_entry *blocked_on; /* AW_ENTRY: compared, never used */
+	/* Per request index: the mode an attempt with an unknown outcome may
+	 * have put a holder key for (NONE: no doubt). */
+	enum efs_lock_mode doubt[EFS_LOCK_REQ_MAX];
 	struct efs_etcd_watcher *wl, *ww;
 	struct efs_session_waiter sw;
 };
@@ -122,6 +148,14 @@ struct lcall {
 	/* Response layout of a single acquire. */
 	size_t s_rec; /* success: index of the i/ range */
 	size_t f_l, f_w, f_i;
+	/* Cleanups (kind != CL_NONE), listed in lc->cleanups until ended. */
+	enum cleanup_kind kind;
+	bool waiting;		 /* to be sent again from the retry timer */
+	unsigned c_pass;	 /* retry pass that last tried it */
+	uint64_t c_ino;
+	uint64_t c_seq;		 /* CL_RECALL: the recall key's seq */
+	enum efs_lock_mode keep; /* CL_SETTLE: NONE or SHARED (after an upgrade) */
+	struct lcall *c_next;
 	/* Releases. */
 	size_t n;
 	uint64_t ino[];
@@ -154,6 +188,8 @@ struct efs_lockcache {
 	struct lcall *rel_retry; /* a release to send again */
 	bool releasing;	     /* a release transaction is in flight */
 	bool release_all;
+	struct lcall *cleanups; /* in flight or waiting */
+	unsigned cpass;
 	void (*release_all_done)(int status, void *arg);
 	void *release_all_arg;
 	struct efs_lockcache_stats stats;
@@ -161,6 +197,10 @@ struct efs_lockcache {
 
 static void kick_soon(struct efs_lockcache *lc);
 static void release_start(struct efs_lockcache *lc);
+static void cleanup_start(struct efs_lockcache *lc, struct lcall *k);
+static void cleanup_retry(struct efs_lockcache *lc, struct lcall *k);
+static int put_holder(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino,
+		      enum efs_lock_mode m, uint64_t *ret_token);
 
 /* ---- Small helpers ---- */
 
@@ -333,28 +373,24 @@ static void acq_release_resources(struct acq *a, bool unpin)
 	a->n_resps = 0;
 }
 
-static void recall_delete_done(struct efs_etcd_result *r, Etcdserverpb__DeleteRangeResponse *resp,
-			       void *arg)
-{
-	(void)r;
-	(void)resp;
-	lcall_end(arg);
-}
-
 /* Deletes our recall key of the current inode, if we may have put one. */
 static void recall_drop(struct acq *a)
 {
 	struct efs_lockcache *lc = a->lc;
-	struct efs_meta_key k;
-	struct lcall *kc;
+	struct lcall *k;
 
 	if (!a->recall_seq)
 		return;
-	if (efs_meta_key_recall(&lc->ns, a->req->ino[a->cur], a->recall_seq,
-				efs_session_node(lc->s), &k) == 0 &&
-	    (kc = lcall_new(lc, NULL, 0)) != NULL) {
-		if (efs_etcd_delete(lc->c, k.buf, k.len, NULL, NULL, recall_delete_done, kc) < 0)
-			lcall_end(kc);
+	k = lcall_new(lc, NULL, 0);
+	if (k) {
+		k->kind = CL_RECALL;
+		k->c_ino = a->req->ino[a->cur];
+		k->c_seq = a->recall_seq;
+		cleanup_start(lc, k);
+	} else {
+		efs_log_err("lock: no memory to delete the recall key of inode %" PRIu64
+			    ": it stays until the session ends",
+			    a->req->ino[a->cur]);
 	}
 	a->recall_seq = 0;
 	a->recall_rev = 0;
@@ -381,6 +417,47 @@ static void revert_busy(struct acq *a)
 }
 
 /*
+ * A failing acquisition whose attempts had unknown outcomes: settle each
+ * inode whose holder key may have been put (see cleanups above), unless
+ * another acquisition or a held entry of this node accounts for it now.
+ */
+static void settle_doubts(struct acq *a)
+{
+	struct efs_lockcache *lc = a->lc;
+
+	for (size_t i = 0; i < a->req->n; i++) {
+		uint64_t ino = a->req->ino[i];
+		struct efs_locktab_entry *e;
+		struct lcall *k;
+
+		if (a->doubt[i] == EFS_LOCK_NONE)
+			continue;
+		a->doubt[i] = EFS_LOCK_NONE;
+		e = efs_locktab_find(&lc->tab, ino);
+		if (e && e->owner != a)
+			continue; /* its own transactions read our holder keys */
+		k = lcall_new(lc, NULL, 0);
+		if (k && !e && efs_locktab_add(&lc->tab, ino, now_ns(), &e) < 0) {
+			lcall_end(k);
+			k = NULL;
+		}
+		if (!k) {
+			efs_log_err("lock: no memory to settle the holder key of inode %" PRIu64
+				    ": it may stay until the session ends",
+				    ino);
+			continue;
+		}
+		k->kind = CL_SETTLE;
+		k->c_ino = ino;
+		k->keep = e->mode == EFS_LOCK_SHARED ? EFS_LOCK_SHARED : EFS_LOCK_NONE;
+		e->mode = k->keep;
+		e->state = EFS_LOCKTAB_ACQUIRING;
+		e->owner = k;
+		cleanup_start(lc, k);
+	}
+}
+
+/*
  * Ends an acquisition: the callback runs now (we are always in a callback
  * of our own here, never inside efs_lock_acquire). Returns false when the
  * callback freed the lock cache.
@@ -392,6 +469,7 @@ static bool acq_finish(struct acq *a, int status)
 	struct lref *r;
 
 	if (status < 0) {
+		settle_doubts(a);
 		recall_drop(a);
 		revert_busy(a);
 		acq_release_resources(a, true);
@@ -644,6 +722,15 @@ static int start_batch(struct acq *a, const size_t *need, size_t n_need)
 	return r;
 }
 
+/* A delete of our recall key w/<ino><seq><node> is pending. */
+static bool recall_pending(const struct efs_lockcache *lc, uint64_t ino, uint64_t seq)
+{
+	for (const struct lcall *c = lc->cleanups; c; c = c->c_next)
+		if (c->kind == CL_RECALL && c->c_ino == ino && c->c_seq == seq)
+			return true;
+	return false;
+}
+
 /* One transaction for request index |i| (may wait). */
 static int start_single(struct acq *a, size_t i)
 {
@@ -664,8 +751,13 @@ static int start_single(struct acq *a, size_t i)
 		a->counted_wait = false;
 		a->wait_deadline_ns = 0;
 	}
-	if (!a->recall_seq)
+	if (!a->recall_seq) {
 		a->recall_seq = lc->last_rev > 0 ? (uint64_t)lc->last_rev : 1;
+		/* Never the name of a recall key whose delete is pending: that
+		 * delete would remove ours. */
+		while (recall_pending(lc, ino, a->recall_seq))
+			a->recall_seq++;
+	}
 	k = lcall_new(lc, a, 0);
 	if (!k)
 		return -ENOMEM;
@@ -796,6 +888,8 @@ static bool acq_step(struct acq *a)
 		a->batch_tried = false;
 		a->recall_seq = 0;
 		a->recall_rev = 0;
+		for (size_t i = 0; i < EFS_LOCK_REQ_MAX; i++)
+			a->doubt[i] = EFS_LOCK_NONE; /* its keys went with the lease */
 		a->gen = lc->gen;
 	}
 	for (size_t j = 0; j < a->req->n; j++) {
@@ -881,6 +975,7 @@ static void kick_soon(struct efs_lockcache *lc)
 static void retry_cb(uv_timer_t *t)
 {
 	struct efs_lockcache *lc = t->data;
+	struct lcall *k;
 
 	if (!lc)
 		return;
@@ -888,6 +983,18 @@ static void retry_cb(uv_timer_t *t)
 		if (a->wait == AW_BACKOFF)
 			a->wait = AW_KICK;
 	kick_soon(lc);
+	/* One waiting cleanup at a time (a retry may end one and change the
+	 * list); one that waits again is left for the next timer. */
+	lc->cpass++;
+	for (;;) {
+		for (k = lc->cleanups; k; k = k->c_next)
+			if (k->waiting && k->c_pass != lc->cpass)
+				break;
+		if (!k)
+			break;
+		k->c_pass = lc->cpass;
+		cleanup_retry(lc, k);
+	}
 }
 
 static void backoff(struct acq *a)
@@ -915,6 +1022,7 @@ static void granted(struct acq *a, size_t i, enum efs_lock_mode mode,
 	e->state = EFS_LOCKTAB_HELD;
 	e->owner = NULL;
 	e->token = lc->token_seq;
+	a->doubt[i] = EFS_LOCK_NONE;
 	pin_for(a, i, e);
 	a->req->recs[i] = rec && rec->n_kvs > 0 ? rec->kvs[0] : NULL;
 	entry_changed(lc, e);
@@ -1065,8 +1173,18 @@ static void acq_txn_result(struct efs_lockcache *lc, struct lcall *k,
 	a->wait = AW_KICK;
 	if (res->err < 0) {
 		efs_log_debug("lock: acquire txn: %s", res->message);
-		if (k->batch)
+		if (res->outcome_unknown && k->gen == a->gen) {
+			/* Its holder keys may have been put: the entries stay
+			 * ours until a retry or a settle tells (settle_doubts). */
+			if (k->batch) {
+				for (size_t j = 0; j < a->batch_n; j++)
+					a->doubt[a->batch[j]] = a->want[a->batch[j]];
+			} else if (a->cur < a->req->n) {
+				a->doubt[a->cur] = a->want[a->cur];
+			}
+		} else if (k->batch) {
 			revert_busy(a);
+		}
 		if (a->cancelled) {
 			acq_finish(a, -EINTR);
 			return;
@@ -1118,6 +1236,147 @@ static void acq_txn_done(struct efs_etcd_result *res, Etcdserverpb__TxnResponse 
 	if (k->ref->lc)
 		acq_txn_result(k->ref->lc, k, res, resp);
 	lcall_end(k);
+}
+
+/* ---- Cleanups ---- */
+
+/* Unlinks and frees cleanup |k|; a settle's entry becomes what it keeps. */
+static void cleanup_end(struct efs_lockcache *lc, struct lcall *k)
+{
+	for (struct lcall **pp = &lc->cleanups; *pp; pp = &(*pp)->c_next) {
+		if (*pp == k) {
+			*pp = k->c_next;
+			break;
+		}
+	}
+	if (k->kind == CL_SETTLE) {
+		struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, k->c_ino);
+
+		if (e && e->owner == k) {
+			e->owner = NULL;
+			if (k->keep == EFS_LOCK_NONE) {
+				remove_entry(lc, e);
+			} else {
+				e->state = EFS_LOCKTAB_HELD;
+				entry_changed(lc, e);
+			}
+		}
+	}
+	lcall_end(k);
+}
+
+static void cleanup_wait(struct efs_lockcache *lc, struct lcall *k)
+{
+	k->waiting = true;
+	if (!uv_is_active((uv_handle_t *)lc->retry))
+		uv_timer_start(lc->retry, retry_cb, RETRY_MS, 0);
+}
+
+static void cleanup_done(struct efs_etcd_result *res, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct lcall *k = arg;
+	struct efs_lockcache *lc = k->ref->lc;
+
+	if (!lc) {
+		lcall_end(k);
+		return;
+	}
+	if (res->err < 0 && k->gen == efs_session_generation(lc->s) &&
+	    efs_session_state(lc->s) != EFS_SESSION_CLOSED) {
+		/* Both kinds are idempotent: send it again. */
+		efs_log_debug("lock: cleanup txn: %s", res->message);
+		cleanup_wait(lc, k);
+		return;
+	}
+	if (res->err == 0) {
+		note_rev(lc, resp->header);
+		if (!resp->succeeded)
+			efs_log_debug("lock: cleanup of inode %" PRIu64 ": session guard failed",
+				      k->c_ino);
+	}
+	/* Done, or the session that owned the keys is no more. */
+	cleanup_end(lc, k);
+	release_start(lc); /* a release_all may wait for the entry */
+}
+
+/* Builds and sends cleanup |k|: 0, or -EIO (session not ACTIVE), ... */
+static int cleanup_send(struct efs_lockcache *lc, struct lcall *k)
+{
+	struct efs_etcd_callopts co = {.channel = EFS_ETCD_CH_PRIO};
+	const char *node = efs_session_node(lc->s);
+	struct efs_etcd_txn *t = NULL, *in = NULL;
+	struct efs_meta_key sk, xk, wk;
+	int r;
+
+	r = efs_etcd_txn_new(&t, 0);
+	if (r < 0)
+		return r;
+	r = efs_session_guard(lc->s, t);
+	if (r == 0 && k->kind == CL_RECALL) {
+		r = efs_meta_key_recall(&lc->ns, k->c_ino, k->c_seq, node, &wk);
+		if (r == 0)
+			r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, wk.buf, wk.len, NULL, 0,
+						false);
+	} else if (r == 0) {
+		r = efs_meta_key_holder(&lc->ns, k->c_ino, EFS_META_LOCK_SHARED, node, &sk);
+		if (r == 0)
+			r = efs_meta_key_holder(&lc->ns, k->c_ino, EFS_META_LOCK_EXCLUSIVE, node,
+						&xk);
+		if (r == 0 && k->keep == EFS_LOCK_NONE) {
+			r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, sk.buf, sk.len, NULL, 0,
+						false);
+			if (r == 0)
+				r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, xk.buf, xk.len,
+							NULL, 0, false);
+		} else if (r == 0) {
+			/* Undo an upgrade that may have committed. */
+			r = efs_etcd_txn_nested(t, EFS_ETCD_TXN_SUCCESS, &in);
+			if (r == 0)
+				r = efs_etcd_txn_compare(in, EFS_ETCD_CMP_LEASE,
+							 EFS_ETCD_CMP_EQUAL, xk.buf, xk.len,
+							 efs_session_lease_id(lc->s));
+			if (r == 0)
+				r = efs_etcd_txn_delete(in, EFS_ETCD_TXN_SUCCESS, xk.buf, xk.len,
+							NULL, 0, false);
+			if (r == 0)
+				r = put_holder(lc, in, k->c_ino, EFS_LOCK_SHARED, NULL);
+		}
+	}
+	if (r == 0)
+		r = efs_etcd_txn(lc->c, efs_etcd_txn_request(t), &co, cleanup_done, k);
+	efs_etcd_txn_free(t);
+	return r;
+}
+
+static void cleanup_retry(struct efs_lockcache *lc, struct lcall *k)
+{
+	int r;
+
+	k->waiting = false;
+	if (k->gen != efs_session_generation(lc->s) ||
+	    efs_session_state(lc->s) == EFS_SESSION_CLOSED) {
+		cleanup_end(lc, k); /* the keys went with the lease */
+		return;
+	}
+	r = efs_session_is_active(lc->s) ? cleanup_send(lc, k) : -EIO;
+	if (r == 0)
+		return;
+	if (r == -EIO || is_transient(r)) {
+		cleanup_wait(lc, k);
+		return;
+	}
+	efs_log_err("lock: cannot clean up after inode %" PRIu64 " (%s): a key of ours may "
+		    "stay until the session ends",
+		    k->c_ino, strerror(-r));
+	cleanup_end(lc, k);
+}
+
+/* Takes |k| (kind, inode and seq/keep set) and sends it now or later. */
+static void cleanup_start(struct efs_lockcache *lc, struct lcall *k)
+{
+	k->c_next = lc->cleanups;
+	lc->cleanups = k;
+	cleanup_retry(lc, k);
 }
 
 /* ---- Idle release ---- */
@@ -1418,6 +1677,14 @@ struct efs_lockcache *efs_lockcache_free(struct efs_lockcache *lc)
 	}
 	if (lc->rel_retry)
 		lcall_end(lc->rel_retry);
+	/* Cleanups in flight end in their callbacks (they see no cache). */
+	while (lc->cleanups) {
+		struct lcall *k = lc->cleanups;
+
+		lc->cleanups = k->c_next;
+		if (k->waiting)
+			lcall_end(k);
+	}
 	lc->ws = efs_etcd_watch_stream_free(lc->ws);
 	lc->tick = timer_free(lc->tick);
 	lc->kick = timer_free(lc->kick);

@@ -2,6 +2,7 @@
 #include "lock/session-fsm.h"
 
 #include <stdint.h>
+#include <string.h>
 
 void efs_session_fsm_init(struct efs_session_fsm *f, uint64_t ttl_ns, uint64_t suspend_ns,
 			  uint64_t quorum_loss_ns)
@@ -173,4 +174,25 @@ uint64_t efs_session_fsm_deadline_ns(const struct efs_session_fsm *f)
 bool efs_session_fsm_fail_fast(const struct efs_session_fsm *f)
 {
 	return f->failing && is_waiting_state(f->state);
+}
+
+bool efs_session_may_take_over(const struct efs_session_owner *old,
+			       const struct efs_session_owner *me, bool pid_running,
+			       uint64_t running_start)
+{
+	if (!old->machine_id || !me->machine_id || strcmp(old->machine_id, me->machine_id) != 0)
+		return false;
+	if (old->pid <= 0)
+		return false;
+	if (!old->boot_id || !old->boot_id[0])
+		return !pid_running; /* written by an older version */
+	if (!me->boot_id || strcmp(old->boot_id, me->boot_id) != 0)
+		return false;
+	if (old->pid_ns != me->pid_ns)
+		return false; /* the pid names a process of another namespace */
+	if (!pid_running)
+		return true;
+	/* The pid runs: a different process only when both start times are
+	 * known and differ. */
+	return old->pid_start != 0 && running_start != 0 && old->pid_start != running_start;
 }

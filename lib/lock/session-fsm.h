@@ -94,3 +94,27 @@ uint64_t efs_session_fsm_deadline_ns(const struct efs_session_fsm *f);
 
 /* True when new operations should fail at once with EIO (see above). */
 bool efs_session_fsm_fail_fast(const struct efs_session_fsm *f);
+
+/*
+ * Restart takeover (efs_session_start): may this daemon revoke the lease of
+ * an n/<node> record it found? |old| comes from the record, |me| from this
+ * process (its pid and pid_start unused); |pid_running| says whether the
+ * record's pid runs here and |running_start| is that process's start time
+ * (0: unknown). True only when the machine ids match and:
+ *   - the record has no boot id (an older writer): the pid is not running;
+ *   - else the boot ids match, the pid namespaces match (containers of one
+ *     image on one host share machine id and boot id, not pid numbers),
+ *     and the pid is not running or runs with a start time that differs
+ *     from the recorded one (both known: the pid was reused).
+ * Pure: no I/O.
+ */
+struct efs_session_owner {
+	const char *machine_id;
+	const char *boot_id; /* "" or NULL: unknown (an older writer) */
+	uint64_t pid_ns;     /* inode of /proc/<pid>/ns/pid (0: unknown) */
+	int32_t pid;
+	uint64_t pid_start; /* field 22 of /proc/<pid>/stat (0: unknown) */
+};
+bool efs_session_may_take_over(const struct efs_session_owner *old,
+			       const struct efs_session_owner *me, bool pid_running,
+			       uint64_t running_start);

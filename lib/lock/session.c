@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -40,6 +41,7 @@ struct sref {
 struct scall {
 	struct sref *ref;
 	int64_t lease; /* the lease the call is about */
+	bool from_lease; /* confirm_gone: the lease module reported GONE */
 };
 
 struct efs_session {
@@ -49,6 +51,9 @@ struct efs_session {
 	struct efs_meta_ns ns;
 	char node[EFS_META_NODE_MAX + 1];
 	char *machine_id;
+	char *boot_id; /* "" when unreadable */
+	uint64_t pid_start; /* our start time (0: unknown) */
+	uint64_t pid_ns;    /* our pid namespace (0: unknown) */
 	char *hostname;
 	char *metrics_addr;
 	int64_t ttl_s;
@@ -66,10 +71,14 @@ struct efs_session {
 	struct efs_etcd_keepalive *ka;
 	struct efs_etcd_lease *lease;
 	int64_t lease_id;
+	int64_t lease_ttl_s; /* granted TTL of |lease_id| (0: none yet) */
 	uint64_t generation;
 	int64_t gen_mod_rev;
 	uint64_t started_ns;
 	uint64_t last_ack_seen_ns;
+	/* Send time of the last acknowledged renewal of a lease the lease
+	 * module reported gone, while that report is being checked. */
+	uint64_t lost_last_ack_ns;
 
 	/* Registration in progress. */
 	bool registering;
@@ -222,6 +231,9 @@ static void drop_lease(struct efs_session *s)
 }
 
 static void ttl_done(int status, int64_t ttl_s, int64_t granted_ttl_s, void *arg);
+static void confirm_gone(struct efs_session *s, bool from_lease);
+static void lease_event(struct efs_etcd_lease *l, int status, enum efs_etcd_lease_event ev,
+			uint64_t at_ns, void *arg);
 
 /* Carries out the actions |a| of the state machine. */
 static void act(struct efs_session *s, unsigned a)
@@ -340,7 +352,107 @@ static void ttl_done(int status, int64_t ttl_s, int64_t granted_ttl_s, void *arg
 		act(s, efs_session_fsm_unreachable(&s->fsm, now));
 		return;
 	}
-	act(s, efs_session_fsm_ttl(&s->fsm, now, ttl_s > 0));
+	/* etcd answers -1 for a lease it no longer has; a live one with less
+	 * than a second left reads 0 (the remaining TTL is rounded down). But
+	 * a negative answer is not proof: the leader computes the remaining
+	 * time as expiry - now, so a lease past its expiry on that member and
+	 * not yet revoked reads -1 or less too (a leader that was stopped and
+	 * resumes, before it learns that it lost the leadership and the new
+	 * leader extended every lease). Only a revocation removes the lease,
+	 * and it deletes n/<node> with it: ask that (confirm_gone). */
+	if (ttl_s >= 0) {
+		act(s, efs_session_fsm_ttl(&s->fsm, now, true));
+		return;
+	}
+	confirm_gone(s, false);
+}
+
+/*
+ * Settles "the lease is gone" (a negative TimeToLive, or the lease
+ * module's GONE, which a negative TimeToLive also raises) by a
+ * linearizable read of n/<node>: etcd deletes the keys of a lease in the
+ * same step that revokes it, so n/<node> still on the lease means the
+ * lease exists. Then a TimeToLive counts as "alive" (resuming still needs
+ * a fresh acknowledged renewal), and a lease the lease module gave up is
+ * kept alive again by a new lease object from its last acknowledged send
+ * time. Otherwise the session is lost.
+ */
+static void gone_read_done(struct efs_etcd_result *res, Etcdserverpb__RangeResponse *resp,
+			   void *arg)
+{
+	struct scall *sc = arg;
+	int64_t lease = sc->lease;
+	bool from_lease = sc->from_lease;
+	struct efs_session *s = scall_end(sc);
+	uint64_t now = efs_clock_mono_ns();
+	struct efs_etcd_lease_opts lo = {0};
+	bool ours;
+	int r;
+
+	if (!s || lease != s->lease_id || s->state == EFS_SESSION_CLOSED ||
+	    s->state == EFS_SESSION_GONE)
+		return;
+	if (res->err < 0) {
+		efs_log_debug("session %s: reading n/%s: %s", s->node, s->node, res->message);
+		if (from_lease)
+			act(s, efs_session_fsm_lost(&s->fsm, now));
+		else
+			act(s, efs_session_fsm_unreachable(&s->fsm, now));
+		return;
+	}
+	ours = resp->n_kvs > 0 && resp->kvs[0]->lease == lease;
+	if (!from_lease) {
+		act(s, efs_session_fsm_ttl(&s->fsm, now, ours));
+		return;
+	}
+	if (!ours || s->lease) {
+		if (!ours)
+			act(s, efs_session_fsm_lost(&s->fsm, now));
+		return;
+	}
+	lo.id = lease;
+	lo.ttl_s = s->lease_ttl_s;
+	lo.granted_ns = s->lost_last_ack_ns;
+	lo.at_risk_ms = s->suspend_ms;
+	if ((uint64_t)lo.ttl_s * 1000 / 4 > s->suspend_ms)
+		lo.failover_ms = s->suspend_ms / 2;
+	r = efs_etcd_lease_new(&s->lease, s->ka, &lo, lease_event, s);
+	if (r < 0) {
+		efs_log_err("session %s: renewing lease %" PRId64 " again: %s", s->node, lease,
+			    strerror(-r));
+		act(s, efs_session_fsm_lost(&s->fsm, now));
+		return;
+	}
+	efs_log_info("session %s: lease %" PRIx64 " was reported gone but n/%s is still on it: "
+		     "renewing it again", s->node, (uint64_t)lease, s->node);
+	act(s, efs_session_fsm_reachable(&s->fsm, now));
+}
+
+static void confirm_gone(struct efs_session *s, bool from_lease)
+{
+	struct efs_meta_key nk;
+	struct scall *sc = NULL;
+	uint64_t now = efs_clock_mono_ns();
+	int r;
+
+	r = efs_meta_key_node(&s->ns, s->node, &nk);
+	if (r == 0) {
+		sc = scall_new(s, s->lease_id);
+		r = -ENOMEM;
+	}
+	if (sc) {
+		sc->from_lease = from_lease;
+		r = efs_etcd_range(s->c, nk.buf, nk.len, NULL, NULL, gone_read_done, sc);
+		if (r < 0)
+			scall_end(sc);
+	}
+	if (r >= 0)
+		return;
+	efs_log_debug("session %s: reading n/%s: %s", s->node, s->node, strerror(-r));
+	if (from_lease)
+		act(s, efs_session_fsm_lost(&s->fsm, now));
+	else
+		act(s, efs_session_fsm_unreachable(&s->fsm, now));
 }
 
 static void lease_event(struct efs_etcd_lease *l, int status, enum efs_etcd_lease_event ev,
@@ -349,7 +461,6 @@ static void lease_event(struct efs_etcd_lease *l, int status, enum efs_etcd_leas
 	struct efs_session *s = arg;
 	uint64_t now = efs_clock_mono_ns();
 
-	(void)l;
 	(void)status;
 	switch (ev) {
 	case EFS_ETCD_LEASE_AT_RISK:
@@ -360,8 +471,12 @@ static void lease_event(struct efs_etcd_lease *l, int status, enum efs_etcd_leas
 		act(s, efs_session_fsm_acked(&s->fsm, now, at_ns));
 		break;
 	case EFS_ETCD_LEASE_GONE:
-		efs_log_debug("session %s: lease %" PRId64 " gone", s->node, s->lease_id);
-		act(s, efs_session_fsm_lost(&s->fsm, now));
+		/* The lease object stops renewing for good: drop it (allowed
+		 * from its own callback) and check the report (confirm_gone). */
+		efs_log_debug("session %s: lease %" PRId64 " gone?", s->node, s->lease_id);
+		s->lost_last_ack_ns = efs_etcd_lease_last_ack_send_ns(l);
+		drop_lease(s);
+		confirm_gone(s, true);
 		break;
 	}
 }
@@ -462,6 +577,73 @@ static bool pid_is_alive(int32_t pid)
 	return kill((pid_t)pid, 0) == 0 || errno != ESRCH;
 }
 
+/* Inode of our pid namespace (/proc/self/ns/pid), 0 when unknown. */
+static uint64_t pid_namespace(void)
+{
+	struct stat st;
+
+	if (stat("/proc/self/ns/pid", &st) < 0)
+		return 0;
+	return (uint64_t)st.st_ino;
+}
+
+/* Start time of |pid| (field 22 of /proc/<pid>/stat), 0 when unknown. */
+static uint64_t pid_start_time(int32_t pid)
+{
+	char path[64], buf[1024];
+	unsigned long long v;
+	const char *p;
+	size_t n;
+	FILE *f;
+
+	if (pid <= 0)
+		return 0;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	/* The command name (field 2) may hold spaces and parentheses: the
+	 * fields after it start after the last ')', at field 3. */
+	p = strrchr(buf, ')');
+	if (!p)
+		return 0;
+	for (int field = 3; field <= 22; field++) {
+		p = strchr(p + 1, ' ');
+		if (!p)
+			return 0;
+	}
+	if (sscanf(p + 1, "%llu", &v) != 1)
+		return 0;
+	return (uint64_t)v;
+}
+
+static bool str_eq(const char *a, const char *b)
+{
+	return a && b && strcmp(a, b) == 0;
+}
+
+/*
+ * Is the n/<node> record |ni|, on lease |held|, this very session's own
+ * earlier one? It is when it names or is on the lease this session last
+ * held, or when this process
+ * wrote it (pid, machine, boot, pid namespace and start time are ours)
+ * for this session (same start time of the session). Its lease may
+ * still live in etcd after the session was reported lost (a false
+ * report, or a lease about to expire): a lost session must always be able
+ * to re-register, so such a record is taken over, never refused.
+ */
+static bool record_is_ours(const struct efs_session *s, const Etcfs__NodeInfo *ni, int64_t held)
+{
+	if (s->lease_id && (ni->lease_id == s->lease_id || held == s->lease_id))
+		return true;
+	return ni->pid == (int32_t)getpid() && str_eq(ni->machine_id, s->machine_id) &&
+	       str_eq(ni->boot_id, s->boot_id) && ni->pid_ns == s->pid_ns &&
+	       ni->pid_start == s->pid_start && ni->started_ns == (int64_t)s->started_ns;
+}
+
 static bool is_retryable(int err)
 {
 	return err == -ETIMEDOUT || err == -EAGAIN || err == -ENOTCONN || err == -ECONNRESET ||
@@ -497,6 +679,7 @@ static void reg_complete(struct efs_session *s, uint64_t generation, int64_t gen
 	}
 	s->registering = false;
 	s->lease_id = s->pending_lease;
+	s->lease_ttl_s = s->pending_ttl_s;
 	s->pending_lease = 0;
 	s->generation = generation;
 	s->gen_mod_rev = gen_mod;
@@ -557,6 +740,9 @@ static int reg_put(struct efs_session *s)
 	if (r < 0)
 		return r;
 	ni.machine_id = s->machine_id;
+	ni.boot_id = s->boot_id;
+	ni.pid_start = s->pid_start;
+	ni.pid_ns = s->pid_ns;
 	ni.hostname = s->hostname;
 	ni.pid = (int32_t)getpid();
 	ni.version = (char *)ETCFS_VERSION;
@@ -668,7 +854,10 @@ static void reg_read_done(struct efs_etcd_result *res, Etcdserverpb__TxnResponse
 	Etcfs__NodeInfo *ni = NULL;
 	Etcfs__Generation *g = NULL;
 	const char *why = NULL;
+	struct efs_session_owner old = {0}, me = {0};
 	struct scall *sc;
+	int64_t held;
+	bool alive;
 	int r;
 
 	if (!s || reg_cancelled(s))
@@ -718,10 +907,28 @@ static void reg_read_done(struct efs_etcd_result *res, Etcdserverpb__TxnResponse
 		reg_complete(s, s->read_gen, s->read_gen_mod);
 		return;
 	}
-	if (strcmp(ni->machine_id, s->machine_id) != 0 || pid_is_alive(ni->pid) ||
-	    ni->lease_id == 0) {
-		efs_log_err("session %s: node id in use by host %s (machine %s) pid %d", s->node,
-			    ni->hostname, ni->machine_id, (int)ni->pid);
+	old.machine_id = ni->machine_id;
+	old.boot_id = ni->boot_id;
+	old.pid_ns = ni->pid_ns;
+	old.pid = ni->pid;
+	old.pid_start = ni->pid_start;
+	me.machine_id = s->machine_id;
+	me.boot_id = s->boot_id;
+	me.pid_ns = s->pid_ns;
+	/* The lease the key is on is what to revoke; the record names the
+	 * same one unless someone rewrote the key. */
+	held = nr->kvs[0]->lease ? nr->kvs[0]->lease : ni->lease_id;
+	if (held != 0 && record_is_ours(s, ni, held)) {
+		efs_log_info("session %s: n/%s is this session's own earlier record (lease %" PRIx64
+			     "): revoking that lease", s->node, s->node, (uint64_t)held);
+		goto take_over;
+	}
+	alive = pid_is_alive(ni->pid);
+	if (ni->lease_id == 0 ||
+	    !efs_session_may_take_over(&old, &me, alive, alive ? pid_start_time(ni->pid) : 0)) {
+		efs_log_err("session %s: node id in use by host %s (machine %s, boot %s) pid %d",
+			    s->node, ni->hostname, ni->machine_id,
+			    ni->boot_id[0] ? ni->boot_id : "unknown", (int)ni->pid);
 		efs_meta_record_free(ni);
 		reg_fail(s, -EBUSY, false);
 		return;
@@ -729,8 +936,9 @@ static void reg_read_done(struct efs_etcd_result *res, Etcdserverpb__TxnResponse
 	/* A previous daemon of this machine died (kill -9): take over. */
 	efs_log_info("session %s: taking over from dead pid %d (lease %" PRId64 ")", s->node,
 		     (int)ni->pid, ni->lease_id);
-	sc = scall_new(s, ni->lease_id);
-	r = sc ? efs_etcd_lease_revoke(s->c, ni->lease_id, old_revoked, sc) : -ENOMEM;
+take_over:
+	sc = scall_new(s, held);
+	r = sc ? efs_etcd_lease_revoke(s->c, held, old_revoked, sc) : -ENOMEM;
 	efs_meta_record_free(ni);
 	if (r < 0) {
 		if (sc)
@@ -769,10 +977,10 @@ static void reg_begin(struct efs_session *s)
 
 /* ---- Public ---- */
 
-static char *read_machine_id(void)
+static char *read_id_file(const char *path)
 {
 	char buf[128];
-	FILE *f = fopen("/etc/machine-id", "re");
+	FILE *f = fopen(path, "re");
 	size_t n;
 
 	if (!f)
@@ -860,9 +1068,17 @@ int efs_session_start(struct efs_session **ret, uv_loop_t *loop, struct efs_etcd
 	}
 	if (!s->hostname)
 		goto fail;
-	s->machine_id = o->machine_id ? efs_mem_strdup(o->machine_id) : read_machine_id();
+	s->machine_id = o->machine_id ? efs_mem_strdup(o->machine_id)
+				       : read_id_file("/etc/machine-id");
 	if (!s->machine_id)
 		s->machine_id = efs_mem_strdup(s->hostname);
+	s->boot_id = read_id_file("/proc/sys/kernel/random/boot_id");
+	if (!s->boot_id)
+		s->boot_id = efs_mem_strdup("");
+	if (!s->boot_id)
+		goto fail;
+	s->pid_start = pid_start_time((int32_t)getpid());
+	s->pid_ns = pid_namespace();
 	s->metrics_addr = efs_mem_strdup(o->metrics_addr ? o->metrics_addr : "");
 	if (!s->machine_id || !s->metrics_addr)
 		goto fail;
@@ -959,6 +1175,7 @@ struct efs_session *efs_session_free(struct efs_session *s)
 		ref_put(s->ref);
 	}
 	efs_mem_free(s->machine_id);
+	efs_mem_free(s->boot_id);
 	efs_mem_free(s->hostname);
 	efs_mem_free(s->metrics_addr);
 	efs_mem_free(s);
@@ -992,6 +1209,11 @@ const char *efs_session_state_name(enum efs_session_state st)
 int64_t efs_session_lease_id(const struct efs_session *s)
 {
 	return s->lease_id;
+}
+
+int64_t efs_session_ttl_s(const struct efs_session *s)
+{
+	return s->lease_ttl_s;
 }
 
 uint64_t efs_session_generation(const struct efs_session *s)

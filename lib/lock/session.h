@@ -69,10 +69,14 @@ typedef void (*efs_session_state_cb)(struct efs_session *s, enum efs_session_sta
 typedef void (*efs_session_done_cb)(struct efs_session *s, int status, void *arg);
 
 /*
- * Registers the node: reads n/<node> and g/<node>; if n/<node> exists with
- * this machine id and its pid is not running here, revokes its lease (a
- * restart after kill -9); if it exists otherwise, fails with -EBUSY ("node
- * id in use", logged with the holder's hostname and pid). Then grants the
+ * Registers the node: reads n/<node> and g/<node>; if n/<node> exists
+ * with this machine id and boot id, and its pid is not running here or
+ * runs with another start time than the recorded one (the pid was reused),
+ * revokes its lease (a restart after kill -9); a record without a boot id
+ * (an older writer) is taken over when the machine id matches and the pid
+ * is not running (efs_session_may_take_over). If it exists otherwise,
+ * fails with -EBUSY ("node id in use", logged with the holder's hostname
+ * and pid). Then grants the
  * lease, and in one transaction (n/<node> absent, g/<node> unchanged) puts
  * n/<node> on the lease and g/<node> = generation + 1, and starts renewing.
  * |done| runs once with 0 (ACTIVE) or an error (the session is then
@@ -100,6 +104,10 @@ struct efs_session *efs_session_free(struct efs_session *s);
 enum efs_session_state efs_session_state(const struct efs_session *s);
 const char *efs_session_state_name(enum efs_session_state st);
 int64_t efs_session_lease_id(const struct efs_session *s);
+/* The TTL etcd granted to the session's lease (seconds; it may exceed the
+ * requested one), 0 before the first registration. After a re-registration
+ * it is the new lease's; while GONE it is still the lost lease's. */
+int64_t efs_session_ttl_s(const struct efs_session *s);
 uint64_t efs_session_generation(const struct efs_session *s);
 const char *efs_session_node(const struct efs_session *s);
 /* Mono deadline of the current lease (last acked renewal send + TTL). */

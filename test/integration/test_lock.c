@@ -6,7 +6,9 @@
  * node and FIFO order among waiters, idle release in batches and kernel
  * cache deadlines, the cache bound, grant and drop inside a caller's
  * transaction, holder guards, cancellation, wait timeouts, session loss and
- * release of everything.
+ * release of everything; cancellation after an acquire whose outcome is
+ * unknown (no orphaned holder key), recall keys deleted only under the
+ * session guard.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -17,6 +19,7 @@
 #include <criterion/criterion.h>
 #include <uv.h>
 
+#include "config.h"
 #include "etcd/etcd.h"
 #include "etcd/kv.h"
 #include "etcd/sync.h"
@@ -652,6 +655,147 @@ Test(lock, cancel_and_wait_timeout)
 	cr_assert_geq(efs_test_now_ms() - t0, 380);
 	efs_test_run_for(100);
 	cr_assert_eq(count_keys(EFS_META_K_RECALL, 120), 0);
+	cr_assert_eq(lstats(lc).held, 0);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+/* Runs the loop until the cache retried an acquire transaction |n| times. */
+static bool run_until_retries(struct efs_lockcache *lc, uint64_t n, uint64_t ms)
+{
+	uint64_t end = efs_test_now_ms() + ms;
+
+	while (lstats(lc).txn_retries < n && efs_test_now_ms() < end)
+		efs_test_run_for(1);
+	return lstats(lc).txn_retries >= n;
+}
+
+/* Runs the loop until |ino| has |n| keys of family |fam|. */
+static bool run_until_keys(enum efs_meta_family fam, uint64_t ino, int64_t n, uint64_t ms)
+{
+	uint64_t end = efs_test_now_ms() + ms;
+
+	while (count_keys(fam, ino) != n && efs_test_now_ms() < end)
+		efs_test_run_for(20);
+	return count_keys(fam, ino) == n;
+}
+
+#if EFS_FAULT_HOOKS
+Test(lock, cancel_after_an_unknown_outcome_leaves_no_holder_key)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 0);
+	struct lres a, b;
+
+	/* The acquire transaction commits but its answer is lost. */
+	efs_etcd_fault_drop_reply(c, EFS_ETCD_TXN, 1);
+	cr_assert_eq(acquire1(lc, &a, 140, EFS_LOCK_EXCLUSIVE), 0);
+	cr_assert(run_until_retries(lc, 1, 10000), "no unknown outcome");
+	cr_assert(holder_exists(140, EFS_META_LOCK_EXCLUSIVE, "node1"), "the put did not commit");
+	/* Cancelled before the retry could adopt the key. */
+	efs_lock_cancel(lc, &a.req);
+	cr_assert(efs_test_run_until(&a.done, 1000));
+	cr_assert_eq(a.status, -EINTR);
+	cr_assert_eq(efs_lock_held(lc, 140), EFS_LOCK_NONE);
+	cr_assert(run_until_keys(EFS_META_K_HOLDER, 140, 0, 2000),
+		  "orphaned holder key after a cancelled acquisition");
+	cr_assert(run_until_held(lc, 0, 1000));
+	cr_assert_eq(count_keys(EFS_META_K_RECALL, 140), 0);
+	/* The inode is free for anyone, and for us again. */
+	take(lc, &b, 140, EFS_LOCK_SHARED);
+	cr_assert_eq(efs_lock_held(lc, 140), EFS_LOCK_SHARED);
+	efs_lock_put(lc, &b.req);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, cancelled_upgrade_after_an_unknown_outcome_goes_back_to_shared)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 0);
+	struct lres a, b;
+
+	take(lc, &a, 141, EFS_LOCK_SHARED);
+	efs_lock_put(lc, &a.req);
+	efs_etcd_fault_drop_reply(c, EFS_ETCD_TXN, 1);
+	cr_assert_eq(acquire1(lc, &b, 141, EFS_LOCK_EXCLUSIVE), 0);
+	cr_assert(run_until_retries(lc, 1, 10000), "no unknown outcome");
+	cr_assert(holder_exists(141, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	cr_assert_not(holder_exists(141, EFS_META_LOCK_SHARED, "node1"));
+	efs_lock_cancel(lc, &b.req);
+	cr_assert(efs_test_run_until(&b.done, 1000));
+	cr_assert_eq(b.status, -EINTR);
+	/* Settled back to what the cache holds: our shared key. */
+	cr_assert(run_until_keys(EFS_META_K_HOLDER, 141, 1, 2000));
+	efs_test_run_for(100);
+	cr_assert(holder_exists(141, EFS_META_LOCK_SHARED, "node1"));
+	cr_assert_not(holder_exists(141, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	{
+		struct efs_meta_key hk = holder_key(141, EFS_META_LOCK_SHARED, "node1");
+
+		cr_assert_eq(key_lease(&hk), efs_session_lease_id(s));
+	}
+	cr_assert_eq(efs_lock_held(lc, 141), EFS_LOCK_SHARED);
+	/* The upgrade works afterwards. */
+	take(lc, &b, 141, EFS_LOCK_EXCLUSIVE);
+	cr_assert_eq(efs_lock_held(lc, 141), EFS_LOCK_EXCLUSIVE);
+	cr_assert_not(holder_exists(141, EFS_META_LOCK_SHARED, "node1"));
+	efs_lock_put(lc, &b.req);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, cancelled_batch_after_an_unknown_outcome_leaves_no_holder_keys)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 0);
+	uint64_t inos[2] = {142, 143};
+	enum efs_lock_mode x2[2] = {EFS_LOCK_EXCLUSIVE, EFS_LOCK_EXCLUSIVE};
+	struct lres a;
+
+	efs_etcd_fault_drop_reply(c, EFS_ETCD_TXN, 1);
+	cr_assert_eq(acquire(lc, &a, 2, inos, x2), 0);
+	cr_assert(run_until_retries(lc, 1, 10000), "no unknown outcome");
+	cr_assert(holder_exists(142, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	cr_assert(holder_exists(143, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	efs_lock_cancel(lc, &a.req);
+	cr_assert(efs_test_run_until(&a.done, 1000));
+	cr_assert_eq(a.status, -EINTR);
+	cr_assert(run_until_keys(EFS_META_K_HOLDER, 142, 0, 2000));
+	cr_assert(run_until_keys(EFS_META_K_HOLDER, 143, 0, 2000));
+	cr_assert(run_until_held(lc, 0, 1000));
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+#endif
+
+Test(lock, recall_key_is_deleted_only_while_the_session_is_active)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 0);
+	int64_t lease = efs_session_lease_id(s);
+	uint64_t end;
+	struct lres a;
+
+	put_foreign_holder(144, EFS_META_LOCK_EXCLUSIVE);
+	cr_assert_eq(acquire1(lc, &a, 144, EFS_LOCK_SHARED), 0);
+	cr_assert(run_until_keys(EFS_META_K_RECALL, 144, 1, 2000));
+	/* Renewals stop: the session suspends; no mutation may go out now. */
+	efs_session_fault_pause(s, true);
+	end = efs_test_now_ms() + 2000;
+	while (efs_session_state(s) != EFS_SESSION_SUSPENDED && efs_test_now_ms() < end)
+		efs_test_run_for(5);
+	cr_assert_eq(efs_session_state(s), EFS_SESSION_SUSPENDED);
+	efs_lock_cancel(lc, &a.req);
+	cr_assert(efs_test_run_until(&a.done, 500));
+	cr_assert_eq(a.status, -EINTR);
+	efs_test_run_for(100);
+	cr_assert_eq(count_keys(EFS_META_K_RECALL, 144), 1, "deleted without the session guard");
+	/* The lease lives: once ACTIVE again, the key must go (it would block
+	 * every other node's acquisitions of 144 otherwise). */
+	efs_session_fault_pause(s, false);
+	end = efs_test_now_ms() + 3000;
+	while (!efs_session_is_active(s) && efs_test_now_ms() < end)
+		efs_test_run_for(5);
+	cr_assert(efs_session_is_active(s));
+	cr_assert_eq(efs_session_lease_id(s), lease);
+	cr_assert(run_until_keys(EFS_META_K_RECALL, 144, 0, 2000), "stale recall key");
 	cr_assert_eq(lstats(lc).held, 0);
 	finish(lc);
 	efs_test_assert_no_leaks();

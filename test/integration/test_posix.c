@@ -3586,7 +3586,93 @@ static void c_fsync_dir(void)
 	}
 }
 
+/*
+ * Names this node changed after readdir read them (the listing of an open
+ * handle is read a page ahead) may still be listed, but never handed to
+ * the kernel as cacheable dentries (ARCHITECTURE.md 7.1): a stat of the
+ * old name must fail right after the listing ends.
+ */
+static void c_readdir_stale_dentry(void)
+{
+	enum { NFILES = 150 };
+	char buf[1024], name[32];
+	struct stat s;
+	long nread;
+	int fd;
+
+	for (int i = 0; i < NFILES; i++) {
+		snprintf(name, sizeof(name), "f_%03d", i);
+		if (!OK(mkfile(name, 0644), "create %s", name))
+			return;
+	}
+	if (!OK(link("f_070", "h_070"), "link f_070 h_070"))
+		return;
+	fd = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (!OK(fd, "open directory"))
+		return;
+	/* The first call reads the first names (the daemon a page ahead). */
+	nread = syscall(SYS_getdents64, fd, buf, sizeof(buf));
+	if (!EXPECT(nread > 0, "getdents64: %ld (%s)", nread, ename(errno)))
+		goto out;
+	OK(rename("f_060", "renamed"), "rename f_060 renamed");
+	CHK(stat("f_060", &s), ENOENT, "stat f_060 after its rename");
+	OK(unlink("f_070"), "unlink f_070 (one of two links)");
+	CHK(stat("f_070", &s), ENOENT, "stat f_070 after its unlink");
+	while ((nread = syscall(SYS_getdents64, fd, buf, sizeof(buf))) > 0)
+		;
+	EXPECT(nread == 0, "getdents64: %s", ename(errno));
+	CHK(stat("f_060", &s), ENOENT, "stat f_060 after a listing that began before its rename");
+	CHK(stat("f_070", &s), ENOENT, "stat f_070 after a listing that began before its unlink");
+	OK(stat("renamed", &s), "stat renamed");
+	OK(stat("h_070", &s), "stat h_070");
+out:
+	close(fd);
+}
+
+static void *unlink_main(void *arg)
+{
+	return (void *)(intptr_t)(unlink(arg) < 0 ? errno : 0);
+}
+
+/*
+ * An open racing an unlink of the last name either fails (ENOENT) or
+ * gives a descriptor that works on the unlinked file (nlink 0) until it
+ * is closed: never one whose inode was deleted under it.
+ */
+static void c_open_unlink_race(void)
+{
+	static char rname[] = "r";
+	struct stat st;
+	pthread_t t;
+	void *res;
+
+	for (int i = 0; i < 200; i++) {
+		int fd;
+
+		if (!OK(mkfile("r", 0644), "create r"))
+			return;
+		if (!EXPECT(pthread_create(&t, NULL, unlink_main, rname) == 0, "pthread_create"))
+			return;
+		/* Land the open at varied points of the unlink's transaction. */
+		for (volatile int spin = 0; spin < (i % 20) * 20000; spin++)
+			;
+		fd = open("r", O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			CHK(fd, ENOENT, "open r racing its unlink");
+		pthread_join(t, &res);
+		EXPECT(res == NULL, "unlink r: %s", ename((int)(intptr_t)res));
+		if (fd < 0)
+			continue;
+		if (OK(fstat(fd, &st), "round %d: fstat of r opened while it was unlinked", i))
+			EXPECT(st.st_nlink == 0, "round %d: nlink of the unlinked r is %ju", i,
+			       (uintmax_t)st.st_nlink);
+		close(fd);
+	}
+}
+
 static const struct check dir_checks[] = {
+	{"readdir_stale_dentry", c_readdir_stale_dentry},
+	{"open_unlink_race", c_open_unlink_race},
 	{"readdir_types", c_readdir_types},
 	{"readdir_many", c_readdir_many},
 	{"readdir_concurrent", c_readdir_concurrent},

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -184,13 +185,17 @@ static uint64_t get_generation(const char *node, int64_t *ret_mod)
 	return gen;
 }
 
-static void put_nodeinfo(const char *node, const char *machine, int32_t pid, int64_t lease)
+static void put_nodeinfo_ex(const char *node, const char *machine, const char *boot,
+			    uint64_t pidns, int32_t pid, uint64_t pid_start, int64_t lease)
 {
 	Etcfs__NodeInfo ni = ETCFS__NODE_INFO__INIT;
 	ProtobufCBinaryData v;
 	struct efs_meta_key k;
 
 	ni.machine_id = (char *)machine;
+	ni.boot_id = (char *)boot;
+	ni.pid_start = pid_start;
+	ni.pid_ns = pidns;
 	ni.hostname = (char *)"otherhost";
 	ni.pid = pid;
 	ni.version = (char *)"0";
@@ -199,6 +204,60 @@ static void put_nodeinfo(const char *node, const char *machine, int32_t pid, int
 	cr_assert_eq(efs_meta_key_node(&ns, node, &k), 0);
 	cr_assert_eq(efs_etcd_sync_put(sc, k.buf, k.len, v.data, v.len, lease, NULL), 0);
 	efs_mem_free(v.data);
+}
+
+/* A record as written by a version without boot id and start time. */
+static void put_nodeinfo(const char *node, const char *machine, int32_t pid, int64_t lease)
+{
+	put_nodeinfo_ex(node, machine, "", 0, pid, 0, lease);
+}
+
+/* This host's boot id (the test fails when it cannot be read). */
+static void my_boot_id(char *buf, size_t size)
+{
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+	size_t n;
+
+	cr_assert_not_null(f);
+	n = fread(buf, 1, size - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	buf[strcspn(buf, "\r\n")] = '\0';
+	cr_assert_gt(strlen(buf), 0);
+}
+
+/* Our pid namespace's inode. */
+static uint64_t my_pid_ns(void)
+{
+	struct stat st;
+
+	cr_assert_eq(stat("/proc/self/ns/pid", &st), 0);
+	return (uint64_t)st.st_ino;
+}
+
+/* Field 22 of /proc/<pid>/stat. */
+static uint64_t start_time_of(int pid)
+{
+	char path[64], buf[1024];
+	unsigned long long v = 0;
+	const char *p;
+	size_t n;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	f = fopen(path, "re");
+	cr_assert_not_null(f);
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	p = strrchr(buf, ')');
+	cr_assert_not_null(p);
+	cr_assert_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d "
+				    "%*d %*d %*d %*d %llu",
+			    &v),
+		     1);
+	cr_assert_gt(v, 0);
+	return (uint64_t)v;
 }
 
 static int64_t grant_lease(int64_t ttl)
@@ -309,6 +368,16 @@ Test(session, registers_publishes_node_record_and_leaves_cleanly)
 	cr_assert_eq(ni->lease_id, efs_session_lease_id(s));
 	cr_assert_gt(ni->started_ns, 0);
 	cr_assert_gt(ni->wall_clock_ns, 0);
+	{
+		char boot[128];
+
+		my_boot_id(boot, sizeof(boot));
+		cr_assert_str_eq(ni->boot_id, boot);
+		cr_assert_eq(ni->pid_start, start_time_of(getpid()));
+		cr_assert_eq(ni->pid_ns, my_pid_ns());
+	}
+	/* The granted TTL of the lease (the test asks for etcd's floor). */
+	cr_assert_geq(efs_session_ttl_s(s), 2);
 	cr_assert_eq(lease, efs_session_lease_id(s), "n/ key not on the session lease");
 	efs_meta_record_free(ni);
 	cr_assert_eq(get_generation("node1", &mod), 1);
@@ -392,6 +461,50 @@ Test(session, restart_after_kill_9_takes_over)
 	efs_meta_record_free(ni);
 	leave_session(s2, &x2);
 	s2 = efs_session_free(s2);
+	teardown();
+	efs_test_assert_no_leaks();
+}
+
+Test(session, takeover_checks_boot_id_pid_namespace_and_start_time)
+{
+	struct efs_session *s = NULL;
+	int64_t lease = grant_lease(30), lease2 = 0;
+	uint64_t init_start = start_time_of(1), pidns = my_pid_ns();
+	char boot[128];
+	struct sctx x;
+
+	my_boot_id(boot, sizeof(boot));
+	/* Same machine id, another boot id: another container of the same
+	 * image (its own pid namespace) or host; a pid dead here says
+	 * nothing about it. */
+	put_nodeinfo_ex("node1", "machineA", "another-boot", pidns, dead_pid(), 1, lease);
+	cr_assert_eq(start_session(&s, "node1", "machineA", 0, &x), -EBUSY);
+	s = efs_session_free(s);
+	/* Same machine and boot, another pid namespace: a daemon in another
+	 * container of the same image on this host. */
+	put_nodeinfo_ex("node1", "machineA", boot, pidns + 1, dead_pid(), 1, lease);
+	cr_assert_eq(start_session(&s, "node1", "machineA", 0, &x), -EBUSY);
+	s = efs_session_free(s);
+	/* Same boot, the pid runs with the recorded start time: it lives. */
+	put_nodeinfo_ex("node1", "machineA", boot, pidns, 1, init_start, lease);
+	cr_assert_eq(start_session(&s, "node1", "machineA", 0, &x), -EBUSY);
+	s = efs_session_free(s);
+	/* Same boot, the pid runs but started at another time: the pid was
+	 * reused after the daemon died, so take over. */
+	put_nodeinfo_ex("node1", "machineA", boot, pidns, 1, init_start + 1, lease);
+	cr_assert_eq(start_session(&s, "node1", "machineA", 0, &x), 0);
+	cr_assert_eq(efs_session_generation(s), 1);
+	cr_assert_neq(efs_session_lease_id(s), lease);
+	{
+		Etcfs__NodeInfo *ni = get_nodeinfo("node1", &lease2);
+
+		cr_assert_not_null(ni);
+		cr_assert_eq(ni->pid, getpid());
+		cr_assert_eq(lease2, efs_session_lease_id(s));
+		efs_meta_record_free(ni);
+	}
+	leave_session(s, &x);
+	s = efs_session_free(s);
 	teardown();
 	efs_test_assert_no_leaks();
 }
@@ -602,6 +715,57 @@ Test(session, start_arguments_are_checked)
 	cr_assert_eq(efs_session_start(&s, &efs_test_loop, c, &o, NULL, NULL, &x), -EINVAL);
 	cr_assert_null(s);
 	cr_assert_str_eq(efs_session_state_name(EFS_SESSION_EXPIRED), "expired");
+	teardown();
+	efs_test_assert_no_leaks();
+}
+
+/*
+ * A lost session must always be able to re-register, even when n/<node>
+ * still holds a record this very session wrote, on a lease that etcd
+ * still has (here: the session's lease is revoked and its exact record is
+ * put back at once on another live lease, as if the old lease had
+ * survived). The record is recognised as ours (pid, boot, pid namespace,
+ * start times), its lease revoked, and the session registers again
+ * instead of refusing with "node id in use" and closing for good.
+ */
+Test(session, own_earlier_record_does_not_block_reregistration)
+{
+	struct efs_session *s = NULL;
+	struct efs_meta_key k;
+	Mvccpb__KeyValue *kv;
+	Etcfs__NodeInfo *ni;
+	int64_t lease, other, now_lease = 0;
+	struct sctx x;
+
+	cr_assert_eq(start_session(&s, "node1", "machineA", 0, &x), 0);
+	lease = efs_session_lease_id(s);
+	cr_assert_eq(efs_meta_key_node(&ns, "node1", &k), 0);
+	kv = get_key(&k);
+	cr_assert_not_null(kv);
+	other = grant_lease(30);
+	/* The session's loop does not run during these blocking calls. */
+	revoke_lease(lease);
+	cr_assert_eq(efs_etcd_sync_put(sc, k.buf, k.len, kv->value.data, kv->value.len, other,
+				       NULL),
+		     0);
+	efs_test_pb_free(kv);
+
+	cr_assert(state_is(s, EFS_SESSION_GONE, 3000) || saw_state(&x, EFS_SESSION_GONE),
+		  "the revoked lease was not noticed");
+	cr_assert(state_is(s, EFS_SESSION_ACTIVE, 5000), "not re-registered (state %s)",
+		  efs_session_state_name(efs_session_state(s)));
+	cr_assert_not(saw_state(&x, EFS_SESSION_CLOSED));
+	cr_assert_eq(efs_session_generation(s), 2);
+	cr_assert_neq(efs_session_lease_id(s), lease);
+	cr_assert_neq(efs_session_lease_id(s), other);
+	ni = get_nodeinfo("node1", &now_lease);
+	cr_assert_not_null(ni);
+	cr_assert_eq(now_lease, efs_session_lease_id(s));
+	cr_assert_eq(ni->pid, (int32_t)getpid());
+	cr_assert_eq(ni->session_generation, 2);
+	efs_meta_record_free(ni);
+	leave_session(s, &x);
+	s = efs_session_free(s);
 	teardown();
 	efs_test_assert_no_leaks();
 }

@@ -241,6 +241,30 @@ Test(fs_unit, dir_positions)
 	efs_test_assert_no_leaks();
 }
 
+/* ---- Kernel cache bound (7.1) ---- */
+
+Test(fs_unit, cache_bound_stops_at_suspension)
+{
+	const uint64_t ms = 1000000, s = 1000 * ms, now = 100 * s;
+
+	/* TTL 2 s, renewed just now: 1 s to suspension, the 0.5 s timeout fits. */
+	cr_assert_eq(efs_fs_cache_bound(500 * ms, now, now + 2 * s, 2), 500 * ms);
+	/* Renewals lagging: 1.2 s left of the lease, 0.2 s to suspension. */
+	cr_assert_eq(efs_fs_cache_bound(500 * ms, now, now + 1200 * ms, 2), 200 * ms);
+	/* At or past the suspension point, or past the deadline: nothing. */
+	cr_assert_eq(efs_fs_cache_bound(500 * ms, now, now + 1 * s, 2), 0);
+	cr_assert_eq(efs_fs_cache_bound(500 * ms, now, now + 300 * ms, 2), 0);
+	cr_assert_eq(efs_fs_cache_bound(500 * ms, now, now - 1, 2), 0);
+	cr_assert_eq(efs_fs_cache_bound(500 * ms, now, 0, 2), 0);
+	/* TTL unknown: TTL/2 taken as twice the cache timeout. */
+	cr_assert_eq(efs_fs_cache_bound(500 * ms, now, now + 1300 * ms, 0), 300 * ms);
+	cr_assert_eq(efs_fs_cache_bound(500 * ms, now, now + 3 * s, 0), 500 * ms);
+	/* A longer TTL than asked for: its own half counts. */
+	cr_assert_eq(efs_fs_cache_bound(500 * ms, now, now + 5500 * ms, 10), 500 * ms);
+	cr_assert_eq(efs_fs_cache_bound(500 * ms, now, now + 5100 * ms, 10), 100 * ms);
+	efs_test_assert_no_leaks();
+}
+
 /* ---- Xattr names ---- */
 
 Test(fs_unit, xattr_rules)

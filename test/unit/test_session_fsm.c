@@ -218,3 +218,146 @@ Test(session_fsm, closed_is_final)
 	cr_assert_eq(efs_session_fsm_next_ns(&f), UINT64_MAX);
 	efs_test_assert_no_leaks();
 }
+
+/* Restart takeover: machine id, boot id and pid namespace, then the pid
+ * and its start time. */
+static bool may(const char *machine, const char *boot, uint64_t pidns, int32_t pid,
+		uint64_t start, bool running, uint64_t running_start)
+{
+	struct efs_session_owner old = {
+		.machine_id = machine,
+		.boot_id = boot,
+		.pid_ns = pidns,
+		.pid = pid,
+		.pid_start = start,
+	};
+	struct efs_session_owner me = {
+		.machine_id = "m1",
+		.boot_id = "b1",
+		.pid_ns = 7,
+		.pid = 1234, /* unused */
+		.pid_start = 999,
+	};
+
+	return efs_session_may_take_over(&old, &me, running, running_start);
+}
+
+Test(session_fsm, takeover_needs_same_machine_boot_and_pid_namespace)
+{
+	/* Another machine: never, even when the pid is not running here. */
+	cr_assert_not(may("m2", "b1", 7, 42, 100, false, 0));
+	/* Same machine id, another boot id (a host cloned from one image, or
+	 * rebooted): never. */
+	cr_assert_not(may("m1", "b2", 7, 42, 100, false, 0));
+	/* Same machine and boot, another pid namespace (another container of
+	 * one image on this host): its pid means nothing here. */
+	cr_assert_not(may("m1", "b1", 8, 42, 100, false, 0));
+	cr_assert_not(may("m1", "b1", 0, 42, 100, false, 0));
+	/* All match and the pid is gone. */
+	cr_assert(may("m1", "b1", 7, 42, 100, false, 0));
+	/* The pid runs with the recorded start time: the daemon lives. */
+	cr_assert_not(may("m1", "b1", 7, 42, 100, true, 100));
+	/* The pid was reused by another process. */
+	cr_assert(may("m1", "b1", 7, 42, 100, true, 101));
+	/* A start time unknown on either side: assume the daemon lives. */
+	cr_assert_not(may("m1", "b1", 7, 42, 0, true, 100));
+	cr_assert_not(may("m1", "b1", 7, 42, 100, true, 0));
+	/* An invalid pid in the record is never taken over. */
+	cr_assert_not(may("m1", "b1", 7, 0, 100, false, 0));
+	efs_test_assert_no_leaks();
+}
+
+Test(session_fsm, takeover_of_an_old_record_keeps_the_old_rule)
+{
+	struct efs_session_owner me = {.machine_id = "m1", .boot_id = "", .pid_ns = 0};
+	struct efs_session_owner old = {.machine_id = "m1", .boot_id = "b1", .pid = 42};
+
+	/* No boot id: written by an older version; machine id + pid only. */
+	cr_assert(may("m1", "", 0, 42, 0, false, 0));
+	cr_assert(may("m1", NULL, 0, 42, 0, false, 0));
+	cr_assert(may("m1", "", 99, 42, 0, false, 0));
+	cr_assert_not(may("m1", "", 0, 42, 0, true, 7));
+	cr_assert_not(may("m2", "", 0, 42, 0, false, 0));
+	/* This daemon cannot read its boot id: a record with one is not its. */
+	cr_assert_not(efs_session_may_take_over(&old, &me, false, 0));
+	efs_test_assert_no_leaks();
+}
+
+/*
+ * After a resume the fence re-arms from the send time of the last
+ * acknowledged renewal, not from the resume: when renewals stop being
+ * acknowledged again the session suspends at last ack + TTL/2 and expires
+ * at last ack + TTL, however late the resume came.
+ */
+Test(session_fsm, resume_rearms_the_fence_from_the_last_acked_send)
+{
+	start();
+	suspend();
+	/* Renewal sent at T0 + 1400 ms acknowledged at T0 + 1500 ms. */
+	cr_assert_eq(efs_session_fsm_acked(&f, T0 + MS(1500), T0 + MS(1400)), EFS_SFSM_A_ASK_TTL);
+	cr_assert_eq(efs_session_fsm_ttl(&f, T0 + MS(1600), true), EFS_SFSM_A_RESUME);
+	cr_assert_eq(f.state, EFS_SESSION_ACTIVE);
+	/* Nothing acknowledged since: suspend at 1400 + 1000, not 1600 + 1000. */
+	cr_assert_eq(efs_session_fsm_next_ns(&f), T0 + MS(2400));
+	cr_assert_eq(efs_session_fsm_deadline_ns(&f), T0 + MS(3400));
+	cr_assert_eq(efs_session_fsm_tick(&f, T0 + MS(2399)), 0);
+	cr_assert_eq(efs_session_fsm_tick(&f, T0 + MS(2400)), EFS_SFSM_A_SUSPEND);
+	cr_assert_eq(f.state, EFS_SESSION_SUSPENDED);
+	cr_assert_eq(efs_session_fsm_next_ns(&f), T0 + MS(3400));
+	cr_assert_eq(efs_session_fsm_tick(&f, T0 + MS(3400)), EFS_SFSM_A_EXPIRE);
+	cr_assert_eq(f.state, EFS_SESSION_EXPIRED);
+	efs_test_assert_no_leaks();
+}
+
+/* A resume that comes just before the fresh ack goes stale leaves the
+ * session ACTIVE for the rest of that window only: never past the last
+ * acknowledged send + TTL/2, so never serving past the deadline. */
+Test(session_fsm, late_resume_is_active_only_until_the_old_ack_goes_stale)
+{
+	start();
+	suspend();
+	cr_assert_eq(efs_session_fsm_acked(&f, T0 + MS(1200), T0 + MS(1100)), EFS_SFSM_A_ASK_TTL);
+	/* The TimeToLive answer comes late, 50 ms before the ack goes stale. */
+	cr_assert_eq(efs_session_fsm_ttl(&f, T0 + MS(2050), true), EFS_SFSM_A_RESUME);
+	cr_assert_eq(efs_session_fsm_next_ns(&f), T0 + MS(2100));
+	cr_assert_eq(efs_session_fsm_tick(&f, T0 + MS(2100)), EFS_SFSM_A_SUSPEND);
+	cr_assert(efs_session_fsm_next_ns(&f) <= efs_session_fsm_deadline_ns(&f));
+	efs_test_assert_no_leaks();
+}
+
+/* Suspend, resume, suspend again, resume again: each cycle measured from
+ * its own last acknowledged send; the suspension counters of a second
+ * stall are not shortened or lengthened by the first. */
+Test(session_fsm, repeated_stalls_each_suspend_on_time)
+{
+	uint64_t ack = T0;
+
+	start();
+	for (int i = 0; i < 3; i++) {
+		uint64_t stall = ack + MS(1000);
+
+		cr_assert_eq(efs_session_fsm_next_ns(&f), stall, "cycle %d", i);
+		cr_assert_eq(efs_session_fsm_tick(&f, stall - MS(1)), 0, "cycle %d", i);
+		cr_assert_eq(efs_session_fsm_tick(&f, stall), EFS_SFSM_A_SUSPEND, "cycle %d", i);
+		ack = stall + MS(300);
+		cr_assert_eq(efs_session_fsm_acked(&f, ack + MS(50), ack), EFS_SFSM_A_ASK_TTL);
+		cr_assert_eq(efs_session_fsm_ttl(&f, ack + MS(100), true), EFS_SFSM_A_RESUME);
+		cr_assert_eq(f.state, EFS_SESSION_ACTIVE);
+	}
+	efs_test_assert_no_leaks();
+}
+
+/* Acks that arrive while ACTIVE after a resume move the fence; one that
+ * stops leaves the session suspending at that ack + TTL/2. */
+Test(session_fsm, acks_after_resume_move_the_fence_then_it_fires)
+{
+	start();
+	suspend();
+	cr_assert_eq(efs_session_fsm_acked(&f, T0 + MS(1300), T0 + MS(1250)), EFS_SFSM_A_ASK_TTL);
+	cr_assert_eq(efs_session_fsm_ttl(&f, T0 + MS(1350), true), EFS_SFSM_A_RESUME);
+	cr_assert_eq(efs_session_fsm_acked(&f, T0 + MS(1700), T0 + MS(1600)), 0);
+	cr_assert_eq(efs_session_fsm_next_ns(&f), T0 + MS(2600));
+	cr_assert_eq(efs_session_fsm_tick(&f, T0 + MS(2599)), 0);
+	cr_assert_eq(efs_session_fsm_tick(&f, T0 + MS(2600)), EFS_SFSM_A_SUSPEND);
+	efs_test_assert_no_leaks();
+}
