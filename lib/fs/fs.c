@@ -976,8 +976,29 @@ bad:
 	efs_fs_op_finish(op, -EIO);
 }
 
+static void reload_session_cb(struct efs_session_waiter *w, int status, bool generation_changed)
+{
+	struct efs_fs_op *op = w->arg;
+
+	(void)generation_changed;
+	if (status < 0) {
+		efs_fs_op_finish(op, -EIO);
+		return;
+	}
+	step_load(op);
+}
+
+/*
+ * A read that failed for a transient reason is sent again — but while the
+ * session is not ACTIVE (etcd unreachable, a quorum loss) the retry first
+ * waits for the session, so that the quorum-loss bound (efs_session_wait:
+ * EIO after --quorum-timeout) applies to reads in flight too instead of
+ * every retry running to its own deadline.
+ */
 static bool read_retry(struct efs_fs_op *op, const struct efs_etcd_result *r)
 {
+	int w;
+
 	if (!(r->outcome_unknown || r->err == -ETIMEDOUT || r->err == -ECONNRESET ||
 	      r->err == -EAGAIN || r->err == -ENOTCONN))
 		return false;
@@ -986,7 +1007,11 @@ static bool read_retry(struct efs_fs_op *op, const struct efs_etcd_result *r)
 	efs_counter_inc(op->fs->m_retries);
 	efs_log_debug("fs: %s: read failed (%s), again", efs_fs_op_names[op->d->code],
 		      r->message);
-	step_load(op);
+	w = efs_session_wait(op->fs->s, &op->sw, reload_session_cb, op);
+	if (w < 0)
+		return false;
+	if (w == 1)
+		step_load(op);
 	return true;
 }
 

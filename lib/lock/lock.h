@@ -61,9 +61,11 @@ enum efs_lock_mode {
 	EFS_LOCK_EXCLUSIVE = 2,
 };
 
-/* Most inodes one request locks at once (rename over an existing target:
- * two parents, the moved inode, the replaced inode). */
-#define EFS_LOCK_REQ_MAX 4
+/* Most inodes one request locks at once: a rename over an existing target
+ * needs four (two parents, the moved inode, the replaced inode);
+ * readdirplus takes shared locks on up to this many entries in one
+ * transaction (2 compares and 2 operations each, inside etcd's 128). */
+#define EFS_LOCK_REQ_MAX 32
 
 struct efs_lock_req;
 /*
