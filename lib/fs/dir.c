@@ -19,8 +19,9 @@
 #include "util/log.h"
 #include "util/mem.h"
 
-/* Shared locks readdirplus takes on a page's entries, four per
- * transaction, so that the kernel may cache what it returns (7.1). */
+/* Shared locks readdirplus takes on the entries of a reply,
+ * EFS_LOCK_REQ_MAX per transaction, so that the kernel may cache what it
+ * returns (7.1). */
 struct plus_lock {
 	struct efs_lock_req lr;
 	struct efs_fs_op *op;
@@ -34,8 +35,14 @@ struct dir_state {
 	char *buf;
 	size_t used;
 	off_t pos;
-	size_t attr_from; /* readdirplus: first entry of the page still without attributes */
-	size_t page_first; /* readdirplus: first entry of the page being read */
+	size_t attr_from; /* readdirplus: first entry being prepared still without attributes */
+	size_t page_first; /* readdirplus: first entry being prepared */
+	size_t attr_to;	   /* readdirplus: end of the entries being prepared */
+	size_t prep_to;	   /* readdirplus: entries below it were prepared by this op */
+	struct efs_fs_inode **pins; /* refs held on the prepared entries until the op ends */
+	size_t npins;
+	bool in_build; /* plus_lock_page() runs inside dir_build(): no resume from there */
+	bool reread;   /* readdirplus: stale names were read again once by this op */
 	struct plus_lock **locks;
 	size_t nlocks, pending;
 	uint64_t fetch_mseq, fetch_gen; /* the directory's when the page read left */
@@ -147,7 +154,7 @@ static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *r
 static int dir_build(struct efs_fs_op *op);
 static int fetch_attrs(struct efs_fs_op *op);
 
-/* Reads the attributes of entries [attr_from, nents) for readdirplus. */
+/* Reads the attributes of entries [attr_from, attr_to) for readdirplus. */
 static int fetch_attrs(struct efs_fs_op *op)
 {
 	struct dir_state *st = op->priv;
@@ -156,8 +163,8 @@ static int fetch_attrs(struct efs_fs_op *op)
 	int r;
 
 	r = efs_etcd_txn_new(&t, 0);
-	for (size_t i = st->attr_from; r == 0 && i < h->nents && i < st->attr_from + EFS_FS_PLUS_BATCH;
-	     i++) {
+	for (size_t i = st->attr_from;
+	     r == 0 && i < st->attr_to && i < st->attr_from + EFS_FS_PLUS_BATCH; i++) {
 		struct efs_meta_key k;
 
 		r = efs_meta_key_inode(&op->fs->ns, h->ents[i].ino, &k);
@@ -187,7 +194,7 @@ static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *r
 		efs_fs_op_resume_build(op, -EIO);
 		return;
 	}
-	for (size_t j = 0; j < resp->n_responses && i < h->nents; j++, i++) {
+	for (size_t j = 0; j < resp->n_responses && i < st->attr_to; j++, i++) {
 		Etcdserverpb__RangeResponse *rr = NULL;
 		Etcfs__Inode *rec = NULL;
 
@@ -213,7 +220,7 @@ static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *r
 		efs_meta_record_free(rec);
 	}
 	st->attr_from = i;
-	if (st->attr_from < h->nents) {
+	if (st->attr_from < st->attr_to) {
 		int e = fetch_attrs(op);
 
 		if (e < 0)
@@ -227,7 +234,7 @@ static void plus_locks_done(struct efs_fs_op *op)
 {
 	struct dir_state *st = op->priv;
 
-	if (st->pending)
+	if (st->pending || st->in_build)
 		return;
 	if (fetch_attrs(op) < 0)
 		efs_fs_op_resume_build(op, -EIO);
@@ -254,7 +261,7 @@ static void plus_lock_cb(struct efs_lock_req *req, int status)
 	plus_locks_done(op);
 }
 
-/* Takes shared locks on the entries [page_first, nents) not held yet,
+/* Takes shared locks on the entries [page_first, attr_to) not held yet,
  * then reads their records (fetch_attrs). */
 static void plus_lock_page(struct efs_fs_op *op)
 {
@@ -264,7 +271,7 @@ static void plus_lock_page(struct efs_fs_op *op)
 	struct plus_lock *pl = NULL;
 
 	st->pending = 1; /* held until every request is out */
-	for (size_t i = st->page_first; i < h->nents; i++) {
+	for (size_t i = st->page_first; i < st->attr_to; i++) {
 		uint64_t ino = h->ents[i].ino;
 		struct plus_lock **nl;
 		int r;
@@ -290,7 +297,7 @@ static void plus_lock_page(struct efs_fs_op *op)
 		pl->lr.ino[pl->lr.n] = ino;
 		pl->lr.mode[pl->lr.n] = EFS_LOCK_SHARED;
 		pl->lr.n++;
-		if (pl->lr.n < EFS_LOCK_REQ_MAX && i + 1 < h->nents)
+		if (pl->lr.n < EFS_LOCK_REQ_MAX && i + 1 < st->attr_to)
 			continue;
 		st->pending++;
 		r = efs_lock_acquire(fs->lc, &pl->lr);
@@ -341,7 +348,6 @@ static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 	struct efs_fs_op *op = arg;
 	struct dir_state *st = op->priv;
 	struct efs_fs_handle *h = op->h;
-	size_t first = h->nents;
 	int e;
 
 	if (r->err) {
@@ -373,12 +379,7 @@ static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 	}
 	if (!resp->more || resp->n_kvs == 0)
 		h->complete = true;
-	if (st->plus && h->nents > first) {
-		st->attr_from = first;
-		st->page_first = first;
-		plus_lock_page(op);
-		return;
-	}
+	/* readdirplus prepares the entries when it is about to emit them. */
 	efs_fs_op_resume_build(op, 0);
 }
 
@@ -474,10 +475,117 @@ static bool emit(struct efs_fs_op *op, const char *name, uint64_t ino, uint32_t 
 	return true;
 }
 
+/*
+ * True when readdirplus should read the names from entry |i| on again
+ * before emitting it: the page holding it was read before the directory's
+ * lock was re-taken (e.g. upgraded by a relatime update) or before a name
+ * change of this node, so it would go out without a dentry, but neither
+ * it nor any entry after it was handed to the kernel yet: reading them
+ * again changes no offset the kernel knows. Once per operation, and only
+ * when a fresh read can be current (no name change in flight, lock held).
+ */
+static bool needs_reread(struct efs_fs_op *op, size_t i)
+{
+	struct dir_state *st = op->priv;
+	const struct efs_fs_dirent_ent *ent = &op->h->ents[i];
+	const struct efs_fs_inode *din = efs_fs_ifind(op->fs, op->h->ino);
+
+	if (!st->plus || st->reread || entry_current(op->fs, op->h, ent))
+		return false;
+	/* A seek past unsent names (lseek of the directory) may have sent later ones. */
+	for (size_t k = i; k < op->h->nents; k++) {
+		if (op->h->ents[k].sent)
+			return false;
+	}
+	return din && !din->mx_owner && efs_fs_inode_valid(op->fs, din);
+}
+
+/* Forgets the entries from |i| on, so that the next page read continues
+ * after entry i - 1 with the directory's current mseq and lock_gen. */
+static void drop_from(struct efs_fs_op *op, size_t i)
+{
+	struct dir_state *st = op->priv;
+	struct efs_fs_handle *h = op->h;
+
+	for (size_t k = i; k < h->nents; k++)
+		efs_mem_free(h->ents[k].name);
+	h->nents = i;
+	h->complete = false;
+	if (st->prep_to > i)
+		st->prep_to = i;
+	st->reread = true;
+}
+
+/* True when readdirplus must lock and read entry |i| before emitting it:
+ * it may be given a dentry but its record is not cached under a lock. */
+static bool needs_prep(struct efs_fs_op *op, size_t i)
+{
+	const struct efs_fs_dirent_ent *ent = &op->h->ents[i];
+	const struct efs_fs_inode *in = efs_fs_ifind(op->fs, ent->ino);
+
+	if (!entry_current(op->fs, op->h, ent) || ent->ino == op->h->ino)
+		return false;
+	return !(in && efs_fs_inode_valid(op->fs, in) && in->rec);
+}
+
+/*
+ * Prepares the entries from |i| on that fit in what is left of the reply
+ * (at most EFS_FS_PLUS_BATCH): pins their inodes for the rest of the
+ * operation, takes the shared locks not held yet and reads their records,
+ * so that each goes out with a cacheable dentry (7.1). Entries prepared by
+ * an earlier reply lost their inodes when it ended, hence once per reply.
+ * Returns 1 when the build resumes later, 0 when nothing needs doing.
+ */
+static int prep_entries(struct efs_fs_op *op, size_t i)
+{
+	struct dir_state *st = op->priv;
+	struct efs_fs_handle *h = op->h;
+	struct efs_fs_inode **np;
+	struct fuse_entry_param dummy;
+	size_t end = i, used = st->used;
+
+	memset(&dummy, 0, sizeof(dummy));
+	while (end < h->nents && end - i < EFS_FS_PLUS_BATCH) {
+		size_t need = fuse_add_direntry_plus(op->req, NULL, 0, h->ents[end].name, &dummy, 0);
+
+		if (used + need > op->size)
+			break;
+		used += need;
+		end++;
+	}
+	st->prep_to = end > i ? end : i + 1;
+	if (end == i)
+		return 0;
+	np = efs_mem_realloc(st->pins, (st->npins + (end - i)) * sizeof(*np));
+	if (!np)
+		return 0; /* the entries simply go out uncached */
+	st->pins = np;
+	for (size_t k = i; k < end; k++) {
+		struct efs_fs_inode *in = efs_fs_iget(op->fs, h->ents[k].ino);
+
+		if (!in)
+			continue;
+		in->refs++;
+		st->pins[st->npins++] = in;
+	}
+	st->page_first = i;
+	st->attr_from = i;
+	st->attr_to = end;
+	st->in_build = true;
+	plus_lock_page(op);
+	st->in_build = false;
+	/* Locks all cached already: read the records now. Should the read not
+	 * go out, the entries go out uncached. */
+	if (st->pending == 0 && fetch_attrs(op) < 0)
+		return 0;
+	return 1;
+}
+
 static int dir_build(struct efs_fs_op *op)
 {
 	struct dir_state *st = op->priv;
 	struct efs_fs_handle *h = op->h;
+	bool at_end = false;
 	int r;
 
 	if (efs_fs_handle_check(op->fs, h) < 0)
@@ -499,11 +607,13 @@ static int dir_build(struct efs_fs_op *op)
 		long i = efs_fs_dir_index(st->pos, h->nents);
 		bool ok;
 
+		at_end = false;
 		if (i == -1) {
 			ok = emit(op, ".", h->ino, DT_DIR, NULL, true);
 		} else if (i == -2) {
 			ok = emit(op, "..", h->parent, DT_DIR, NULL, true);
 		} else if ((size_t)i >= h->nents) {
+			at_end = h->complete;
 			if (h->complete)
 				break;
 			r = fetch_page(op);
@@ -513,14 +623,26 @@ static int dir_build(struct efs_fs_op *op)
 		} else {
 			struct efs_fs_dirent_ent *e = &h->ents[i];
 
+			if (needs_reread(op, (size_t)i)) {
+				drop_from(op, (size_t)i);
+				continue;
+			}
+			if (st->plus && (size_t)i >= st->prep_to && needs_prep(op, (size_t)i) &&
+			    prep_entries(op, (size_t)i) == 1)
+				return EFS_FS_WAIT;
 			ok = emit(op, e->name, e->ino, e->type, e, false);
+			if (ok)
+				e->sent = true;
 		}
 		if (!ok)
 			break;
 	}
 	op->replied = true;
 	fuse_reply_buf(op->req, st->buf, st->used);
-	if (op->off == 0)
+	/* Once the listing reached its end: the update takes the directory's
+	 * lock exclusive, which would leave the names read before it without
+	 * dentries for the rest of the listing. */
+	if (at_end)
 		efs_fs_touch_atime(op->fs, op->ino, efs_fs_rec(op, op->ino));
 	return EFS_FS_DONE;
 }
@@ -540,6 +662,9 @@ static void dir_state_free(struct efs_fs_op *op)
 
 	if (st) {
 		plus_unlock(op);
+		for (size_t i = 0; i < st->npins; i++)
+			efs_fs_iput(op->fs, st->pins[i]);
+		efs_mem_free(st->pins);
 		efs_mem_free(st->buf);
 	}
 }

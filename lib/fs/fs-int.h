@@ -182,6 +182,7 @@ struct efs_fs_dirent_ent {
 	uint64_t ino;
 	uint32_t type; /* DT_* */
 	bool has_attr; /* readdirplus: |st| filled */
+	bool sent;     /* handed to the kernel (with its offset) by this handle */
 	struct stat st;
 	/* The directory's mseq and lock_gen when the page holding this entry
 	 * was asked for: readdirplus lets the kernel cache the entry only while
