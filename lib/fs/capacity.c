@@ -12,6 +12,7 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/timer.h"
 #include "util/metrics.h"
 
 /* Shortest time between two Status calls asked for by errors or rechecks. */
@@ -221,11 +222,6 @@ out_fail:
 	uv_timer_start(cap->timer, timer_cb, cap->interval_ms, 0);
 }
 
-static void timer_closed(uv_handle_t *h)
-{
-	efs_mem_free(h);
-}
-
 int efs_capacity_new(struct efs_capacity **ret, uv_loop_t *loop, struct efs_etcd *client,
 		     const struct efs_capacity_opts *opts)
 {
@@ -258,19 +254,13 @@ int efs_capacity_new(struct efs_capacity **ret, uv_loop_t *loop, struct efs_etcd
 	cap->st.state = EFS_CAPACITY_OK;
 	cap->st.quota = cap->lim.quota;
 	r = -ENOMEM;
-	cap->timer = efs_mem_calloc(1, sizeof(*cap->timer));
+	cap->timer = efs_timer_new(loop, cap);
 	if (!cap->timer)
 		goto out_free_cap;
-	r = uv_timer_init(loop, cap->timer);
-	if (r < 0)
-		goto out_free_timer;
-	cap->timer->data = cap;
 	uv_timer_start(cap->timer, timer_cb, 0, 0);
 	*ret = cap;
 	return 0;
 
-out_free_timer:
-	efs_mem_free(cap->timer);
 out_free_cap:
 	efs_mem_free(cap);
 	return r;
@@ -284,8 +274,7 @@ struct efs_capacity *efs_capacity_free(struct efs_capacity *cap)
 		cap->inflight->cap = NULL;
 		efs_etcd_call_cancel(cap->call);
 	}
-	cap->timer->data = NULL;
-	uv_close((uv_handle_t *)cap->timer, timer_closed);
+	cap->timer = efs_timer_free(cap->timer);
 	efs_mem_free(cap);
 	return NULL;
 }

@@ -14,6 +14,7 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/timer.h"
 
 /*
  * How the etcd side works (ARCHITECTURE.md 7.2, docs/FORMAT.md section 4).
@@ -1551,31 +1552,6 @@ static void tick_cb(uv_timer_t *t)
 
 /* ---- Public ---- */
 
-static uv_timer_t *timer_new(struct efs_lockcache *lc)
-{
-	uv_timer_t *t = efs_mem_calloc(1, sizeof(*t));
-
-	if (!t)
-		return NULL;
-	uv_timer_init(lc->loop, t);
-	t->data = lc;
-	return t;
-}
-
-static void timer_closed(uv_handle_t *h)
-{
-	efs_mem_free(h);
-}
-
-static uv_timer_t *timer_free(uv_timer_t *t)
-{
-	if (t) {
-		t->data = NULL;
-		uv_close((uv_handle_t *)t, timer_closed);
-	}
-	return NULL;
-}
-
 int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_etcd *c,
 		      struct efs_session *s, const struct efs_lockcache_opts *o)
 {
@@ -1611,9 +1587,9 @@ int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_et
 		goto fail;
 	lc->ref->lc = lc;
 	lc->ref->refs = 1;
-	lc->tick = timer_new(lc);
-	lc->kick = timer_new(lc);
-	lc->retry = timer_new(lc);
+	lc->tick = efs_timer_new(lc->loop, lc);
+	lc->kick = efs_timer_new(lc->loop, lc);
+	lc->retry = efs_timer_new(lc->loop, lc);
 	if (!lc->tick || !lc->kick || !lc->retry)
 		goto fail;
 	period = lc->idle_ms / 4;
@@ -1686,9 +1662,9 @@ struct efs_lockcache *efs_lockcache_free(struct efs_lockcache *lc)
 			lcall_end(k);
 	}
 	lc->ws = efs_etcd_watch_stream_free(lc->ws);
-	lc->tick = timer_free(lc->tick);
-	lc->kick = timer_free(lc->kick);
-	lc->retry = timer_free(lc->retry);
+	lc->tick = efs_timer_free(lc->tick);
+	lc->kick = efs_timer_free(lc->kick);
+	lc->retry = efs_timer_free(lc->retry);
 	efs_locktab_done(&lc->tab);
 	if (lc->ref) {
 		lc->ref->lc = NULL;

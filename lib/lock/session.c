@@ -19,6 +19,7 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/timer.h"
 
 /* Registration attempts at start before giving up (races, unknown outcomes). */
 #define REG_START_ATTEMPTS 4
@@ -992,31 +993,6 @@ static char *read_id_file(const char *path)
 	return buf[0] ? efs_mem_strdup(buf) : NULL;
 }
 
-static uv_timer_t *timer_new(struct efs_session *s)
-{
-	uv_timer_t *t = efs_mem_calloc(1, sizeof(*t));
-
-	if (!t)
-		return NULL;
-	uv_timer_init(s->loop, t);
-	t->data = s;
-	return t;
-}
-
-static void timer_closed(uv_handle_t *h)
-{
-	efs_mem_free(h);
-}
-
-static uv_timer_t *timer_free(uv_timer_t *t)
-{
-	if (t) {
-		t->data = NULL;
-		uv_close((uv_handle_t *)t, timer_closed);
-	}
-	return NULL;
-}
-
 int efs_session_start(struct efs_session **ret, uv_loop_t *loop, struct efs_etcd *c,
 		      const struct efs_session_opts *o, efs_session_state_cb state_cb,
 		      efs_session_done_cb done, void *arg)
@@ -1082,9 +1058,9 @@ int efs_session_start(struct efs_session **ret, uv_loop_t *loop, struct efs_etcd
 	s->metrics_addr = efs_mem_strdup(o->metrics_addr ? o->metrics_addr : "");
 	if (!s->machine_id || !s->metrics_addr)
 		goto fail;
-	s->tick = timer_new(s);
-	s->retry = timer_new(s);
-	s->kick = timer_new(s);
+	s->tick = efs_timer_new(s->loop, s);
+	s->retry = efs_timer_new(s->loop, s);
+	s->kick = efs_timer_new(s->loop, s);
 	if (!s->tick || !s->retry || !s->kick)
 		goto fail;
 	r = efs_etcd_keepalive_new(&s->ka, c);
@@ -1167,9 +1143,9 @@ struct efs_session *efs_session_free(struct efs_session *s)
 		return NULL;
 	drop_lease(s);
 	s->ka = efs_etcd_keepalive_free(s->ka);
-	s->tick = timer_free(s->tick);
-	s->retry = timer_free(s->retry);
-	s->kick = timer_free(s->kick);
+	s->tick = efs_timer_free(s->tick);
+	s->retry = efs_timer_free(s->retry);
+	s->kick = efs_timer_free(s->kick);
 	if (s->ref) {
 		s->ref->s = NULL;
 		ref_put(s->ref);
