@@ -12,8 +12,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "etcd/kv.h"
 #include "fs/fs-int.h"
+#if EFS_HAVE_DATAPATH
+#include "fs/data.h"
+#endif
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/mem.h"
@@ -64,6 +68,10 @@ void efs_fs_handle_free(struct efs_fs *fs, struct efs_fs_handle *h)
 	if (h->next)
 		h->next->prev = h->prev;
 	handle_clear_ents(h);
+#if EFS_HAVE_DATAPATH
+	if (!h->dir)
+		efs_fs_data_handle_free(fs, h);
+#endif
 	if (in) {
 		in->refs++;
 		if (in->opens)
@@ -414,8 +422,14 @@ static const struct efs_fs_opdesc setattr_desc = {
 void efs_fs_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
 		    struct fuse_file_info *fi)
 {
-	struct efs_fs_op *op = op_start(req, &setattr_desc, ino);
+	struct efs_fs_op *op;
 
+#if EFS_HAVE_DATAPATH
+	/* Truncates, and deferred attributes of files this node is writing. */
+	if (efs_fs_data_setattr(req, ino, attr, to_set, fi))
+		return;
+#endif
+	op = op_start(req, &setattr_desc, ino);
 	if (!op)
 		return;
 	if (fi && fi->fh && efs_fs_handle_check(op->fs, fh_of(fi)) < 0) {
@@ -544,7 +558,9 @@ void efs_fs_access(fuse_req_t req, fuse_ino_t ino, int mask)
 	efs_fs_op_run(op);
 }
 
-/* ---- open, read, release ---- */
+/* ---- open, read, release (data.c has them with the data path) ---- */
+
+#if !EFS_HAVE_DATAPATH
 
 static int open_plan(struct efs_fs_op *op)
 {
@@ -615,6 +631,7 @@ static int read_plan(struct efs_fs_op *op)
 	efs_fs_touch_atime(op->fs, op->ino, rec);
 	return EFS_FS_DONE;
 }
+#endif /* !EFS_HAVE_DATAPATH */
 
 /* ---- atime ---- */
 
@@ -688,6 +705,7 @@ void efs_fs_touch_atime(struct efs_fs *fs, uint64_t ino, const Etcfs__Inode *rec
 	efs_fs_op_run(op);
 }
 
+#if !EFS_HAVE_DATAPATH
 static const struct efs_fs_opdesc read_desc = {
 	.code = EFS_FS_OP_READ,
 	.plan = read_plan,
@@ -726,6 +744,7 @@ void efs_fs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	if (reclaim)
 		efs_fs_reclaim(fs, ino);
 }
+#endif /* !EFS_HAVE_DATAPATH */
 
 /* ---- statfs ---- */
 

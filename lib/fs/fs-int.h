@@ -51,7 +51,7 @@
 /* Keys one operation reads besides inode records. */
 #define EFS_FS_KV_MAX 6
 /* Inode records one operation rewrites or creates. */
-#define EFS_FS_OUT_MAX 5
+#define EFS_FS_OUT_MAX EFS_LOCK_REQ_MAX
 /* Bytes of an operation id: node, NUL, generation, sequence. */
 #define EFS_FS_OPID_MAX (EFS_META_NODE_MAX + 1 + 8 + 8)
 /* Dirents read per readdir page. */
@@ -95,6 +95,16 @@ enum efs_fs_opcode {
 	EFS_FS_OP_CREATE,
 	EFS_FS_OP_RECLAIM, /* internal: last close of an unlinked inode */
 	EFS_FS_OP_ATIME,   /* internal: relatime update after a read */
+	EFS_FS_OP_WRITE,
+	EFS_FS_OP_FLUSH,
+	EFS_FS_OP_FSYNC,
+	EFS_FS_OP_FALLOCATE,
+	EFS_FS_OP_LSEEK,
+	EFS_FS_OP_COPY_FILE_RANGE,
+	EFS_FS_OP_GETLK,
+	EFS_FS_OP_SETLK,
+	EFS_FS_OP_FLOCK,
+	EFS_FS_OP_PUBLISH, /* internal: deferred publication of data and fields */
 	EFS_FS_NOPS,
 };
 
@@ -114,6 +124,11 @@ enum efs_fs_origin {
 	EFS_FS_ORIG_LOCK,
 	EFS_FS_ORIG_RECLAIM,
 	EFS_FS_ORIG_ATIME,
+	EFS_FS_ORIG_PUBLISH,   /* sweep, fsync, buffer limits, lock release */
+	EFS_FS_ORIG_TRUNCATE,  /* setattr with a size */
+	EFS_FS_ORIG_FALLOCATE,
+	EFS_FS_ORIG_PLOCK,     /* fcntl and flock locks */
+	EFS_FS_ORIG_SPACE,     /* group claims, free-intent folds, reclaim batches */
 	EFS_FS_NORIGINS,
 };
 
@@ -170,6 +185,7 @@ struct efs_fs_inode {
 	uint64_t mseq;		    /* bumped by each name change this node makes */
 	bool atime_busy;	    /* a relatime update is in flight */
 	struct efs_fs_dcache *dc;   /* directories: names, valid under the lock */
+	struct efs_fs_data *data;   /* regular files: data state (fs/data.h), holds a ref */
 	/* Node-local mutex of mutations (see the engine above). */
 	struct efs_fs_op *mx_owner;
 	struct efs_fs_op *mx_head, *mx_tail; /* waiters, FIFO via op->mx_next */
@@ -200,6 +216,12 @@ struct efs_fs_handle {
 	size_t nents, cap;
 	bool complete; /* every entry after the last one has been read */
 	uint64_t parent; /* ".." */
+	/* Files (fs/data.h): open flags, and what data.c and plock.c keep. */
+	int oflags;
+	bool writable, append, direct;
+	bool plocked;	     /* took fcntl locks (dropped on flush) */
+	bool flocked;	     /* took a flock lock (dropped on release) */
+	void *dpriv;	     /* data.c's per-handle state */
 	struct efs_fs_handle *next, *prev;
 };
 
@@ -212,6 +234,17 @@ struct efs_fs {
 	struct efs_lockcache *lc;
 	struct efs_metrics *m;
 	struct efs_capacity *cap; /* may be NULL */
+	/* Data path (fs/data.h, fs/alloc.h, dev/iopool.h); NULL/-1 without a
+	 * device (tests of the namespace alone). */
+	int dev_fd;
+	bool dev_direct;
+	struct efs_iopool *pool;
+	struct efs_alloc *alloc;
+	uint32_t flush_interval_ms;
+	void *data_priv;    /* data.c: publisher and sweep */
+	void *reclaim_priv; /* reclaim.c */
+	void *plock_priv;   /* plock.c */
+	void *maint_priv;   /* maint.c */
 	struct efs_meta_ns ns;
 	Etcfs__FsInfo *fi; /* copy (efs_meta_fsinfo_decode of its packing) */
 	uint32_t blksize;
@@ -405,6 +438,7 @@ struct efs_fs_op {
 	uint64_t walk;	     /* rename: ancestor being read */
 	int walk_depth;
 	void *priv;	     /* per-operation scratch (efs_mem) */
+	void *dpub;	     /* data.c's publication state (fs/data.h) */
 	void (*priv_free)(struct efs_fs_op *op); /* frees what |priv| points to */
 };
 
@@ -466,8 +500,10 @@ int efs_fs_put_dirent(struct efs_fs_op *op, uint64_t parent, const char *name, s
 int efs_fs_del_dirent(struct efs_fs_op *op, uint64_t parent, const char *name, size_t len,
 		      int64_t mod_rev);
 /* Deletes every key of a removed inode besides i/ (xattrs, holders,
- * extents, orphan) in the transaction. */
-int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino);
+ * extents, orphan) in the transaction. A regular file with data (|rec|'s
+ * size or blocks) keeps its extent chunks and gets a reclaim record
+ * instead (fs/data.h), when the data path is built. */
+int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *rec);
 
 /* Reply helpers: fill a fuse_entry_param / attr reply from a record, with
  * kernel timeouts only under a held lock (7.1). */

@@ -9,9 +9,18 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "config.h"
 #include "etcd/keys.h"
 #include "etcd/kv.h"
 #include "fs/fs-int.h"
+#if EFS_HAVE_DATAPATH
+#include "dev/iopool.h"
+#include "fs/alloc.h"
+#include "fs/data.h"
+#endif
+#if EFS_HAVE_PLOCK
+#include "fs/plock.h"
+#endif
 #include "meta/records.h"
 #include "util/clock.h"
 #include "util/log.h"
@@ -48,6 +57,16 @@ const char *const efs_fs_op_names[EFS_FS_NOPS] = {
 	[EFS_FS_OP_CREATE] = "create",
 	[EFS_FS_OP_RECLAIM] = "reclaim",
 	[EFS_FS_OP_ATIME] = "atime",
+	[EFS_FS_OP_WRITE] = "write",
+	[EFS_FS_OP_FLUSH] = "flush",
+	[EFS_FS_OP_FSYNC] = "fsync",
+	[EFS_FS_OP_FALLOCATE] = "fallocate",
+	[EFS_FS_OP_LSEEK] = "lseek",
+	[EFS_FS_OP_COPY_FILE_RANGE] = "copy_file_range",
+	[EFS_FS_OP_GETLK] = "getlk",
+	[EFS_FS_OP_SETLK] = "setlk",
+	[EFS_FS_OP_FLOCK] = "flock",
+	[EFS_FS_OP_PUBLISH] = "publish",
 };
 
 static const char *const origin_names[EFS_FS_NORIGINS] = {
@@ -58,6 +77,9 @@ static const char *const origin_names[EFS_FS_NORIGINS] = {
 	[EFS_FS_ORIG_SETATTR] = "setattr", [EFS_FS_ORIG_XATTR] = "xattr",
 	[EFS_FS_ORIG_INO] = "ino",	   [EFS_FS_ORIG_LOCK] = "lock",
 	[EFS_FS_ORIG_RECLAIM] = "reclaim", [EFS_FS_ORIG_ATIME] = "atime",
+	[EFS_FS_ORIG_PUBLISH] = "publish", [EFS_FS_ORIG_TRUNCATE] = "truncate",
+	[EFS_FS_ORIG_FALLOCATE] = "fallocate", [EFS_FS_ORIG_PLOCK] = "plock",
+	[EFS_FS_ORIG_SPACE] = "space",
 };
 
 static const char *const outcome_names[EFS_FS_NOUTCOMES] = {
@@ -384,6 +406,24 @@ static void ready_push(struct efs_fs_op *op, int state)
 	uv_idle_start(fs->idle, idle_cb);
 }
 
+/* ---- Data publication outcomes (fs/data.h) ---- */
+
+#if EFS_HAVE_DATAPATH
+static void data_outcome(struct efs_fs_op *op, enum efs_fs_data_outcome oc, int64_t rev)
+{
+	if (op->dpub)
+		efs_fs_data_outcome(op, oc, rev);
+}
+#else
+enum { EFS_FS_DATA_COMMITTED, EFS_FS_DATA_FAILED, EFS_FS_DATA_UNKNOWN };
+static void data_outcome(struct efs_fs_op *op, int oc, int64_t rev)
+{
+	(void)op;
+	(void)oc;
+	(void)rev;
+}
+#endif
+
 /* ---- Finish ---- */
 
 void efs_fs_op_finish(struct efs_fs_op *op, int err)
@@ -410,6 +450,10 @@ void efs_fs_op_finish(struct efs_fs_op *op, int err)
 		if (op->committed)
 			fs->icount++;
 	}
+#if EFS_HAVE_DATAPATH
+	if (op->dpub)
+		efs_fs_data_op_free(op);
+#endif
 	mx_cancel_wait(op);
 	mx_release_all(op);
 	if (op->lock_pinned) {
@@ -636,17 +680,27 @@ static int del_family(struct efs_fs_op *op, enum efs_meta_family fam, uint64_t i
 				   rg.end.buf, rg.end.len, false);
 }
 
-int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino)
+int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *rec)
 {
 	struct efs_meta_key k;
+	bool reclaim = false;
 	int r;
 
 	r = ensure_txn(op);
 	if (r < 0)
 		return r;
+#if EFS_HAVE_DATAPATH
+	reclaim = op->fs->alloc && rec && S_ISREG(rec->mode) && (rec->size || rec->blocks);
+#else
+	(void)rec;
+#endif
 	r = del_family(op, EFS_META_K_XATTR, ino);
-	if (r == 0)
+	if (r == 0 && !reclaim)
 		r = del_family(op, EFS_META_K_EXTENT, ino);
+#if EFS_HAVE_DATAPATH
+	if (r == 0 && reclaim)
+		r = efs_fs_reclaim_put(op, ino);
+#endif
 	if (r == 0)
 		r = efs_lock_drop_in_txn(op->fs->lc, op->txn, ino);
 	if (r == 0)
@@ -1067,6 +1121,12 @@ static void apply_out(struct efs_fs_op *op, int64_t rev)
 			continue;
 		in->refs++;
 		if (o->del) {
+#if EFS_HAVE_DATAPATH
+			if (fs->alloc) {
+				efs_fs_data_dropped(fs, o->ino);
+				efs_fs_reclaim_kick(fs);
+			}
+#endif
 			efs_fs_inode_set(fs, in, NULL, rev, true);
 			efs_lock_forget(fs->lc, o->ino);
 			fs->icount--;
@@ -1086,6 +1146,7 @@ static void op_done(struct efs_fs_op *op, int64_t rev)
 {
 	op->commit_rev = rev;
 	op->committed = true;
+	data_outcome(op, EFS_FS_DATA_COMMITTED, rev);
 	apply_out(op, rev);
 	/* Names this operation changed (xattr names land here too: a harmless
 	 * miss at worst). */
@@ -1145,6 +1206,7 @@ static void step_loaded(struct efs_fs_op *op)
 			op_done(op, op->kv[op->vkv - 1].mod_rev);
 			return;
 		}
+		data_outcome(op, EFS_FS_DATA_FAILED, 0);
 		if (op->granted) {
 			efs_lock_grant_committed(op->fs->lc, op->new_ino, false);
 			op->granted = false;
@@ -1483,6 +1545,7 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 			efs_fs_count_txn(fs, orig, EFS_FS_TXN_UNKNOWN);
 			efs_counter_inc(fs->m_retries);
 			op->unsettled = true;
+			data_outcome(op, EFS_FS_DATA_UNKNOWN, 0);
 			if (++op->retries > EFS_FS_RETRY_MAX) {
 				efs_fs_op_finish(op, -EIO);
 				return;
@@ -1503,6 +1566,7 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 		efs_fs_count_txn(fs, orig, EFS_FS_TXN_ERROR);
 		efs_log_debug("fs: %s: transaction failed: %s", efs_fs_op_names[op->d->code],
 			      r->message);
+		data_outcome(op, EFS_FS_DATA_FAILED, 0);
 		if ((r->err == -EBUSY || r->err == -EAGAIN) && ++op->retries <= EFS_FS_RETRY_MAX) {
 			/* Refused before it applied (etcd's apply backlog): again. */
 			if (op->granted) {
@@ -1520,6 +1584,7 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 	if (!resp->succeeded) {
 		efs_fs_count_txn(fs, orig, EFS_FS_TXN_CONFLICT);
 		efs_counter_inc(fs->m_retries);
+		data_outcome(op, EFS_FS_DATA_FAILED, 0);
 		if (op->granted) {
 			efs_lock_grant_committed(fs->lc, op->new_ino, false);
 			op->granted = false;
@@ -1653,8 +1718,27 @@ static void fs_init(void *userdata, struct fuse_conn_info *conn)
 	if (conn->capable & FUSE_CAP_READDIRPLUS)
 		conn->want |= FUSE_CAP_READDIRPLUS;
 	conn->want &= ~(unsigned)FUSE_CAP_READDIRPLUS_AUTO;
-	/* Data comes with part 2: no writeback cache, no page cache reuse. */
+	/* No writeback cache: a write reaches the daemon (and the device)
+	 * before write(2) returns, and the page cache is kept only under a
+	 * held lock (open's keep_cache). */
 	conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
+	/* Deep asynchronous I/O reaches the daemon in parallel (7.3), in
+	 * requests of up to 1 MiB. */
+	conn->max_background = 128;
+	conn->congestion_threshold = 96;
+	conn->max_write = 1u << 20;
+	conn->max_readahead = 1u << 20;
+	if (conn->capable & FUSE_CAP_SPLICE_READ)
+		conn->want &= ~(unsigned)FUSE_CAP_SPLICE_READ;
+#if EFS_HAVE_PLOCK
+	/* fcntl and flock locks live in etcd (7.5). */
+	if (conn->capable & FUSE_CAP_POSIX_LOCKS)
+		conn->want |= FUSE_CAP_POSIX_LOCKS;
+	if (conn->capable & FUSE_CAP_FLOCK_LOCKS)
+		conn->want |= FUSE_CAP_FLOCK_LOCKS;
+#else
+	conn->want &= ~(unsigned)(FUSE_CAP_POSIX_LOCKS | FUSE_CAP_FLOCK_LOCKS);
+#endif
 	/* O_TRUNC arrives as a setattr (size 0, mtime now) rather than an
 	 * open flag, so truncation has one code path. */
 	conn->want &= ~(unsigned)FUSE_CAP_ATOMIC_O_TRUNC;
@@ -1691,6 +1775,19 @@ static const struct fuse_lowlevel_ops ops = {
 	.removexattr = efs_fs_removexattr,
 	.access = efs_fs_access,
 	.create = efs_fs_create,
+#if EFS_HAVE_DATAPATH
+	.write = efs_fs_write,
+	.flush = efs_fs_flush,
+	.fsync = efs_fs_fsync,
+	.fallocate = efs_fs_fallocate,
+	.lseek = efs_fs_lseek,
+	.copy_file_range = efs_fs_copy_file_range,
+#endif
+#if EFS_HAVE_PLOCK
+	.getlk = efs_fs_getlk,
+	.setlk = efs_fs_setlk,
+	.flock = efs_fs_flock,
+#endif
 };
 
 const struct fuse_lowlevel_ops *efs_fs_ops(void)
@@ -1739,6 +1836,50 @@ static void idle_close_cb(uv_handle_t *h)
 	efs_mem_free(h);
 }
 
+#if EFS_HAVE_DATAPATH
+static void alloc_started(int status, void *arg)
+{
+	(void)arg;
+	if (status < 0)
+		efs_log_warn("fs: claiming allocation groups failed (%s); allocations will retry",
+			     strerror(-status));
+}
+
+/* The device pool, the allocator, the publisher and the reclaimer. */
+static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
+{
+	struct efs_iopool_opts po = {.threads = o->io_threads, .m = fs->m};
+	struct efs_alloc_opts ao = {.ns = &fs->ns, .fi = fs->fi, .m = fs->m};
+	int r;
+
+	if (fs->dev_fd < 0 || fs->read_only)
+		return 0;
+	r = efs_iopool_new(&fs->pool, fs->loop, fs->dev_fd, fs->dev_direct, &po);
+	if (r < 0)
+		return r;
+	r = efs_alloc_new(&fs->alloc, fs->loop, fs->c, fs->s, &ao);
+	if (r < 0)
+		return r;
+	r = efs_fs_data_init(fs);
+	if (r < 0)
+		return r;
+	r = efs_fs_reclaim_init(fs);
+	if (r < 0)
+		return r;
+	r = efs_alloc_start(fs->alloc, alloc_started, fs);
+	if (r == 1)
+		r = 0;
+	return r;
+}
+#else
+static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
+{
+	(void)fs;
+	(void)o;
+	return 0;
+}
+#endif
+
 int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 	       struct efs_session *s, struct efs_lockcache *lc, struct efs_metrics *m,
 	       const struct efs_fs_opts *o)
@@ -1763,6 +1904,9 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 	fs->cache_timeout_ms = o->cache_timeout_ms ? o->cache_timeout_ms : 500;
 	fs->ino_batch = o->ino_batch ? o->ino_batch : 1024;
 	fs->epoch = 1;
+	fs->dev_fd = o->dev_fd > 0 ? o->dev_fd : -1;
+	fs->dev_direct = o->dev_direct;
+	fs->flush_interval_ms = o->flush_interval_ms ? o->flush_interval_ms : 1000;
 	r = efs_meta_pack(&o->fi->base, &b);
 	if (r < 0)
 		goto fail;
@@ -1793,6 +1937,9 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 		if (r < 0)
 			goto fail;
 	}
+	r = data_path_new(fs, o);
+	if (r < 0)
+		goto fail;
 	*ret = fs;
 	return 0;
 fail:
@@ -1821,7 +1968,97 @@ void efs_fs_session_changed(struct efs_fs *fs, enum efs_session_state old,
 		 * generation.) */
 		fs->epoch++;
 		fs->ino_next = fs->ino_end; /* reserve afresh under the new generation */
+#if EFS_HAVE_DATAPATH
+		if (fs->alloc) {
+			efs_fs_data_session_lost(fs);
+			efs_alloc_session_lost(fs->alloc);
+		}
+#endif
 	}
+}
+
+#if EFS_HAVE_DATAPATH
+struct leave_state {
+	struct efs_fs *fs;
+	void (*cb)(int status, void *arg);
+	void *arg;
+	int err;
+};
+
+static void leave_alloc_done(int status, void *arg)
+{
+	struct leave_state *ls = arg;
+
+	if (status < 0 && ls->err == 0)
+		ls->err = status;
+	ls->cb(ls->err, ls->arg);
+	efs_mem_free(ls);
+}
+
+static void leave_synced(int status, void *arg)
+{
+	struct leave_state *ls = arg;
+	int r;
+
+	if (status < 0) {
+		efs_log_warn("fs: publishing at unmount failed: %s", strerror(-status));
+		ls->err = status;
+	}
+	r = efs_alloc_leave(ls->fs->alloc, leave_alloc_done, ls);
+	if (r == 1)
+		leave_alloc_done(0, ls);
+	else if (r < 0)
+		leave_alloc_done(r, ls);
+}
+#endif
+
+int efs_fs_leave(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg)
+{
+#if EFS_HAVE_DATAPATH
+	struct leave_state *ls;
+	int r;
+
+	if (!fs->alloc)
+		return 1;
+	ls = efs_mem_calloc(1, sizeof(*ls));
+	if (!ls)
+		return -ENOMEM;
+	ls->fs = fs;
+	ls->cb = cb;
+	ls->arg = arg;
+	r = efs_fs_data_sync_all(fs, leave_synced, ls);
+	if (r == 1) {
+		/* Nothing to publish: give the groups back (may finish now). */
+		r = efs_alloc_leave(fs->alloc, leave_alloc_done, ls);
+		if (r != 0)
+			efs_mem_free(ls);
+		return r;
+	}
+	if (r < 0)
+		efs_mem_free(ls);
+	return r;
+#else
+	(void)fs;
+	(void)cb;
+	(void)arg;
+	return 1;
+#endif
+}
+
+int efs_fs_stop_io(struct efs_fs *fs, void (*cb)(void *arg), void *arg)
+{
+#if EFS_HAVE_DATAPATH
+	if (fs->pool) {
+		int r = efs_iopool_close(fs->pool, cb, arg);
+
+		return r == -EALREADY ? 1 : r;
+	}
+#else
+	(void)fs;
+	(void)cb;
+	(void)arg;
+#endif
+	return 1;
 }
 
 uint64_t efs_fs_inflight(const struct efs_fs *fs)
@@ -1835,6 +2072,14 @@ struct efs_fs *efs_fs_free(struct efs_fs *fs)
 		return NULL;
 	while (fs->handles)
 		efs_fs_handle_free(fs, fs->handles);
+#if EFS_HAVE_DATAPATH
+	if (fs->alloc) {
+		efs_fs_reclaim_done(fs);
+		efs_fs_data_done(fs);
+	}
+	fs->alloc = efs_alloc_free(fs->alloc);
+	fs->pool = efs_iopool_free(fs->pool);
+#endif
 	efs_fs_icache_done(fs);
 	if (fs->fi)
 		efs_meta_record_free(fs->fi);

@@ -42,6 +42,14 @@ struct efs_fs_opts {
 	 * TTL / 4 for longer TTLs). */
 	uint32_t cache_timeout_ms;
 	uint32_t ino_batch; /* inode numbers reserved at once (0: 1024) */
+	/* The data path (issue 4): the device opened for data I/O
+	 * (dev/iopool.h efs_dev_open_data; not owned, closed by the caller
+	 * after efs_fs_free); <= 0 (or read_only): no allocator, writes fail
+	 * with EROFS. */
+	int dev_fd;
+	bool dev_direct;	    /* |dev_fd| was opened with O_DIRECT */
+	uint32_t io_threads;	    /* device workers (0: 16) */
+	uint32_t flush_interval_ms; /* deferred publication sweep (0: 1000) */
 };
 
 /*
@@ -69,6 +77,19 @@ void efs_fs_set_capacity(struct efs_fs *fs, struct efs_capacity *cap);
  * its later operations with EIO (release still succeeds). */
 void efs_fs_session_changed(struct efs_fs *fs, enum efs_session_state old,
 			    enum efs_session_state new_state);
+/*
+ * Clean leave, before the lock cache releases: publishes every dirty inode
+ * and hands the allocation groups back. Returns 1 when there is nothing
+ * to do (|cb| never runs), 0 (|cb| later, once, with 0 or the first
+ * error: the daemon goes on leaving either way), or a negative errno.
+ */
+int efs_fs_leave(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg);
+/*
+ * Stops the device worker pool once its requests are done: 1 when there
+ * is none (|cb| never runs), 0 (|cb| later, once), or a negative errno.
+ * Call after the last FUSE request and before efs_fs_free.
+ */
+int efs_fs_stop_io(struct efs_fs *fs, void (*cb)(void *arg), void *arg);
 /* Operations in flight (the daemon waits for 0 before leaving). */
 uint64_t efs_fs_inflight(const struct efs_fs *fs);
 /* Frees the fs: no operation may be in flight. One idle handle is closed

@@ -13,8 +13,12 @@
 #include <linux/fs.h>
 #include <string.h>
 
+#include "config.h"
 #include "etcd/kv.h"
 #include "fs/fs-int.h"
+#if EFS_HAVE_DATAPATH
+#include "fs/data.h"
+#endif
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/mem.h"
@@ -126,7 +130,7 @@ static int drop_or_orphan(struct efs_fs_op *op, uint64_t ino, Etcfs__Inode *rec)
 	}
 	r = efs_fs_del_inode(op, ino);
 	if (r == 0)
-		r = efs_fs_drop_inode_keys(op, ino);
+		r = efs_fs_drop_inode_keys(op, ino, rec);
 	return r;
 }
 
@@ -361,16 +365,29 @@ static void mk_done(struct efs_fs_op *op)
 		efs_fs_reply_entry(op, op->ino, op->new_ino, in->rec);
 		return;
 	}
+#if EFS_HAVE_DATAPATH
+	{
+		int r = efs_fs_data_open_handle(fs, op->new_ino, &op->fi, true);
+
+		if (r < 0) {
+			op->replied = true;
+			fuse_reply_err(op->req, -r);
+			return;
+		}
+		h = (struct efs_fs_handle *)(uintptr_t)op->fi.fh;
+	}
+#else
 	h = efs_fs_handle_new(fs, op->new_ino, false);
 	if (!h) {
 		op->replied = true;
 		fuse_reply_err(op->req, ENOMEM);
 		return;
 	}
-	efs_fs_fill_entry(fs, op->ino, op->new_ino, in->rec, &e);
 	op->fi.fh = (uint64_t)(uintptr_t)h;
 	op->fi.keep_cache = 0;
 	op->fi.direct_io = 0;
+#endif
+	efs_fs_fill_entry(fs, op->ino, op->new_ino, in->rec, &e);
 	op->replied = true;
 	if (fuse_reply_create(op->req, &e, &op->fi) == 0)
 		efs_fs_inode_ref_kernel(fs, op->new_ino);
@@ -1166,7 +1183,7 @@ static int rc_build(struct efs_fs_op *op)
 	int r = efs_fs_del_inode(op, op->ino);
 
 	if (r == 0)
-		r = efs_fs_drop_inode_keys(op, op->ino);
+		r = efs_fs_drop_inode_keys(op, op->ino, efs_fs_rec(op, op->ino));
 	op->check_ino = 0; /* nothing to re-read: a retry finds the record gone */
 	return r;
 }

@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#pragma once
+
+/*
+ * Quarantine of freed blocks (ARCHITECTURE.md section 6): a block freed by
+ * a publication may still be under a device read that started before the
+ * publication (a reader that looked the old extent up). Reads take an
+ * epoch ticket when they look extents up and return it when the device
+ * read ends; a freed run waits until every read whose ticket is not newer
+ * than the free has ended, then it is handed back. Pure and
+ * single-threaded (the loop's), all memory through efs_mem.
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct efs_quarantine;
+
+int efs_quar_new(struct efs_quarantine **ret);
+/* Frees the quarantine and the runs still in it. Accepts NULL; returns NULL. */
+struct efs_quarantine *efs_quar_free(struct efs_quarantine *q);
+
+/* A read starts (before it looks up extents): returns its ticket. */
+uint64_t efs_quar_read_begin(struct efs_quarantine *q);
+/* The read with |ticket| ended (its device I/O completed or failed). */
+void efs_quar_read_end(struct efs_quarantine *q, uint64_t ticket);
+/* Reads in flight. */
+uint64_t efs_quar_reads(const struct efs_quarantine *q);
+
+/*
+ * Blocks [start, start + len) of |group| are free as of now: they are
+ * released once every read begun before this call has ended (at once when
+ * none is in flight: the next efs_quar_release returns them). 0 or -ENOMEM.
+ */
+int efs_quar_add(struct efs_quarantine *q, uint32_t group, uint64_t start, uint64_t len);
+/*
+ * Hands every releasable run to |cb| (in the order they were added) and
+ * forgets it; returns the number of runs released.
+ */
+size_t efs_quar_release(struct efs_quarantine *q,
+			void (*cb)(uint32_t group, uint64_t start, uint64_t len, void *arg),
+			void *arg);
+/* Blocks waiting. */
+uint64_t efs_quar_blocks(const struct efs_quarantine *q);

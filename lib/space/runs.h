@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#pragma once
+
+/*
+ * Lists of block runs [start, start + len), the currency of the space code:
+ * free maps, buried and freed blocks, allocations. Pure; all memory through
+ * efs_mem. A zero-initialised struct efs_runs is an empty list.
+ */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct efs_run {
+	uint64_t start;
+	uint64_t len; /* >= 1 */
+};
+
+struct efs_runs {
+	struct efs_run *v;
+	size_t n, cap;
+};
+
+/* Empties |r| and frees its storage (the list stays usable). */
+void efs_runs_done(struct efs_runs *r);
+/* Empties |r|, keeping its storage. */
+static inline void efs_runs_clear(struct efs_runs *r)
+{
+	r->n = 0;
+}
+/*
+ * Appends [start, start + len) (len 0: nothing), merged into the last run
+ * when it continues it. 0, -EINVAL (wraps past 2^64), -ENOMEM (|r| unchanged).
+ */
+int efs_runs_add(struct efs_runs *r, uint64_t start, uint64_t len);
+/* Appends every run of |src|. 0 or -ENOMEM (|r| may hold a prefix). */
+int efs_runs_append(struct efs_runs *r, const struct efs_runs *src);
+/*
+ * Sorts by start and merges adjacent runs. -EUCLEAN (and |r| sorted but
+ * unmerged) when two runs overlap: a block listed twice.
+ */
+int efs_runs_normalize(struct efs_runs *r);
+/* Sum of the lengths. */
+uint64_t efs_runs_total(const struct efs_runs *r);
+/*
+ * Removes from |r| (normalized) every block of [start, start + len); the
+ * removed blocks are appended to |cut| when not NULL. 0 or -ENOMEM (a run
+ * split in two needs room).
+ */
+int efs_runs_subtract(struct efs_runs *r, uint64_t start, uint64_t len, struct efs_runs *cut);
+/* True when some block of [start, start + len) is in |r| (normalized). */
+bool efs_runs_overlaps(const struct efs_runs *r, uint64_t start, uint64_t len);
