@@ -40,6 +40,9 @@
 #include "etcd/sync.h"
 #include "fs/capacity.h"
 #include "fs/fs.h"
+#if EFS_HAVE_DATAPATH
+#include "dev/iopool.h"
+#endif
 #include "fs/fuseloop.h"
 #include "lock/lock.h"
 #include "lock/session.h"
@@ -108,6 +111,10 @@ struct daemon {
 	/* what the sync check found */
 	struct efs_cli_device dev;
 	bool dev_open;
+	int data_fd; /* the device for data I/O (O_DIRECT where possible), -1: none */
+	bool data_direct;
+	uint32_t flush_interval_ms;
+	uint32_t io_threads;
 	struct efs_sb sb;
 	unsigned sb_flags;
 	Etcfs__FsInfo *fi;
@@ -175,6 +182,10 @@ static void usage(FILE *out)
 		"  --etcd-quota SIZE        the etcd cluster's --quota-backend-bytes\n"
 		"                           (bytes, or with K/M/G; default 2G): metadata\n"
 		"                           growth is refused with ENOSPC near it\n"
+		"  --flush-interval MS      publish written extents, sizes and times at\n"
+		"                           least this often (default 1000; fsync and\n"
+		"                           O_SYNC publish at once)\n"
+		"  --io-threads N           device I/O worker threads (default 16)\n"
 		"  --metrics-addr HOST:PORT serve Prometheus metrics on /metrics\n"
 		"                           (\":PORT\" listens on 127.0.0.1; port 0 picks one)\n"
 		"  -o OPT[,OPT...]          mount options: ro, rw, noatime, allow_other,\n"
@@ -435,6 +446,8 @@ enum {
 	OPT_METRICS_ADDR,
 	OPT_LOG_LEVEL,
 	OPT_LOG_FILE,
+	OPT_FLUSH_INTERVAL,
+	OPT_IO_THREADS,
 	OPT_ETCD, /* every etcd option: the name comes from the table */
 };
 
@@ -449,6 +462,8 @@ static const struct option longopts[] = {
 	{"metrics-addr", required_argument, NULL, OPT_METRICS_ADDR},
 	{"log-level", required_argument, NULL, OPT_LOG_LEVEL},
 	{"log-file", required_argument, NULL, OPT_LOG_FILE},
+	{"flush-interval", required_argument, NULL, OPT_FLUSH_INTERVAL},
+	{"io-threads", required_argument, NULL, OPT_IO_THREADS},
 	{"endpoints", required_argument, NULL, OPT_ETCD},
 	{"cacert", required_argument, NULL, OPT_ETCD},
 	{"cert", required_argument, NULL, OPT_ETCD},
@@ -558,6 +573,26 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 		case OPT_METRICS_ADDR:
 			d->metrics_addr = optarg;
 			break;
+		case OPT_FLUSH_INTERVAL:
+		case OPT_IO_THREADS: {
+			bool fl = c == OPT_FLUSH_INTERVAL;
+			long lo = fl ? 10 : 1, hi = fl ? 600000 : 256;
+			char *end;
+			long v;
+
+			errno = 0;
+			v = strtol(optarg, &end, 10);
+			if (errno || end == optarg || *end || v < lo || v > hi) {
+				fprintf(stderr, "%s: --%s '%s': a number from %ld to %ld\n", prog,
+					fl ? "flush-interval" : "io-threads", optarg, lo, hi);
+				return -EINVAL;
+			}
+			if (fl)
+				d->flush_interval_ms = (uint32_t)v;
+			else
+				d->io_threads = (uint32_t)v;
+			break;
+		}
 		case OPT_LOG_LEVEL:
 			if (efs_log_parse_level(optarg, &level) < 0) {
 				fprintf(stderr,
@@ -687,6 +722,19 @@ static int check_device(struct daemon *d)
 		report_error(d, "%s: invalid filesystem name '%s'", d->device, d->sb.name);
 		return r;
 	}
+#if EFS_HAVE_DATAPATH
+	if (!d->read_only) {
+		/* A second descriptor for data, O_DIRECT where the device takes
+		 * it: file data bypasses this host's page cache, so what a peer
+		 * writes to the shared device is what this node reads. */
+		r = efs_dev_open_data(d->device, true, &d->data_direct);
+		if (r < 0) {
+			report_error(d, "%s: %s", d->device, strerror(-r));
+			return r;
+		}
+		d->data_fd = r;
+	}
+#endif
 	return check_fuse_opts(d);
 }
 
@@ -1032,6 +1080,45 @@ static void release_locks(struct daemon *d)
 	}
 }
 
+static void on_io_stopped(void *arg)
+{
+	struct daemon *d = arg;
+
+	if (d->phase != PH_LEAVING)
+		return;
+	release_locks(d);
+}
+
+static void on_fs_left(int status, void *arg)
+{
+	struct daemon *d = arg;
+	int r;
+
+	if (d->phase != PH_LEAVING)
+		return;
+	if (status < 0)
+		efs_log_warn("publishing data at unmount: %s (unpublished writes since the last "
+			     "fsync are lost)",
+			     strerror(-status));
+	/* The device pool drains before the locks go: no write of this node
+	 * may land after a peer could take the blocks over. */
+	r = efs_fs_stop_io(d->fs, on_io_stopped, d);
+	if (r != 0)
+		release_locks(d);
+}
+
+/* Publishes every dirty file and hands the allocation groups back, with
+ * the locks still held. */
+static void leave_fs(struct daemon *d)
+{
+	int r = d->fs ? efs_fs_leave(d->fs, on_fs_left, d) : 1;
+
+	if (r == 1)
+		on_fs_left(0, d);
+	else if (r < 0)
+		on_fs_left(r, d);
+}
+
 static void on_drain_tick(uv_timer_t *t)
 {
 	struct daemon *d = t->data;
@@ -1057,7 +1144,7 @@ static void on_drain_tick(uv_timer_t *t)
 		fuse_session_unmount(d->se);
 		d->mounted = false;
 	}
-	release_locks(d);
+	leave_fs(d);
 }
 
 static void on_leave_timeout(uv_timer_t *t)
@@ -1272,6 +1359,10 @@ static int mount_fuse(struct daemon *d)
 		.fi = d->fi,
 		.read_only = d->read_only,
 		.noatime = d->noatime,
+		.dev_fd = d->data_fd,
+		.dev_direct = d->data_direct,
+		.io_threads = d->io_threads,
+		.flush_interval_ms = d->flush_interval_ms,
 		/* Kernel caches granted before a suspension must time out before
 		 * the lease deadline: a quarter of the TTL, at most 1 s. */
 		.cache_timeout_ms = (uint32_t)(d->session_ttl_s >= 4 ? 1000
@@ -1451,6 +1542,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	d->ready_fd = -1;
+	d->data_fd = -1;
 	r = parse_args(d, argc, argv);
 	if (r != 0) {
 		code = r > 0 ? 0 : 2;
@@ -1505,6 +1597,8 @@ out_free:
 		efs_meta_record_free(d->fi);
 	if (d->dev_open)
 		efs_cli_device_close(&d->dev);
+	if (d->data_fd >= 0)
+		close(d->data_fd);
 	efs_cli_etcd_free(&d->etcd_cfg);
 	efs_mem_free(d->user_fuse_opts);
 	efs_mem_free(d->fsname_opt);
