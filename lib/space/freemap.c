@@ -179,7 +179,7 @@ static int cut(struct efs_freemap *fm, size_t i, uint64_t start, uint64_t len)
 int efs_freemap_alloc(struct efs_freemap *fm, uint64_t want, uint64_t goal, struct efs_run *got)
 {
 	const struct efs_runs *r = &fm->free;
-	size_t n = r->n, first, best = 0, idx;
+	size_t n = r->n, first, best, idx;
 	uint64_t start;
 	int err;
 
@@ -190,6 +190,7 @@ int efs_freemap_alloc(struct efs_freemap *fm, uint64_t want, uint64_t goal, stru
 	if (goal >= fm->group_blocks)
 		goal = 0;
 	first = first_after(r, goal);
+	best = first % n;
 	/*
 	 * The free blocks at or after |goal| in address order, wrapping: the
 	 * tail of the run holding |goal| first, then the runs after it, then
@@ -208,7 +209,7 @@ int efs_freemap_alloc(struct efs_freemap *fm, uint64_t want, uint64_t goal, stru
 		if (x->len > r->v[best].len)
 			best = i;
 	}
-	/* No run holds |want|: the longest (the first of them in address order). */
+	/* No run holds |want|: the longest, the first of equals from |goal| on. */
 	want = r->v[best].len;
 	start = r->v[best].start;
 	idx = best;
@@ -371,7 +372,8 @@ int64_t efs_freemap_fold(struct efs_freemap *fm, const struct efs_run *runs, siz
 		if (e > gb)
 			push(&dbl, s > gb ? s : gb, e);
 	}
-	qsort(in.v, in.n, sizeof(*in.v), run_cmp);
+	if (in.n > 1)
+		qsort(in.v, in.n, sizeof(*in.v), run_cmp);
 	if (reserve(&uni, in.n) < 0)
 		goto out;
 	for (size_t i = 0; i < in.n; i++) {
