@@ -19,6 +19,19 @@
  * Callback rule (libuv's): efs_iopool_submit returns an error now (the
  * callback never runs) or 0, and the callback runs exactly once later on
  * the loop thread, never inline.
+ *
+ * Threads: every function here is called on the loop thread (the buffer
+ * functions and efs_dev_open_data from any thread). Requests run in no
+ * particular order: two in flight over the same bytes may land either
+ * way round, and a SYNC covers the writes whose callbacks ran before it
+ * was submitted, not the ones still in flight beside it.
+ *
+ * Reads past the end of the file (or device) are not errors: the bytes
+ * beyond the end read as zeros and the read still reports its full
+ * length.
+ *
+ * The pool keeps its loop alive (its uv_async is referenced) only while a
+ * request is in flight or a close is under way, like a libuv request.
  */
 
 #include <stdbool.h>
@@ -40,8 +53,9 @@ enum efs_io_op {
 };
 
 struct efs_io;
-/* |res|: bytes transferred (always the full length on success), 0 for
- * SYNC, or a negative errno. */
+/* |res|: bytes transferred (always the full length on success, zeros
+ * filling whatever lies past the end of the file), 0 for SYNC, or a
+ * negative errno. */
 typedef void (*efs_io_cb)(struct efs_io *io, ssize_t res);
 
 /* A request, owned by the caller until its callback. */
@@ -61,43 +75,68 @@ struct efs_io {
 struct efs_iopool;
 
 struct efs_iopool_opts {
-	unsigned threads;	 /* workers (0: 16) */
+	unsigned threads;	 /* workers (0: 16; at most 1024) */
 	struct efs_metrics *m;	 /* may be NULL */
 };
 
 /*
  * Opens |path| for data I/O: O_DIRECT (plus O_RDWR or O_RDONLY, O_CLOEXEC)
  * where the file system or device accepts it, else buffered; *direct tells
- * which. Returns the descriptor or a negative errno.
+ * which. O_DIRECT counts as refused when open fails with EINVAL or when an
+ * aligned one-block read at offset 0 then does. Returns the descriptor or
+ * a negative errno (*direct untouched).
  */
 int efs_dev_open_data(const char *path, bool rw, bool *direct);
 
-/* A pool over |fd| (not owned: the caller closes it after the pool). */
+/*
+ * A pool over |fd| (not owned: the caller closes it after the pool) with
+ * its workers started; |direct| says whether to check alignment (it
+ * should match how |fd| was opened). 0, -EINVAL, -ENOMEM, or the error of
+ * uv_async_init or pthread_create. Metrics are registered when |o->m| is
+ * set (a failed registration only loses that metric).
+ */
 int efs_iopool_new(struct efs_iopool **ret, uv_loop_t *loop, int fd, bool direct,
 		   const struct efs_iopool_opts *o);
-/* Queues |io|: 0, or -EINVAL (misaligned for a direct pool, len 0 for a
- * transfer), -ESHUTDOWN (closing). */
+/* Queues |io|: 0, or -ESHUTDOWN (closing), -EINVAL (no callback, unknown
+ * op; for a transfer: no buffer, len 0, off + len beyond INT64_MAX, or
+ * misaligned for a direct pool). */
 int efs_iopool_submit(struct efs_iopool *p, struct efs_io *io);
 /* Requests submitted and not yet called back. */
 uint64_t efs_iopool_inflight(const struct efs_iopool *p);
-/* Sets or clears the fence: later writes fail with -EIO. */
+/* Sets or clears the fence: writes fail with -EIO from the next pwrite on
+ * (a write under way is cut short there); reads and SYNC go on. */
 void efs_iopool_set_fence(struct efs_iopool *p, bool fenced);
 bool efs_iopool_direct(const struct efs_iopool *p);
 /*
  * Fault injection for tests (ETCFS_FAULT_DEV=<op>:<n>[:<errno>] in the
  * daemon): after |after| more requests of |op| succeed, every later one
- * fails with -|err| until cleared (err 0 clears).
+ * fails with -|err| (a positive errno; a negative one is taken as its
+ * absolute value) without touching the device, until cleared (err 0
+ * clears). It applies to requests that start on a worker after the call,
+ * queued ones included; exactly |after| succeed even with many in flight
+ * (a let-through request that fails by itself does not count). When no
+ * fault is set the workers pay one relaxed atomic load per request.
  */
 void efs_iopool_fault(struct efs_iopool *p, enum efs_io_op op, uint64_t after, int err);
 /*
  * Stops: refuses new requests, lets the workers finish what is queued,
  * delivers every callback, joins the threads, then calls |done| on the
- * loop (once). Returns 0 or -EALREADY.
+ * loop (once, never inline; |done| may be NULL). Callbacks that run during
+ * the close get -ESHUTDOWN if they submit. Returns 0 or -EALREADY.
  */
 int efs_iopool_close(struct efs_iopool *p, void (*done)(void *arg), void *arg);
-/* Frees a closed pool (or one never started). Accepts NULL; returns NULL. */
+/*
+ * Frees a closed pool (after |done|), or one never closed that has nothing
+ * in flight (callbacks of requests still in flight then never run): it
+ * joins the workers and closes the uv_async, which the loop finishes (run
+ * it once more before uv_loop_close). Accepts NULL; returns NULL.
+ */
 struct efs_iopool *efs_iopool_free(struct efs_iopool *p);
 
-/* Aligned buffers for direct I/O (zero-filled); NULL on ENOMEM. */
+/*
+ * Aligned buffers for direct I/O (EFS_IO_ALIGN, zero-filled); NULL on
+ * ENOMEM. These come from posix_memalign, not efs_mem (efs_mem_fail_after
+ * does not reach them): free them with efs_io_buf_free only.
+ */
 void *efs_io_buf_alloc(size_t len);
 void efs_io_buf_free(void *buf);

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
@@ -1845,6 +1846,55 @@ static void alloc_started(int status, void *arg)
 			     strerror(-status));
 }
 
+#if EFS_FAULT_HOOKS
+/* ETCFS_FAULT_DEV=<read|write|sync>:<n>[:<errno>] fails that device request
+ * type with errno (default EIO) after n more succeed (tests). */
+static void dev_fault_from_env(struct efs_fs *fs)
+{
+	static const char *const names[EFS_IO_NOPS] = {"read", "write", "sync"};
+	const char *v = getenv("ETCFS_FAULT_DEV");
+	unsigned long long n;
+	int err = EIO, op;
+	char *end;
+
+	if (!v || !*v)
+		return;
+	for (op = 0; op < EFS_IO_NOPS; op++) {
+		size_t l = strlen(names[op]);
+
+		if (strncmp(v, names[op], l) == 0 && v[l] == ':') {
+			v += l + 1;
+			break;
+		}
+	}
+	if (op == EFS_IO_NOPS)
+		goto bad;
+	errno = 0;
+	n = strtoull(v, &end, 10);
+	if (errno || end == v || (*end && *end != ':'))
+		goto bad;
+	if (*end == ':') {
+		long e = strtol(end + 1, &end, 10);
+
+		if (*end || e <= 0 || e > 4095)
+			goto bad;
+		err = (int)e;
+	}
+	efs_iopool_fault(fs->pool, (enum efs_io_op)op, n, err);
+	efs_log_warn("fault injection: device %s fails with errno %d after %llu more", names[op],
+		     err, n);
+	return;
+bad:
+	efs_log_err("ETCFS_FAULT_DEV='%s' ignored: expected read|write|sync:N[:ERRNO]",
+		    getenv("ETCFS_FAULT_DEV"));
+}
+#else
+static void dev_fault_from_env(struct efs_fs *fs)
+{
+	(void)fs;
+}
+#endif
+
 /* The device pool, the allocator, the publisher and the reclaimer. */
 static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
 {
@@ -1866,6 +1916,7 @@ static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
 	r = efs_fs_reclaim_init(fs);
 	if (r < 0)
 		return r;
+	dev_fault_from_env(fs);
 	r = efs_alloc_start(fs->alloc, alloc_started, fs);
 	if (r == 1)
 		r = 0;
@@ -1937,6 +1988,11 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 		if (r < 0)
 			goto fail;
 	}
+#if EFS_HAVE_PLOCK
+	r = efs_fs_plock_init(fs);
+	if (r < 0)
+		goto fail;
+#endif
 	r = data_path_new(fs, o);
 	if (r < 0)
 		goto fail;
@@ -1973,6 +2029,9 @@ void efs_fs_session_changed(struct efs_fs *fs, enum efs_session_state old,
 			efs_fs_data_session_lost(fs);
 			efs_alloc_session_lost(fs->alloc);
 		}
+#endif
+#if EFS_HAVE_PLOCK
+		efs_fs_plock_session_lost(fs);
 #endif
 	}
 }
@@ -2079,6 +2138,9 @@ struct efs_fs *efs_fs_free(struct efs_fs *fs)
 	}
 	fs->alloc = efs_alloc_free(fs->alloc);
 	fs->pool = efs_iopool_free(fs->pool);
+#endif
+#if EFS_HAVE_PLOCK
+	efs_fs_plock_done(fs);
 #endif
 	efs_fs_icache_done(fs);
 	if (fs->fi)
