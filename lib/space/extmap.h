@@ -9,7 +9,13 @@
  * extents of that range. Chunks split by extent count (a chunk that grows
  * past |chunk_max| extents splits in two halves, the second keyed by its
  * first extent's file block); a chunk left empty is dropped. The first
- * chunk of a new map has key 0.
+ * chunk of a new map has key 0, and a set that reaches below the first
+ * chunk's key (after a punch dropped the chunk of key 0) creates a new chunk
+ * of key 0 rather than moving a key. Keys never change otherwise: a set over
+ * several chunks is cut at their boundaries, so every extent lies inside its
+ * chunk's range; extents are not merged across chunks. A chunk of a loaded
+ * map may hold more than |chunk_max| extents (another chunk_max wrote it): it
+ * splits in halves on each change until the halves fit.
  *
  * The map is the node's merged view (published extents plus the node's
  * own unpublished writes). Each chunk carries a version bumped by every
@@ -18,7 +24,16 @@
  * in a transaction, and after it commits mark exactly that snapshot
  * published (efs_extmap_published): chunks changed again meanwhile stay
  * dirty. Keys of published chunks that disappeared (emptied) are listed
- * as deletions until a publication of them commits.
+ * as deletions until a publication of them commits; a key that a new
+ * chunk takes again (before its deletion was published) leaves the deletion
+ * list, and that chunk (dirty) replaces the stored value. A chunk emptied
+ * after it was in a snapshot is listed as a deletion even if that snapshot
+ * never commits (a delete of a missing key is harmless), so that
+ * efs_extmap_published never needs memory.
+ *
+ * Costs: a change costs O(extents of the chunks its range meets) plus
+ * O(number of chunks) pointer moves when chunks appear or disappear;
+ * efs_extmap_ndirty and efs_extmap_changes scan the chunk array.
  *
  * Extents that are split keep their device mapping (a split of
  * {f, d, n} at f + k gives {f, d, k} and {f + k, d + k, n - k}); adjacent
@@ -137,7 +152,9 @@ void efs_extmap_changes_free(struct efs_extmap_change *v, size_t n);
 /*
  * The snapshot |v| committed: each chunk whose version is still the
  * snapshotted one becomes clean, and each deletion is forgotten unless the
- * key was used again since (then its chunk stays dirty).
+ * key was used again since (then its chunk stays dirty). Snapshots must be
+ * marked published in the order they were taken (one publication in flight
+ * at a time, or commits in snapshot order). Never fails.
  */
 void efs_extmap_published(struct efs_extmap *m, const struct efs_extmap_change *v, size_t n);
 /*
