@@ -14,6 +14,7 @@
 #include "etcd/kv.h"
 #include "etcd/txn.h"
 #include "meta/records.h"
+#include "space/runs.h"
 #include "util/mem.h"
 #include "etcfs.pb-c.h"
 #include "kv.pb-c.h"
@@ -72,7 +73,9 @@ struct key_ent {
 	uint32_t group;
 	char mode;
 	char node[EFS_META_NODE_MAX + 1];
-	uint64_t a, b; /* extents: end block; map: free sum, group blocks; free: count */
+	/* extents: end block, chunk; map: free sum, group blocks; free: count;
+	 * free intents: session, sequence. */
+	uint64_t a, b;
 	bool bad;      /* the value did not decode */
 	bool removed;  /* the repairs delete it */
 };
@@ -84,6 +87,28 @@ enum op_kind {
 	OP_DIRENT_PATCH, /* read-modify-write a dirent's type */
 	OP_COUNTER,	 /* ino = {next: counter}, comparing the counter's mod */
 	OP_REQUIRE_INODE, /* compare only: i/<ino> is as the check saw it (and exists) */
+	OP_MAP_PATCH,	  /* read-modify-write ag/<g>/map (take, put), and its free count */
+	OP_CHUNK_TRIM,	  /* read-modify-write e/<ino><chunk>: cut extents at |limit| */
+};
+
+/* A run of a group's free map or of a free intent, group-relative. */
+struct sp_run {
+	uint64_t start, len;
+	uint32_t group;
+	bool intent;
+	size_t key; /* index in |keys| */
+};
+
+/* One extent of an extent chunk that decoded. */
+struct ext_ent {
+	uint64_t ino, chunk; /* of the chunk key */
+	uint64_t fb, dev, count;
+	uint32_t flags;
+	size_t key; /* index in |keys| */
+	/* Blocks the repair of invariant 5 cuts off its end (count: all), and
+	 * that repair's finding (NONE: none). */
+	uint64_t cut;
+	size_t fix;
 };
 
 struct efs_check_op {
@@ -99,6 +124,16 @@ struct efs_check_op {
 	uint64_t parent;
 	uint32_t type;
 	uint64_t counter;
+	/* OP_MAP_PATCH: the map key is |key| (tracked as keys[kidx]); the free
+	 * count |key2| (keys[kidx2], NONE: not written) becomes the new sum. */
+	size_t kidx, kidx2;
+	struct efs_meta_key key2;
+	struct efs_run *take, *put; /* group-relative */
+	size_t n_take, n_put;
+	uint64_t limit; /* OP_CHUNK_TRIM: first file block cut (tracked as keys[kidx]) */
+	/* Findings whose repairs must have happened first (indices). */
+	size_t *deps;
+	size_t n_deps;
 };
 
 struct efs_check_state_priv {
@@ -125,6 +160,13 @@ struct efs_check_state_priv {
 	size_t cap_findings;
 	size_t n_des_loaded; /* entries read (sorted by key); added ones follow */
 	size_t *by_ino;	     /* indices of |keys| sorted by inode */
+	struct sp_run *runs; /* free map and free intent runs */
+	size_t n_runs, cap_runs;
+	struct ext_ent *exts; /* extents, in key order */
+	size_t n_exts, cap_exts;
+	/* An extent chunk or free intent did not decode: the blocks it names
+	 * are unknown, so leaked blocks are not freed (key index, NONE: none). */
+	size_t blind;
 	int err; /* first allocation failure */
 	struct efs_check_report *rep;
 };
@@ -375,6 +417,7 @@ static struct efs_check_op *add_op(state_t *st, struct efs_check_finding *f, enu
 	memset(op, 0, sizeof(*op));
 	op->kind = kind;
 	op->de = NONE;
+	op->kidx = op->kidx2 = NONE;
 	return op;
 }
 
@@ -526,6 +569,24 @@ static struct key_ent *add_key(state_t *st, const Mvccpb__KeyValue *kv,
 	k->mode = ki->mode;
 	memcpy(k->node, ki->node, sizeof(k->node));
 	return k;
+}
+
+/* Appends a map or intent run read from the key just added (|keys|' last). */
+static int add_sp_run(state_t *st, uint64_t start, uint64_t len, uint32_t group, bool intent)
+{
+	struct sp_run *arr = grow(st->runs, &st->cap_runs, st->n_runs, sizeof(*arr));
+
+	if (!arr)
+		return -ENOMEM;
+	st->runs = arr;
+	arr[st->n_runs++] = (struct sp_run){
+		.start = start,
+		.len = len,
+		.group = group,
+		.intent = intent,
+		.key = st->n_keys - 1,
+	};
+	return 0;
 }
 
 static int64_t now_ns(void)
@@ -811,15 +872,34 @@ static int load_kv(state_t *st, const Mvccpb__KeyValue *kv)
 			return r;
 		if (r < 0) {
 			k->bad = true;
+			if (st->blind == NONE)
+				st->blind = st->n_keys - 1;
 			f = bad_record(st, kv, &ki, r, reason, false);
 			return st->err;
 		}
 		for (size_t i = 0; i < ch->n_extents; i++) {
 			const Etcfs__Extent *x = ch->extents[i];
+			struct ext_ent *xa;
 
 			if (!(x->flags & EFS_META_EXTENT_F_PREALLOC) &&
 			    x->file_block + x->count > k->a)
 				k->a = x->file_block + x->count;
+			xa = grow(st->exts, &st->cap_exts, st->n_exts, sizeof(*xa));
+			if (!xa) {
+				efs_meta_record_free(ch);
+				return -ENOMEM;
+			}
+			st->exts = xa;
+			xa[st->n_exts++] = (struct ext_ent){
+				.ino = ki.ino,
+				.chunk = ki.num,
+				.fb = x->file_block,
+				.dev = x->dev_block,
+				.count = x->count,
+				.flags = x->flags,
+				.key = st->n_keys - 1,
+				.fix = NONE,
+			};
 		}
 		efs_meta_record_free(ch);
 		return 0;
@@ -919,8 +999,14 @@ static int load_kv(state_t *st, const Mvccpb__KeyValue *kv)
 			bad_record(st, kv, &ki, r, reason, false);
 			return st->err;
 		}
-		for (size_t i = 0; i < m->n_free; i++)
+		for (size_t i = 0; i < m->n_free; i++) {
 			k->a += m->free[i]->len;
+			if (add_sp_run(st, m->free[i]->start, m->free[i]->len, ki.group, false) <
+			    0) {
+				efs_meta_record_free(m);
+				return -ENOMEM;
+			}
+		}
 		k->b = m->group_blocks;
 		efs_meta_record_free(m);
 		return 0;
@@ -946,12 +1032,27 @@ static int load_kv(state_t *st, const Mvccpb__KeyValue *kv)
 	case EFS_META_K_FREE_INTENT: {
 		Etcfs__FreeIntent *fi = NULL;
 
+		k = add_key(st, kv, &ki);
+		if (!k)
+			return st->err;
+		k->a = ki.session;
+		k->b = ki.num;
 		r = efs_meta_free_intent_decode(kv->value.data, kv->value.len, &fi, &reason);
 		if (r == -ENOMEM)
 			return r;
 		if (r < 0) {
+			k->bad = true;
+			if (st->blind == NONE)
+				st->blind = st->n_keys - 1;
 			bad_record(st, kv, &ki, r, reason, false);
 			return st->err;
+		}
+		for (size_t i = 0; i < fi->n_runs; i++) {
+			if (add_sp_run(st, fi->runs[i]->start, fi->runs[i]->len, ki.group, true) <
+			    0) {
+				efs_meta_record_free(fi);
+				return -ENOMEM;
+			}
 		}
 		efs_meta_record_free(fi);
 		return 0;
@@ -2054,8 +2155,8 @@ static void stage_strays(state_t *st)
 				continue; /* being freed in batches */
 			finding(st, EFS_CHECK_INV_STRAY, EFS_CHECK_ERROR,
 				"extent chunk %" PRIu64 " of inode %" PRIu64
-				", which does not exist: its blocks stay allocated (space repair "
-				"comes with the data path)",
+				", which does not exist: its blocks stay allocated (fsck does not "
+				"free extents)",
 				k->b, k->ino);
 			continue;
 		case EFS_META_K_HOLDER:
@@ -2136,9 +2237,27 @@ static void stage_holders(state_t *st)
 }
 
 /* Invariant 5: a file's extents lie within its size rounded up to a block. */
+/* The first extent of the chunk that is keys[key] (exts are in key order). */
+static size_t first_ext(const state_t *st, size_t key)
+{
+	size_t lo = 0, hi = st->n_exts;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (st->exts[mid].key < key)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 static void stage_extents(state_t *st)
 {
 	uint32_t bs = st->fi ? st->fi->block_size : 4096;
+	struct efs_check_finding *f;
+	struct efs_check_op *op;
 
 	for (size_t i = 0; i < st->n_keys && !st->err; i++) {
 		struct key_ent *k = &st->keys[i];
@@ -2155,11 +2274,678 @@ static void stage_extents(state_t *st)
 		if (k->a <= blocks)
 			continue;
 		ino_desc(st, e->ino, desc, sizeof(desc));
-		finding(st, EFS_CHECK_INV_EXTENTS, EFS_CHECK_ERROR,
-			"%s has extents up to block %" PRIu64 " but its size %" PRIu64
-			" bytes covers %" PRIu64 " blocks (extent repair comes with the data path)",
-			desc, k->a, e->size, blocks);
+		f = finding(st, EFS_CHECK_INV_EXTENTS, EFS_CHECK_ERROR,
+			    "%s has extents up to block %" PRIu64 " in chunk %" PRIu64
+			    ", but its size %" PRIu64 " bytes covers %" PRIu64 " blocks",
+			    desc, k->a, k->b, e->size, blocks);
+		set_repair(st, f,
+			   "cut the chunk's extents at file block %" PRIu64 " (preallocated "
+			   "ones stay; an emptied chunk is deleted); the blocks cut off go back "
+			   "to the free maps (below)",
+			   blocks);
+		op_require(st, f, e->ino);
+		op = add_op(st, f, OP_CHUNK_TRIM);
+		if (!op)
+			return;
+		memcpy(op->key.buf, k->key, k->keylen);
+		op->key.len = k->keylen;
+		op->kidx = i;
+		op->limit = blocks;
+		/* The extents as the repair leaves them. */
+		for (size_t j = first_ext(st, i); j < st->n_exts && st->exts[j].key == i; j++) {
+			struct ext_ent *x = &st->exts[j];
+
+			if (x->flags & EFS_META_EXTENT_F_PREALLOC || x->fb + x->count <= blocks)
+				continue;
+			x->cut = x->fb >= blocks ? x->count : x->fb + x->count - blocks;
+			x->fix = (size_t)(f - st->rep->findings);
+		}
+		k->a = blocks;
 	}
+}
+
+/* ---- Space: invariants 1 and 2 ---- */
+
+/* The data area and its groups, from the sb record. */
+struct geo {
+	uint64_t ds, de; /* data area: device blocks [ds, de) */
+	uint64_t agb;	 /* blocks per group */
+	uint32_t agc;	 /* groups */
+};
+
+static bool geo_of(const state_t *st, struct geo *g)
+{
+	const Etcfs__FsInfo *fi = st->fi;
+
+	if (!fi || !fi->block_size || !fi->ag_blocks || !fi->ag_count)
+		return false;
+	g->ds = fi->data_start;
+	g->de = fi->device_size / fi->block_size;
+	g->agb = fi->ag_blocks;
+	g->agc = fi->ag_count;
+	return g->de > g->ds;
+}
+
+/* First block and size of group |g|. */
+static uint64_t group_start(const struct geo *g, uint32_t grp)
+{
+	return g->ds + (uint64_t)grp * g->agb;
+}
+
+static uint64_t group_size(const struct geo *g, uint32_t grp)
+{
+	uint64_t s = group_start(g, grp);
+
+	return g->de - s < g->agb ? g->de - s : g->agb;
+}
+
+/* "device blocks 5-9" or "device block 5", for [start, end). */
+static void blocks_text(uint64_t start, uint64_t end, char *buf, size_t size)
+{
+	if (end - start == 1)
+		snprintf(buf, size, "device block %" PRIu64, start);
+	else
+		snprintf(buf, size, "device blocks %" PRIu64 "-%" PRIu64, start, end - 1);
+}
+
+/* "file /f (inode 7), chunk 0, file blocks 0-3" for extent |x|. */
+static void ext_desc(state_t *st, const struct ext_ent *x, char *buf, size_t size)
+{
+	char who[600];
+
+	if (live_ino(st, x->ino))
+		ino_desc(st, x->ino, who, sizeof(who));
+	else if (has_reclaim(st, x->ino))
+		snprintf(who, sizeof(who), "inode %" PRIu64 " (being reclaimed)", x->ino);
+	else
+		snprintf(who, sizeof(who), "missing inode %" PRIu64, x->ino);
+	if (x->count == 1)
+		snprintf(buf, size, "%s, chunk %" PRIu64 ", file block %" PRIu64, who, x->chunk,
+			 x->fb);
+	else
+		snprintf(buf, size, "%s, chunk %" PRIu64 ", file blocks %" PRIu64 "-%" PRIu64,
+			 who, x->chunk, x->fb, x->fb + x->count - 1);
+}
+
+/* "the free intent of node n1 (session 1, sequence 2)". */
+static void intent_desc(const state_t *st, size_t key, char *buf, size_t size)
+{
+	const struct key_ent *k = &st->keys[key];
+
+	snprintf(buf, size,
+		 "the free intent of node %s (session %" PRIu64 ", sequence %" PRIu64 ")",
+		 k->node, k->a, k->b);
+}
+
+/* Blocks of |x| the repairs keep, and the end of those (clamped). */
+static uint64_t ext_len(const struct ext_ent *x)
+{
+	return x->count - x->cut;
+}
+
+static uint64_t ext_end(const struct ext_ent *x)
+{
+	return x->dev > UINT64_MAX - ext_len(x) ? UINT64_MAX : x->dev + ext_len(x);
+}
+
+/*
+ * Within one file: every extent of chunk C lies in [C, next chunk), so
+ * chunks never overlap in file blocks. (The decoder already checked that a
+ * chunk's extents are sorted and do not overlap.)
+ */
+static void stage_chunks(state_t *st)
+{
+	size_t last = NONE;
+	char desc[700];
+
+	for (size_t i = 0; i < st->n_exts && !st->err; i++) {
+		const struct ext_ent *x = &st->exts[i];
+		const struct key_ent *nk;
+		uint64_t bound = UINT64_MAX;
+
+		if (x->key == last)
+			continue;
+		if (x->key + 1 < st->n_keys) {
+			nk = &st->keys[x->key + 1];
+			if (nk->family == EFS_META_K_EXTENT && nk->ino == x->ino)
+				bound = nk->b;
+		}
+		if (x->fb >= x->chunk && x->fb + x->count <= bound)
+			continue;
+		ext_desc(st, x, desc, sizeof(desc));
+		if (x->fb < x->chunk)
+			finding(st, EFS_CHECK_INV_EXTENTS, EFS_CHECK_ERROR,
+				"extent chunk %" PRIu64 " of inode %" PRIu64
+				" holds an extent (%s) that starts before the chunk's first block "
+				"%" PRIu64,
+				x->chunk, x->ino, desc, x->chunk);
+		else
+			finding(st, EFS_CHECK_INV_EXTENTS, EFS_CHECK_ERROR,
+				"extent chunk %" PRIu64 " of inode %" PRIu64
+				" holds an extent (%s) that reaches into the next chunk, which "
+				"starts at file block %" PRIu64,
+				x->chunk, x->ino, desc, bound);
+		last = x->key; /* one finding per chunk */
+	}
+}
+
+static int cmp_ext_dev(const void *a, const void *b, void *arg)
+{
+	const state_t *st = arg;
+	const struct ext_ent *x = &st->exts[*(const size_t *)a];
+	const struct ext_ent *y = &st->exts[*(const size_t *)b];
+
+	if (x->dev != y->dev)
+		return x->dev < y->dev ? -1 : 1;
+	return *(const size_t *)a < *(const size_t *)b ? -1 : 1;
+}
+
+/*
+ * Invariant 2: every extent lies inside the data area, and no two extents
+ * (of any files, or of one) share a device block. Sorted by first device
+ * block, an extent overlaps an earlier one exactly when it starts before the
+ * largest end seen so far; it is reported against the extent with that end.
+ */
+static void stage_overlaps(state_t *st, const struct geo *g)
+{
+	size_t *order, m = NONE;
+	uint64_t maxend = 0;
+	char d1[800], d2[800], bt[64];
+
+	for (size_t i = 0; i < st->n_exts && !st->err; i++) {
+		const struct ext_ent *x = &st->exts[i];
+
+		if (!ext_len(x) ||
+		    (x->dev >= g->ds && ext_end(x) <= g->de && x->dev <= UINT64_MAX - ext_len(x)))
+			continue;
+		ext_desc(st, x, d1, sizeof(d1));
+		if (x->dev > UINT64_MAX - ext_len(x))
+			finding(st, EFS_CHECK_INV_EXTENTS, EFS_CHECK_ERROR,
+				"the extent of %s starts at device block %" PRIu64
+				" and runs past the largest block number",
+				d1, x->dev);
+		else
+			finding(st, EFS_CHECK_INV_EXTENTS, EFS_CHECK_ERROR,
+				"the extent of %s uses device blocks %" PRIu64 "-%" PRIu64
+				", outside the data area (device blocks %" PRIu64 "-%" PRIu64 ")",
+				d1, x->dev, x->dev + ext_len(x) - 1, g->ds, g->de - 1);
+	}
+	order = efs_mem_malloc((st->n_exts + 1) * sizeof(*order));
+	if (!order) {
+		st->err = -ENOMEM;
+		return;
+	}
+	for (size_t i = 0; i < st->n_exts; i++)
+		order[i] = i;
+	qsort_r(order, st->n_exts, sizeof(*order), cmp_ext_dev, st);
+	for (size_t i = 0; i < st->n_exts && !st->err; i++) {
+		const struct ext_ent *x = &st->exts[order[i]];
+		uint64_t end = ext_end(x);
+
+		if (!ext_len(x))
+			continue;
+		if (m != NONE && x->dev < maxend) {
+			uint64_t oe = end < maxend ? end : maxend;
+
+			ext_desc(st, &st->exts[m], d1, sizeof(d1));
+			ext_desc(st, x, d2, sizeof(d2));
+			blocks_text(x->dev, oe, bt, sizeof(bt));
+			finding(st, EFS_CHECK_INV_SPACE, EFS_CHECK_ERROR,
+				"%s %s used by two extents: %s; and %s", bt,
+				oe - x->dev == 1 ? "is" : "are", d1, d2);
+		}
+		if (m == NONE || end > maxend) {
+			m = order[i];
+			maxend = end;
+		}
+	}
+	efs_mem_free(order);
+}
+
+/* What a stretch of blocks was found to be. */
+enum sp_class {
+	SPC_TAKE = 0, /* free in the map and used by an extent */
+	SPC_LEAK,     /* neither free, nor in an intent, nor used */
+	SPC_TRIMMED,  /* like SPC_LEAK once invariant 5's repair cut an extent */
+	SPC_INT_FREE, /* in a free intent and free in the map */
+	SPC_INT_EXT,  /* in a free intent and used by an extent */
+	SPC_INT_INT,  /* in two free intents */
+	SPC_N,
+};
+
+/* A stretch [start, end) of one group, with what it is named by. */
+struct sp_hit {
+	uint32_t group;
+	uint64_t start, end;
+	size_t ext, intent; /* indices in |exts| and |keys|, NONE: none */
+	size_t dep;	    /* SPC_TRIMMED: the finding cutting the extent */
+};
+
+struct sp_hits {
+	struct sp_hit *v;
+	size_t n, cap;
+};
+
+enum { SPT_FREE = 0, SPT_INTENT, SPT_EXT, SPT_TRIM, SPT_N };
+
+/* An item starts (delta 1) or ends (-1) at |pos|; ends sort first. */
+struct sp_ev {
+	uint64_t pos;
+	int delta;
+	int type; /* SPT_* */
+	size_t idx; /* |runs| (free, intent) or |exts| */
+	uint64_t end; /* the item's end (starts) */
+};
+
+static int cmp_ev(const void *a, const void *b)
+{
+	const struct sp_ev *x = a, *y = b;
+
+	if (x->pos != y->pos)
+		return x->pos < y->pos ? -1 : 1;
+	return x->delta < y->delta ? -1 : x->delta > y->delta;
+}
+
+struct sweep {
+	state_t *st;
+	const struct geo *g;
+	const bool *usable;
+	struct sp_hits hits[SPC_N];
+	size_t cnt[SPT_N];
+	size_t best[SPT_N]; /* started item of each type with the largest end */
+	uint64_t best_end[SPT_N];
+};
+
+static void hit(struct sweep *w, enum sp_class c, uint32_t grp, uint64_t s, uint64_t e, size_t ext,
+		size_t intent)
+{
+	struct sp_hits *h = &w->hits[c];
+	struct sp_hit *last = h->n ? &h->v[h->n - 1] : NULL, *arr;
+	size_t dep = c == SPC_TRIMMED ? w->st->exts[ext].fix : NONE;
+
+	if (last && last->group == grp && last->end == s && last->ext == ext &&
+	    last->intent == intent && last->dep == dep) {
+		last->end = e;
+		return;
+	}
+	arr = grow(h->v, &h->cap, h->n, sizeof(*arr));
+	if (!arr) {
+		w->st->err = -ENOMEM;
+		return;
+	}
+	h->v = arr;
+	arr[h->n++] = (struct sp_hit){.group = grp, .start = s, .end = e, .ext = ext,
+				      .intent = intent, .dep = dep};
+}
+
+/* Classifies [s, e), where the counts of |w| hold, one group at a time. */
+static void classify(struct sweep *w, uint64_t s, uint64_t e)
+{
+	const struct geo *g = w->g;
+	size_t nf = w->cnt[SPT_FREE], ni = w->cnt[SPT_INTENT], nx = w->cnt[SPT_EXT];
+	size_t xe = nx ? w->best[SPT_EXT] : NONE;
+	size_t ik = ni ? w->st->runs[w->best[SPT_INTENT]].key : NONE;
+
+	while (s < e) {
+		uint32_t grp = (uint32_t)((s - g->ds) / g->agb);
+		uint64_t ge = group_start(g, grp) + group_size(g, grp);
+
+		if (ge > e)
+			ge = e;
+		if (w->usable[grp]) {
+			if (!nf && !ni && !nx && w->cnt[SPT_TRIM])
+				hit(w, SPC_TRIMMED, grp, s, ge, w->best[SPT_TRIM], NONE);
+			else if (!nf && !ni && !nx)
+				hit(w, SPC_LEAK, grp, s, ge, NONE, NONE);
+			if (nf && nx)
+				hit(w, SPC_TAKE, grp, s, ge, xe, NONE);
+			if (ni && nf)
+				hit(w, SPC_INT_FREE, grp, s, ge, NONE, ik);
+			if (ni && nx)
+				hit(w, SPC_INT_EXT, grp, s, ge, xe, ik);
+			if (ni >= 2)
+				hit(w, SPC_INT_INT, grp, s, ge, NONE, ik);
+		}
+		s = ge;
+	}
+}
+
+static int add_ev(struct sp_ev **ev, size_t *n, size_t *cap, int type, size_t idx, uint64_t s,
+		  uint64_t e)
+{
+	struct sp_ev *arr;
+
+	if (s >= e)
+		return 0;
+	arr = grow(*ev, cap, *n + 1, sizeof(*arr));
+	if (!arr)
+		return -ENOMEM;
+	*ev = arr;
+	arr[(*n)++] = (struct sp_ev){.pos = s, .delta = 1, .type = type, .idx = idx, .end = e};
+	arr[(*n)++] = (struct sp_ev){.pos = e, .delta = -1, .type = type, .idx = idx};
+	return 0;
+}
+
+/* Appends "device blocks a-b (who)" items of hits [lo, hi) to |buf|. */
+static void hits_text(state_t *st, const struct sp_hit *v, size_t lo, size_t hi, char *buf,
+		      size_t size)
+{
+	size_t o = 0, shown = 0;
+	char bt[64], d1[800], d2[300];
+
+	buf[0] = '\0';
+	for (size_t i = lo; i < hi && o + 1 < size; i++) {
+		if (shown == 6) {
+			snprintf(buf + o, size - o, "; and %zu more", hi - i);
+			return;
+		}
+		blocks_text(v[i].start, v[i].end, bt, sizeof(bt));
+		d1[0] = d2[0] = '\0';
+		if (v[i].ext != NONE)
+			ext_desc(st, &st->exts[v[i].ext], d1, sizeof(d1));
+		if (v[i].intent != NONE)
+			intent_desc(st, v[i].intent, d2, sizeof(d2));
+		o += (size_t)snprintf(buf + o, size - o, "%s%s%s%s%s%s%s", shown ? "; " : "", bt,
+				      d1[0] || d2[0] ? " (" : "", d2, d1[0] && d2[0] ? ", " : "",
+				      d1, d1[0] || d2[0] ? ")" : "");
+		shown++;
+	}
+}
+
+/* A patch of group |grp|'s map that takes (|take|) or puts back the runs
+ * of hits [lo, hi). */
+static void op_map_patch(state_t *st, struct efs_check_finding *f, const struct geo *g,
+			 uint32_t grp, size_t mk, size_t ck, bool take, const struct sp_hit *v,
+			 size_t lo, size_t hi)
+{
+	struct efs_check_op *op = add_op(st, f, OP_MAP_PATCH);
+	struct efs_run *runs;
+	uint64_t base = group_start(g, grp);
+
+	if (!op)
+		return;
+	runs = efs_mem_malloc((hi - lo) * sizeof(*runs));
+	if (!runs) {
+		st->err = -ENOMEM;
+		return;
+	}
+	for (size_t i = lo; i < hi; i++) {
+		runs[i - lo] = (struct efs_run){.start = v[i].start - base,
+						.len = v[i].end - v[i].start};
+		if (v[i].dep == NONE ||
+		    (op->n_deps && op->deps[op->n_deps - 1] == v[i].dep))
+			continue;
+		{
+			size_t *d = efs_mem_realloc(op->deps, (op->n_deps + 1) * sizeof(*d));
+
+			if (!d) {
+				st->err = -ENOMEM;
+				break;
+			}
+			op->deps = d;
+			d[op->n_deps++] = v[i].dep;
+		}
+	}
+	if (take) {
+		op->take = runs;
+		op->n_take = hi - lo;
+	} else {
+		op->put = runs;
+		op->n_put = hi - lo;
+	}
+	if (efs_meta_key_ag(&st->ns, grp, EFS_META_K_AG_MAP, &op->key) < 0)
+		st->err = -EINVAL;
+	op->kidx = mk;
+	if (ck != NONE) {
+		op->kidx2 = ck;
+		if (efs_meta_key_ag(&st->ns, grp, EFS_META_K_AG_FREE, &op->key2) < 0)
+			st->err = -EINVAL;
+	}
+}
+
+/* Findings of one class, one per group. */
+static void report_hits(state_t *st, const struct geo *g, enum sp_class c,
+			const struct sp_hits *h, const size_t *mapk, const size_t *cntk)
+{
+	struct efs_check_finding *f;
+	char text[2048], blind[300] = "";
+
+	if (st->blind != NONE) {
+		const struct key_ent *b = &st->keys[st->blind];
+
+		if (b->family == EFS_META_K_EXTENT)
+			snprintf(blind, sizeof(blind),
+				 "; not freed because extent chunk %" PRIu64 " of inode %" PRIu64
+				 " cannot be decoded, so the blocks it uses are unknown",
+				 b->b, b->ino);
+		else
+			snprintf(blind, sizeof(blind),
+				 "; not freed because a free intent of node %s in group %" PRIu32
+				 " cannot be decoded, so the blocks it frees are unknown",
+				 b->node, b->group);
+	}
+	for (size_t lo = 0, hi; lo < h->n && !st->err; lo = hi) {
+		uint32_t grp = h->v[lo].group;
+		uint64_t n = 0;
+		struct key_ent *m = &st->keys[mapk[grp]];
+		struct key_ent *cn = cntk[grp] != NONE ? &st->keys[cntk[grp]] : NULL;
+
+		for (hi = lo; hi < h->n && h->v[hi].group == grp; hi++)
+			n += h->v[hi].end - h->v[hi].start;
+		hits_text(st, h->v, lo, hi, text, sizeof(text));
+		switch (c) {
+		case SPC_TAKE:
+			f = finding(st, EFS_CHECK_INV_SPACE, EFS_CHECK_ERROR,
+				    "allocation group %" PRIu32 ": %" PRIu64 " block%s free in the "
+				    "group's map but used by a file (a new file could be given "
+				    "%s): %s",
+				    grp, n, n == 1 ? " is" : "s are", n == 1 ? "it" : "them", text);
+			m->a -= n;
+			if (cn)
+				cn->a = m->a;
+			if (cn)
+				set_repair(st, f,
+					   "take %s out of the group's free map (the file keeps "
+					   "%s) and set its free count to %" PRIu64,
+					   n == 1 ? "it" : "them", n == 1 ? "it" : "them", m->a);
+			else
+				set_repair(st, f,
+					   "take %s out of the group's free map (the file keeps "
+					   "%s)",
+					   n == 1 ? "it" : "them", n == 1 ? "it" : "them");
+			op_map_patch(st, f, g, grp, mapk[grp], cntk[grp], true, h->v, lo, hi);
+			break;
+		case SPC_LEAK:
+			f = finding(st, EFS_CHECK_INV_SPACE, EFS_CHECK_ERROR,
+				    "allocation group %" PRIu32 ": %" PRIu64 " block%s neither "
+				    "free in the group's map, nor in a free intent, nor used by "
+				    "any file (leaked): %s%s",
+				    grp, n, n == 1 ? " is" : "s are", text, blind);
+			if (blind[0])
+				break;
+			m->a += n;
+			if (cn)
+				cn->a = m->a;
+			if (cn)
+				set_repair(st, f,
+					   "put %s back into the group's free map and set its "
+					   "free count to %" PRIu64,
+					   n == 1 ? "it" : "them", m->a);
+			else
+				set_repair(st, f, "put %s back into the group's free map",
+					   n == 1 ? "it" : "them");
+			op_map_patch(st, f, g, grp, mapk[grp], cntk[grp], false, h->v, lo, hi);
+			break;
+		case SPC_TRIMMED:
+			f = finding(st, EFS_CHECK_INV_SPACE, EFS_CHECK_NOTE,
+				    "allocation group %" PRIu32 ": %" PRIu64 " block%s used only "
+				    "beyond a file's size, so no longer used once the extents are "
+				    "cut: %s%s",
+				    grp, n, n == 1 ? " is" : "s are", text, blind);
+			if (blind[0])
+				break;
+			m->a += n;
+			if (cn)
+				cn->a = m->a;
+			set_repair(st, f, "put %s back into the group's free map%s",
+				   n == 1 ? "it" : "them", cn ? " and fix its free count" : "");
+			op_map_patch(st, f, g, grp, mapk[grp], cntk[grp], false, h->v, lo, hi);
+			break;
+		case SPC_INT_FREE:
+			finding(st, EFS_CHECK_INV_SPACE, EFS_CHECK_ERROR,
+				"allocation group %" PRIu32 ": %" PRIu64
+				" block%s in a free intent but already free in the group's map (a "
+				"double free pending): %s",
+				grp, n, n == 1 ? " is" : "s are", text);
+			break;
+		case SPC_INT_EXT:
+			finding(st, EFS_CHECK_INV_SPACE, EFS_CHECK_ERROR,
+				"allocation group %" PRIu32 ": %" PRIu64
+				" block%s in a free intent but still used by a file (folding the "
+				"intent would free them under it): %s",
+				grp, n, n == 1 ? " is" : "s are", text);
+			break;
+		default:
+			finding(st, EFS_CHECK_INV_SPACE, EFS_CHECK_ERROR,
+				"allocation group %" PRIu32 ": %" PRIu64
+				" block%s in more than one free intent (a double free pending): %s",
+				grp, n, n == 1 ? " is" : "s are", text);
+			break;
+		}
+	}
+}
+
+/*
+ * Invariant 1: every block of the data area is exactly one of free in its
+ * group's map, in a pending free intent, or used by one extent (of any
+ * inode: with a reclaim record, or missing). One sweep over the sorted
+ * starts and ends of every run: O(n log n) in the number of runs, whatever
+ * the device's size. Groups whose map is missing, undecodable or of the
+ * wrong size are left out (stage_space reports them).
+ */
+static void stage_blocks(state_t *st, const struct geo *g)
+{
+	struct sweep w = {.st = st, .g = g};
+	struct sp_ev *ev = NULL;
+	size_t n_ev = 0, cap_ev = 0;
+	size_t *mapk = NULL, *cntk = NULL;
+	bool *usable = NULL, any = false;
+	uint64_t prev;
+	char it[300];
+
+	mapk = efs_mem_malloc(((size_t)g->agc + 1) * sizeof(*mapk));
+	cntk = efs_mem_malloc(((size_t)g->agc + 1) * sizeof(*cntk));
+	usable = efs_mem_calloc((size_t)g->agc + 1, sizeof(*usable));
+	if (!mapk || !cntk || !usable) {
+		st->err = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t i = 0; i < g->agc; i++)
+		mapk[i] = cntk[i] = NONE;
+	for (size_t i = 0; i < st->n_keys; i++) {
+		const struct key_ent *k = &st->keys[i];
+
+		if (k->group >= g->agc)
+			continue;
+		if (k->family == EFS_META_K_AG_MAP)
+			mapk[k->group] = i;
+		else if (k->family == EFS_META_K_AG_FREE && !k->bad)
+			cntk[k->group] = i;
+	}
+	for (uint32_t i = 0; i < g->agc; i++) {
+		usable[i] = mapk[i] != NONE && !st->keys[mapk[i]].bad &&
+			    st->keys[mapk[i]].b == group_size(g, i);
+		any |= usable[i];
+	}
+	if (!any)
+		goto out;
+	w.usable = usable;
+	for (size_t i = 0; i < st->n_runs && !st->err; i++) {
+		const struct sp_run *r = &st->runs[i];
+		uint64_t gs, s, e;
+
+		if (r->group >= g->agc || (!r->intent && !usable[r->group]))
+			continue;
+		gs = group_size(g, r->group);
+		s = r->start;
+		e = r->start > UINT64_MAX - r->len ? UINT64_MAX : r->start + r->len;
+		if (r->intent && e > gs) {
+			intent_desc(st, r->key, it, sizeof(it));
+			finding(st, EFS_CHECK_INV_SPACE, EFS_CHECK_ERROR,
+				"%s in allocation group %" PRIu32 " frees group blocks %" PRIu64
+				"-%" PRIu64 ", beyond the group's %" PRIu64 " blocks",
+				it, r->group, s, r->len ? e - 1 : s, gs);
+			e = gs;
+		}
+		if (s >= e)
+			continue;
+		s += group_start(g, r->group);
+		e += group_start(g, r->group);
+		if (add_ev(&ev, &n_ev, &cap_ev, r->intent ? SPT_INTENT : SPT_FREE, i, s, e) < 0)
+			st->err = -ENOMEM;
+	}
+	for (size_t i = 0; i < st->n_exts && !st->err; i++) {
+		const struct ext_ent *x = &st->exts[i];
+		uint64_t s = x->dev < g->ds ? g->ds : x->dev, e = ext_end(x);
+
+		if (e > g->de)
+			e = g->de;
+		if (add_ev(&ev, &n_ev, &cap_ev, SPT_EXT, i, s, e) < 0)
+			st->err = -ENOMEM;
+		if (!x->cut || st->err)
+			continue;
+		/* The part invariant 5's repair cuts off: used by nothing after it. */
+		s = ext_end(x) < g->ds ? g->ds : ext_end(x);
+		e = x->dev > UINT64_MAX - x->count ? UINT64_MAX : x->dev + x->count;
+		if (e > g->de)
+			e = g->de;
+		if (add_ev(&ev, &n_ev, &cap_ev, SPT_TRIM, i, s, e) < 0)
+			st->err = -ENOMEM;
+	}
+	if (st->err)
+		goto out;
+	qsort(ev, n_ev, sizeof(*ev), cmp_ev);
+	prev = g->ds;
+	for (size_t i = 0; i < n_ev && !st->err; i++) {
+		const struct sp_ev *e = &ev[i];
+
+		if (e->pos > prev) {
+			classify(&w, prev, e->pos);
+			prev = e->pos;
+		}
+		if (e->delta < 0) {
+			w.cnt[e->type]--;
+			continue;
+		}
+		w.cnt[e->type]++;
+		if (w.cnt[e->type] == 1 || e->end > w.best_end[e->type]) {
+			w.best[e->type] = e->idx;
+			w.best_end[e->type] = e->end;
+		}
+	}
+	if (!st->err && prev < g->de)
+		classify(&w, prev, g->de);
+	for (int c = 0; c < SPC_N && !st->err; c++)
+		report_hits(st, g, (enum sp_class)c, &w.hits[c], mapk, cntk);
+out:
+	for (int c = 0; c < SPC_N; c++)
+		efs_mem_free(w.hits[c].v);
+	efs_mem_free(ev);
+	efs_mem_free(mapk);
+	efs_mem_free(cntk);
+	efs_mem_free(usable);
+}
+
+static void stage_space_blocks(state_t *st)
+{
+	struct geo g;
+
+	if (!geo_of(st, &g))
+		return;
+	stage_chunks(st);
+	stage_overlaps(st, &g);
+	if (!st->err)
+		stage_blocks(st, &g);
 }
 
 static void stage_counter(state_t *st)
@@ -2337,6 +3123,8 @@ static void state_free(state_t *st)
 		efs_mem_free(st->keys[i].key);
 	efs_mem_free(st->keys);
 	efs_mem_free(st->by_ino);
+	efs_mem_free(st->runs);
+	efs_mem_free(st->exts);
 	efs_meta_record_free(st->fi);
 	efs_mem_free(st->leases);
 	efs_mem_free(st->lease_live);
@@ -2353,8 +3141,12 @@ struct efs_check_report *efs_check_report_free(struct efs_check_report *rep)
 		efs_mem_free(f->message);
 		efs_mem_free(f->repair);
 		efs_mem_free(f->repair_message);
-		for (size_t j = 0; j < f->n_ops; j++)
+		for (size_t j = 0; j < f->n_ops; j++) {
 			efs_mem_free(f->ops[j].value);
+			efs_mem_free(f->ops[j].take);
+			efs_mem_free(f->ops[j].put);
+			efs_mem_free(f->ops[j].deps);
+		}
 		efs_mem_free(f->ops);
 	}
 	efs_mem_free(rep->findings);
@@ -2385,6 +3177,7 @@ int efs_check_run(struct efs_etcd_sync *s, const struct efs_meta_ns *ns,
 	}
 	rep->priv = st;
 	st->rep = rep;
+	st->blind = NONE;
 	st->ns = *ns;
 	r = load(s, st, o, err, err_size);
 	if (r < 0)
@@ -2413,6 +3206,7 @@ int efs_check_run(struct efs_etcd_sync *s, const struct efs_meta_ns *ns,
 	stage_strays(st);
 	stage_holders(st);
 	stage_extents(st);
+	stage_space_blocks(st);
 	stage_counter(st);
 	stage_space(st);
 	r = st->err;
@@ -2524,6 +3318,124 @@ static int build_patch(struct efs_etcd_sync *s, state_t *st, struct efs_check_op
 	return r;
 }
 
+/*
+ * Builds the patched map of an OP_MAP_PATCH from the map as it is now:
+ * -ESTALE (it changed since the check), -EUCLEAN (a block to take is no
+ * longer free, or one to put back is free already), -ENOMEM, or the etcd
+ * error. *|count| is the patched map's free blocks.
+ */
+static int build_map_patch(struct efs_etcd_sync *s, struct efs_check_op *op, int64_t mod,
+			   ProtobufCBinaryData *ret, uint64_t *count, const char **reason)
+{
+	Etcfs__AgMap *m = NULL, nm = ETCFS__AG_MAP__INIT;
+	struct efs_runs runs = {0}, cut = {0};
+	Etcfs__Run *rv = NULL, **rp = NULL;
+	Mvccpb__KeyValue *kv;
+	int r;
+
+	r = fetch(s, &op->key, mod, &kv);
+	if (r < 0)
+		return r;
+	r = efs_meta_ag_map_decode(kv->value.data, kv->value.len, &m, reason);
+	protobuf_c_message_free_unpacked(&kv->base, efs_mem_protobuf());
+	if (r < 0)
+		return r == -ENOMEM ? r : -EUCLEAN;
+	for (size_t i = 0; i < m->n_free && r == 0; i++)
+		r = efs_runs_add(&runs, m->free[i]->start, m->free[i]->len);
+	for (size_t i = 0; i < op->n_take && r == 0; i++) {
+		efs_runs_clear(&cut);
+		r = efs_runs_subtract(&runs, op->take[i].start, op->take[i].len, &cut);
+		if (r == 0 && efs_runs_total(&cut) != op->take[i].len) {
+			*reason = "some of the blocks to take are no longer free";
+			r = -EUCLEAN;
+		}
+	}
+	for (size_t i = 0; i < op->n_put && r == 0; i++) {
+		if (efs_runs_overlaps(&runs, op->put[i].start, op->put[i].len) ||
+		    op->put[i].start + op->put[i].len > m->group_blocks) {
+			*reason = "some of the blocks to free are free already";
+			r = -EUCLEAN;
+			break;
+		}
+		r = efs_runs_add(&runs, op->put[i].start, op->put[i].len);
+	}
+	if (r == 0)
+		r = efs_runs_normalize(&runs);
+	if (r == 0) {
+		rv = efs_mem_calloc(runs.n + 1, sizeof(*rv));
+		rp = efs_mem_calloc(runs.n + 1, sizeof(*rp));
+		if (!rv || !rp)
+			r = -ENOMEM;
+	}
+	if (r == 0) {
+		for (size_t i = 0; i < runs.n; i++) {
+			etcfs__run__init(&rv[i]);
+			rv[i].start = runs.v[i].start;
+			rv[i].len = runs.v[i].len;
+			rp[i] = &rv[i];
+		}
+		nm.free = rp;
+		nm.n_free = runs.n;
+		nm.group_blocks = m->group_blocks;
+		*count = efs_runs_total(&runs);
+		r = efs_meta_pack(&nm.base, ret);
+	}
+	efs_mem_free(rv);
+	efs_mem_free(rp);
+	efs_runs_done(&runs);
+	efs_runs_done(&cut);
+	efs_meta_record_free(m);
+	return r;
+}
+
+/*
+ * Builds an extent chunk cut at file block |op->limit|: extents wholly
+ * beyond it go, one across it ends there, preallocated ones stay. *|empty|:
+ * nothing is left (the key is deleted). -ESTALE, -EUCLEAN (does not
+ * decode), -ENOMEM, or the etcd error.
+ */
+static int build_chunk_trim(struct efs_etcd_sync *s, struct efs_check_op *op, int64_t mod,
+			    ProtobufCBinaryData *ret, bool *empty)
+{
+	Etcfs__ExtentChunk *ch = NULL;
+	Mvccpb__KeyValue *kv;
+	const char *reason;
+	size_t n = 0;
+	int r;
+
+	r = fetch(s, &op->key, mod, &kv);
+	if (r < 0)
+		return r;
+	r = efs_meta_extent_chunk_decode(kv->value.data, kv->value.len, &ch, &reason);
+	protobuf_c_message_free_unpacked(&kv->base, efs_mem_protobuf());
+	if (r < 0)
+		return r == -ENOMEM ? r : -EUCLEAN;
+	for (size_t i = 0; i < ch->n_extents; i++) {
+		Etcfs__Extent *x = ch->extents[i];
+
+		if (!(x->flags & EFS_META_EXTENT_F_PREALLOC) && x->file_block >= op->limit) {
+			/* Dropped: freed with the message by efs_meta_record_free. */
+			continue;
+		}
+		if (!(x->flags & EFS_META_EXTENT_F_PREALLOC) &&
+		    x->file_block + x->count > op->limit)
+			x->count = op->limit - x->file_block;
+		/* Keep |x|: swap it forward so the dropped ones stay owned. */
+		ch->extents[i] = ch->extents[n];
+		ch->extents[n++] = x;
+	}
+	{
+		size_t all = ch->n_extents;
+
+		ch->n_extents = n;
+		*empty = n == 0;
+		r = n ? efs_meta_pack(&ch->base, ret) : 0;
+		ch->n_extents = all;
+	}
+	efs_meta_record_free(ch);
+	return r;
+}
+
 static int64_t op_expected_mod(state_t *st, const struct efs_check_op *op)
 {
 	struct ino_ent *e;
@@ -2537,6 +3449,9 @@ static int64_t op_expected_mod(state_t *st, const struct efs_check_op *op)
 		return op->de != NONE ? st->des[op->de].mod : op->mod;
 	case OP_COUNTER:
 		return st->counter_mod;
+	case OP_MAP_PATCH:
+	case OP_CHUNK_TRIM:
+		return st->keys[op->kidx].mod;
 	default:
 		return op->mod;
 	}
@@ -2573,6 +3488,16 @@ static int repair_one(struct efs_etcd_sync *s, state_t *st, struct efs_check_fin
 		struct efs_check_op *op = &f->ops[i];
 		int64_t mod = op_expected_mod(st, op);
 		ProtobufCBinaryData v = {0};
+
+		for (size_t j = 0; j < op->n_deps; j++) {
+			if (st->rep->findings[op->deps[j]].state == EFS_CHECK_REPAIRED)
+				continue;
+			repair_failed(f, -ESTALE,
+				      "not repaired: it needs the repair of \"%s\", which did not "
+				      "happen",
+				      st->rep->findings[op->deps[j]].message);
+			goto out;
+		}
 
 		if (op->kind == OP_REQUIRE_INODE && mod == 0) {
 			repair_failed(f, -ESTALE, "inode %" PRIu64 " it depends on does not exist "
@@ -2626,6 +3551,60 @@ static int repair_one(struct efs_etcd_sync *s, state_t *st, struct efs_check_fin
 			break;
 		case OP_REQUIRE_INODE:
 			break;
+		case OP_CHUNK_TRIM: {
+			bool empty = false;
+
+			r = build_chunk_trim(s, op, mod, &v, &empty);
+			if (r == -ESTALE || r == -EUCLEAN) {
+				repair_failed(f, r, "not repaired: the extent chunk changed since "
+						    "the check");
+				r = 0;
+				goto out;
+			}
+			if (r == 0 && empty)
+				r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, op->key.buf,
+							op->key.len, NULL, 0, false);
+			else if (r == 0)
+				r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, op->key.buf,
+						     op->key.len, v.data, v.len, 0);
+			efs_mem_free(v.data);
+			break;
+		}
+		case OP_MAP_PATCH: {
+			uint64_t count = 0;
+
+			r = build_map_patch(s, op, mod, &v, &count, &reason);
+			if (r == -ESTALE || r == -EUCLEAN) {
+				if (r == -ESTALE)
+					repair_failed(f, r, "not repaired: the group's map changed "
+							    "since the check");
+				else
+					repair_failed(f, r, "not repaired: %s",
+						      reason ? reason : "the map does not decode");
+				r = 0;
+				goto out;
+			}
+			if (r == 0)
+				r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, op->key.buf,
+						     op->key.len, v.data, v.len, 0);
+			efs_mem_free(v.data);
+			v.data = NULL;
+			if (r == 0 && op->kidx2 != NONE) {
+				Etcfs__AgFree af = ETCFS__AG_FREE__INIT;
+
+				r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL,
+							 op->key2.buf, op->key2.len,
+							 st->keys[op->kidx2].mod);
+				af.free_blocks = count;
+				if (r == 0)
+					r = efs_meta_pack(&af.base, &v);
+				if (r == 0)
+					r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, op->key2.buf,
+							     op->key2.len, v.data, v.len, 0);
+				efs_mem_free(v.data);
+			}
+			break;
+		}
 		}
 	}
 	if (r < 0) {
@@ -2658,6 +3637,10 @@ static int repair_one(struct efs_etcd_sync *s, state_t *st, struct efs_check_fin
 			st->des[op->de].mod = rev;
 		if (op->kind == OP_COUNTER)
 			st->counter_mod = rev;
+		if (op->kidx != NONE)
+			st->keys[op->kidx].mod = rev;
+		if (op->kidx2 != NONE)
+			st->keys[op->kidx2].mod = rev;
 	}
 	f->state = EFS_CHECK_REPAIRED;
 out:

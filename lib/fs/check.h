@@ -46,7 +46,36 @@
  *    reachable from the root: a cycle is broken at its smallest inode,
  *    which moves to lost+found;
  *  - invariant 5: extents within the size rounded up to a block, except
- *    preallocated ones (report only);
+ *    preallocated ones: the chunk is cut at the size (read-modify-write
+ *    comparing the chunk's and the inode's mod_revisions; an emptied chunk
+ *    is deleted), and the blocks cut off that nothing else uses go back to
+ *    their maps in a later transaction (a note per group, which is not
+ *    tried unless the cut committed); within one file, every extent of
+ *    chunk C lies in file blocks [C, next chunk), so chunks never overlap
+ *    (report only);
+ *  - invariant 2: every extent lies inside the data area, and no two
+ *    extents (of any inodes, or of one) share a device block (report only:
+ *    fsck cannot tell which file owns the block);
+ *  - invariant 1: every block of the data area is exactly one of: free in
+ *    its group's map, in a pending free intent, or used by one extent.
+ *    Extents of every inode count: those with a reclaim record, and the
+ *    stray chunks of missing inodes. A block free in the map and used by an
+ *    extent is taken out of the map (the file keeps it); a leaked block
+ *    (none of the three) is put back into the map; both also set the
+ *    group's free count to the patched map's sum, and are one
+ *    read-modify-write of the map per group and kind, comparing the map's
+ *    and the count's mod_revisions. Leaked blocks are not freed while any
+ *    extent chunk or free intent does not decode (the blocks it names are
+ *    unknown). A free intent of blocks that are free already, used by an
+ *    extent, or in another intent (a double free pending) is reported
+ *    only. These are errors whether or not nodes are mounted: a node
+ *    changes a map in the same transaction that publishes the extents or
+ *    writes the free intents, and blocks it allocated but has not
+ *    published stay free in the map, so no committed revision shows a
+ *    leaked, doubly used or free-and-used block. Groups whose map is
+ *    missing, undecodable or of the wrong size are left out. The check
+ *    sorts the runs of the maps, intents and extents and sweeps them once:
+ *    O(n log n) in the number of runs, whatever the device's size;
  *  - invariant 6: holder, recall, open, byte-range lock, node and group
  *    owner keys ride a live lease (LeaseTimeToLive per distinct lease),
  *    else they are deleted; an exclusive holder together with any other

@@ -28,6 +28,7 @@
 #include "harness.h"
 #include "meta/keys.h"
 #include "meta/records.h"
+#include "space/runs.h"
 #include "util/mem.h"
 #include "etcfs.pb-c.h"
 #include "rpc.pb-c.h"
@@ -844,6 +845,414 @@ Test(fsck, concurrent_change_aborts_repair)
 	cr_assert_str_eq(rep->mounted[0], "node9");
 	cr_assert_eq(efs_check_repair(s, rep), -EBUSY);
 	rep = efs_check_report_free(rep);
+	finish();
+	efs_test_assert_no_leaks();
+}
+
+/* ---- Space (invariants 1 and 2) ---- */
+
+/*
+ * The test image: 64 MiB of 4 KiB blocks, data area [256, 16384), groups
+ * of 256 blocks, group g at device block 256 + 256 * g.
+ */
+#define DS	 256
+#define AGB	 256
+#define DEV_END	 16384
+#define GRP(g)	 (DS + AGB * (uint64_t)(g))
+
+/* A regular file |ino| of |size| bytes named "f<ino>" in the root. */
+static void put_file(uint64_t ino, uint64_t size, uint32_t nlink)
+{
+	Etcfs__Inode in = ETCFS__INODE__INIT;
+	struct efs_meta_key k = inode_key(ino);
+	char name[32];
+
+	in.mode = S_IFREG | 0644;
+	in.nlink = nlink;
+	in.size = size;
+	in.atime_ns = in.mtime_ns = in.ctime_ns = in.btime_ns = 1700000000000000000;
+	put_msg(&k, &in.base, 0);
+	put_counter(1024);
+	if (nlink) {
+		snprintf(name, sizeof(name), "f%" PRIu64, ino);
+		put_dirent(EFS_META_ROOT_INO, name, ino, DT_REG);
+	}
+}
+
+/* e/<ino><chunk> holding |n| extents {file block, device block, count, flags}. */
+static void put_chunk(uint64_t ino, uint64_t chunk, size_t n, const uint64_t (*x)[4])
+{
+	Etcfs__ExtentChunk ch = ETCFS__EXTENT_CHUNK__INIT;
+	Etcfs__Extent ex[8], *ep[8];
+	struct efs_meta_key k;
+
+	cr_assert_leq(n, 8);
+	for (size_t i = 0; i < n; i++) {
+		etcfs__extent__init(&ex[i]);
+		ex[i].file_block = x[i][0];
+		ex[i].dev_block = x[i][1];
+		ex[i].count = x[i][2];
+		ex[i].flags = (uint32_t)x[i][3];
+		ep[i] = &ex[i];
+	}
+	ch.extents = ep;
+	ch.n_extents = n;
+	cr_assert_eq(efs_meta_key_extent(&ns, ino, chunk, &k), 0);
+	put_msg(&k, &ch.base, 0);
+}
+
+/* Group |g|'s map as runs, and its free count. */
+static void get_map(uint32_t g, struct efs_runs *runs, uint64_t *count)
+{
+	struct efs_meta_key k;
+	Mvccpb__KeyValue *kv = NULL;
+	Etcfs__AgMap *m = NULL;
+	Etcfs__AgFree *af = NULL;
+
+	cr_assert_eq(efs_meta_key_ag(&ns, g, EFS_META_K_AG_MAP, &k), 0);
+	cr_assert_eq(efs_etcd_sync_get(s, k.buf, k.len, &kv, NULL), 0);
+	cr_assert_eq(efs_meta_ag_map_decode(kv->value.data, kv->value.len, &m, NULL), 0);
+	protobuf_c_message_free_unpacked(&kv->base, efs_mem_protobuf());
+	cr_assert_eq(m->group_blocks, AGB);
+	for (size_t i = 0; i < m->n_free; i++)
+		cr_assert_eq(efs_runs_add(runs, m->free[i]->start, m->free[i]->len), 0);
+	efs_meta_record_free(m);
+	cr_assert_eq(efs_meta_key_ag(&ns, g, EFS_META_K_AG_FREE, &k), 0);
+	cr_assert_eq(efs_etcd_sync_get(s, k.buf, k.len, &kv, NULL), 0);
+	cr_assert_eq(efs_meta_ag_free_decode(kv->value.data, kv->value.len, &af, NULL), 0);
+	protobuf_c_message_free_unpacked(&kv->base, efs_mem_protobuf());
+	*count = af->free_blocks;
+	efs_meta_record_free(af);
+}
+
+static void put_map(uint32_t g, const struct efs_runs *runs, uint64_t count)
+{
+	Etcfs__AgMap m = ETCFS__AG_MAP__INIT;
+	Etcfs__AgFree af = ETCFS__AG_FREE__INIT;
+	Etcfs__Run rv[64], *rp[64];
+	struct efs_meta_key k;
+
+	cr_assert_leq(runs->n, 64);
+	for (size_t i = 0; i < runs->n; i++) {
+		etcfs__run__init(&rv[i]);
+		rv[i].start = runs->v[i].start;
+		rv[i].len = runs->v[i].len;
+		rp[i] = &rv[i];
+	}
+	m.free = rp;
+	m.n_free = runs->n;
+	m.group_blocks = AGB;
+	cr_assert_eq(efs_meta_key_ag(&ns, g, EFS_META_K_AG_MAP, &k), 0);
+	put_msg(&k, &m.base, 0);
+	af.free_blocks = count;
+	cr_assert_eq(efs_meta_key_ag(&ns, g, EFS_META_K_AG_FREE, &k), 0);
+	put_msg(&k, &af.base, 0);
+}
+
+/* Takes device blocks [dev, dev + count) out of their groups' maps (as an
+ * allocation does), keeping each free count equal to its map's sum. */
+static void take_blocks(uint64_t dev, uint64_t count)
+{
+	while (count) {
+		uint32_t g = (uint32_t)((dev - DS) / AGB);
+		uint64_t n = GRP(g + 1) - dev < count ? GRP(g + 1) - dev : count;
+		struct efs_runs runs = {0}, cut = {0};
+		uint64_t free_blocks;
+
+		get_map(g, &runs, &free_blocks);
+		cr_assert_eq(efs_runs_subtract(&runs, dev - GRP(g), n, &cut), 0);
+		cr_assert_eq(efs_runs_total(&cut), n, "blocks %" PRIu64 "+%" PRIu64 " not free",
+			     dev, n);
+		put_map(g, &runs, efs_runs_total(&runs));
+		efs_runs_done(&runs);
+		efs_runs_done(&cut);
+		dev += n;
+		count -= n;
+	}
+}
+
+/* Asserts group |g|'s free count equals its map's sum, and whether block
+ * |rel| (group-relative) is free. */
+static void assert_group(uint32_t g, uint64_t rel, bool free_)
+{
+	struct efs_runs runs = {0};
+	uint64_t count;
+
+	get_map(g, &runs, &count);
+	cr_assert_eq(count, efs_runs_total(&runs), "group %" PRIu32 ": count %" PRIu64
+		     " but the map holds %" PRIu64, g, count, efs_runs_total(&runs));
+	cr_assert_eq(efs_runs_overlaps(&runs, rel, 1), free_, "group %" PRIu32 " block %" PRIu64,
+		     g, rel);
+	efs_runs_done(&runs);
+}
+
+static void put_intent(uint32_t g, const char *node, uint64_t seq, uint64_t start, uint64_t len)
+{
+	Etcfs__FreeIntent fi = ETCFS__FREE_INTENT__INIT;
+	Etcfs__Run r = ETCFS__RUN__INIT, *rp = &r;
+	struct efs_meta_key k;
+
+	r.start = start;
+	r.len = len;
+	fi.runs = &rp;
+	fi.n_runs = 1;
+	fi.ino = 99;
+	cr_assert_eq(efs_meta_key_free_intent(&ns, g, node, 1, seq, &k), 0);
+	put_msg(&k, &fi.base, 0);
+}
+
+/*
+ * Files whose extents were taken from the maps (one across a group
+ * boundary, one in two chunks, a preallocated extent beyond the size, an
+ * inode being reclaimed) and a pending free intent: no finding.
+ */
+Test(fsck, space_consistent_is_clean)
+{
+	Etcfs__Reclaim rc = ETCFS__RECLAIM__INIT;
+	struct efs_meta_key k;
+	char *out = NULL;
+	int code;
+
+	put_file(20, 10 * 4096, 1);
+	put_chunk(20, 0, 2, (const uint64_t[][4]){{0, GRP(1), 4, 0}, {4, GRP(3) - 3, 6, 0}});
+	take_blocks(GRP(1), 4);
+	take_blocks(GRP(3) - 3, 6);
+	put_file(21, 257 * 4096 - 100, 1);
+	put_chunk(21, 0, 1, (const uint64_t[][4]){{0, GRP(5) + 7, 2, 0}});
+	put_chunk(21, 256, 1, (const uint64_t[][4]){{256, GRP(62) + 1, 1, 0}});
+	take_blocks(GRP(5) + 7, 2);
+	take_blocks(GRP(62) + 1, 1);
+	put_file(22, 0, 1);
+	put_chunk(22, 0, 1, (const uint64_t[][4]){{0, GRP(6), 3, EFS_META_EXTENT_F_PREALLOC}});
+	take_blocks(GRP(6), 3);
+	put_file(23, 5 * 4096, 0);
+	cr_assert_eq(efs_meta_key_reclaim(&ns, 23, &k), 0);
+	rc.since_ns = 1;
+	put_msg(&k, &rc.base, 0);
+	put_chunk(23, 0, 1, (const uint64_t[][4]){{0, GRP(7) + 100, 5, 0}});
+	take_blocks(GRP(7) + 100, 5);
+	put_intent(10, "node1", 1, 5, 3);
+	take_blocks(GRP(10) + 5, 3);
+	code = fsck(NULL, &out);
+	cr_assert_eq(code, 0, "exit %d:\n%s", code, out);
+	efs_mem_free(out);
+	finish();
+	efs_test_assert_no_leaks();
+}
+
+/* (a) Two files share device blocks: invariant 2, reported only. */
+Test(fsck, space_overlapping_extents)
+{
+	char *out = NULL;
+
+	put_file(30, 8 * 4096, 1);
+	put_file(31, 4 * 4096, 1);
+	put_chunk(30, 0, 1, (const uint64_t[][4]){{0, GRP(2) + 10, 8, 0}});
+	put_chunk(31, 0, 1, (const uint64_t[][4]){{0, GRP(2) + 16, 4, 0}});
+	take_blocks(GRP(2) + 10, 10);
+	found_not_repaired("device blocks 784-785 are used by two extents: file /f30 (inode "
+			   "30), chunk 0, file blocks 0-7; and file /f31 (inode 31), chunk 0, "
+			   "file blocks 0-3");
+	cr_assert_eq(fsck(NULL, &out), 4);
+	cr_assert_null(strstr(out, "leaked"), "%s", out);
+	cr_assert_null(strstr(out, "free in the group's map"), "%s", out);
+	efs_mem_free(out);
+	finish();
+	efs_test_assert_no_leaks();
+}
+
+/* (b) A block free in its map and used by a file: the file keeps it. */
+Test(fsck, space_free_and_used)
+{
+	put_file(40, 3 * 4096, 1);
+	put_chunk(40, 0, 1, (const uint64_t[][4]){{0, GRP(4) + 20, 3, 0}});
+	take_blocks(GRP(4) + 20, 2);
+	found_and_repaired("allocation group 4: 1 block is free in the group's map but used by a "
+			   "file (a new file could be given it): device block 1302 (file "
+			   "/f40 (inode 40), chunk 0, file blocks 0-2)",
+			   "take it out of the group's free map (the file keeps it) and set "
+			   "its free count to 253");
+	assert_group(4, 22, false);
+	finish();
+	efs_test_assert_no_leaks();
+}
+
+/* (c) Blocks no map, intent or extent accounts for: freed again. */
+Test(fsck, space_leaked_blocks)
+{
+	take_blocks(GRP(9) + 30, 4);
+	found_and_repaired("allocation group 9: 4 blocks are neither free in the group's map, "
+			   "nor in a free intent, nor used by any file (leaked): device blocks "
+			   "2590-2593",
+			   "put them back into the group's free map and set its free count to "
+			   "256");
+	assert_group(9, 30, true);
+	assert_group(9, 33, true);
+	finish();
+	efs_test_assert_no_leaks();
+}
+
+/* (b) and (c) in one group, and a free count that was wrong besides: two
+ * repairs of the same map, one after the other. */
+Test(fsck, space_free_used_and_leaked_in_one_group)
+{
+	struct efs_runs runs = {0};
+	uint64_t count;
+
+	put_file(41, 2 * 4096, 1);
+	put_chunk(41, 0, 1, (const uint64_t[][4]){{0, GRP(11), 2, 0}});
+	take_blocks(GRP(11) + 200, 6);
+	get_map(11, &runs, &count);
+	put_map(11, &runs, 17);
+	efs_runs_done(&runs);
+	found_and_repaired("allocation group 11: 2 blocks are free in the group's map but used "
+			   "by a file",
+			   "allocation group 11: 6 blocks are neither free",
+			   "set its free count to 254");
+	assert_group(11, 0, false);
+	assert_group(11, 1, false);
+	assert_group(11, 2, true);
+	assert_group(11, 200, true);
+	get_map(11, &runs, &count);
+	cr_assert_eq(count, 254);
+	efs_runs_done(&runs);
+	finish();
+	efs_test_assert_no_leaks();
+}
+
+/* (d) A free intent of blocks already free, and one of blocks in use. */
+Test(fsck, space_free_intent_double_free)
+{
+	char *out = NULL;
+
+	put_intent(12, "node1", 1, 40, 2);
+	put_file(42, 4096, 1);
+	put_chunk(42, 0, 1, (const uint64_t[][4]){{0, GRP(13) + 3, 1, 0}});
+	take_blocks(GRP(13) + 3, 1);
+	put_intent(13, "node2", 7, 3, 1);
+	found_not_repaired("allocation group 12: 2 blocks are in a free intent but already free "
+			   "in the group's map (a double free pending): device blocks 3368-3369 "
+			   "(the free intent of node node1 (session 1, sequence 1))");
+	cr_assert_eq(fsck(NULL, &out), 4);
+	cr_assert_not_null(strstr(out, "allocation group 13: 1 block is in a free intent but "
+				       "still used by a file"),
+			   "%s", out);
+	efs_mem_free(out);
+	finish();
+	efs_test_assert_no_leaks();
+}
+
+/* (e) An extent outside the data area, and one reaching into the next
+ * chunk of its file. */
+Test(fsck, space_extent_outside_data_area)
+{
+	char *out = NULL;
+
+	put_file(43, 4 * 4096, 1);
+	put_chunk(43, 0, 1, (const uint64_t[][4]){{0, 10, 4, 0}});
+	put_file(44, 300 * 4096, 1);
+	put_chunk(44, 0, 1, (const uint64_t[][4]){{250, GRP(20), 10, 0}});
+	put_chunk(44, 256, 1, (const uint64_t[][4]){{256, GRP(21), 1, 0}});
+	take_blocks(GRP(20), 10);
+	take_blocks(GRP(21), 1);
+	found_not_repaired("the extent of file /f43 (inode 43), chunk 0, file blocks 0-3 uses "
+			   "device blocks 10-13, outside the data area (device blocks "
+			   "256-16383)");
+	cr_assert_eq(fsck(NULL, &out), 4);
+	cr_assert_not_null(strstr(out, "extent chunk 0 of inode 44 holds an extent (file /f44 "
+				       "(inode 44), chunk 0, file blocks 250-259) that reaches "
+				       "into the next chunk, which starts at file block 256"),
+			   "%s", out);
+	efs_mem_free(out);
+	finish();
+	efs_test_assert_no_leaks();
+}
+
+/* An extent chunk that does not decode hides the blocks it uses: leaked
+ * blocks are reported but not freed. */
+Test(fsck, space_leak_not_freed_while_a_chunk_is_unreadable)
+{
+	struct efs_meta_key k;
+	char *out = NULL;
+
+	put_file(45, 4096, 1);
+	cr_assert_eq(efs_meta_key_extent(&ns, 45, 0, &k), 0);
+	put_raw(&k, "\xff\xff", 2, 0);
+	take_blocks(GRP(14), 1);
+	found_not_repaired("allocation group 14: 1 block is neither free in the group's map, nor "
+			   "in a free intent, nor used by any file (leaked): device block 3840; "
+			   "not freed because extent chunk 0 of inode 45 cannot be decoded");
+	cr_assert_eq(fsck(NULL, &out), 4);
+	cr_assert_null(strstr(out, "--repair would put"), "%s", out);
+	efs_mem_free(out);
+	assert_group(14, 0, false);
+	finish();
+	efs_test_assert_no_leaks();
+}
+
+/* Invariant 5: extents beyond the size are cut (preallocated ones stay) and
+ * the blocks cut off go back to the maps. */
+Test(fsck, extents_beyond_size_are_cut)
+{
+	struct efs_meta_key k0, k256;
+	Mvccpb__KeyValue *kv = NULL;
+	Etcfs__ExtentChunk *ch = NULL;
+
+	put_file(46, 2 * 4096, 1);
+	put_chunk(46, 0, 3,
+		  (const uint64_t[][4]){{0, GRP(15), 3, 0},
+					{3, GRP(15) + 10, 2, 0},
+					{10, GRP(15) + 20, 1, EFS_META_EXTENT_F_PREALLOC}});
+	put_chunk(46, 256, 1, (const uint64_t[][4]){{256, GRP(16), 4, 0}});
+	take_blocks(GRP(15), 3);
+	take_blocks(GRP(15) + 10, 2);
+	take_blocks(GRP(15) + 20, 1);
+	take_blocks(GRP(16), 4);
+	found_and_repaired("file /f46 (inode 46) has extents up to block 5 in chunk 0, but its "
+			   "size 8192 bytes covers 2 blocks",
+			   "has extents up to block 260 in chunk 256",
+			   "allocation group 15: 3 blocks are used only beyond a file's size",
+			   "allocation group 16: 4 blocks are used only beyond a file's size");
+	cr_assert_eq(efs_meta_key_extent(&ns, 46, 0, &k0), 0);
+	cr_assert_eq(efs_meta_key_extent(&ns, 46, 256, &k256), 0);
+	cr_assert(!exists(&k256));
+	cr_assert_eq(efs_etcd_sync_get(s, k0.buf, k0.len, &kv, NULL), 0);
+	cr_assert_eq(efs_meta_extent_chunk_decode(kv->value.data, kv->value.len, &ch, NULL), 0);
+	protobuf_c_message_free_unpacked(&kv->base, efs_mem_protobuf());
+	cr_assert_eq(ch->n_extents, 2);
+	cr_assert_eq(ch->extents[0]->count, 2);
+	cr_assert_eq(ch->extents[1]->flags, EFS_META_EXTENT_F_PREALLOC);
+	efs_meta_record_free(ch);
+	assert_group(15, 1, false);
+	assert_group(15, 2, true);
+	assert_group(15, 10, true);
+	assert_group(15, 11, true);
+	assert_group(15, 20, false);
+	assert_group(16, 3, true);
+	finish();
+	efs_test_assert_no_leaks();
+}
+
+/* A map changed between the check and the repair: the map patch fails
+ * instead of overwriting the change. */
+Test(fsck, space_repair_aborts_on_map_change)
+{
+	struct efs_check_report *rep = NULL;
+	char err[256];
+
+	take_blocks(GRP(17) + 5, 2);
+	cr_assert_eq(efs_check_run(s, &ns, NULL, &rep, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(rep->errors, 1);
+	cr_assert_not_null(strstr(rep->findings[0].message, "(leaked)"), "%s",
+			   rep->findings[0].message);
+	take_blocks(GRP(17) + 100, 1); /* as a node allocating meanwhile would */
+	cr_assert_eq(efs_check_repair(s, rep), 0);
+	cr_assert_eq(rep->findings[0].state, EFS_CHECK_REPAIR_FAILED);
+	cr_assert_not_null(strstr(rep->findings[0].repair_message, "changed since the check"),
+			   "%s", rep->findings[0].repair_message);
+	rep = efs_check_report_free(rep);
+	assert_group(17, 5, false);
+	assert_group(17, 100, false);
 	finish();
 	efs_test_assert_no_leaks();
 }
