@@ -43,6 +43,9 @@
 #if EFS_HAVE_DATAPATH
 #include "dev/iopool.h"
 #endif
+#if EFS_HAVE_MAINT
+#include "fs/maint.h"
+#endif
 #include "fs/fuseloop.h"
 #include "lock/lock.h"
 #include "lock/session.h"
@@ -103,6 +106,9 @@ struct daemon {
 	const char *log_file;
 
 	struct efs_capacity *capacity;
+	struct efs_maint *maint; /* etcd compaction when elected (not with -o ro) */
+	uint32_t compact_interval_ms;
+	int64_t compact_retain;
 
 	/* the start handshake with the parent (background mode) */
 	int ready_fd;
@@ -186,6 +192,10 @@ static void usage(FILE *out)
 		"                           least this often (default 1000; fsync and\n"
 		"                           O_SYNC publish at once)\n"
 		"  --io-threads N           device I/O worker threads (default 16)\n"
+		"  --compact-interval SECONDS  when elected, compact etcd's history this\n"
+		"                           often (default 60)\n"
+		"  --compact-retain N       revisions kept behind the current one\n"
+		"                           (default 1000)\n"
 		"  --metrics-addr HOST:PORT serve Prometheus metrics on /metrics\n"
 		"                           (\":PORT\" listens on 127.0.0.1; port 0 picks one)\n"
 		"  -o OPT[,OPT...]          mount options: ro, rw, noatime, allow_other,\n"
@@ -448,6 +458,8 @@ enum {
 	OPT_LOG_FILE,
 	OPT_FLUSH_INTERVAL,
 	OPT_IO_THREADS,
+	OPT_COMPACT_INTERVAL,
+	OPT_COMPACT_RETAIN,
 	OPT_ETCD, /* every etcd option: the name comes from the table */
 };
 
@@ -464,6 +476,8 @@ static const struct option longopts[] = {
 	{"log-file", required_argument, NULL, OPT_LOG_FILE},
 	{"flush-interval", required_argument, NULL, OPT_FLUSH_INTERVAL},
 	{"io-threads", required_argument, NULL, OPT_IO_THREADS},
+	{"compact-interval", required_argument, NULL, OPT_COMPACT_INTERVAL},
+	{"compact-retain", required_argument, NULL, OPT_COMPACT_RETAIN},
 	{"endpoints", required_argument, NULL, OPT_ETCD},
 	{"cacert", required_argument, NULL, OPT_ETCD},
 	{"cert", required_argument, NULL, OPT_ETCD},
@@ -591,6 +605,26 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 				d->flush_interval_ms = (uint32_t)v;
 			else
 				d->io_threads = (uint32_t)v;
+			break;
+		}
+		case OPT_COMPACT_INTERVAL:
+		case OPT_COMPACT_RETAIN: {
+			bool ci = c == OPT_COMPACT_INTERVAL;
+			long long lo = ci ? 1 : 1, hi = ci ? 86400 : 1000000000;
+			char *end;
+			long long v;
+
+			errno = 0;
+			v = strtoll(optarg, &end, 10);
+			if (errno || end == optarg || *end || v < lo || v > hi) {
+				fprintf(stderr, "%s: --%s '%s': a number from %lld to %lld\n", prog,
+					ci ? "compact-interval" : "compact-retain", optarg, lo, hi);
+				return -EINVAL;
+			}
+			if (ci)
+				d->compact_interval_ms = (uint32_t)v * 1000u;
+			else
+				d->compact_retain = v;
 			break;
 		}
 		case OPT_LOG_LEVEL:
@@ -921,6 +955,8 @@ static void on_httpd_stopped(void *arg)
 	d->httpd_stopped = true;
 }
 
+static void stop_maint(struct daemon *d);
+
 /*
  * Unmounts and frees everything on the loop. The loop then runs out of
  * handles and main() returns. Whatever was not left cleanly (locks,
@@ -978,6 +1014,7 @@ static void teardown(struct daemon *d)
 		d->se = NULL;
 	}
 	d->fs = efs_fs_free(d->fs);
+	stop_maint(d);
 	d->capacity = efs_capacity_free(d->capacity);
 	d->locks = efs_lockcache_free(d->locks);
 	d->session = efs_session_free(d->session);
@@ -1036,6 +1073,7 @@ static void leave_session(struct daemon *d)
 	enum efs_session_state st;
 	int r;
 
+	stop_maint(d);
 	if (!d->session) {
 		schedule_teardown(d);
 		return;
@@ -1304,6 +1342,40 @@ static void on_ready_timeout(uv_timer_t *t)
 	begin_leave(d, "start failed");
 }
 
+/* etcd maintenance (compaction) by the elected node; best effort. */
+static void start_maint(struct daemon *d)
+{
+#if EFS_HAVE_MAINT
+	struct efs_maint_opts mo = {
+		.interval_ms = d->compact_interval_ms,
+		.retain_revs = d->compact_retain,
+		.capacity = d->capacity,
+	};
+	int r;
+
+	if (d->read_only)
+		return;
+	r = efs_maint_new(&d->maint, &d->loop, d->etcd, d->session, &d->ns, d->metrics, &mo);
+	if (r == 0)
+		r = efs_maint_start(d->maint);
+	if (r < 0)
+		efs_log_warn("etcd maintenance not started: %s (compact etcd by hand, see "
+			     "docs/OPERATIONS.md)",
+			     strerror(-r));
+#else
+	(void)d;
+#endif
+}
+
+static void stop_maint(struct daemon *d)
+{
+#if EFS_HAVE_MAINT
+	d->maint = efs_maint_free(d->maint);
+#else
+	(void)d;
+#endif
+}
+
 static void on_session_state(struct efs_session *s, enum efs_session_state old,
 			     enum efs_session_state new_state, void *arg)
 {
@@ -1318,6 +1390,9 @@ static void on_session_state(struct efs_session *s, enum efs_session_state old,
 			     efs_session_state_name(new_state));
 	if (d->fs)
 		efs_fs_session_changed(d->fs, old, new_state);
+#if EFS_HAVE_MAINT
+	efs_maint_session_changed(d->maint);
+#endif
 	if (new_state == EFS_SESSION_CLOSED && d->phase == PH_RUNNING)
 		efs_log_err("the session closed for good; operations fail until unmounted");
 }
@@ -1445,6 +1520,7 @@ static void on_session_started(struct efs_session *s, int status, void *arg)
 		begin_leave(d, "start failed");
 		return;
 	}
+	start_maint(d);
 	uv_timer_start(&d->ready_poll, on_ready_poll, 1, 2);
 	uv_timer_start(&d->ready_timer, on_ready_timeout, READY_TIMEOUT_MS, 0);
 }

@@ -640,6 +640,10 @@ static const char *family_word(enum efs_meta_family f)
 		return "inode counter (ino)";
 	case EFS_META_K_RENAMESEQ:
 		return "rename guard (renameseq)";
+	case EFS_META_K_MAINT:
+		return "maintenance election key (maint)";
+	case EFS_META_K_PIN:
+		return "revision pin";
 	}
 	return "key";
 }
@@ -1057,6 +1061,11 @@ static int load_kv(state_t *st, const Mvccpb__KeyValue *kv)
 		efs_meta_record_free(fi);
 		return 0;
 	}
+	case EFS_META_K_MAINT:
+	case EFS_META_K_PIN:
+		/* Maintenance keys (lib/fs/maint.h): not records; a bad pin
+		 * value is the maintenance node's to report. */
+		return 0;
 	}
 	return 0;
 }

@@ -27,6 +27,8 @@
 #define TAG_AG	      "ag/"
 #define TAG_ORPHAN    "o/"
 #define TAG_RECLAIM   "rc/"
+#define TAG_MAINT     "maint"
+#define TAG_PIN	      "pin/"
 #define AG_OWNER      "/owner"
 #define AG_MAP	      "/map"
 #define AG_FREE	      "/free"
@@ -315,6 +317,16 @@ int efs_meta_key_gen(const struct efs_meta_ns *ns, const char *node, struct efs_
 	return node_key(ns, TAG_GEN, node, ret);
 }
 
+int efs_meta_key_maint(const struct efs_meta_ns *ns, struct efs_meta_key *ret)
+{
+	return fixed_key(ns, TAG_MAINT, ret);
+}
+
+int efs_meta_key_pin(const struct efs_meta_ns *ns, const char *name, struct efs_meta_key *ret)
+{
+	return node_key(ns, TAG_PIN, name, ret);
+}
+
 int efs_meta_key_ag(const struct efs_meta_ns *ns, uint32_t group, enum efs_meta_family family,
 		    struct efs_meta_key *ret)
 {
@@ -525,6 +537,14 @@ static int parse_body(struct cur *c, struct efs_meta_key_info *info)
 	}
 	if (eat(c, TAG_AG))
 		return parse_ag(c, info);
+	if (eat(c, TAG_PIN)) {
+		info->family = EFS_META_K_PIN;
+		return take_node(c, c->n, info->node) ? 0 : -EINVAL;
+	}
+	if (eat(c, TAG_MAINT)) {
+		info->family = EFS_META_K_MAINT;
+		return 0;
+	}
 	if (eat(c, TAG_RENAMESEQ)) {
 		info->family = EFS_META_K_RENAMESEQ;
 		return 0;
@@ -622,9 +642,12 @@ static const char *family_tag(enum efs_meta_family family)
 		return TAG_ORPHAN;
 	case EFS_META_K_RECLAIM:
 		return TAG_RECLAIM;
+	case EFS_META_K_PIN:
+		return TAG_PIN;
 	case EFS_META_K_SB:
 	case EFS_META_K_INO_COUNTER:
 	case EFS_META_K_RENAMESEQ:
+	case EFS_META_K_MAINT:
 		break;
 	}
 	return NULL;
@@ -646,6 +669,9 @@ int efs_meta_range_family(const struct efs_meta_ns *ns, enum efs_meta_family fam
 		break;
 	case EFS_META_K_RENAMESEQ:
 		r = efs_meta_key_renameseq(ns, &tmp.key);
+		break;
+	case EFS_META_K_MAINT:
+		r = efs_meta_key_maint(ns, &tmp.key);
 		break;
 	default:
 		tag = family_tag(family);
@@ -750,6 +776,11 @@ int efs_meta_range_dirents_after(const struct efs_meta_ns *ns, uint64_t parent, 
 	tmp.end.len = efs_etcd_prefix_end(pfx.buf, plen, tmp.end.buf);
 	*ret = tmp;
 	return 0;
+}
+
+int efs_meta_range_pins(const struct efs_meta_ns *ns, struct efs_meta_range *ret)
+{
+	return prefix_of(ns, TAG_PIN, ret);
 }
 
 static int group_range(const struct efs_meta_ns *ns, uint32_t group, const char *sub,

@@ -51,6 +51,9 @@ enum efs_meta_family {
 	EFS_META_K_RECLAIM,	/* rc/<ino> */
 	EFS_META_K_INO_COUNTER, /* ino */
 	EFS_META_K_RENAMESEQ,	/* renameseq */
+	/* Added by issue 4 (lib/fs/maint.h). */
+	EFS_META_K_MAINT,	/* maint: the elected maintenance node */
+	EFS_META_K_PIN,		/* pin/<name>: a revision compaction keeps (name in |node|) */
 };
 
 /* Lock modes, one byte inside holder keys ('S' sorts before 'X'). */
@@ -172,6 +175,15 @@ int efs_meta_key_ag(const struct efs_meta_ns *ns, uint32_t group, enum efs_meta_
 int efs_meta_key_free_intent(const struct efs_meta_ns *ns, uint32_t group, const char *node,
 			     uint64_t session, uint64_t seq, struct efs_meta_key *ret);
 
+/* maint: the maintenance election key (value: the holder's node id, on
+ * its session lease; lib/fs/maint.h). */
+int efs_meta_key_maint(const struct efs_meta_ns *ns, struct efs_meta_key *ret);
+
+/* pin/<name>: a revision pin (value: the revision as decimal ASCII) that
+ * the maintenance node does not compact past; |name| is checked like a
+ * node id (efs_meta_node_is_valid); the parser returns it in |node|. */
+int efs_meta_key_pin(const struct efs_meta_ns *ns, const char *name, struct efs_meta_key *ret);
+
 /* ---- Parser ---- */
 
 /*
@@ -190,8 +202,8 @@ int efs_meta_range_fs(const struct efs_meta_ns *ns, struct efs_meta_range *ret);
 /*
  * Every key of one family, for scans (fsck): the per-inode families, n/, g/,
  * o/, rc/ and, for any EFS_META_K_AG_* or EFS_META_K_FREE_INTENT, every
- * ag/ key. The single keys (sb, ino, renameseq) give a range of that key
- * alone (|end| empty). -EINVAL for an unknown family.
+ * ag/ key, pin/. The single keys (sb, ino, renameseq, maint) give a range
+ * of that key alone (|end| empty). -EINVAL for an unknown family.
  */
 int efs_meta_range_family(const struct efs_meta_ns *ns, enum efs_meta_family family,
 			  struct efs_meta_range *ret);
@@ -219,6 +231,9 @@ int efs_meta_range_plocks_of_node(const struct efs_meta_ns *ns, uint64_t ino, co
  */
 int efs_meta_range_dirents_after(const struct efs_meta_ns *ns, uint64_t parent, const void *name,
 				 size_t len, struct efs_meta_range *ret);
+
+/* Every revision pin (pin/<name>). */
+int efs_meta_range_pins(const struct efs_meta_ns *ns, struct efs_meta_range *ret);
 
 /* Every key of allocation group |group|, and its free intents alone. */
 int efs_meta_range_group(const struct efs_meta_ns *ns, uint32_t group, struct efs_meta_range *ret);

@@ -737,6 +737,10 @@ static int rebuild(const struct efs_meta_key_info *info, struct efs_meta_key *k)
 		return efs_meta_key_ino_counter(&ns, k);
 	case EFS_META_K_RENAMESEQ:
 		return efs_meta_key_renameseq(&ns, k);
+	case EFS_META_K_MAINT:
+		return efs_meta_key_maint(&ns, k);
+	case EFS_META_K_PIN:
+		return efs_meta_key_pin(&ns, info->node, k);
 	case EFS_META_K_INODE:
 		return efs_meta_key_inode(&ns, info->ino, k);
 	case EFS_META_K_ORPHAN:
