@@ -1,0 +1,2282 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The node's block allocator (fs/alloc.h). Decisions beyond the header:
+ *
+ *  - Group discovery reads the whole ag/ family once per claim round (owner
+ *    keys, maps and free counts of every group): one round trip, then one
+ *    claim transaction per group taken. A round that finds no group to take
+ *    is remembered for a second (allocations answer ENOSPC meanwhile
+ *    without asking etcd again).
+ *  - Per owned group the available set is recomputed as committed free
+ *    minus pending (allocated, unpublished) minus quarantined runs whenever
+ *    one of those changes outside allocation itself.
+ *  - efs_alloc_unuse goes through quarantine: a local read may have looked
+ *    the unpublished extent up (data.c's merged map) and still be reading.
+ *  - A use whose blocks the committed map already shows as used (the map
+ *    was re-read after an unknown outcome that did apply) is taken as
+ *    already applied; a free of blocks already free in an owned group is a
+ *    double free: -EUCLEAN from the build, logged with the inode and run.
+ *  - This node's own free intents wait in the same quarantine under a
+ *    sentinel group (INTENT_GROUP, start = intent id): their release means
+ *    every read begun before the free has ended, and the intent is then
+ *    marked drained by the periodic sweep.
+ *  - A COMMITTED after an UNKNOWN re-reads the touched maps (the revision
+ *    handed over may not be the map keys' mod_revision).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "etcd/kv.h"
+#include "fs/alloc.h"
+#include "meta/records.h"
+#include "space/freemap.h"
+#include "space/quarantine.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/mem.h"
+#include "util/timer.h"
+
+#define INTENT_GROUP	 UINT32_MAX
+#define RESCAN_NS	 (1000ull * 1000 * 1000)
+#define BATCH_MAX	 60 /* keys compared/changed per internal transaction */
+#define TOKEN_INTERNAL	 ((struct efs_alloc_txn *)1)
+
+struct grp {
+	uint32_t g;
+	bool owned;
+	bool stale; /* committed map and owner to re-read before the next grant */
+	bool dirty; /* avail to recompute */
+	uint64_t start, blocks;
+	struct efs_freemap committed, avail;
+	struct efs_runs pending, quar; /* group-relative, normalized */
+	int64_t map_rev, owner_rev;
+	bool has_intents; /* the last read saw free intents: fold soon */
+};
+
+struct intent {
+	struct intent *next;
+	uint64_t id;
+	uint32_t group;
+	uint64_t ino;
+	struct efs_meta_key key;
+	int64_t mod_rev; /* 0: unknown (compare existence instead) */
+	struct efs_runs runs;
+	bool ready;
+};
+
+struct tokw {
+	struct tokw *next;
+	void (*fn)(struct efs_alloc *a, void *arg);
+	void *arg;
+};
+
+struct getw {
+	struct getw *next;
+	uint64_t want, goal;
+	unsigned flags;
+	struct efs_runs *out;
+	void (*cb)(int status, void *arg);
+	void *arg;
+};
+
+struct tgrp {
+	uint32_t g;
+	bool as_owner; /* built as the owner (map put), else as a free intent */
+	uint64_t seq;  /* intent sequence (0: none yet) */
+	struct efs_runs use, fre;
+	struct efs_freemap built;
+	bool has_built;
+};
+
+struct efs_alloc_txn {
+	struct efs_alloc *a;
+	uint64_t epoch;
+	uint64_t ino; /* last ino seen by txn_free (intents) */
+	struct tgrp *v;
+	size_t n, cap;
+	bool unknown;
+	void (*cb)(int status, void *arg);
+	void *arg;
+};
+
+struct acall;
+typedef void (*acall_fn)(struct efs_alloc *a, struct acall *c, struct efs_etcd_result *r,
+			 Etcdserverpb__TxnResponse *resp);
+
+struct acall {
+	struct acall *next, *prev;
+	struct efs_alloc *a;
+	uint64_t epoch;
+	acall_fn fn;
+	uint64_t u; /* per call */
+	void *p;
+};
+
+struct efs_alloc {
+	uv_loop_t *loop;
+	struct efs_etcd *c;
+	struct efs_session *s;
+	struct efs_meta_ns ns;
+	const Etcfs__FsInfo *fi;
+	char node[EFS_META_NODE_MAX + 1];
+	uint32_t ngroups;
+	uint64_t data_start, ag_blocks, total_blocks;
+	uint32_t groups_initial;
+	uint64_t reserve;
+	uint32_t fold_ms;
+	struct grp *groups;
+	uint64_t epoch;
+	struct efs_quarantine *q;
+	struct acall *calls;
+	uv_timer_t *kick, *tick;
+	struct efs_session_waiter sw;
+	bool sw_queued;
+
+	/* Token. */
+	struct efs_alloc_txn *token; /* NULL: free; TOKEN_INTERNAL: an internal task */
+	struct tokw *tw_head, *tw_tail;
+	bool rereading;
+
+	/* Start and claims. */
+	bool started, starting, left;
+	void (*start_cb)(int status, void *arg);
+	void *start_arg;
+	bool claim_busy;
+	bool claim_has_token; /* the round runs for the start, under the token */
+	uint32_t claim_need;
+	uint64_t nofree_until;
+	uint64_t others_free; /* free blocks of groups not ours, at the last scan */
+	struct getw *gw_head, *gw_tail;
+	Etcdserverpb__TxnResponse *scan_resp; /* owned during a claim round */
+	Etcdserverpb__RangeResponse *scan;    /* its range (borrowed) */
+	int32_t *scan_owner, *scan_map;	   /* kv index per group (-1: none) */
+	uint32_t *cand;
+	size_t ncand, icand;
+
+	/* Intents, folds. */
+	struct intent *intents;
+	uint64_t intent_id, intent_seq;
+	bool fold_busy, drain_busy;
+	struct fold *fold; /* in flight */
+
+	/* Leave. */
+	void (*leave_cb)(int status, void *arg);
+	void *leave_arg;
+
+	/* Figures. */
+	uint64_t double_frees, claims;
+	struct efs_gauge *g_owned, *g_avail, *g_pending, *g_quar;
+	struct efs_counter *c_double, *c_claims;
+	struct efs_counter *c_txn[4]; /* etcfs_etcd_txns_total{origin="space"}: ok, conflict,
+				       * error, unknown (fs.c's outcome names) */
+};
+
+static void grant_next(struct efs_alloc *a);
+static void serve_getters(struct efs_alloc *a);
+static void claim_round(struct efs_alloc *a);
+struct fold;
+static void fold_all(struct efs_alloc *a, bool from_start);
+static void fold_free(struct fold *f);
+static void tick_cb(uv_timer_t *t);
+
+/* ---- Small helpers ---- */
+
+static uint64_t grp_start(const struct efs_alloc *a, uint32_t g)
+{
+	return a->data_start + (uint64_t)g * a->ag_blocks;
+}
+
+static uint64_t grp_blocks(const struct efs_alloc *a, uint32_t g)
+{
+	uint64_t off = (uint64_t)g * a->ag_blocks;
+
+	if (g >= a->ngroups || off >= a->total_blocks)
+		return 0;
+	return a->total_blocks - off < a->ag_blocks ? a->total_blocks - off : a->ag_blocks;
+}
+
+static void update_gauges(struct efs_alloc *a)
+{
+	struct efs_alloc_stats st;
+
+	efs_alloc_get_stats(a, &st);
+	if (a->g_owned)
+		efs_gauge_set(a->g_owned, st.groups_owned);
+	if (a->g_avail)
+		efs_gauge_set(a->g_avail, (double)st.avail_blocks);
+	if (a->g_pending)
+		efs_gauge_set(a->g_pending, (double)st.pending_blocks);
+	if (a->g_quar)
+		efs_gauge_set(a->g_quar, (double)st.quarantine_blocks);
+}
+
+static void grp_forget(struct grp *g)
+{
+	efs_freemap_done(&g->committed);
+	efs_freemap_done(&g->avail);
+	efs_runs_done(&g->pending);
+	efs_runs_done(&g->quar);
+	g->owned = false;
+	g->stale = false;
+	g->dirty = false;
+	g->has_intents = false;
+	g->map_rev = g->owner_rev = 0;
+}
+
+/* avail = committed free - pending - quarantined. */
+static int avail_recompute(struct grp *g)
+{
+	struct efs_freemap n;
+	int r;
+
+	r = efs_freemap_copy(&n, &g->committed);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < g->pending.n && r == 0; i++)
+		r = efs_runs_subtract(&n.free, g->pending.v[i].start, g->pending.v[i].len, NULL);
+	for (size_t i = 0; i < g->quar.n && r == 0; i++)
+		r = efs_runs_subtract(&n.free, g->quar.v[i].start, g->quar.v[i].len, NULL);
+	if (r < 0) {
+		efs_freemap_done(&n);
+		return r;
+	}
+	n.nfree = efs_runs_total(&n.free);
+	efs_freemap_done(&g->avail);
+	g->avail = n;
+	g->dirty = false;
+	return 0;
+}
+
+static int runs_add_norm(struct efs_runs *r, uint64_t start, uint64_t len)
+{
+	int e = efs_runs_add(r, start, len);
+
+	if (e == 0)
+		e = efs_runs_normalize(r);
+	return e;
+}
+
+/* Splits absolute run [start, start + len) by group and calls |fn| for each
+ * piece with group-relative coordinates. -EINVAL outside the data area. */
+static int split_runs(const struct efs_alloc *a, uint64_t start, uint64_t len,
+		      int (*fn)(void *arg, uint32_t g, uint64_t rs, uint64_t rl), void *arg)
+{
+	while (len) {
+		uint64_t off, g, rs, rl;
+		int r;
+
+		if (start < a->data_start || start - a->data_start >= a->total_blocks)
+			return -EINVAL;
+		off = start - a->data_start;
+		g = off / a->ag_blocks;
+		rs = off % a->ag_blocks;
+		rl = grp_blocks(a, (uint32_t)g) - rs;
+		if (rl > len)
+			rl = len;
+		r = fn(arg, (uint32_t)g, rs, rl);
+		if (r < 0)
+			return r;
+		start += rl;
+		len -= rl;
+	}
+	return 0;
+}
+
+static bool session_ok(const struct efs_alloc *a)
+{
+	return efs_session_is_active(a->s);
+}
+
+/* ---- etcd calls ---- */
+
+static void acall_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct acall *c = arg;
+	struct efs_alloc *a = c->a;
+
+	if (a) {
+		if (c->prev)
+			c->prev->next = c->next;
+		else
+			a->calls = c->next;
+		if (c->next)
+			c->next->prev = c->prev;
+		c->fn(a, c, r, resp);
+	}
+	efs_mem_free(c);
+}
+
+/* Sends |t| (freed here); |fn| runs unless the allocator is freed first. */
+static int send_txn(struct efs_alloc *a, struct efs_etcd_txn *t, acall_fn fn, uint64_t u,
+		    void *p)
+{
+	struct acall *c = efs_mem_calloc(1, sizeof(*c));
+	int r;
+
+	if (!c) {
+		efs_etcd_txn_free(t);
+		return -ENOMEM;
+	}
+	c->a = a;
+	c->epoch = a->epoch;
+	c->fn = fn;
+	c->u = u;
+	c->p = p;
+	r = efs_etcd_txn(a->c, efs_etcd_txn_request(t), NULL, acall_cb, c);
+	efs_etcd_txn_free(t);
+	if (r < 0) {
+		efs_mem_free(c);
+		return r;
+	}
+	c->next = a->calls;
+	if (a->calls)
+		a->calls->prev = c;
+	a->calls = c;
+	return 0;
+}
+
+static int put_msg(struct efs_etcd_txn *t, const struct efs_meta_key *k, const ProtobufCMessage *m,
+		   int64_t lease)
+{
+	ProtobufCBinaryData b;
+	int r = efs_meta_pack(m, &b);
+
+	if (r < 0)
+		return r;
+	r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, k->buf, k->len, b.data, b.len, lease);
+	efs_mem_free(b.data);
+	return r;
+}
+
+/* Counts one of this module's mutating transactions under origin "space". */
+static void count_txn(struct efs_alloc *a, const struct efs_etcd_result *r,
+		      const Etcdserverpb__TxnResponse *resp)
+{
+	int k = r->err == 0 ? (resp->succeeded ? 0 : 1)
+			    : (r->outcome_unknown || r->err == -ETIMEDOUT ? 3 : 2);
+
+	if (a->c_txn[k])
+		efs_counter_inc(a->c_txn[k]);
+}
+
+/* Compare "ag/<g>/owner is on our lease" and "ag/<g>/map unchanged". */
+static int owner_compares(struct efs_alloc *a, struct efs_etcd_txn *t, struct grp *g)
+{
+	struct efs_meta_key k;
+	int r;
+
+	r = efs_meta_key_ag(&a->ns, g->g, EFS_META_K_AG_OWNER, &k);
+	if (r == 0)
+		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_LEASE, EFS_ETCD_CMP_EQUAL, k.buf, k.len,
+					 efs_session_lease_id(a->s));
+	if (r == 0)
+		r = efs_meta_key_ag(&a->ns, g->g, EFS_META_K_AG_MAP, &k);
+	if (r == 0)
+		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, k.buf, k.len,
+					 g->map_rev);
+	return r;
+}
+
+/* Puts ag/<g>/map and ag/<g>/free from |fm|. */
+static int put_map(struct efs_alloc *a, struct efs_etcd_txn *t, uint32_t gi,
+		   const struct efs_freemap *fm)
+{
+	Etcfs__AgFree af = ETCFS__AG_FREE__INIT;
+	ProtobufCBinaryData b;
+	struct efs_meta_key k;
+	int r;
+
+	r = efs_freemap_pack(fm, &b);
+	if (r < 0)
+		return r;
+	r = efs_meta_key_ag(&a->ns, gi, EFS_META_K_AG_MAP, &k);
+	if (r == 0)
+		r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, b.data, b.len, 0);
+	efs_mem_free(b.data);
+	if (r < 0)
+		return r;
+	af.free_blocks = fm->nfree;
+	r = efs_meta_key_ag(&a->ns, gi, EFS_META_K_AG_FREE, &k);
+	if (r == 0)
+		r = put_msg(t, &k, &af.base, 0);
+	return r;
+}
+
+/* Loads a group's map from a kv: -EUCLEAN when it does not fit the group. */
+static int load_map(struct efs_alloc *a, struct grp *g, const Mvccpb__KeyValue *kv)
+{
+	Etcfs__AgMap *m = NULL;
+	struct efs_freemap fm;
+	const char *why = NULL;
+	int r;
+
+	r = efs_meta_ag_map_decode(kv->value.data, kv->value.len, &m, &why);
+	if (r < 0) {
+		efs_log_err("alloc: group %" PRIu32 ": bad map (%s)", g->g, why ? why : "?");
+		return r;
+	}
+	if (m->group_blocks != grp_blocks(a, g->g)) {
+		efs_log_err("alloc: group %" PRIu32 ": map of %" PRIu64
+			    " blocks, expected %" PRIu64,
+			    g->g, (uint64_t)m->group_blocks, grp_blocks(a, g->g));
+		efs_meta_record_free(m);
+		return -EUCLEAN;
+	}
+	r = efs_freemap_from_msg(&fm, m);
+	efs_meta_record_free(m);
+	if (r < 0)
+		return r;
+	efs_freemap_done(&g->committed);
+	g->committed = fm;
+	g->map_rev = kv->mod_revision;
+	return avail_recompute(g);
+}
+
+/* ---- Token ---- */
+
+static void kick_cb(uv_timer_t *t)
+{
+	struct efs_alloc *a = t->data;
+
+	if (!a)
+		return;
+	grant_next(a);
+	serve_getters(a);
+}
+
+static void kick(struct efs_alloc *a)
+{
+	uv_timer_start(a->kick, kick_cb, 0, 0);
+}
+
+static void token_release(struct efs_alloc *a)
+{
+	a->token = NULL;
+	kick(a);
+}
+
+static int token_wait(struct efs_alloc *a, void (*fn)(struct efs_alloc *a, void *arg), void *arg)
+{
+	struct tokw *w = efs_mem_calloc(1, sizeof(*w));
+
+	if (!w)
+		return -ENOMEM;
+	w->fn = fn;
+	w->arg = arg;
+	if (a->tw_tail)
+		a->tw_tail->next = w;
+	else
+		a->tw_head = w;
+	a->tw_tail = w;
+	kick(a);
+	return 0;
+}
+
+static bool any_stale(const struct efs_alloc *a)
+{
+	for (uint32_t i = 0; i < a->ngroups; i++)
+		if (a->groups[i].owned && a->groups[i].stale)
+			return true;
+	return false;
+}
+
+static void reread_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result *r,
+		      Etcdserverpb__TxnResponse *resp)
+{
+	size_t k = 0;
+
+	a->rereading = false;
+	a->token = NULL;
+	if (c->epoch != a->epoch) {
+		kick(a);
+		return;
+	}
+	if (r->err < 0) {
+		efs_log_warn("alloc: re-reading maps failed: %s", r->message);
+		/* Retried on the next grant (from the tick, or a waiter's kick). */
+		return;
+	}
+	for (uint32_t i = 0; i < a->ngroups; i++) {
+		struct grp *g = &a->groups[i];
+		Etcdserverpb__RangeResponse *ro = NULL, *rm = NULL;
+		Etcfs__AgOwner *ow = NULL;
+		bool ok = false;
+
+		if (!g->owned || !g->stale)
+			continue;
+		if (efs_etcd_txn_resp_range(resp, k++, &ro) < 0 ||
+		    efs_etcd_txn_resp_range(resp, k++, &rm) < 0)
+			break;
+		if (ro->n_kvs == 1 &&
+		    efs_meta_ag_owner_decode(ro->kvs[0]->value.data, ro->kvs[0]->value.len, &ow,
+					     NULL) == 0) {
+			ok = !strcmp(ow->node, a->node) &&
+			     ow->session_generation == efs_session_generation(a->s) &&
+			     ro->kvs[0]->lease == efs_session_lease_id(a->s);
+			efs_meta_record_free(ow);
+		}
+		if (ok && rm->n_kvs == 1 && load_map(a, g, rm->kvs[0]) == 0) {
+			g->owner_rev = ro->kvs[0]->mod_revision;
+			g->stale = false;
+		} else {
+			efs_log_warn("alloc: group %" PRIu32 " is no longer ours", g->g);
+			grp_forget(g);
+		}
+	}
+	update_gauges(a);
+	kick(a);
+}
+
+static int start_reread(struct efs_alloc *a)
+{
+	struct efs_etcd_txn *t;
+	struct efs_meta_key k;
+	int r;
+
+	r = efs_etcd_txn_new(&t, 0);
+	if (r < 0)
+		return r;
+	for (uint32_t i = 0; i < a->ngroups && r == 0; i++) {
+		struct grp *g = &a->groups[i];
+
+		if (!g->owned || !g->stale)
+			continue;
+		r = efs_meta_key_ag(&a->ns, g->g, EFS_META_K_AG_OWNER, &k);
+		if (r == 0)
+			r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0);
+		if (r == 0)
+			r = efs_meta_key_ag(&a->ns, g->g, EFS_META_K_AG_MAP, &k);
+		if (r == 0)
+			r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0);
+	}
+	if (r < 0) {
+		efs_etcd_txn_free(t);
+		return r;
+	}
+	r = send_txn(a, t, reread_cb, 0, NULL);
+	if (r == 0) {
+		a->rereading = true;
+		a->token = TOKEN_INTERNAL;
+	}
+	return r;
+}
+
+static void grant_next(struct efs_alloc *a)
+{
+	struct tokw *w;
+
+	if (a->token || !a->tw_head)
+		return;
+	if (any_stale(a)) {
+		if (session_ok(a) && start_reread(a) == 0)
+			return;
+		return; /* retried by the tick */
+	}
+	w = a->tw_head;
+	a->tw_head = w->next;
+	if (!a->tw_head)
+		a->tw_tail = NULL;
+	a->token = TOKEN_INTERNAL; /* the waiter sets its own */
+	w->fn(a, w->arg);
+	efs_mem_free(w);
+}
+
+/* ---- Quarantine ---- */
+
+static struct intent *intent_find(struct efs_alloc *a, uint64_t id)
+{
+	for (struct intent *i = a->intents; i; i = i->next)
+		if (i->id == id)
+			return i;
+	return NULL;
+}
+
+static void released(uint32_t group, uint64_t start, uint64_t len, void *arg)
+{
+	struct efs_alloc *a = arg;
+	struct grp *g;
+
+	if (group == INTENT_GROUP) {
+		struct intent *in = intent_find(a, start);
+
+		if (in)
+			in->ready = true;
+		return;
+	}
+	if (group >= a->ngroups)
+		return;
+	g = &a->groups[group];
+	if (!g->owned)
+		return;
+	if (efs_runs_subtract(&g->quar, start, len, NULL) < 0)
+		efs_log_warn("alloc: out of memory releasing quarantine");
+	g->dirty = true;
+}
+
+static void quar_release(struct efs_alloc *a)
+{
+	bool any = false;
+
+	if (efs_quar_release(a->q, released, a) == 0)
+		return;
+	for (uint32_t i = 0; i < a->ngroups; i++) {
+		struct grp *g = &a->groups[i];
+
+		if (g->owned && g->dirty) {
+			if (avail_recompute(g) < 0)
+				efs_log_warn("alloc: out of memory recomputing group %" PRIu32, i);
+			any = true;
+		}
+	}
+	update_gauges(a);
+	if (any && a->gw_head)
+		kick(a);
+}
+
+uint64_t efs_alloc_read_begin(struct efs_alloc *a)
+{
+	return efs_quar_read_begin(a->q);
+}
+
+void efs_alloc_read_end(struct efs_alloc *a, uint64_t ticket)
+{
+	efs_quar_read_end(a->q, ticket);
+	quar_release(a);
+}
+
+/* ---- Creation ---- */
+
+static uint32_t hash_node(const char *s)
+{
+	uint32_t h = 2166136261u;
+
+	for (; *s; s++)
+		h = (h ^ (uint8_t)*s) * 16777619u;
+	return h;
+}
+
+static uint32_t gcd32(uint32_t x, uint32_t y)
+{
+	while (y) {
+		uint32_t t = x % y;
+
+		x = y;
+		y = t;
+	}
+	return x;
+}
+
+int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
+		  struct efs_session *s, const struct efs_alloc_opts *o)
+{
+	struct efs_alloc *a;
+	uint64_t nblk;
+
+	if (!o || !o->ns || !o->fi || !c || !s || !loop)
+		return -EINVAL;
+	if (!o->fi->ag_count || !o->fi->ag_blocks || !o->fi->block_size)
+		return -EINVAL;
+	nblk = o->fi->device_size / o->fi->block_size;
+	if (nblk <= o->fi->data_start)
+		return -EINVAL;
+	a = efs_mem_calloc(1, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	a->loop = loop;
+	a->c = c;
+	a->s = s;
+	a->ns = *o->ns;
+	a->fi = o->fi;
+	snprintf(a->node, sizeof(a->node), "%s", efs_session_node(s));
+	a->ngroups = o->fi->ag_count;
+	a->data_start = o->fi->data_start;
+	a->ag_blocks = o->fi->ag_blocks;
+	a->total_blocks = nblk - o->fi->data_start;
+	a->groups_initial = o->groups_initial ? o->groups_initial : 2;
+	a->reserve = o->reserve_blocks ? o->reserve_blocks
+				       : (a->total_blocks / 100 > 64 ? a->total_blocks / 100 : 64);
+	a->fold_ms = o->fold_interval_ms ? o->fold_interval_ms : 5000;
+	a->groups = efs_mem_calloc(a->ngroups, sizeof(*a->groups));
+	if (!a->groups)
+		goto fail;
+	for (uint32_t i = 0; i < a->ngroups; i++) {
+		a->groups[i].g = i;
+		a->groups[i].start = grp_start(a, i);
+		a->groups[i].blocks = grp_blocks(a, i);
+	}
+	if (efs_quar_new(&a->q) < 0)
+		goto fail;
+	a->kick = efs_timer_new(loop, a);
+	a->tick = efs_timer_new(loop, a);
+	if (!a->kick || !a->tick)
+		goto fail;
+	if (o->m) {
+		a->g_owned = efs_metrics_gauge(o->m, "etcfs_space_groups_owned",
+					       "Allocation groups this node owns", NULL);
+		a->g_avail = efs_metrics_gauge(o->m, "etcfs_space_avail_blocks",
+					       "Blocks allocatable now in owned groups", NULL);
+		a->g_pending = efs_metrics_gauge(o->m, "etcfs_space_pending_blocks",
+						 "Blocks allocated and not yet published", NULL);
+		a->g_quar = efs_metrics_gauge(o->m, "etcfs_space_quarantine_blocks",
+					      "Freed blocks waiting for older reads", NULL);
+		a->c_double = efs_metrics_counter(o->m, "etcfs_space_double_frees_total",
+						  "Double frees found and refused", NULL);
+		a->c_claims = efs_metrics_counter(o->m, "etcfs_space_claims_total",
+						  "Allocation groups claimed", NULL);
+		if (!a->g_owned || !a->g_avail || !a->g_pending || !a->g_quar || !a->c_double ||
+		    !a->c_claims)
+			goto fail;
+		for (int k = 0; k < 4; k++) {
+			static const char *const oc[4] = {"ok", "conflict", "error", "unknown"};
+			char lab[64];
+
+			snprintf(lab, sizeof(lab), "origin=\"space\",outcome=\"%s\"", oc[k]);
+			a->c_txn[k] = efs_metrics_counter(o->m, "etcfs_etcd_txns_total",
+							  "etcd transactions by origin and outcome",
+							  lab);
+			if (!a->c_txn[k])
+				goto fail;
+		}
+	}
+	*ret = a;
+	return 0;
+fail:
+	efs_alloc_free(a);
+	return -ENOMEM;
+}
+
+/* ---- Claims ---- */
+
+static void scan_free(struct efs_alloc *a)
+{
+	if (a->scan_resp)
+		protobuf_c_message_free_unpacked(&a->scan_resp->base, efs_mem_protobuf());
+	a->scan_resp = NULL;
+	a->scan = NULL;
+	efs_mem_free(a->scan_owner);
+	efs_mem_free(a->scan_map);
+	efs_mem_free(a->cand);
+	a->scan_owner = a->scan_map = NULL;
+	a->cand = NULL;
+	a->ncand = a->icand = 0;
+}
+
+static void fail_getters(struct efs_alloc *a, int err)
+{
+	while (a->gw_head) {
+		struct getw *w = a->gw_head;
+
+		a->gw_head = w->next;
+		if (!a->gw_head)
+			a->gw_tail = NULL;
+		w->cb(err, w->arg);
+		efs_mem_free(w);
+	}
+}
+
+static void start_finish(struct efs_alloc *a, int status)
+{
+	void (*cb)(int, void *) = a->start_cb;
+
+	if (!a->starting)
+		return;
+	a->starting = false;
+	a->start_cb = NULL;
+	if (status == 0) {
+		a->started = true;
+		uv_timer_start(a->tick, tick_cb, a->fold_ms, a->fold_ms);
+	}
+	token_release(a);
+	if (cb)
+		cb(status, a->start_arg);
+	if (a->gw_head)
+		kick(a);
+}
+
+/* The claim round is over (claimed what it could). */
+static void claim_done(struct efs_alloc *a, int err)
+{
+	/* Every candidate of the scan tried (or taken): nothing left to claim
+	 * for a while. */
+	bool exhausted = a->icand >= a->ncand;
+
+	scan_free(a);
+	a->claim_busy = false;
+	if (err == 0 && (exhausted || a->claim_need > 0))
+		a->nofree_until = efs_clock_mono_ns() + RESCAN_NS;
+	a->claim_need = 0;
+	update_gauges(a);
+	if (err == 0 && !a->starting)
+		a->started = true;
+	if (a->claim_has_token) {
+		a->claim_has_token = false;
+		if (!a->starting) {
+			token_release(a); /* the session was lost meanwhile */
+		} else if (err < 0) {
+			start_finish(a, err);
+			fail_getters(a, err);
+			return;
+		} else {
+			fold_all(a, true); /* ends the start */
+			return;
+		}
+	}
+	if (err < 0)
+		fail_getters(a, err);
+	else
+		serve_getters(a);
+}
+
+static void claim_next(struct efs_alloc *a);
+
+static void claim_txn_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result *r,
+			 Etcdserverpb__TxnResponse *resp)
+{
+	struct grp *g = &a->groups[c->u];
+
+	count_txn(a, r, resp);
+	if (c->epoch != a->epoch) {
+		claim_done(a, -EIO);
+		return;
+	}
+	if (r->err < 0) {
+		efs_log_warn("alloc: claiming group %" PRIu32 " failed: %s", g->g, r->message);
+		claim_done(a, -EIO);
+		return;
+	}
+	if (!resp->succeeded) {
+		a->icand++;
+		claim_next(a);
+		return;
+	}
+	/* The map kv of the scan is current (compared). */
+	if (load_map(a, g, a->scan->kvs[a->scan_map[g->g]]) < 0) {
+		a->icand++;
+		claim_next(a);
+		return;
+	}
+	g->owned = true;
+	g->stale = false;
+	g->owner_rev = resp->header ? resp->header->revision : 0;
+	a->claims++;
+	if (a->c_claims)
+		efs_counter_inc(a->c_claims);
+	if (a->others_free >= g->committed.nfree)
+		a->others_free -= g->committed.nfree;
+	else
+		a->others_free = 0;
+	efs_log_info("alloc: claimed group %" PRIu32 " (%" PRIu64 " free blocks)", g->g,
+		     g->committed.nfree);
+	a->icand++;
+	if (a->claim_need)
+		a->claim_need--;
+	claim_next(a);
+}
+
+static void claim_next(struct efs_alloc *a)
+{
+	Etcfs__AgOwner ow = ETCFS__AG_OWNER__INIT;
+	struct efs_etcd_txn *t = NULL;
+	struct efs_meta_key k;
+	const Mvccpb__KeyValue *okv, *mkv;
+	struct grp *g;
+	int r;
+
+	if (a->claim_need == 0 || a->icand >= a->ncand) {
+		claim_done(a, 0);
+		return;
+	}
+	if (!session_ok(a)) {
+		claim_done(a, -EIO);
+		return;
+	}
+	g = &a->groups[a->cand[a->icand]];
+	okv = a->scan_owner[g->g] >= 0 ? a->scan->kvs[a->scan_owner[g->g]] : NULL;
+	mkv = a->scan->kvs[a->scan_map[g->g]];
+	r = efs_etcd_txn_new(&t, 0);
+	if (r == 0)
+		r = efs_meta_key_ag(&a->ns, g->g, EFS_META_K_AG_OWNER, &k);
+	if (r == 0 && okv)
+		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, k.buf, k.len,
+					 okv->mod_revision);
+	else if (r == 0)
+		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_CREATE, EFS_ETCD_CMP_EQUAL, k.buf, k.len,
+					 0);
+	if (r == 0)
+		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, mkv->key.data,
+					 mkv->key.len, mkv->mod_revision);
+	if (r == 0)
+		r = efs_session_guard(a->s, t);
+	ow.node = a->node;
+	ow.session_generation = efs_session_generation(a->s);
+	ow.lease_id = efs_session_lease_id(a->s);
+	if (r == 0)
+		r = put_msg(t, &k, &ow.base, ow.lease_id);
+	if (r < 0) {
+		efs_etcd_txn_free(t);
+		claim_done(a, r);
+		return;
+	}
+	r = send_txn(a, t, claim_txn_cb, g->g, NULL);
+	if (r < 0)
+		claim_done(a, r);
+}
+
+static void scan_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result *r,
+		    Etcdserverpb__TxnResponse *resp)
+{
+	Etcdserverpb__RangeResponse *rr = NULL;
+	uint32_t n = a->ngroups, start, stride;
+	uint64_t others = 0;
+	uint8_t *taken;
+
+	if (c->epoch != a->epoch) {
+		claim_done(a, -EIO);
+		return;
+	}
+	if (r->err < 0 || efs_etcd_txn_resp_range(resp, 0, &rr) < 0) {
+		efs_log_warn("alloc: reading allocation groups failed: %s", r->message);
+		claim_done(a, -EIO);
+		return;
+	}
+	/* Keep the range response for the claim transactions. */
+	a->scan = rr;
+	a->scan_resp = resp;
+	r->resp = NULL;
+	a->scan_owner = efs_mem_malloc(n * sizeof(int32_t));
+	a->scan_map = efs_mem_malloc(n * sizeof(int32_t));
+	a->cand = efs_mem_malloc(n * sizeof(uint32_t));
+	taken = efs_mem_calloc(n, 1); /* 1: ours (previous session), 2: someone's */
+	if (!a->scan_owner || !a->scan_map || !a->cand || !taken) {
+		efs_mem_free(taken);
+		claim_done(a, -ENOMEM);
+		return;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		a->scan_owner[i] = a->scan_map[i] = -1;
+	for (size_t i = 0; i < rr->n_kvs; i++) {
+		struct efs_meta_key_info ki;
+		const Mvccpb__KeyValue *kv = rr->kvs[i];
+
+		if (efs_meta_key_parse(&a->ns, kv->key.data, kv->key.len, &ki) < 0 ||
+		    ki.group >= n)
+			continue;
+		if (ki.family == EFS_META_K_AG_OWNER) {
+			Etcfs__AgOwner *ow = NULL;
+
+			a->scan_owner[ki.group] = (int32_t)i;
+			taken[ki.group] = 2;
+			if (efs_meta_ag_owner_decode(kv->value.data, kv->value.len, &ow, NULL) ==
+			    0) {
+				if (!strcmp(ow->node, a->node))
+					taken[ki.group] = 1;
+				efs_meta_record_free(ow);
+			}
+		} else if (ki.family == EFS_META_K_AG_MAP) {
+			a->scan_map[ki.group] = (int32_t)i;
+		} else if (ki.family == EFS_META_K_AG_FREE) {
+			Etcfs__AgFree *af = NULL;
+
+			if (!a->groups[ki.group].owned &&
+			    efs_meta_ag_free_decode(kv->value.data, kv->value.len, &af,
+						    NULL) == 0) {
+				others += af->free_blocks;
+				efs_meta_record_free(af);
+			}
+		} else if (ki.family == EFS_META_K_FREE_INTENT) {
+			a->groups[ki.group].has_intents = true;
+		}
+	}
+	a->others_free = others;
+	/* Candidates: ours from a previous session first, then free groups,
+	 * in the spread order hash(node) + k * stride. */
+	start = hash_node(a->node) % n;
+	stride = n / (a->groups_initial ? a->groups_initial : 1);
+	if (stride == 0)
+		stride = 1;
+	while (gcd32(stride, n) != 1)
+		stride++;
+	for (int pass = 1; pass >= 0; pass--) {
+		for (uint32_t k = 0; k < n; k++) {
+			uint32_t g = (uint32_t)((start + (uint64_t)k * stride) % n);
+
+			if (a->groups[g].owned || a->scan_map[g] < 0)
+				continue;
+			if ((pass == 1 && taken[g] == 1) || (pass == 0 && taken[g] == 0))
+				a->cand[a->ncand++] = g;
+		}
+	}
+	efs_mem_free(taken);
+	claim_next(a);
+}
+
+static void claim_session_cb(struct efs_session_waiter *w, int status, bool gen_changed)
+{
+	struct efs_alloc *a = w->arg;
+
+	(void)gen_changed;
+	a->sw_queued = false;
+	if (status < 0) {
+		claim_done(a, -EIO);
+		return;
+	}
+	a->claim_busy = false;
+	claim_round(a);
+}
+
+static void claim_round(struct efs_alloc *a)
+{
+	struct efs_meta_range rg;
+	struct efs_etcd_txn *t;
+	int r;
+
+	if (a->claim_busy)
+		return;
+	a->claim_busy = true;
+	if (!session_ok(a)) {
+		r = efs_session_wait(a->s, &a->sw, claim_session_cb, a);
+		if (r == 0) {
+			a->sw_queued = true;
+			return;
+		}
+	}
+	r = efs_meta_range_family(&a->ns, EFS_META_K_AG_OWNER, &rg);
+	if (r == 0)
+		r = efs_etcd_txn_new(&t, 0);
+	if (r == 0) {
+		r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, rg.key.buf, rg.key.len, rg.end.buf,
+				       rg.end.len);
+		if (r < 0)
+			efs_etcd_txn_free(t);
+		else
+			r = send_txn(a, t, scan_cb, 0, NULL);
+	}
+	if (r < 0)
+		claim_done(a, r);
+}
+
+static void start_token(struct efs_alloc *a, void *arg)
+{
+	(void)arg;
+	if (!a->starting) {
+		token_release(a);
+		return;
+	}
+	a->claim_has_token = true;
+	a->claim_need = a->groups_initial;
+	claim_round(a);
+}
+
+int efs_alloc_start(struct efs_alloc *a, void (*cb)(int status, void *arg), void *arg)
+{
+	int r;
+
+	if (a->starting || a->started || a->left)
+		return -EALREADY;
+	if (!session_ok(a))
+		return -EIO;
+	r = token_wait(a, start_token, NULL);
+	if (r < 0)
+		return r;
+	a->starting = true;
+	a->start_cb = cb;
+	a->start_arg = arg;
+	return 0;
+}
+
+/* ---- Free-intent folds ---- */
+
+struct fold {
+	bool from_start;
+	Etcdserverpb__TxnResponse *resp; /* owned */
+	uint32_t *grps;			 /* owned groups, in the order of the ranges */
+	size_t ngrps, igrp;
+	size_t from; /* next kv of the current group's range */
+	struct efs_freemap built;
+	bool has_built;
+};
+
+static void fold_free(struct fold *f)
+{
+	if (f->resp)
+		protobuf_c_message_free_unpacked(&f->resp->base, efs_mem_protobuf());
+	if (f->has_built)
+		efs_freemap_done(&f->built);
+	efs_mem_free(f->grps);
+	efs_mem_free(f);
+}
+
+static void fold_end(struct efs_alloc *a, struct fold *f)
+{
+	bool from_start = f->from_start;
+
+	fold_free(f);
+	a->fold = NULL;
+	a->fold_busy = false;
+	update_gauges(a);
+	if (from_start && a->starting)
+		start_finish(a, 0);
+	else
+		token_release(a);
+}
+
+/* Is the intent |kv| foldable: drained, or its session is over? */
+static bool intent_foldable(struct efs_alloc *a, const Mvccpb__KeyValue *kv,
+			    const Etcdserverpb__RangeResponse *nodes, Etcfs__FreeIntent **ret)
+{
+	struct efs_meta_key_info ki;
+	Etcfs__FreeIntent *fi = NULL;
+	bool live = false;
+
+	if (efs_meta_key_parse(&a->ns, kv->key.data, kv->key.len, &ki) < 0 ||
+	    ki.family != EFS_META_K_FREE_INTENT)
+		return false;
+	if (efs_meta_free_intent_decode(kv->value.data, kv->value.len, &fi, NULL) < 0) {
+		efs_log_err("alloc: undecodable free intent in group %" PRIu32 " (left alone)",
+			    ki.group);
+		return false;
+	}
+	if (!strcmp(ki.node, a->node)) {
+		live = ki.session == efs_session_generation(a->s);
+	} else {
+		for (size_t i = 0; nodes && i < nodes->n_kvs; i++) {
+			struct efs_meta_key_info ni;
+			Etcfs__NodeInfo *n = NULL;
+
+			if (efs_meta_key_parse(&a->ns, nodes->kvs[i]->key.data,
+					       nodes->kvs[i]->key.len, &ni) < 0 ||
+			    ni.family != EFS_META_K_NODE || strcmp(ni.node, ki.node))
+				continue;
+			live = true; /* undecodable record: assume alive */
+			if (efs_meta_nodeinfo_decode(nodes->kvs[i]->value.data,
+						     nodes->kvs[i]->value.len, &n, NULL) == 0) {
+				live = n->session_generation == ki.session;
+				efs_meta_record_free(n);
+			}
+		}
+	}
+	if (!fi->drained && live) {
+		efs_meta_record_free(fi);
+		return false;
+	}
+	*ret = fi;
+	return true;
+}
+
+static void fold_step(struct efs_alloc *a, struct fold *f);
+
+static void fold_txn_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result *r,
+			Etcdserverpb__TxnResponse *resp)
+{
+	struct fold *f = c->p;
+	struct grp *g = &a->groups[f->grps[f->igrp]];
+
+	count_txn(a, r, resp);
+	if (c->epoch != a->epoch) {
+		fold_end(a, f);
+		return;
+	}
+	if (r->err < 0 || !resp->succeeded) {
+		efs_log_warn("alloc: folding free intents of group %" PRIu32 " failed: %s", g->g,
+			     r->err < 0 ? r->message : "map or owner changed");
+		g->stale = true;
+		f->igrp++;
+		f->from = 0;
+	} else if (g->owned) {
+		efs_freemap_done(&g->committed);
+		g->committed = f->built;
+		f->has_built = false;
+		g->map_rev = resp->header ? resp->header->revision : 0;
+		if (avail_recompute(g) < 0)
+			g->dirty = true;
+	}
+	fold_step(a, f);
+}
+
+static void fold_step(struct efs_alloc *a, struct fold *f)
+{
+	Etcdserverpb__RangeResponse *nodes = NULL, *rr = NULL;
+
+	efs_etcd_txn_resp_range(f->resp, f->ngrps, &nodes);
+	while (f->igrp < f->ngrps) {
+		struct grp *g = &a->groups[f->grps[f->igrp]];
+		struct efs_runs all = {0}, dbl = {0};
+		struct efs_etcd_txn *t = NULL;
+		size_t nint = 0;
+		int64_t freed;
+		int r = 0;
+
+		if (!g->owned || g->stale || efs_etcd_txn_resp_range(f->resp, f->igrp, &rr) < 0 ||
+		    f->from >= rr->n_kvs) {
+			f->igrp++;
+			f->from = 0;
+			continue;
+		}
+		r = efs_etcd_txn_new(&t, 0);
+		if (r == 0)
+			r = owner_compares(a, t, g);
+		if (r == 0)
+			r = efs_session_guard(a->s, t);
+		for (; r == 0 && f->from < rr->n_kvs && nint < BATCH_MAX; f->from++) {
+			const Mvccpb__KeyValue *kv = rr->kvs[f->from];
+			Etcfs__FreeIntent *fi = NULL;
+
+			if (!intent_foldable(a, kv, nodes, &fi))
+				continue;
+			for (size_t i = 0; r == 0 && i < fi->n_runs; i++)
+				r = efs_runs_add(&all, fi->runs[i]->start, fi->runs[i]->len);
+			efs_meta_record_free(fi);
+			if (r == 0)
+				r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL,
+							 kv->key.data, kv->key.len,
+							 kv->mod_revision);
+			if (r == 0)
+				r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, kv->key.data,
+							kv->key.len, NULL, 0, false);
+			nint++;
+		}
+		if (r == 0 && nint == 0) {
+			efs_etcd_txn_free(t);
+			efs_runs_done(&all);
+			continue; /* nothing foldable left in this group */
+		}
+		if (f->has_built)
+			efs_freemap_done(&f->built);
+		f->has_built = false;
+		if (r == 0)
+			r = efs_freemap_copy(&f->built, &g->committed);
+		if (r == 0) {
+			f->has_built = true;
+			freed = efs_freemap_fold(&f->built, all.v, all.n, &dbl);
+			if (freed < 0)
+				r = (int)freed;
+		}
+		if (r == 0 && dbl.n) {
+			uint64_t nd = efs_runs_total(&dbl);
+
+			efs_log_err("alloc: DOUBLE FREE: free intents of group %" PRIu32
+				    " free %" PRIu64 " blocks already free (first run %" PRIu64
+				    "+%" PRIu64 "); not applied",
+				    g->g, nd, dbl.v[0].start, dbl.v[0].len);
+			a->double_frees += nd;
+			if (a->c_double)
+				efs_counter_add(a->c_double, nd);
+		}
+		efs_runs_done(&all);
+		efs_runs_done(&dbl);
+		if (r == 0)
+			r = put_map(a, t, g->g, &f->built);
+		if (r == 0) {
+			r = send_txn(a, t, fold_txn_cb, 0, f);
+			t = NULL;
+		}
+		efs_etcd_txn_free(t);
+		if (r == 0)
+			return;
+		efs_log_warn("alloc: folding free intents of group %" PRIu32 ": %s", g->g,
+			     strerror(-r));
+		f->igrp++;
+		f->from = 0;
+	}
+	fold_end(a, f);
+}
+
+static void fold_read_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result *r,
+			 Etcdserverpb__TxnResponse *resp)
+{
+	struct fold *f = c->p;
+
+	if (c->epoch != a->epoch || r->err < 0) {
+		if (r->err < 0)
+			efs_log_warn("alloc: reading free intents failed: %s", r->message);
+		fold_end(a, f);
+		return;
+	}
+	f->resp = resp;
+	r->resp = NULL;
+	for (size_t i = 0; i < f->ngrps; i++)
+		a->groups[f->grps[i]].has_intents = false;
+	fold_step(a, f);
+}
+
+/* Reads the intents of every owned group (and the n/ keys), then folds
+ * what may be folded, group by group. The token is held. */
+static void fold_all(struct efs_alloc *a, bool from_start)
+{
+	struct efs_meta_range rg;
+	struct efs_etcd_txn *t = NULL;
+	struct fold *f;
+	int r;
+
+	f = efs_mem_calloc(1, sizeof(*f));
+	if (!f)
+		goto nomem;
+	f->from_start = from_start;
+	a->fold_busy = true;
+	a->fold = f;
+	f->grps = efs_mem_malloc((a->ngroups ? a->ngroups : 1) * sizeof(uint32_t));
+	if (!f->grps)
+		goto nomem;
+	for (uint32_t i = 0; i < a->ngroups && f->ngrps < EFS_ETCD_TXN_MAX_OPS - 2; i++)
+		if (a->groups[i].owned)
+			f->grps[f->ngrps++] = i;
+	if (f->ngrps == 0 || !session_ok(a)) {
+		fold_end(a, f);
+		return;
+	}
+	r = efs_etcd_txn_new(&t, 0);
+	for (size_t i = 0; r == 0 && i < f->ngrps; i++) {
+		r = efs_meta_range_free_intents(&a->ns, f->grps[i], &rg);
+		if (r == 0)
+			r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, rg.key.buf, rg.key.len,
+					       rg.end.buf, rg.end.len);
+	}
+	if (r == 0)
+		r = efs_meta_range_family(&a->ns, EFS_META_K_NODE, &rg);
+	if (r == 0)
+		r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, rg.key.buf, rg.key.len, rg.end.buf,
+				       rg.end.len);
+	if (r == 0) {
+		r = send_txn(a, t, fold_read_cb, 0, f);
+		t = NULL;
+	}
+	efs_etcd_txn_free(t);
+	if (r == 0)
+		return;
+	efs_log_warn("alloc: reading free intents: %s", strerror(-r));
+	fold_end(a, f);
+	return;
+nomem:
+	if (f)
+		efs_mem_free(f);
+	a->fold = NULL;
+	a->fold_busy = false;
+	if (from_start && a->starting)
+		start_finish(a, 0);
+	else
+		token_release(a);
+}
+
+static void fold_token(struct efs_alloc *a, void *arg)
+{
+	(void)arg;
+	fold_all(a, false);
+}
+
+/* ---- Own intents: drained marks ---- */
+
+static void intent_drop(struct efs_alloc *a, struct intent *in)
+{
+	struct intent **pp = &a->intents;
+
+	while (*pp && *pp != in)
+		pp = &(*pp)->next;
+	if (*pp)
+		*pp = in->next;
+	efs_runs_done(&in->runs);
+	efs_mem_free(in);
+}
+
+static void drain_next(struct efs_alloc *a);
+
+static void drain_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result *r,
+		     Etcdserverpb__TxnResponse *resp)
+{
+	struct intent *in;
+
+	a->drain_busy = false;
+	count_txn(a, r, resp);
+	if (c->epoch != a->epoch)
+		return;
+	in = intent_find(a, c->u);
+	if (r->err < 0) {
+		efs_log_warn("alloc: marking a free intent drained failed: %s", r->message);
+		return; /* the next tick retries */
+	}
+	if (in) {
+		if (!resp->succeeded)
+			efs_log_info("alloc: free intent of group %" PRIu32 " already gone",
+				     in->group);
+		intent_drop(a, in);
+	}
+	drain_next(a);
+}
+
+static void drain_next(struct efs_alloc *a)
+{
+	Etcfs__FreeIntent fi = ETCFS__FREE_INTENT__INIT;
+	struct efs_etcd_txn *t = NULL;
+	struct intent *in;
+	Etcfs__Run *rv = NULL, **rp = NULL;
+	int r;
+
+	if (a->drain_busy || !session_ok(a))
+		return;
+	for (in = a->intents; in && !in->ready; in = in->next)
+		;
+	if (!in)
+		return;
+	rv = efs_mem_calloc(in->runs.n ? in->runs.n : 1, sizeof(*rv));
+	rp = efs_mem_calloc(in->runs.n ? in->runs.n : 1, sizeof(*rp));
+	r = rv && rp ? 0 : -ENOMEM;
+	for (size_t i = 0; r == 0 && i < in->runs.n; i++) {
+		etcfs__run__init(&rv[i]);
+		rv[i].start = in->runs.v[i].start;
+		rv[i].len = in->runs.v[i].len;
+		rp[i] = &rv[i];
+	}
+	fi.n_runs = in->runs.n;
+	fi.runs = rp;
+	fi.drained = true;
+	fi.ino = in->ino;
+	if (r == 0)
+		r = efs_etcd_txn_new(&t, 0);
+	if (r == 0)
+		r = efs_session_guard(a->s, t);
+	if (r == 0 && in->mod_rev)
+		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, in->key.buf,
+					 in->key.len, in->mod_rev);
+	else if (r == 0)
+		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_VERSION, EFS_ETCD_CMP_GREATER,
+					 in->key.buf, in->key.len, 0);
+	if (r == 0)
+		r = put_msg(t, &in->key, &fi.base, 0);
+	efs_mem_free(rv);
+	efs_mem_free(rp);
+	if (r == 0) {
+		r = send_txn(a, t, drain_cb, in->id, NULL);
+		t = NULL;
+	}
+	efs_etcd_txn_free(t);
+	if (r == 0)
+		a->drain_busy = true;
+}
+
+static void tick_cb(uv_timer_t *t)
+{
+	struct efs_alloc *a = t->data;
+
+	if (!a)
+		return;
+	quar_release(a);
+	drain_next(a);
+	if (a->started && !a->fold_busy && session_ok(a)) {
+		bool owned = false;
+
+		for (uint32_t i = 0; i < a->ngroups && !owned; i++)
+			owned = a->groups[i].owned;
+		if (owned && token_wait(a, fold_token, NULL) == 0)
+			a->fold_busy = true;
+	}
+	kick(a);
+}
+
+/* ---- Allocation ---- */
+
+static uint64_t fs_free(const struct efs_alloc *a)
+{
+	uint64_t n = a->others_free;
+
+	for (uint32_t i = 0; i < a->ngroups; i++) {
+		const struct grp *g = &a->groups[i];
+		uint64_t p;
+
+		if (!g->owned)
+			continue;
+		p = efs_runs_total(&g->pending);
+		n += g->committed.nfree > p ? g->committed.nfree - p : 0;
+	}
+	return n;
+}
+
+static int unpend_piece(void *arg, uint32_t gi, uint64_t rs, uint64_t rl)
+{
+	struct efs_alloc *a = arg;
+	struct grp *g = &a->groups[gi];
+
+	if (!g->owned)
+		return 0;
+	if (efs_runs_subtract(&g->pending, rs, rl, NULL) < 0)
+		return -ENOMEM;
+	g->dirty = true;
+	return 0;
+}
+
+/* Undoes a partial allocation (its runs in |tmp|). */
+static void alloc_rollback(struct efs_alloc *a, struct efs_runs *tmp)
+{
+	for (size_t i = 0; i < tmp->n; i++)
+		if (split_runs(a, tmp->v[i].start, tmp->v[i].len, unpend_piece, a) < 0)
+			efs_log_warn("alloc: out of memory undoing an allocation");
+	for (uint32_t i = 0; i < a->ngroups; i++)
+		if (a->groups[i].owned && a->groups[i].dirty)
+			avail_recompute(&a->groups[i]);
+}
+
+/* 1: allocated; 0: not enough in owned groups; negative errno. */
+static int try_alloc(struct efs_alloc *a, uint64_t want, uint64_t goal, unsigned flags,
+		     struct efs_runs *out)
+{
+	struct efs_runs tmp = {0};
+	uint64_t total = 0, left = want;
+	uint32_t gstart = 0;
+	int r = 0;
+
+	if (flags & EFS_ALLOC_NEW) {
+		uint64_t fr = fs_free(a);
+
+		if (fr < want || fr - want < a->reserve)
+			return -ENOSPC;
+	}
+	for (uint32_t i = 0; i < a->ngroups; i++)
+		if (a->groups[i].owned && !a->groups[i].stale)
+			total += a->groups[i].avail.nfree;
+	if (total < want)
+		return 0;
+	if (goal >= a->data_start && goal - a->data_start < a->total_blocks)
+		gstart = (uint32_t)((goal - a->data_start) / a->ag_blocks);
+	for (uint32_t k = 0; k < a->ngroups && left && r == 0; k++) {
+		struct grp *g = &a->groups[(gstart + k) % a->ngroups];
+		uint64_t gg = 0;
+
+		if (!g->owned || g->stale)
+			continue;
+		if (k == 0 && goal >= g->start && goal < g->start + g->blocks)
+			gg = goal - g->start;
+		while (left && g->avail.nfree && r == 0) {
+			struct efs_run got;
+
+			r = efs_freemap_alloc(&g->avail, left, gg, &got);
+			if (r < 0)
+				break;
+			r = runs_add_norm(&g->pending, got.start, got.len);
+			if (r == 0)
+				r = efs_runs_add(&tmp, g->start + got.start, got.len);
+			if (r < 0) {
+				efs_freemap_put(&g->avail, got.start, got.len);
+				efs_runs_subtract(&g->pending, got.start, got.len, NULL);
+				break;
+			}
+			left -= got.len;
+			gg = got.start + got.len;
+		}
+	}
+	if (r == 0 && left)
+		r = -ENOSPC; /* cannot happen: total covered it */
+	if (r == 0)
+		r = efs_runs_append(out, &tmp);
+	if (r < 0) {
+		alloc_rollback(a, &tmp);
+		efs_runs_done(&tmp);
+		return r == -ENOSPC ? 0 : r;
+	}
+	efs_runs_done(&tmp);
+	update_gauges(a);
+	return 1;
+}
+
+static void serve_getters(struct efs_alloc *a)
+{
+	while (a->gw_head) {
+		struct getw *w = a->gw_head;
+		int r;
+
+		if (a->starting || a->claim_busy)
+			return;
+		if (!session_ok(a)) {
+			r = -EIO;
+		} else if (!a->started) {
+			a->claim_need = a->groups_initial;
+			claim_round(a);
+			return;
+		} else {
+			r = try_alloc(a, w->want, w->goal, w->flags, w->out);
+			if (r == 0) {
+				if (efs_clock_mono_ns() >= a->nofree_until) {
+					a->claim_need = 1;
+					claim_round(a);
+					return;
+				}
+				r = -ENOSPC;
+			}
+		}
+		a->gw_head = w->next;
+		if (!a->gw_head)
+			a->gw_tail = NULL;
+		w->cb(r > 0 ? 0 : r, w->arg);
+		efs_mem_free(w);
+	}
+}
+
+int efs_alloc_get(struct efs_alloc *a, uint64_t want, uint64_t goal, unsigned flags,
+		  struct efs_runs *out, void (*cb)(int status, void *arg), void *arg)
+{
+	struct getw *w;
+	int r;
+
+	if (a->left || !session_ok(a))
+		return -EIO;
+	if (want == 0)
+		return 1;
+	if (a->started && !a->gw_head) {
+		r = try_alloc(a, want, goal, flags, out);
+		if (r != 0)
+			return r;
+		if (efs_clock_mono_ns() < a->nofree_until)
+			return -ENOSPC;
+	}
+	w = efs_mem_calloc(1, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	w->want = want;
+	w->goal = goal;
+	w->flags = flags;
+	w->out = out;
+	w->cb = cb;
+	w->arg = arg;
+	if (a->gw_tail)
+		a->gw_tail->next = w;
+	else
+		a->gw_head = w;
+	a->gw_tail = w;
+	kick(a);
+	return 0;
+}
+
+static int unuse_piece(void *arg, uint32_t gi, uint64_t rs, uint64_t rl)
+{
+	struct efs_alloc *a = arg;
+	struct grp *g = &a->groups[gi];
+	struct efs_runs cut = {0};
+	int r;
+
+	if (!g->owned)
+		return 0;
+	r = efs_runs_subtract(&g->pending, rs, rl, &cut);
+	for (size_t i = 0; r == 0 && i < cut.n; i++) {
+		r = efs_quar_add(a->q, gi, cut.v[i].start, cut.v[i].len);
+		if (r == 0)
+			r = runs_add_norm(&g->quar, cut.v[i].start, cut.v[i].len);
+	}
+	if (r == 0 && efs_runs_total(&cut) != rl)
+		efs_log_warn("alloc: unuse of blocks of group %" PRIu32 " never allocated", gi);
+	efs_runs_done(&cut);
+	g->dirty = true;
+	return r;
+}
+
+void efs_alloc_unuse(struct efs_alloc *a, const struct efs_runs *runs)
+{
+	for (size_t i = 0; i < runs->n; i++)
+		if (split_runs(a, runs->v[i].start, runs->v[i].len, unuse_piece, a) < 0)
+			efs_log_warn("alloc: giving back %" PRIu64 "+%" PRIu64 " failed",
+				     runs->v[i].start, runs->v[i].len);
+	for (uint32_t i = 0; i < a->ngroups; i++)
+		if (a->groups[i].owned && a->groups[i].dirty)
+			avail_recompute(&a->groups[i]);
+	quar_release(a);
+	update_gauges(a);
+}
+
+/* ---- Map transactions ---- */
+
+static void begin_token(struct efs_alloc *a, void *arg)
+{
+	struct efs_alloc_txn *t = arg;
+
+	a->token = t;
+	t->epoch = a->epoch;
+	t->cb(0, t->arg);
+}
+
+int efs_alloc_txn_begin(struct efs_alloc *a, struct efs_alloc_txn **ret,
+			void (*cb)(int status, void *arg), void *arg)
+{
+	struct efs_alloc_txn *t;
+	int r;
+
+	t = efs_mem_calloc(1, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	t->a = a;
+	t->epoch = a->epoch;
+	t->cb = cb;
+	t->arg = arg;
+	*ret = t;
+	if (!a->token && !a->tw_head && !a->starting && !any_stale(a)) {
+		a->token = t;
+		return 1;
+	}
+	r = token_wait(a, begin_token, t);
+	if (r < 0) {
+		efs_mem_free(t);
+		*ret = NULL;
+		return r;
+	}
+	return 0;
+}
+
+static struct tgrp *tgrp_get(struct efs_alloc_txn *t, uint32_t g)
+{
+	for (size_t i = 0; i < t->n; i++)
+		if (t->v[i].g == g)
+			return &t->v[i];
+	if (t->n == t->cap) {
+		size_t nc = t->cap ? t->cap * 2 : 4;
+		struct tgrp *v = efs_mem_realloc(t->v, nc * sizeof(*v));
+
+		if (!v)
+			return NULL;
+		t->v = v;
+		t->cap = nc;
+	}
+	memset(&t->v[t->n], 0, sizeof(t->v[0]));
+	t->v[t->n].g = g;
+	return &t->v[t->n++];
+}
+
+/* True when [s, s + l) lies inside one run of normalized |r|. */
+static bool runs_contain(const struct efs_runs *r, uint64_t s, uint64_t l)
+{
+	size_t lo = 0, hi = r->n;
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+
+		if (r->v[mid].start + r->v[mid].len <= s)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < r->n && r->v[lo].start <= s && s + l <= r->v[lo].start + r->v[lo].len;
+}
+
+static int use_piece(void *arg, uint32_t gi, uint64_t rs, uint64_t rl)
+{
+	struct efs_alloc_txn *t = arg;
+	struct grp *g = &t->a->groups[gi];
+	struct tgrp *tg;
+
+	if (!g->owned || !runs_contain(&g->pending, rs, rl))
+		return -EINVAL;
+	tg = tgrp_get(t, gi);
+	if (!tg)
+		return -ENOMEM;
+	return efs_runs_add(&tg->use, rs, rl);
+}
+
+int efs_alloc_txn_use(struct efs_alloc_txn *t, const struct efs_runs *runs)
+{
+	for (size_t i = 0; i < runs->n; i++) {
+		int r = split_runs(t->a, runs->v[i].start, runs->v[i].len, use_piece, t);
+
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+static int free_piece(void *arg, uint32_t gi, uint64_t rs, uint64_t rl)
+{
+	struct efs_alloc_txn *t = arg;
+	struct tgrp *tg = tgrp_get(t, gi);
+
+	if (!tg)
+		return -ENOMEM;
+	return efs_runs_add(&tg->fre, rs, rl);
+}
+
+int efs_alloc_txn_free(struct efs_alloc_txn *t, const struct efs_runs *runs, uint64_t ino)
+{
+	if (ino)
+		t->ino = ino;
+	for (size_t i = 0; i < runs->n; i++) {
+		int r = split_runs(t->a, runs->v[i].start, runs->v[i].len, free_piece, t);
+
+		if (r == -EINVAL) {
+			efs_log_err("alloc: inode %" PRIu64 " frees blocks %" PRIu64 "+%" PRIu64
+				    " outside the data area",
+				    ino, runs->v[i].start, runs->v[i].len);
+			return -EUCLEAN;
+		}
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+size_t efs_alloc_txn_nops(const struct efs_alloc_txn *t)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < t->n; i++) {
+		const struct tgrp *tg = &t->v[i];
+
+		if (t->a->groups[tg->g].owned && (tg->use.n || tg->fre.n))
+			n += 4; /* 2 compares, 2 puts */
+		else if (tg->fre.n)
+			n += 2; /* compare, put */
+	}
+	return n;
+}
+
+/* Takes the blocks of |s|+|l| that are still free in |fm| (uses already
+ * applied by a commit whose outcome was unknown are no-ops). */
+static int take_use(struct efs_freemap *fm, uint64_t s, uint64_t l)
+{
+	struct efs_runs part = {0};
+	int r = 0;
+
+	if (efs_freemap_all_free(fm, s, l))
+		return efs_freemap_take(fm, s, l);
+	if (!efs_freemap_any_free(fm, s, l))
+		return 0;
+	for (size_t i = 0; i < fm->free.n && r == 0; i++) {
+		uint64_t a0 = fm->free.v[i].start, a1 = a0 + fm->free.v[i].len;
+		uint64_t b0 = a0 > s ? a0 : s, b1 = a1 < s + l ? a1 : s + l;
+
+		if (b0 < b1)
+			r = efs_runs_add(&part, b0, b1 - b0);
+	}
+	for (size_t i = 0; i < part.n && r == 0; i++)
+		r = efs_freemap_take(fm, part.v[i].start, part.v[i].len);
+	efs_runs_done(&part);
+	return r;
+}
+
+static int build_owned(struct efs_alloc_txn *t, struct tgrp *tg, struct grp *g,
+		       struct efs_etcd_txn *txn)
+{
+	struct efs_alloc *a = t->a;
+	struct efs_freemap fm;
+	int r;
+
+	r = efs_runs_normalize(&tg->fre);
+	if (r == -EUCLEAN) {
+		efs_log_err("alloc: DOUBLE FREE: inode %" PRIu64 " frees blocks of group %" PRIu32
+			    " twice in one transaction",
+			    t->ino, g->g);
+		return r;
+	}
+	if (r == 0)
+		r = efs_runs_normalize(&tg->use);
+	if (r < 0)
+		return r;
+	r = efs_freemap_copy(&fm, &g->committed);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; r == 0 && i < tg->use.n; i++)
+		r = take_use(&fm, tg->use.v[i].start, tg->use.v[i].len);
+	for (size_t i = 0; r == 0 && i < tg->fre.n; i++) {
+		r = efs_freemap_put(&fm, tg->fre.v[i].start, tg->fre.v[i].len);
+		if (r == -EUCLEAN) {
+			efs_log_err("alloc: DOUBLE FREE: inode %" PRIu64 " frees blocks %" PRIu64
+				    "+%" PRIu64 " (group %" PRIu32 " relative %" PRIu64
+				    ") that are already free; transaction refused",
+				    t->ino, g->start + tg->fre.v[i].start, tg->fre.v[i].len, g->g,
+				    tg->fre.v[i].start);
+			a->double_frees += tg->fre.v[i].len;
+			if (a->c_double)
+				efs_counter_add(a->c_double, tg->fre.v[i].len);
+		}
+	}
+	if (r == 0)
+		r = owner_compares(a, txn, g);
+	if (r == 0)
+		r = put_map(a, txn, g->g, &fm);
+	if (r < 0) {
+		efs_freemap_done(&fm);
+		return r;
+	}
+	if (tg->has_built)
+		efs_freemap_done(&tg->built);
+	tg->built = fm;
+	tg->has_built = true;
+	tg->as_owner = true;
+	return 0;
+}
+
+static int build_intent(struct efs_alloc_txn *t, struct tgrp *tg, struct efs_etcd_txn *txn)
+{
+	struct efs_alloc *a = t->a;
+	Etcfs__FreeIntent fi = ETCFS__FREE_INTENT__INIT;
+	Etcfs__Run *rv, **rp;
+	int r;
+
+	r = efs_runs_normalize(&tg->fre);
+	if (r < 0)
+		return r;
+	if (!tg->seq)
+		tg->seq = ++a->intent_seq;
+	rv = efs_mem_calloc(tg->fre.n, sizeof(*rv));
+	rp = efs_mem_calloc(tg->fre.n, sizeof(*rp));
+	r = rv && rp ? 0 : -ENOMEM;
+	for (size_t i = 0; r == 0 && i < tg->fre.n; i++) {
+		etcfs__run__init(&rv[i]);
+		rv[i].start = tg->fre.v[i].start;
+		rv[i].len = tg->fre.v[i].len;
+		rp[i] = &rv[i];
+	}
+	fi.n_runs = tg->fre.n;
+	fi.runs = rp;
+	fi.ino = t->ino;
+	if (r == 0) {
+		struct efs_meta_key k;
+
+		r = efs_meta_key_free_intent(&a->ns, tg->g, a->node, efs_session_generation(a->s),
+					     tg->seq, &k);
+		if (r == 0)
+			r = efs_etcd_txn_compare(txn, EFS_ETCD_CMP_CREATE, EFS_ETCD_CMP_EQUAL,
+						 k.buf, k.len, 0);
+		if (r == 0)
+			r = put_msg(txn, &k, &fi.base, 0);
+	}
+	efs_mem_free(rv);
+	efs_mem_free(rp);
+	if (r == 0)
+		tg->as_owner = false;
+	return r;
+}
+
+int efs_alloc_txn_build(struct efs_alloc_txn *t, struct efs_etcd_txn *txn)
+{
+	struct efs_alloc *a = t->a;
+
+	if (t->epoch != a->epoch)
+		return -EIO;
+	for (size_t i = 0; i < t->n; i++) {
+		struct tgrp *tg = &t->v[i];
+		struct grp *g = &a->groups[tg->g];
+		int r = 0;
+
+		if (!g->owned && tg->use.n) {
+			/* Its ownership went (a lost session): publishing extents
+			 * in it cannot be made safe. */
+			efs_log_warn("alloc: group %" PRIu32
+				     " is no longer ours: publication refused",
+				     g->g);
+			return -EIO;
+		}
+		if (g->owned && (tg->use.n || tg->fre.n))
+			r = build_owned(t, tg, g, txn);
+		else if (tg->fre.n)
+			r = build_intent(t, tg, txn);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+static void txn_free(struct efs_alloc_txn *t)
+{
+	struct efs_alloc *a = t->a;
+
+	for (size_t i = 0; i < t->n; i++) {
+		efs_runs_done(&t->v[i].use);
+		efs_runs_done(&t->v[i].fre);
+		if (t->v[i].has_built)
+			efs_freemap_done(&t->v[i].built);
+	}
+	efs_mem_free(t->v);
+	if (a->token == t)
+		token_release(a);
+	efs_mem_free(t);
+}
+
+static void commit_group(struct efs_alloc_txn *t, struct tgrp *tg, int64_t rev)
+{
+	struct efs_alloc *a = t->a;
+	struct grp *g = &a->groups[tg->g];
+	int r = 0;
+
+	if (tg->as_owner) {
+		if (!g->owned)
+			return;
+		if (t->unknown || !tg->has_built) {
+			g->stale = true;
+		} else {
+			efs_freemap_done(&g->committed);
+			g->committed = tg->built;
+			tg->has_built = false;
+			g->map_rev = rev;
+		}
+		for (size_t i = 0; i < tg->use.n; i++)
+			efs_runs_subtract(&g->pending, tg->use.v[i].start, tg->use.v[i].len, NULL);
+		for (size_t i = 0; r == 0 && i < tg->fre.n; i++) {
+			r = efs_quar_add(a->q, tg->g, tg->fre.v[i].start, tg->fre.v[i].len);
+			if (r == 0)
+				r = runs_add_norm(&g->quar, tg->fre.v[i].start, tg->fre.v[i].len);
+		}
+		if (r == 0)
+			r = avail_recompute(g);
+	} else if (tg->fre.n) {
+		struct intent *in = efs_mem_calloc(1, sizeof(*in));
+
+		r = in ? 0 : -ENOMEM;
+		if (r == 0)
+			r = efs_meta_key_free_intent(&a->ns, tg->g, a->node,
+						     efs_session_generation(a->s), tg->seq,
+						     &in->key);
+		if (r == 0)
+			r = efs_runs_append(&in->runs, &tg->fre);
+		if (r == 0) {
+			in->id = ++a->intent_id;
+			r = efs_quar_add(a->q, INTENT_GROUP, in->id, 1);
+		}
+		if (r < 0) {
+			if (in)
+				efs_runs_done(&in->runs);
+			efs_mem_free(in);
+		} else {
+			in->group = tg->g;
+			in->ino = t->ino;
+			in->mod_rev = t->unknown ? 0 : rev;
+			in->next = a->intents;
+			a->intents = in;
+		}
+	}
+	if (r < 0)
+		efs_log_warn("alloc: bookkeeping after a commit in group %" PRIu32 ": %s", tg->g,
+			     strerror(-r));
+}
+
+void efs_alloc_txn_end(struct efs_alloc_txn *t, enum efs_alloc_outcome oc, int64_t rev)
+{
+	struct efs_alloc *a = t->a;
+
+	if (t->epoch != a->epoch) {
+		txn_free(t); /* the session was lost: nothing of it is kept */
+		return;
+	}
+	switch (oc) {
+	case EFS_ALLOC_UNKNOWN:
+		t->unknown = true;
+		for (size_t i = 0; i < t->n; i++)
+			if (t->v[i].as_owner && a->groups[t->v[i].g].owned)
+				a->groups[t->v[i].g].stale = true;
+		return;
+	case EFS_ALLOC_FAILED:
+		break;
+	case EFS_ALLOC_COMMITTED:
+		for (size_t i = 0; i < t->n; i++)
+			commit_group(t, &t->v[i], rev);
+		break;
+	}
+	txn_free(t);
+	quar_release(a);
+	update_gauges(a);
+}
+
+/* ---- Figures ---- */
+
+void efs_alloc_get_stats(const struct efs_alloc *a, struct efs_alloc_stats *ret)
+{
+	memset(ret, 0, sizeof(*ret));
+	for (uint32_t i = 0; i < a->ngroups; i++) {
+		const struct grp *g = &a->groups[i];
+
+		if (!g->owned)
+			continue;
+		ret->groups_owned++;
+		ret->avail_blocks += g->avail.nfree;
+		ret->pending_blocks += efs_runs_total(&g->pending);
+		ret->quarantine_blocks += efs_runs_total(&g->quar);
+	}
+	for (const struct intent *in = a->intents; in; in = in->next)
+		if (!in->ready)
+			ret->quarantine_blocks += efs_runs_total(&in->runs);
+	ret->reserve_blocks = a->reserve;
+	ret->double_frees = a->double_frees;
+}
+
+/* ---- Leave, loss, free ---- */
+
+static void leave_step(struct efs_alloc *a);
+
+static void leave_end(struct efs_alloc *a, int err)
+{
+	void (*cb)(int, void *) = a->leave_cb;
+
+	a->leave_cb = NULL;
+	a->left = true;
+	uv_timer_stop(a->tick);
+	token_release(a);
+	fail_getters(a, -EIO);
+	update_gauges(a);
+	if (cb)
+		cb(err, a->leave_arg);
+}
+
+static void leave_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result *r,
+		     Etcdserverpb__TxnResponse *resp)
+{
+	count_txn(a, r, resp);
+	if (c->epoch != a->epoch) {
+		leave_end(a, 0); /* the lease and its owner keys are gone */
+		return;
+	}
+	if (r->err < 0) {
+		leave_end(a, -EIO);
+		return;
+	}
+	if (!resp->succeeded) {
+		leave_end(a, -EIO);
+		return;
+	}
+	/* leave_step deleted the first c->u owned groups. */
+	for (uint32_t i = 0, n = 0; i < a->ngroups && n < c->u; i++) {
+		if (a->groups[i].owned) {
+			grp_forget(&a->groups[i]);
+			n++;
+		}
+	}
+	leave_step(a);
+}
+
+static void leave_step(struct efs_alloc *a)
+{
+	struct efs_etcd_txn *t = NULL;
+	struct efs_meta_key k;
+	size_t n = 0;
+	int r;
+
+	/* Every owned group is dropped from memory at once; stale flags are
+	 * irrelevant to a delete compared on our lease. */
+	for (uint32_t i = 0; i < a->ngroups; i++)
+		a->groups[i].stale = false;
+	if (!session_ok(a)) {
+		leave_end(a, -EIO);
+		return;
+	}
+	r = efs_etcd_txn_new(&t, 0);
+	if (r == 0)
+		r = efs_session_guard(a->s, t);
+	for (uint32_t i = 0; r == 0 && i < a->ngroups && n < BATCH_MAX; i++) {
+		if (!a->groups[i].owned)
+			continue;
+		r = efs_meta_key_ag(&a->ns, i, EFS_META_K_AG_OWNER, &k);
+		if (r == 0)
+			r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_LEASE, EFS_ETCD_CMP_EQUAL, k.buf,
+						 k.len, efs_session_lease_id(a->s));
+		if (r == 0)
+			r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0,
+						false);
+		n++;
+	}
+	if (r == 0 && n == 0) {
+		efs_etcd_txn_free(t);
+		leave_end(a, 0);
+		return;
+	}
+	if (r == 0) {
+		r = send_txn(a, t, leave_cb, n, NULL);
+		t = NULL;
+	}
+	efs_etcd_txn_free(t);
+	if (r < 0)
+		leave_end(a, r);
+}
+
+static void leave_token(struct efs_alloc *a, void *arg)
+{
+	(void)arg;
+	leave_step(a);
+}
+
+int efs_alloc_leave(struct efs_alloc *a, void (*cb)(int status, void *arg), void *arg)
+{
+	bool owned = false;
+	int r;
+
+	if (a->left || a->leave_cb)
+		return -EALREADY;
+	for (uint32_t i = 0; i < a->ngroups && !owned; i++)
+		owned = a->groups[i].owned;
+	if (!owned && !a->token && !a->tw_head && !a->starting) {
+		a->left = true;
+		uv_timer_stop(a->tick);
+		fail_getters(a, -EIO);
+		return 1;
+	}
+	r = token_wait(a, leave_token, NULL);
+	if (r < 0)
+		return r;
+	a->leave_cb = cb;
+	a->leave_arg = arg;
+	return 0;
+}
+
+void efs_alloc_session_lost(struct efs_alloc *a)
+{
+	a->epoch++;
+	for (uint32_t i = 0; i < a->ngroups; i++)
+		grp_forget(&a->groups[i]);
+	while (a->intents)
+		intent_drop(a, a->intents);
+	a->started = false;
+	a->nofree_until = 0;
+	if (a->sw_queued) {
+		efs_session_wait_cancel(a->s, &a->sw);
+		a->sw_queued = false;
+		a->claim_busy = false;
+	}
+	uv_timer_stop(a->tick);
+	if (a->claim_has_token && !a->claim_busy) {
+		a->claim_has_token = false;
+		token_release(a);
+	}
+	if (a->starting) {
+		/* Whatever holds the token (the start's claim round or fold)
+		 * releases it when its call returns (epoch changed). */
+		void (*cb)(int, void *) = a->start_cb;
+
+		a->starting = false;
+		a->start_cb = NULL;
+		if (cb)
+			cb(-EIO, a->start_arg);
+	}
+	fail_getters(a, -EIO);
+	update_gauges(a);
+	kick(a); /* token waiters held back by stale groups may go now */
+}
+
+struct efs_alloc *efs_alloc_free(struct efs_alloc *a)
+{
+	if (!a)
+		return NULL;
+	for (struct acall *c = a->calls; c; c = c->next)
+		c->a = NULL; /* their callbacks only free themselves */
+	if (a->fold)
+		fold_free(a->fold);
+	if (a->sw_queued)
+		efs_session_wait_cancel(a->s, &a->sw);
+	a->kick = efs_timer_free(a->kick);
+	a->tick = efs_timer_free(a->tick);
+	while (a->tw_head) {
+		struct tokw *w = a->tw_head;
+
+		a->tw_head = w->next;
+		if (w->fn == begin_token)
+			efs_mem_free(w->arg);
+		efs_mem_free(w);
+	}
+	while (a->gw_head) {
+		struct getw *w = a->gw_head;
+
+		a->gw_head = w->next;
+		efs_mem_free(w);
+	}
+	scan_free(a);
+	while (a->intents)
+		intent_drop(a, a->intents);
+	if (a->groups)
+		for (uint32_t i = 0; i < a->ngroups; i++)
+			grp_forget(&a->groups[i]);
+	efs_mem_free(a->groups);
+	a->q = efs_quar_free(a->q);
+	efs_mem_free(a);
+	return NULL;
+}

@@ -1,0 +1,820 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The reclaimer (fs/data.h, "Reclaim"): frees the extent chunks of dropped
+ * inodes in resumable batches. A pass reads every rc/ record (and n/ to
+ * tell dead nodes), and works through the records of this node and the
+ * adoptable ones, one at a time: read up to RC_CHUNKS chunk keys from the
+ * record's next_chunk, then one transaction under the allocator's map
+ * token that deletes them (comparing their mod_revisions), frees their
+ * device runs (efs_alloc_txn_free) and advances rc/<ino> (taking it over:
+ * node = this node) or deletes it once no chunk is left. The first pass
+ * also turns orphans whose opener is gone into reclaims, through the
+ * engine's reclaim operation (efs_fs_reclaim: lock, nlink and open checks,
+ * i/ and xattr deletes, rc/ put).
+ *
+ * An unknown outcome is settled by reading the first chunk key of the
+ * batch back: gone means applied (chunk keys of a reclaimed inode are only
+ * deleted by its reclaimer). A compare failure or an error ends the pass;
+ * a later pass (a second later) starts over from etcd.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <string.h>
+
+#include "fs/alloc.h"
+#include "fs/data.h"
+#include "meta/records.h"
+#include "util/log.h"
+#include "util/mem.h"
+#include "util/timer.h"
+
+#define RC_CHUNKS   8	 /* chunk keys per batch */
+#define RC_OPS_MAX  110	 /* compares/ops budget of one batch */
+#define RC_RETRY_MS 1000 /* after a failed pass */
+#define RC_KICK_MS  10	 /* coalesces kicks */
+
+struct rc;
+
+/* One etcd call or allocator wait; |rc| is cleared when the reclaimer goes. */
+struct rc_call {
+	struct rc *rc;
+	struct efs_alloc_txn *at; /* allocator waits */
+};
+
+struct rc_rec {
+	uint64_t ino;
+	int64_t mod_rev;
+	Etcfs__Reclaim *rec; /* decoded */
+};
+
+struct rc {
+	struct efs_fs *fs;
+	uv_timer_t *timer;
+	bool busy;	     /* a pass runs */
+	bool again;	     /* kicked during the pass */
+	bool orphans_done;   /* the start's orphan scan ran */
+	uint64_t pending;    /* records seen by the last pass, minus finished */
+	uint64_t freed;	     /* blocks freed so far */
+	struct rc_call *call; /* in flight */
+	/* The pass. */
+	Etcdserverpb__TxnResponse *list; /* rc/, n/ (and o/) ranges, owned */
+	struct rc_rec *recs;
+	size_t nrecs, irec;
+	/* The batch. */
+	Etcdserverpb__RangeResponse *chunks; /* owned (from its txn response) */
+	Etcdserverpb__TxnResponse *chunks_resp;
+	size_t nchunks;
+	struct efs_runs runs;
+	uint64_t next_chunk;
+	bool exhausted;
+	struct efs_alloc_txn *at;
+	bool at_granted; /* |at| holds the map token (else it waits for it) */
+	uint64_t *bad; /* inodes whose reclaim failed for good in this process */
+	size_t nbad;
+};
+
+static void pass_end(struct rc *rc, bool failed);
+static void rec_next(struct rc *rc);
+static void batch_read(struct rc *rc);
+
+static struct rc *rc_of(const struct efs_fs *fs)
+{
+	return fs->reclaim_priv;
+}
+
+/* ---- Calls ---- */
+
+static struct rc_call *call_new(struct rc *rc)
+{
+	struct rc_call *c = efs_mem_calloc(1, sizeof(*c));
+
+	if (c) {
+		c->rc = rc;
+		rc->call = c;
+	}
+	return c;
+}
+
+/* The call's callback runs: detach it. NULL when the reclaimer is gone. */
+static struct rc *call_done(struct rc_call *c)
+{
+	struct rc *rc = c->rc;
+
+	if (rc && rc->call == c)
+		rc->call = NULL;
+	return rc;
+}
+
+static int rc_send(struct rc *rc, struct efs_etcd_txn *t, efs_etcd_txn_cb cb)
+{
+	struct rc_call *c = call_new(rc);
+	int r;
+
+	if (!c) {
+		efs_etcd_txn_free(t);
+		return -ENOMEM;
+	}
+	r = efs_etcd_txn(rc->fs->c, efs_etcd_txn_request(t), NULL, cb, c);
+	efs_etcd_txn_free(t);
+	if (r < 0) {
+		rc->call = NULL;
+		efs_mem_free(c);
+	}
+	return r;
+}
+
+/* ---- Reclaim record put (in the dropping transaction) ---- */
+
+int efs_fs_reclaim_put(struct efs_fs_op *op, uint64_t ino)
+{
+	Etcfs__Reclaim rec = ETCFS__RECLAIM__INIT;
+	const Etcfs__Inode *in = efs_fs_rec(op, ino);
+	struct efs_meta_key k;
+	ProtobufCBinaryData b;
+	int r;
+
+	if (!op->txn)
+		return -EINVAL;
+	rec.since_ns = efs_fs_now();
+	rec.next_chunk = 0;
+	rec.node = (char *)efs_session_node(op->fs->s);
+	rec.blocks_left = in ? in->blocks : 0;
+	r = efs_meta_key_reclaim(&op->fs->ns, ino, &k);
+	if (r < 0)
+		return r;
+	r = efs_meta_pack(&rec.base, &b);
+	if (r < 0)
+		return r;
+	r = efs_etcd_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, b.data, b.len, 0);
+	efs_mem_free(b.data);
+	return r;
+}
+
+/* ---- Pass ---- */
+
+static bool is_bad(const struct rc *rc, uint64_t ino)
+{
+	for (size_t i = 0; i < rc->nbad; i++)
+		if (rc->bad[i] == ino)
+			return true;
+	return false;
+}
+
+static void mark_bad(struct rc *rc, uint64_t ino)
+{
+	uint64_t *v = efs_mem_realloc(rc->bad, (rc->nbad + 1) * sizeof(*v));
+
+	if (v) {
+		v[rc->nbad++] = ino;
+		rc->bad = v;
+	}
+}
+
+static void batch_clear(struct rc *rc)
+{
+	if (rc->chunks_resp)
+		protobuf_c_message_free_unpacked(&rc->chunks_resp->base, efs_mem_protobuf());
+	rc->chunks_resp = NULL;
+	rc->chunks = NULL;
+	rc->nchunks = 0;
+	efs_runs_done(&rc->runs);
+	rc->exhausted = false;
+}
+
+static void pass_clear(struct rc *rc)
+{
+	batch_clear(rc);
+	for (size_t i = 0; i < rc->nrecs; i++)
+		efs_meta_record_free(rc->recs[i].rec);
+	efs_mem_free(rc->recs);
+	rc->recs = NULL;
+	rc->nrecs = rc->irec = 0;
+	if (rc->list)
+		protobuf_c_message_free_unpacked(&rc->list->base, efs_mem_protobuf());
+	rc->list = NULL;
+}
+
+static void timer_cb(uv_timer_t *t);
+
+static void pass_end(struct rc *rc, bool failed)
+{
+	pass_clear(rc);
+	rc->busy = false;
+	if (failed)
+		uv_timer_start(rc->timer, timer_cb, RC_RETRY_MS, 0);
+	else if (rc->again)
+		uv_timer_start(rc->timer, timer_cb, RC_KICK_MS, 0);
+	rc->again = false;
+}
+
+/* Is |node| alive (its n/ key in the pass's n/ range)? */
+static bool node_alive(struct rc *rc, const char *node, uint64_t *gen)
+{
+	Etcdserverpb__RangeResponse *nodes = NULL;
+
+	if (efs_etcd_txn_resp_range(rc->list, 1, &nodes) < 0)
+		return true;
+	for (size_t i = 0; i < nodes->n_kvs; i++) {
+		struct efs_meta_key_info ki;
+		Etcfs__NodeInfo *ni = NULL;
+
+		if (efs_meta_key_parse(&rc->fs->ns, nodes->kvs[i]->key.data,
+				       nodes->kvs[i]->key.len, &ki) < 0 ||
+		    ki.family != EFS_META_K_NODE || strcmp(ki.node, node))
+			continue;
+		if (gen) {
+			*gen = 0;
+			if (efs_meta_nodeinfo_decode(nodes->kvs[i]->value.data,
+						     nodes->kvs[i]->value.len, &ni, NULL) == 0) {
+				*gen = ni->session_generation;
+				efs_meta_record_free(ni);
+			}
+		}
+		return true;
+	}
+	return false;
+}
+
+/* Orphans whose opener is gone: handed to the engine's reclaim operation. */
+static void scan_orphans(struct rc *rc)
+{
+	struct efs_fs *fs = rc->fs;
+	Etcdserverpb__RangeResponse *orph = NULL;
+	const char *me = efs_session_node(fs->s);
+
+	if (efs_etcd_txn_resp_range(rc->list, 2, &orph) < 0)
+		return;
+	for (size_t i = 0; i < orph->n_kvs; i++) {
+		const Mvccpb__KeyValue *kv = orph->kvs[i];
+		char node[EFS_META_NODE_MAX + 1];
+		struct efs_meta_key_info ki;
+		Etcfs__Orphan *o = NULL;
+		uint64_t gen = 0, seq, lgen = 0;
+		bool gone;
+
+		if (efs_meta_key_parse(&fs->ns, kv->key.data, kv->key.len, &ki) < 0 ||
+		    ki.family != EFS_META_K_ORPHAN)
+			continue;
+		if (efs_meta_orphan_decode(kv->value.data, kv->value.len, &o, NULL) < 0)
+			continue;
+		if (efs_fs_opid_decode(o->op_id.data, o->op_id.len, node, &gen, &seq) < 0) {
+			efs_meta_record_free(o);
+			continue; /* no opener recorded: leave it to fsck */
+		}
+		efs_meta_record_free(o);
+		if (!strcmp(node, me))
+			gone = gen != efs_session_generation(fs->s);
+		else
+			gone = !node_alive(rc, node, &lgen) || (lgen && lgen != gen);
+		if (!gone)
+			continue;
+		efs_log_info("reclaim: orphan inode %" PRIu64 " of %s (session %" PRIu64
+			     ") adopted",
+			     ki.ino, node, gen);
+		efs_fs_reclaim(fs, ki.ino);
+	}
+}
+
+static void list_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct rc_call *c = arg;
+	struct rc *rc = call_done(c);
+	Etcdserverpb__RangeResponse *rr = NULL;
+	const char *me;
+
+	efs_mem_free(c);
+	if (!rc)
+		return;
+	if (r->err < 0 || efs_etcd_txn_resp_range(resp, 0, &rr) < 0) {
+		efs_log_warn("reclaim: reading reclaim records failed: %s", r->message);
+		pass_end(rc, true);
+		return;
+	}
+	rc->list = resp;
+	r->resp = NULL;
+	me = efs_session_node(rc->fs->s);
+	rc->recs = efs_mem_calloc(rr->n_kvs ? rr->n_kvs : 1, sizeof(*rc->recs));
+	if (!rc->recs) {
+		pass_end(rc, true);
+		return;
+	}
+	for (size_t i = 0; i < rr->n_kvs; i++) {
+		const Mvccpb__KeyValue *kv = rr->kvs[i];
+		struct efs_meta_key_info ki;
+		Etcfs__Reclaim *rec = NULL;
+		const char *why = NULL;
+
+		if (efs_meta_key_parse(&rc->fs->ns, kv->key.data, kv->key.len, &ki) < 0 ||
+		    ki.family != EFS_META_K_RECLAIM)
+			continue;
+		if (efs_meta_reclaim_decode(kv->value.data, kv->value.len, &rec, &why) < 0) {
+			efs_log_err("reclaim: rc/%" PRIu64 " does not decode (%s)", ki.ino,
+				    why ? why : "?");
+			continue;
+		}
+		if (is_bad(rc, ki.ino) ||
+		    (rec->node[0] && strcmp(rec->node, me) && node_alive(rc, rec->node, NULL))) {
+			efs_meta_record_free(rec);
+			continue;
+		}
+		rc->recs[rc->nrecs].ino = ki.ino;
+		rc->recs[rc->nrecs].mod_rev = kv->mod_revision;
+		rc->recs[rc->nrecs].rec = rec;
+		rc->nrecs++;
+	}
+	rc->pending = rc->nrecs;
+	if (!rc->orphans_done) {
+		rc->orphans_done = true;
+		scan_orphans(rc);
+	}
+	rec_next(rc);
+}
+
+static void pass_start(struct rc *rc)
+{
+	struct efs_fs *fs = rc->fs;
+	struct efs_meta_range rg;
+	struct efs_etcd_txn *t = NULL;
+	int r;
+
+	if (rc->busy) {
+		rc->again = true;
+		return;
+	}
+	if (!efs_session_is_active(fs->s)) {
+		uv_timer_start(rc->timer, timer_cb, RC_RETRY_MS, 0);
+		return;
+	}
+	rc->busy = true;
+	rc->again = false;
+	r = efs_etcd_txn_new(&t, 0);
+	if (r == 0)
+		r = efs_meta_range_family(&fs->ns, EFS_META_K_RECLAIM, &rg);
+	if (r == 0)
+		r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, rg.key.buf, rg.key.len, rg.end.buf,
+				       rg.end.len);
+	if (r == 0)
+		r = efs_meta_range_family(&fs->ns, EFS_META_K_NODE, &rg);
+	if (r == 0)
+		r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, rg.key.buf, rg.key.len, rg.end.buf,
+				       rg.end.len);
+	if (r == 0 && !rc->orphans_done)
+		r = efs_meta_range_family(&fs->ns, EFS_META_K_ORPHAN, &rg);
+	if (r == 0 && !rc->orphans_done)
+		r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, rg.key.buf, rg.key.len, rg.end.buf,
+				       rg.end.len);
+	if (r == 0) {
+		r = rc_send(rc, t, list_cb);
+		t = NULL;
+	}
+	efs_etcd_txn_free(t);
+	if (r < 0) {
+		efs_log_warn("reclaim: starting a pass: %s", strerror(-r));
+		pass_end(rc, true);
+	}
+}
+
+static void timer_cb(uv_timer_t *t)
+{
+	struct rc *rc = t->data;
+
+	if (rc)
+		pass_start(rc);
+}
+
+/* ---- Batches ---- */
+
+static void rec_next(struct rc *rc)
+{
+	if (rc->irec >= rc->nrecs) {
+		pass_end(rc, false);
+		return;
+	}
+	rc->next_chunk = rc->recs[rc->irec].rec->next_chunk;
+	batch_read(rc);
+}
+
+/* The batch committed: advance. */
+static void batch_applied(struct rc *rc, int64_t rev)
+{
+	struct rc_rec *rr = &rc->recs[rc->irec];
+	uint64_t blocks = efs_runs_total(&rc->runs);
+	uint64_t sect = blocks * (rc->fs->blksize / 512);
+
+	rc->freed += blocks;
+	if (rc->exhausted) {
+		efs_log_debug("reclaim: inode %" PRIu64 " reclaimed", rr->ino);
+		rc->irec++;
+		if (rc->pending)
+			rc->pending--;
+		batch_clear(rc);
+		rec_next(rc);
+		return;
+	}
+	rr->mod_rev = rev;
+	rr->rec->next_chunk = rc->next_chunk;
+	rr->rec->blocks_left = rr->rec->blocks_left > sect ? rr->rec->blocks_left - sect : 0;
+	batch_clear(rc);
+	batch_read(rc);
+}
+
+static void verify_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct rc_call *c = arg;
+	struct rc *rc = call_done(c);
+	Etcdserverpb__RangeResponse *rr = NULL;
+	struct efs_alloc_txn *at;
+
+	efs_mem_free(c);
+	if (!rc)
+		return;
+	at = rc->at;
+	if (r->err < 0 || efs_etcd_txn_resp_range(resp, 0, &rr) < 0) {
+		/* Still unknown: leave the contribution unsettled is not allowed;
+		 * re-reading later is done by a new verify. */
+		efs_log_warn("reclaim: verifying a batch failed: %s", r->message);
+		rc->at = NULL;
+		rc->at_granted = false;
+		efs_alloc_txn_end(at, EFS_ALLOC_FAILED, 0);
+		pass_end(rc, true);
+		return;
+	}
+	rc->at = NULL;
+	rc->at_granted = false;
+	if (rr->n_kvs == 0) {
+		efs_alloc_txn_end(at, EFS_ALLOC_COMMITTED,
+				  resp->header ? resp->header->revision : 0);
+		/* The record's mod_revision is unknown: start a fresh pass. */
+		rc->freed += efs_runs_total(&rc->runs);
+		pass_end(rc, false);
+		rc->again = false;
+		uv_timer_start(rc->timer, timer_cb, 0, 0);
+		return;
+	}
+	efs_alloc_txn_end(at, EFS_ALLOC_FAILED, 0);
+	pass_end(rc, true);
+}
+
+static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct rc_call *c = arg;
+	struct rc *rc = call_done(c);
+	struct efs_fs *fs;
+	struct efs_alloc_txn *at;
+
+	efs_mem_free(c);
+	if (!rc)
+		return;
+	fs = rc->fs;
+	at = rc->at;
+	if (r->err < 0 && (r->outcome_unknown || r->err == -ETIMEDOUT)) {
+		struct efs_etcd_txn *t = NULL;
+		const Mvccpb__KeyValue *kv = rc->chunks->kvs[0];
+		int e;
+
+		efs_fs_count_txn(fs, EFS_FS_ORIG_RECLAIM, EFS_FS_TXN_UNKNOWN);
+		efs_alloc_txn_end(at, EFS_ALLOC_UNKNOWN, 0);
+		e = efs_etcd_txn_new(&t, 0);
+		if (e == 0)
+			e = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, kv->key.data, kv->key.len,
+					       NULL, 0);
+		if (e == 0) {
+			e = rc_send(rc, t, verify_cb);
+			t = NULL;
+		}
+		efs_etcd_txn_free(t);
+		if (e == 0)
+			return;
+		/* Cannot verify now: the allocator re-reads its maps anyway;
+		 * say FAILED (a freed block then stays used until fsck: no
+		 * corruption). */
+		rc->at = NULL;
+		rc->at_granted = false;
+		efs_alloc_txn_end(at, EFS_ALLOC_FAILED, 0);
+		pass_end(rc, true);
+		return;
+	}
+	rc->at = NULL;
+	rc->at_granted = false;
+	if (r->err < 0) {
+		efs_fs_count_txn(fs, EFS_FS_ORIG_RECLAIM, EFS_FS_TXN_ERROR);
+		efs_log_warn("reclaim: batch of inode %" PRIu64 " failed: %s",
+			     rc->recs[rc->irec].ino, r->message);
+		efs_alloc_txn_end(at, EFS_ALLOC_FAILED, 0);
+		pass_end(rc, true);
+		return;
+	}
+	if (!resp->succeeded) {
+		efs_fs_count_txn(fs, EFS_FS_ORIG_RECLAIM, EFS_FS_TXN_CONFLICT);
+		efs_alloc_txn_end(at, EFS_ALLOC_FAILED, 0);
+		pass_end(rc, true);
+		return;
+	}
+	efs_fs_count_txn(fs, EFS_FS_ORIG_RECLAIM, EFS_FS_TXN_OK);
+	efs_alloc_txn_end(at, EFS_ALLOC_COMMITTED, resp->header ? resp->header->revision : 0);
+	batch_applied(rc, resp->header ? resp->header->revision : 0);
+}
+
+/* Builds and sends the batch's transaction (the map token is held). */
+static int batch_send(struct rc *rc)
+{
+	struct efs_fs *fs = rc->fs;
+	struct rc_rec *rr = &rc->recs[rc->irec];
+	struct efs_etcd_txn *t = NULL;
+	struct efs_meta_key k;
+	int r;
+
+	r = efs_etcd_txn_new(&t, 0);
+	if (r == 0)
+		r = efs_session_guard(fs->s, t);
+	for (size_t i = 0; r == 0 && i < rc->nchunks; i++) {
+		const Mvccpb__KeyValue *kv = rc->chunks->kvs[i];
+
+		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, kv->key.data,
+					 kv->key.len, kv->mod_revision);
+		if (r == 0)
+			r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, kv->key.data, kv->key.len,
+						NULL, 0, false);
+	}
+	if (r == 0)
+		r = efs_meta_key_reclaim(&fs->ns, rr->ino, &k);
+	if (r == 0)
+		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, k.buf, k.len,
+					 rr->mod_rev);
+	if (r == 0 && rc->exhausted) {
+		r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0, false);
+	} else if (r == 0) {
+		Etcfs__Reclaim nrec = *rr->rec;
+		uint64_t sect = efs_runs_total(&rc->runs) * (fs->blksize / 512);
+		ProtobufCBinaryData b;
+
+		nrec.next_chunk = rc->next_chunk;
+		nrec.node = (char *)efs_session_node(fs->s);
+		nrec.blocks_left = nrec.blocks_left > sect ? nrec.blocks_left - sect : 0;
+		r = efs_meta_pack(&nrec.base, &b);
+		if (r == 0) {
+			r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, b.data, b.len,
+					     0);
+			efs_mem_free(b.data);
+		}
+	}
+	if (r == 0)
+		r = efs_alloc_txn_free(rc->at, &rc->runs, rr->ino);
+	if (r == 0)
+		r = efs_alloc_txn_build(rc->at, t);
+	if (r == 0) {
+		r = rc_send(rc, t, commit_cb);
+		t = NULL;
+	}
+	efs_etcd_txn_free(t);
+	return r;
+}
+
+static void begin_cb(int status, void *arg)
+{
+	struct rc_call *c = arg;
+	struct rc *rc = call_done(c);
+	struct efs_alloc_txn *at = c->at;
+	int r;
+
+	efs_mem_free(c);
+	if (!rc) {
+		/* The reclaimer went while this waited for the token. */
+		if (status == 0 && at)
+			efs_alloc_txn_end(at, EFS_ALLOC_FAILED, 0);
+		return;
+	}
+	if (status < 0) {
+		rc->at = NULL;
+		rc->at_granted = false;
+		pass_end(rc, true);
+		return;
+	}
+	rc->at_granted = true;
+	r = batch_send(rc);
+	if (r < 0) {
+		struct efs_alloc_txn *t = rc->at;
+
+		if (r == -EUCLEAN) {
+			efs_log_err("reclaim: inode %" PRIu64 " frees blocks already free: "
+				    "its reclaim stops here (run fsck)",
+				    rc->recs[rc->irec].ino);
+			mark_bad(rc, rc->recs[rc->irec].ino);
+		} else {
+			efs_log_warn("reclaim: building a batch of inode %" PRIu64 ": %s",
+				     rc->recs[rc->irec].ino, strerror(-r));
+		}
+		rc->at = NULL;
+		rc->at_granted = false;
+		efs_alloc_txn_end(t, EFS_ALLOC_FAILED, 0);
+		pass_end(rc, true);
+	}
+}
+
+/* Rough count of the groups a run list touches (for the op budget). */
+static size_t groups_touched(const struct efs_fs *fs, const struct efs_runs *runs)
+{
+	uint64_t agb = fs->fi->ag_blocks ? fs->fi->ag_blocks : 1;
+	size_t n = 0;
+
+	for (size_t i = 0; i < runs->n; i++)
+		n += (size_t)((runs->v[i].len + agb - 1) / agb) + 1;
+	return n;
+}
+
+static void chunks_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct rc_call *c = arg;
+	struct rc *rc = call_done(c);
+	Etcdserverpb__RangeResponse *rr = NULL;
+	struct rc_call *bc;
+	size_t n;
+	int e;
+
+	efs_mem_free(c);
+	if (!rc)
+		return;
+	if (r->err < 0 || efs_etcd_txn_resp_range(resp, 0, &rr) < 0) {
+		efs_log_warn("reclaim: reading chunks failed: %s", r->message);
+		pass_end(rc, true);
+		return;
+	}
+	rc->chunks_resp = resp;
+	r->resp = NULL;
+	rc->chunks = rr;
+	/* Take chunks while the transaction stays within budget. */
+	for (n = 0; n < rr->n_kvs; n++) {
+		const Mvccpb__KeyValue *kv = rr->kvs[n];
+		struct efs_meta_key_info ki;
+		Etcfs__ExtentChunk *ch = NULL;
+		const char *why = NULL;
+		struct efs_runs save = {0};
+
+		if (efs_meta_key_parse(&rc->fs->ns, kv->key.data, kv->key.len, &ki) < 0 ||
+		    ki.family != EFS_META_K_EXTENT ||
+		    efs_meta_extent_chunk_decode(kv->value.data, kv->value.len, &ch, &why) < 0) {
+			efs_log_err("reclaim: inode %" PRIu64 ": bad extent chunk (%s); "
+				    "its reclaim stops here (run fsck)",
+				    rc->recs[rc->irec].ino, why ? why : "bad key");
+			mark_bad(rc, rc->recs[rc->irec].ino);
+			rc->irec++;
+			batch_clear(rc);
+			rec_next(rc);
+			return;
+		}
+		e = efs_runs_append(&save, &rc->runs);
+		for (size_t i = 0; e == 0 && i < ch->n_extents; i++)
+			e = efs_runs_add(&rc->runs, ch->extents[i]->dev_block,
+					 ch->extents[i]->count);
+		efs_meta_record_free(ch);
+		if (e == 0 && n > 0 && 2 * (n + 1) + 4 + 4 * groups_touched(rc->fs, &rc->runs) >
+					       RC_OPS_MAX) {
+			/* Over budget: this chunk waits for the next batch. */
+			efs_runs_done(&rc->runs);
+			rc->runs = save;
+			rc->next_chunk = ki.num;
+			break;
+		}
+		efs_runs_done(&save);
+		if (e < 0) {
+			pass_end(rc, true);
+			return;
+		}
+		rc->next_chunk = ki.num + 1;
+	}
+	rc->nchunks = n;
+	rc->exhausted = n == rr->n_kvs && !rr->more;
+	if (n == 0) {
+		/* No chunk left: the record alone goes. */
+		rc->exhausted = true;
+	}
+	bc = call_new(rc);
+	if (!bc) {
+		pass_end(rc, true);
+		return;
+	}
+	e = efs_alloc_txn_begin(rc->fs->alloc, &bc->at, begin_cb, bc);
+	rc->at = bc->at;
+	if (e == 1) {
+		begin_cb(0, bc);
+	} else if (e < 0) {
+		rc->call = NULL;
+		rc->at = NULL;
+		rc->at_granted = false;
+		efs_mem_free(bc);
+		pass_end(rc, true);
+	}
+}
+
+static void batch_read(struct rc *rc)
+{
+	struct efs_fs *fs = rc->fs;
+	struct rc_rec *rr = &rc->recs[rc->irec];
+	Etcdserverpb__RangeRequest req = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	struct efs_meta_range rg;
+	struct efs_meta_key k;
+	struct efs_etcd_txn *t = NULL;
+	int r;
+
+	if (!efs_session_is_active(fs->s)) {
+		pass_end(rc, true);
+		return;
+	}
+	r = efs_meta_range_ino(&fs->ns, EFS_META_K_EXTENT, rr->ino, &rg);
+	if (r == 0)
+		r = efs_meta_key_extent(&fs->ns, rr->ino, rc->next_chunk, &k);
+	if (r == 0)
+		r = efs_etcd_txn_new(&t, 0);
+	if (r == 0) {
+		req.key.data = k.buf;
+		req.key.len = k.len;
+		req.range_end.data = rg.end.buf;
+		req.range_end.len = rg.end.len;
+		req.limit = RC_CHUNKS;
+		r = efs_etcd_txn_range_req(t, EFS_ETCD_TXN_SUCCESS, &req);
+	}
+	if (r == 0) {
+		r = rc_send(rc, t, chunks_cb);
+		t = NULL;
+	}
+	efs_etcd_txn_free(t);
+	if (r < 0) {
+		efs_log_warn("reclaim: reading chunks of inode %" PRIu64 ": %s", rr->ino,
+			     strerror(-r));
+		pass_end(rc, true);
+	}
+}
+
+/* ---- Lifecycle ---- */
+
+int efs_fs_reclaim_init(struct efs_fs *fs)
+{
+	struct rc *rc = efs_mem_calloc(1, sizeof(*rc));
+
+	if (!rc)
+		return -ENOMEM;
+	rc->fs = fs;
+	rc->timer = efs_timer_new(fs->loop, rc);
+	if (!rc->timer) {
+		efs_mem_free(rc);
+		return -ENOMEM;
+	}
+	fs->reclaim_priv = rc;
+	/* The first pass: its map transactions wait behind the allocator's
+	 * start (which holds the map token until its groups are loaded). */
+	uv_timer_start(rc->timer, timer_cb, 0, 0);
+	return 0;
+}
+
+void efs_fs_reclaim_kick(struct efs_fs *fs)
+{
+	struct rc *rc = rc_of(fs);
+
+	if (!rc)
+		return;
+	if (rc->busy) {
+		rc->again = true;
+		return;
+	}
+	if (!uv_is_active((uv_handle_t *)rc->timer))
+		uv_timer_start(rc->timer, timer_cb, RC_KICK_MS, 0);
+}
+
+uint64_t efs_fs_reclaim_pending(const struct efs_fs *fs)
+{
+	const struct rc *rc = rc_of(fs);
+
+	return rc ? rc->pending : 0;
+}
+
+void efs_fs_reclaim_done(struct efs_fs *fs)
+{
+	struct rc *rc = rc_of(fs);
+
+	if (!rc)
+		return;
+	if (rc->at && !rc->at_granted) {
+		/* Waiting for the map token: the allocator, freed right after
+		 * this (efs_fs_free frees the reclaimer, the publisher, then the
+		 * allocator, with no loop turn in between), frees the waiting
+		 * contribution; its callback never runs, so its record goes now. */
+		efs_mem_free(rc->call);
+		rc->call = NULL;
+	} else if (rc->at) {
+		/* A batch in flight: give the token back now (the allocator is
+		 * going away; whatever the batch did, etcd stays consistent). */
+		efs_alloc_txn_end(rc->at, EFS_ALLOC_FAILED, 0);
+	}
+	rc->at = NULL;
+	rc->at_granted = false;
+	if (rc->call) {
+		/* Its callback finds no reclaimer and only frees itself. */
+		rc->call->rc = NULL;
+		rc->call = NULL;
+	}
+	rc->timer = efs_timer_free(rc->timer);
+	pass_clear(rc);
+	efs_mem_free(rc->bad);
+	efs_mem_free(rc);
+	fs->reclaim_priv = NULL;
+}

@@ -1,0 +1,903 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Space against a real etcd. The allocator alone (fs/alloc.h) on a keyspace
+ * laid out as mkfs does: claims spread over groups, allocation and
+ * publication through map transactions, frees through quarantine, double
+ * frees refused, free intents for groups not owned (marked drained, folded
+ * by the next owner), takeover of this node's groups from a previous
+ * session, on-demand claims and ENOSPC with the reserve, a lost session
+ * (everything forgotten, groups claimed again), re-reads after an unknown
+ * outcome, clean leave.
+ * With the data path built: the mounted filesystem (after mount this node
+ * owns groups; an unlinked file's reclaim record goes and free space returns
+ * to the mkfs value; an orphan left by kill -9 is reclaimed after remount).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+#include <uv.h>
+
+#include "config.h"
+#include "etcd/etcd.h"
+#include "etcd/kv.h"
+#include "etcd/sync.h"
+#include "etcd/txn.h"
+#include "fs/alloc.h"
+#include "fs/layout.h"
+#include "harness.h"
+#include "lock/session.h"
+#include "meta/keys.h"
+#include "meta/records.h"
+#include "space/runs.h"
+#include "util/mem.h"
+
+#include "../support/leak.h"
+#include "../support/loop.h"
+#include "../support/mount.h"
+
+static struct efs_harness *h;
+static struct efs_etcd *c;
+static struct efs_etcd_sync *sc;
+static struct efs_meta_ns ns;
+static struct efs_layout lay;
+static Etcfs__FsInfo fi;
+static uint8_t uuid[16];
+
+/* ---- Keyspace ---- */
+
+/* Writes ag/<g>/map and /free of every group, as mkfs does. */
+static void write_groups(void)
+{
+	for (uint32_t g = 0; g < lay.ag_count; g++) {
+		struct efs_layout_agmap m;
+		Etcfs__AgFree af;
+		ProtobufCBinaryData b;
+		struct efs_meta_key k;
+
+		efs_layout_ag_map(&lay, g, &m);
+		cr_assert_eq(efs_meta_pack(&m.map.base, &b), 0);
+		cr_assert_eq(efs_meta_key_ag(&ns, g, EFS_META_K_AG_MAP, &k), 0);
+		cr_assert_eq(efs_etcd_sync_put(sc, k.buf, k.len, b.data, b.len, 0, NULL), 0);
+		efs_mem_free(b.data);
+		efs_layout_ag_free(&lay, g, &af);
+		cr_assert_eq(efs_meta_pack(&af.base, &b), 0);
+		cr_assert_eq(efs_meta_key_ag(&ns, g, EFS_META_K_AG_FREE, &k), 0);
+		cr_assert_eq(efs_etcd_sync_put(sc, k.buf, k.len, b.data, b.len, 0, NULL), 0);
+		efs_mem_free(b.data);
+	}
+}
+
+static void layout_init(uint64_t dev_bytes)
+{
+	char why[EFS_LAYOUT_REASON_MAX];
+
+	cr_assert_eq(efs_layout_compute(dev_bytes, 4096, 0, &lay, why, sizeof(why)), 0, "%s",
+		     why);
+	memset(uuid, 7, sizeof(uuid));
+	efs_layout_fsinfo(&lay, uuid, "space", 1, &fi);
+	write_groups();
+}
+
+static void setup(void)
+{
+	struct efs_harness_opts o = {.members = 1};
+	struct efs_etcd_opts eo = {0};
+
+	cr_assert_eq(efs_harness_start(&h, &o), 0);
+	efs_test_loop_init();
+	c = efs_test_client_new(efs_harness_endpoints(h));
+	eo.endpoints = efs_harness_endpoints(h);
+	cr_assert_eq(efs_etcd_sync_new(&sc, &eo), 0);
+	cr_assert_eq(efs_meta_ns_init(&ns, "space"), 0);
+}
+
+static void teardown(void)
+{
+	if (c) {
+		efs_test_client_free(c);
+		c = NULL;
+	}
+	sc = efs_etcd_sync_free(sc);
+	efs_test_loop_fini();
+	h = efs_harness_free(h);
+}
+
+TestSuite(alloc, .init = setup, .fini = teardown, .timeout = 90);
+
+/* Every key of the ag/ family (caller frees). */
+static Etcdserverpb__TxnResponse *read_family(enum efs_meta_family fam,
+					      Etcdserverpb__RangeResponse **rr)
+{
+	struct efs_meta_range rg;
+	struct efs_etcd_txn *t;
+	Etcdserverpb__TxnResponse *resp = NULL;
+
+	cr_assert_eq(efs_meta_range_family(&ns, fam, &rg), 0);
+	cr_assert_eq(efs_etcd_txn_new(&t, 0), 0);
+	cr_assert_eq(efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, rg.key.buf, rg.key.len,
+					rg.end.buf, rg.end.len),
+		     0);
+	cr_assert_eq(efs_etcd_sync_txn(sc, efs_etcd_txn_request(t), &resp), 0);
+	efs_etcd_txn_free(t);
+	cr_assert_eq(efs_etcd_txn_resp_range(resp, 0, rr), 0);
+	return resp;
+}
+
+struct agview {
+	uint64_t free_sum;
+	uint32_t owned_by[256]; /* 1: owner key names |node| */
+	uint32_t nowned;
+	uint64_t free[256];
+	uint64_t mapfree[256];
+	bool has_map[256];
+	size_t intents;
+	size_t drained;
+};
+
+static void view(const char *node, struct agview *v)
+{
+	Etcdserverpb__RangeResponse *rr;
+	Etcdserverpb__TxnResponse *resp = read_family(EFS_META_K_AG_OWNER, &rr);
+
+	memset(v, 0, sizeof(*v));
+	for (size_t i = 0; i < rr->n_kvs; i++) {
+		struct efs_meta_key_info ki;
+		const Mvccpb__KeyValue *kv = rr->kvs[i];
+
+		cr_assert_eq(efs_meta_key_parse(&ns, kv->key.data, kv->key.len, &ki), 0);
+		cr_assert_lt(ki.group, 256);
+		if (ki.family == EFS_META_K_AG_FREE) {
+			Etcfs__AgFree *af;
+
+			cr_assert_eq(efs_meta_ag_free_decode(kv->value.data, kv->value.len, &af,
+							     NULL),
+				     0);
+			v->free_sum += af->free_blocks;
+			v->free[ki.group] = af->free_blocks;
+			efs_meta_record_free(af);
+		} else if (ki.family == EFS_META_K_AG_OWNER) {
+			Etcfs__AgOwner *ow;
+
+			cr_assert_eq(efs_meta_ag_owner_decode(kv->value.data, kv->value.len, &ow,
+							      NULL),
+				     0);
+			if (node && !strcmp(ow->node, node)) {
+				v->owned_by[ki.group] = 1;
+				v->nowned++;
+			}
+			efs_meta_record_free(ow);
+		} else if (ki.family == EFS_META_K_FREE_INTENT) {
+			Etcfs__FreeIntent *in;
+
+			cr_assert_eq(efs_meta_free_intent_decode(kv->value.data, kv->value.len,
+								 &in, NULL),
+				     0);
+			v->intents++;
+			v->drained += in->drained;
+			efs_meta_record_free(in);
+		} else if (ki.family == EFS_META_K_AG_MAP) {
+			Etcfs__AgMap *m;
+			uint64_t n = 0;
+
+			cr_assert_eq(efs_meta_ag_map_decode(kv->value.data, kv->value.len, &m,
+							    NULL),
+				     0);
+			for (size_t j = 0; j < m->n_free; j++)
+				n += m->free[j]->len;
+			cr_assert_eq(m->group_blocks, efs_layout_group_blocks(&lay, ki.group));
+			efs_meta_record_free(m);
+			v->mapfree[ki.group] = n;
+			v->has_map[ki.group] = true;
+		}
+	}
+	efs_test_pb_free(resp);
+	for (uint32_t g = 0; g < 256; g++)
+		if (v->has_map[g])
+			cr_assert_eq(v->free[g], v->mapfree[g], "group %u: free count off its map",
+				     g);
+}
+
+/* ---- Sessions and allocators ---- */
+
+struct done {
+	bool done;
+	int status;
+};
+
+static void sess_done(struct efs_session *s, int status, void *arg)
+{
+	struct done *d = arg;
+
+	(void)s;
+	d->done = true;
+	d->status = status;
+}
+
+static struct efs_session *session(const char *node)
+{
+	struct efs_session_opts o = {
+		.ns = &ns, .node = node, .machine_id = "m1", .hostname = "h", .ttl_s = 2,
+	};
+	struct efs_session *s = NULL;
+	struct done d = {0};
+
+	cr_assert_eq(efs_session_start(&s, &efs_test_loop, c, &o, NULL, sess_done, &d), 0);
+	cr_assert(efs_test_run_until(&d.done, 15000));
+	cr_assert_eq(d.status, 0, "session: %d", d.status);
+	return s;
+}
+
+static void session_end(struct efs_session *s)
+{
+	struct done d = {0};
+
+	cr_assert_eq(efs_session_leave(s, sess_done, &d), 0);
+	cr_assert(efs_test_run_until(&d.done, 10000));
+	efs_session_free(s);
+}
+
+static void cb_done(int status, void *arg)
+{
+	struct done *d = arg;
+
+	d->done = true;
+	d->status = status;
+}
+
+static struct efs_alloc *alloc_start(struct efs_session *s, uint32_t initial)
+{
+	struct efs_alloc_opts o = {
+		.ns = &ns, .fi = &fi, .groups_initial = initial, .fold_interval_ms = 200,
+	};
+	struct efs_alloc *a = NULL;
+	struct done d = {0};
+
+	cr_assert_eq(efs_alloc_new(&a, &efs_test_loop, c, s, &o), 0);
+	cr_assert_eq(efs_alloc_start(a, cb_done, &d), 0);
+	cr_assert(efs_test_run_until(&d.done, 10000));
+	cr_assert_eq(d.status, 0, "start: %d", d.status);
+	return a;
+}
+
+static void alloc_leave(struct efs_alloc *a)
+{
+	struct done d = {0};
+	int r = efs_alloc_leave(a, cb_done, &d);
+
+	cr_assert_geq(r, 0);
+	if (r == 0) {
+		cr_assert(efs_test_run_until(&d.done, 10000));
+		cr_assert_eq(d.status, 0);
+	}
+	efs_alloc_free(a);
+}
+
+struct txn_ctx {
+	bool done;
+	bool ok;
+	int64_t rev;
+};
+
+static void txn_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct txn_ctx *x = arg;
+
+	x->done = true;
+	x->ok = r->err == 0 && resp->succeeded;
+	x->rev = r->err == 0 && resp->header ? resp->header->revision : 0;
+}
+
+/* One map transaction: |use| published, |fre| freed. Returns the build
+ * result (0: committed). */
+static int publish(struct efs_alloc *a, struct efs_session *s, const struct efs_runs *use,
+		   const struct efs_runs *fre)
+{
+	struct efs_alloc_txn *t = NULL;
+	struct efs_etcd_txn *et = NULL;
+	struct done d = {0};
+	struct txn_ctx x = {0};
+	int r;
+
+	r = efs_alloc_txn_begin(a, &t, cb_done, &d);
+	cr_assert_geq(r, 0);
+	if (r == 0) {
+		cr_assert(efs_test_run_until(&d.done, 10000));
+		cr_assert_eq(d.status, 0);
+	}
+	if (use)
+		cr_assert_eq(efs_alloc_txn_use(t, use), 0);
+	if (fre)
+		cr_assert_eq(efs_alloc_txn_free(t, fre, 42), 0);
+	cr_assert_eq(efs_etcd_txn_new(&et, 0), 0);
+	cr_assert_eq(efs_session_guard(s, et), 0);
+	r = efs_alloc_txn_build(t, et);
+	if (r < 0) {
+		efs_etcd_txn_free(et);
+		efs_alloc_txn_end(t, EFS_ALLOC_FAILED, 0);
+		return r;
+	}
+	cr_assert_eq(efs_etcd_txn_request(et)->n_compare, 2 + efs_alloc_txn_nops(t) / 2);
+	cr_assert_eq(efs_etcd_txn(c, efs_etcd_txn_request(et), NULL, txn_cb, &x), 0);
+	efs_etcd_txn_free(et);
+	cr_assert(efs_test_run_until(&x.done, 10000));
+	cr_assert(x.ok);
+	efs_alloc_txn_end(t, EFS_ALLOC_COMMITTED, x.rev);
+	return 0;
+}
+
+static uint32_t group_of(uint64_t block)
+{
+	return (uint32_t)((block - lay.data_start) / lay.ag_blocks);
+}
+
+/* ---- Tests ---- */
+
+Test(alloc, claim_publish_free)
+{
+	struct efs_session *s;
+	struct efs_alloc *a;
+	struct efs_alloc_stats st;
+	struct efs_runs got = {0};
+	struct agview v0, v;
+	uint64_t total;
+
+	layout_init(64ull << 20);
+	total = efs_layout_total_blocks(&lay);
+	s = session("n1");
+	a = alloc_start(s, 2);
+	view("n1", &v0);
+	cr_assert_eq(v0.nowned, 2, "groups owned: %u", v0.nowned);
+	cr_assert_eq(v0.free_sum, total);
+	efs_alloc_get_stats(a, &st);
+	cr_assert_eq(st.groups_owned, 2);
+	cr_assert_eq(st.avail_blocks, 2 * lay.ag_blocks);
+
+	/* Allocate 10 blocks: owned groups only, pending until published. */
+	cr_assert_eq(efs_alloc_get(a, 10, 0, EFS_ALLOC_NEW, &got, cb_done, NULL), 1);
+	cr_assert_eq(efs_runs_total(&got), 10);
+	for (size_t i = 0; i < got.n; i++)
+		cr_assert(v0.owned_by[group_of(got.v[i].start)]);
+	efs_alloc_get_stats(a, &st);
+	cr_assert_eq(st.pending_blocks, 10);
+	cr_assert_eq(st.avail_blocks, 2 * lay.ag_blocks - 10);
+
+	/* A use of blocks never allocated is refused. */
+	{
+		struct efs_runs bogus = {0};
+		struct efs_alloc_txn *t = NULL;
+		struct done d = {0};
+
+		cr_assert_eq(efs_runs_add(&bogus, got.v[0].start + 10, 1), 0);
+		cr_assert_eq(efs_alloc_txn_begin(a, &t, cb_done, &d), 1);
+		cr_assert_eq(efs_alloc_txn_use(t, &bogus), -EINVAL);
+		efs_alloc_txn_end(t, EFS_ALLOC_FAILED, 0);
+		efs_runs_done(&bogus);
+	}
+
+	cr_assert_eq(publish(a, s, &got, NULL), 0);
+	view("n1", &v);
+	cr_assert_eq(v.free_sum, total - 10);
+	efs_alloc_get_stats(a, &st);
+	cr_assert_eq(st.pending_blocks, 0);
+
+	/* Freeing it: quarantine, then back (no read in flight). */
+	{
+		uint64_t tk = efs_alloc_read_begin(a);
+
+		cr_assert_eq(publish(a, s, NULL, &got), 0);
+		efs_alloc_get_stats(a, &st);
+		cr_assert_eq(st.quarantine_blocks, 10);
+		cr_assert_eq(st.avail_blocks, 2 * lay.ag_blocks - 10);
+		efs_alloc_read_end(a, tk);
+		efs_alloc_get_stats(a, &st);
+		cr_assert_eq(st.quarantine_blocks, 0);
+		cr_assert_eq(st.avail_blocks, 2 * lay.ag_blocks);
+	}
+	view("n1", &v);
+	cr_assert_eq(v.free_sum, total);
+
+	/* A double free is refused by the build. */
+	cr_assert_eq(publish(a, s, NULL, &got), -EUCLEAN);
+	efs_alloc_get_stats(a, &st);
+	cr_assert_eq(st.double_frees, 10);
+
+	/* Unuse: through quarantine, back to the available set. */
+	efs_runs_clear(&got);
+	cr_assert_eq(efs_alloc_get(a, 5, 0, 0, &got, cb_done, NULL), 1);
+	efs_alloc_unuse(a, &got);
+	efs_alloc_get_stats(a, &st);
+	cr_assert_eq(st.pending_blocks, 0);
+	cr_assert_eq(st.avail_blocks, 2 * lay.ag_blocks);
+
+	alloc_leave(a);
+	view("n1", &v);
+	cr_assert_eq(v.nowned, 0);
+	cr_assert_eq(v.free_sum, total);
+	efs_runs_done(&got);
+	session_end(s);
+	efs_test_client_free(c);
+	c = NULL;
+	efs_test_assert_no_leaks();
+}
+
+Test(alloc, intents_drained_and_folded)
+{
+	struct efs_session *s;
+	struct efs_alloc *a;
+	struct efs_runs got[2] = {{0}};
+	struct agview v0, v;
+	uint32_t gs[2], n = 0, gx;
+	int other;
+	uint64_t total;
+
+	layout_init(64ull << 20);
+	total = efs_layout_total_blocks(&lay);
+	s = session("n1");
+	a = alloc_start(s, 2);
+	view("n1", &v0);
+	for (uint32_t g = 0; g < lay.ag_count; g++)
+		if (v0.owned_by[g] && n < 2)
+			gs[n++] = g;
+	cr_assert_eq(n, 2);
+	/* 20 blocks in each group, published. */
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(efs_alloc_get(a, 20, efs_layout_group_start(&lay, gs[i]), 0, &got[i],
+					   cb_done, NULL),
+			     1);
+		cr_assert_eq(group_of(got[i].v[0].start), gs[i]);
+		cr_assert_eq(publish(a, s, &got[i], NULL), 0);
+	}
+	alloc_leave(a);
+
+	/* An allocator owning one of them frees both: one free intent. */
+	a = alloc_start(s, 1);
+	view("n1", &v);
+	cr_assert_eq(v.nowned, 1);
+	for (gx = 0; gx < lay.ag_count && !v.owned_by[gx]; gx++)
+		;
+	cr_assert(gx == gs[0] || gx == gs[1]);
+	other = gx == gs[0] ? 1 : 0;
+	cr_assert_eq(publish(a, s, NULL, &got[1 - other]), 0);
+	cr_assert_eq(publish(a, s, NULL, &got[other]), 0);
+	view("n1", &v);
+	cr_assert_eq(v.intents, 1);
+	cr_assert_eq(v.free[gs[other]], lay.ag_blocks - 20);
+	cr_assert_eq(v.free_sum, total - 20);
+	/* Quarantine releases at once (no read): the sweep marks it drained. */
+	for (int i = 0; i < 50 && v.drained == 0; i++) {
+		efs_test_run_for(100);
+		view("n1", &v);
+	}
+	cr_assert_eq(v.drained, 1);
+	alloc_leave(a);
+
+	/* The next owner of that group folds it at claim. */
+	a = alloc_start(s, 2);
+	view("n1", &v);
+	cr_assert(v.owned_by[gs[other]]);
+	cr_assert_eq(v.intents, 0);
+	cr_assert_eq(v.free_sum, total);
+	alloc_leave(a);
+	efs_runs_done(&got[0]);
+	efs_runs_done(&got[1]);
+	session_end(s);
+	efs_test_client_free(c);
+	c = NULL;
+	efs_test_assert_no_leaks();
+}
+
+Test(alloc, takeover_of_previous_session)
+{
+	Etcfs__AgOwner ow = ETCFS__AG_OWNER__INIT;
+	Etcdserverpb__LeaseGrantRequest lg = ETCDSERVERPB__LEASE_GRANT_REQUEST__INIT;
+	Etcdserverpb__LeaseGrantResponse *lr = NULL;
+	struct efs_session *s;
+	struct efs_alloc *a;
+	struct efs_meta_key k;
+	ProtobufCBinaryData b;
+	Mvccpb__KeyValue *kv = NULL;
+	Etcfs__AgOwner *got = NULL;
+	struct agview v;
+	uint32_t g0;
+
+	layout_init(64ull << 20);
+	s = session("n1");
+	/* Learn which group n1 claims first, then give it back. */
+	a = alloc_start(s, 1);
+	view("n1", &v);
+	for (g0 = 0; g0 < lay.ag_count && !v.owned_by[g0]; g0++)
+		;
+	cr_assert_lt(g0, lay.ag_count);
+	alloc_leave(a);
+
+	/* A previous session of n1 (generation 0, its own live lease) owns g0
+	 * and g0 + 1 (which the spread order would not pick first). */
+	lg.ttl = 60;
+	cr_assert_eq(efs_etcd_sync_call(sc, EFS_ETCD_LEASE_GRANT, &lg.base,
+				       (ProtobufCMessage **)&lr, NULL),
+		     0);
+	ow.node = (char *)"n1";
+	ow.session_generation = 0;
+	ow.lease_id = lr->id;
+	cr_assert_eq(efs_meta_pack(&ow.base, &b), 0);
+	for (uint32_t g = g0; g <= g0 + 1 && g < lay.ag_count; g++) {
+		cr_assert_eq(efs_meta_key_ag(&ns, g, EFS_META_K_AG_OWNER, &k), 0);
+		cr_assert_eq(efs_etcd_sync_put(sc, k.buf, k.len, b.data, b.len, lr->id, NULL), 0);
+	}
+	efs_mem_free(b.data);
+
+	a = alloc_start(s, 1);
+	cr_assert_eq(efs_meta_key_ag(&ns, g0, EFS_META_K_AG_OWNER, &k), 0);
+	cr_assert_eq(efs_etcd_sync_get(sc, k.buf, k.len, &kv, NULL), 0);
+	cr_assert_eq(efs_meta_ag_owner_decode(kv->value.data, kv->value.len, &got, NULL), 0);
+	cr_assert_str_eq(got->node, "n1");
+	cr_assert_eq(got->session_generation, efs_session_generation(s));
+	cr_assert_eq(kv->lease, efs_session_lease_id(s));
+	efs_meta_record_free(got);
+	efs_test_pb_free(kv);
+	efs_test_pb_free(lr);
+	alloc_leave(a);
+	session_end(s);
+	efs_test_client_free(c);
+	c = NULL;
+	efs_test_assert_no_leaks();
+}
+
+Test(alloc, claims_on_demand_and_enospc)
+{
+	struct efs_session *s;
+	struct efs_alloc *a;
+	struct efs_runs got = {0};
+	struct efs_alloc_stats st;
+	struct done d = {0};
+	struct agview v;
+	uint64_t total;
+	int r;
+
+	/* 4 MiB: 3 groups of 256 blocks; reserve max(1%, 64) = 64. */
+	layout_init(4ull << 20);
+	cr_assert_eq(lay.ag_count, 3);
+	total = efs_layout_total_blocks(&lay);
+	s = session("n1");
+	a = alloc_start(s, 2);
+	efs_alloc_get_stats(a, &st);
+	cr_assert_eq(st.groups_owned, 2);
+	cr_assert_eq(st.reserve_blocks, 64);
+
+	/* New space may not eat the reserve. */
+	cr_assert_eq(efs_alloc_get(a, total - 63, 0, EFS_ALLOC_NEW, &got, cb_done, &d), -ENOSPC);
+	/* Without the flag: a third group is claimed (async). */
+	r = efs_alloc_get(a, 600, 0, 0, &got, cb_done, &d);
+	cr_assert_eq(r, 0, "get: %d", r);
+	cr_assert(efs_test_run_until(&d.done, 10000));
+	cr_assert_eq(d.status, 0);
+	cr_assert_eq(efs_runs_total(&got), 600);
+	view("n1", &v);
+	cr_assert_eq(v.nowned, 3);
+	/* Everything owned, the rest too small: ENOSPC now. */
+	d = (struct done){0};
+	cr_assert_eq(efs_alloc_get(a, total - 600 + 1, 0, 0, &got, cb_done, &d), -ENOSPC);
+	cr_assert_eq(efs_runs_total(&got), 600);
+	/* But exactly what is left works. */
+	cr_assert_eq(efs_alloc_get(a, total - 600, 0, 0, &got, cb_done, &d), 1);
+	efs_alloc_unuse(a, &got);
+	efs_alloc_get_stats(a, &st);
+	cr_assert_eq(st.avail_blocks, total);
+	alloc_leave(a);
+	efs_runs_done(&got);
+	session_end(s);
+	efs_test_client_free(c);
+	c = NULL;
+	efs_test_assert_no_leaks();
+}
+
+Test(alloc, session_lost_forgets_and_reclaims)
+{
+	struct efs_session *s;
+	struct efs_alloc *a;
+	struct efs_alloc_stats st;
+	struct efs_alloc_txn *t = NULL;
+	struct efs_runs got = {0};
+	struct done d = {0};
+	struct agview v;
+	uint64_t total;
+
+	layout_init(64ull << 20);
+	total = efs_layout_total_blocks(&lay);
+	s = session("n1");
+	a = alloc_start(s, 2);
+	cr_assert_eq(efs_alloc_get(a, 10, 0, 0, &got, cb_done, NULL), 1);
+	cr_assert_eq(efs_alloc_txn_begin(a, &t, cb_done, NULL), 1);
+	/* Lost: every group and allocation forgotten; the open contribution
+	 * can only be ended. */
+	efs_alloc_session_lost(a);
+	efs_alloc_get_stats(a, &st);
+	cr_assert_eq(st.groups_owned, 0);
+	cr_assert_eq(st.pending_blocks, 0);
+	cr_assert_eq(efs_alloc_txn_build(t, NULL), -EIO);
+	efs_alloc_txn_end(t, EFS_ALLOC_FAILED, 0);
+	/* The next allocation claims groups again (async). */
+	efs_runs_clear(&got);
+	cr_assert_eq(efs_alloc_get(a, 10, 0, 0, &got, cb_done, &d), 0);
+	cr_assert(efs_test_run_until(&d.done, 10000));
+	cr_assert_eq(d.status, 0);
+	cr_assert_eq(efs_runs_total(&got), 10);
+	efs_alloc_get_stats(a, &st);
+	cr_assert_eq(st.groups_owned, 2);
+	cr_assert_eq(publish(a, s, &got, NULL), 0);
+	view("n1", &v);
+	cr_assert_eq(v.nowned, 2);
+	cr_assert_eq(v.free_sum, total - 10);
+	cr_assert_eq(publish(a, s, NULL, &got), 0);
+	alloc_leave(a);
+	efs_runs_done(&got);
+	session_end(s);
+	efs_test_client_free(c);
+	c = NULL;
+	efs_test_assert_no_leaks();
+}
+
+#if EFS_FAULT_HOOKS
+Test(alloc, unknown_outcome_rereads_maps)
+{
+	struct efs_session *s;
+	struct efs_alloc *a;
+	struct efs_alloc_txn *t = NULL;
+	struct efs_etcd_txn *et = NULL;
+	struct efs_runs got = {0}, more = {0};
+	struct txn_ctx x = {0};
+	struct agview v;
+	uint64_t total;
+
+	layout_init(64ull << 20);
+	total = efs_layout_total_blocks(&lay);
+	s = session("n1");
+	a = alloc_start(s, 2);
+	cr_assert_eq(efs_alloc_get(a, 10, 0, 0, &got, cb_done, NULL), 1);
+	cr_assert_eq(efs_alloc_txn_begin(a, &t, cb_done, NULL), 1);
+	cr_assert_eq(efs_alloc_txn_use(t, &got), 0);
+	cr_assert_eq(efs_etcd_txn_new(&et, 0), 0);
+	cr_assert_eq(efs_session_guard(s, et), 0);
+	cr_assert_eq(efs_alloc_txn_build(t, et), 0);
+	/* Applied by etcd, reply lost. */
+	efs_etcd_fault_drop_reply(c, EFS_ETCD_TXN, 1);
+	cr_assert_eq(efs_etcd_txn(c, efs_etcd_txn_request(et), NULL, txn_cb, &x), 0);
+	efs_etcd_txn_free(et);
+	cr_assert(efs_test_run_until(&x.done, 10000));
+	cr_assert_not(x.ok);
+	efs_alloc_txn_end(t, EFS_ALLOC_UNKNOWN, 0);
+	view("n1", &v);
+	cr_assert_eq(v.free_sum, total - 10);
+	/* The caller found it applied (no usable revision). */
+	efs_alloc_txn_end(t, EFS_ALLOC_COMMITTED, 0);
+	/* The next contribution is built from re-read maps, and commits. */
+	cr_assert_eq(efs_alloc_get(a, 5, 0, 0, &more, cb_done, NULL), 1);
+	cr_assert_eq(publish(a, s, &more, NULL), 0);
+	view("n1", &v);
+	cr_assert_eq(v.free_sum, total - 15);
+	cr_assert_eq(publish(a, s, NULL, &got), 0);
+	cr_assert_eq(publish(a, s, NULL, &more), 0);
+	view("n1", &v);
+	cr_assert_eq(v.free_sum, total);
+	alloc_leave(a);
+	efs_runs_done(&got);
+	efs_runs_done(&more);
+	session_end(s);
+	efs_test_client_free(c);
+	c = NULL;
+	efs_test_assert_no_leaks();
+}
+#endif
+
+#if EFS_HAVE_DATAPATH
+/* ---- The mounted filesystem ---- */
+
+static struct efs_test_fs mfs;
+
+static void mount_fini(void)
+{
+	efs_test_fs_stop(&mfs);
+}
+
+TestSuite(space_mount, .fini = mount_fini, .timeout = 240);
+
+/* Sum of ag/<g>/free, and the groups whose owner names |node|, via etcdctl. */
+static uint64_t mnt_view(const char *node, uint32_t *owned)
+{
+	Etcdserverpb__RangeResponse *rr;
+	Etcdserverpb__TxnResponse *resp;
+	struct efs_etcd_opts eo = {0};
+	struct efs_meta_ns mns;
+	struct efs_meta_range rg;
+	struct efs_etcd_txn *t;
+	struct efs_etcd_sync *s;
+	uint64_t sum = 0;
+
+	eo.endpoints = mfs.endpoints;
+	cr_assert_eq(efs_etcd_sync_new(&s, &eo), 0);
+	cr_assert_eq(efs_meta_ns_init(&mns, "testfs"), 0);
+	cr_assert_eq(efs_meta_range_family(&mns, EFS_META_K_AG_OWNER, &rg), 0);
+	cr_assert_eq(efs_etcd_txn_new(&t, 0), 0);
+	cr_assert_eq(efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, rg.key.buf, rg.key.len,
+					rg.end.buf, rg.end.len),
+		     0);
+	cr_assert_eq(efs_etcd_sync_txn(s, efs_etcd_txn_request(t), &resp), 0);
+	efs_etcd_txn_free(t);
+	cr_assert_eq(efs_etcd_txn_resp_range(resp, 0, &rr), 0);
+	*owned = 0;
+	for (size_t i = 0; i < rr->n_kvs; i++) {
+		struct efs_meta_key_info ki;
+		const Mvccpb__KeyValue *kv = rr->kvs[i];
+
+		cr_assert_eq(efs_meta_key_parse(&mns, kv->key.data, kv->key.len, &ki), 0);
+		if (ki.family == EFS_META_K_AG_FREE) {
+			Etcfs__AgFree *af;
+
+			cr_assert_eq(efs_meta_ag_free_decode(kv->value.data, kv->value.len, &af,
+							     NULL),
+				     0);
+			sum += af->free_blocks;
+			efs_meta_record_free(af);
+		} else if (ki.family == EFS_META_K_AG_OWNER) {
+			Etcfs__AgOwner *ow;
+
+			cr_assert_eq(efs_meta_ag_owner_decode(kv->value.data, kv->value.len, &ow,
+							      NULL),
+				     0);
+			*owned += !strcmp(ow->node, node);
+			efs_meta_record_free(ow);
+		}
+	}
+	efs_test_pb_free(resp);
+	efs_etcd_sync_free(s);
+	return sum;
+}
+
+/* Keys of the rc/ (or o/) family. */
+static size_t mnt_count(enum efs_meta_family fam)
+{
+	Etcdserverpb__RangeResponse *rr;
+	Etcdserverpb__TxnResponse *resp;
+	struct efs_etcd_opts eo = {0};
+	struct efs_meta_ns mns;
+	struct efs_meta_range rg;
+	struct efs_etcd_txn *t;
+	struct efs_etcd_sync *s;
+	size_t n;
+
+	eo.endpoints = mfs.endpoints;
+	cr_assert_eq(efs_etcd_sync_new(&s, &eo), 0);
+	cr_assert_eq(efs_meta_ns_init(&mns, "testfs"), 0);
+	cr_assert_eq(efs_meta_range_family(&mns, fam, &rg), 0);
+	cr_assert_eq(efs_etcd_txn_new(&t, 0), 0);
+	cr_assert_eq(efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, rg.key.buf, rg.key.len,
+					rg.end.buf, rg.end.len),
+		     0);
+	cr_assert_eq(efs_etcd_sync_txn(s, efs_etcd_txn_request(t), &resp), 0);
+	efs_etcd_txn_free(t);
+	cr_assert_eq(efs_etcd_txn_resp_range(resp, 0, &rr), 0);
+	n = rr->n_kvs;
+	efs_test_pb_free(resp);
+	efs_etcd_sync_free(s);
+	return n;
+}
+
+static void write_file(const char *path, size_t bytes, bool keep_open, int *fdp)
+{
+	char buf[65536];
+	int fd = open(path, O_CREAT | O_RDWR | O_TRUNC, 0644);
+
+	cr_assert_geq(fd, 0, "open %s: %s", path, strerror(errno));
+	memset(buf, 'x', sizeof(buf));
+	for (size_t done = 0; done < bytes; done += sizeof(buf))
+		cr_assert_eq(write(fd, buf, sizeof(buf)), (ssize_t)sizeof(buf));
+	cr_assert_eq(fsync(fd), 0);
+	if (keep_open)
+		*fdp = fd;
+	else
+		close(fd);
+}
+
+/* True when the daemon's log holds |needle|. */
+static bool log_has(const char *needle)
+{
+	char line[1024];
+	bool found = false;
+	FILE *fp = fopen(mfs.log, "r");
+	/* EFS_TEST_SPACE_LOG=<file>: the space lines of the daemon's log go there. */
+	const char *dump = getenv("EFS_TEST_SPACE_LOG");
+	FILE *out = dump ? fopen(dump, "a") : NULL;
+
+	cr_assert(fp, "open %s", mfs.log);
+	while (fgets(line, sizeof(line), fp)) {
+		if (strstr(line, needle))
+			found = true;
+		if (out && (strstr(line, "alloc:") || strstr(line, "reclaim:")))
+			fprintf(out, "%s", line);
+	}
+	fclose(fp);
+	if (out)
+		fclose(out);
+	return found;
+}
+
+/* Waits until the sum of free counts is |want| and no rc/ key is left. */
+static bool wait_space(uint64_t want, uint64_t *now)
+{
+	uint32_t owned;
+
+	for (int i = 0; i < 100; i++) {
+		*now = mnt_view("node1", &owned);
+		if (*now == want && mnt_count(EFS_META_K_RECLAIM) == 0)
+			return true;
+		usleep(100 * 1000);
+	}
+	return false;
+}
+
+Test(space_mount, owns_groups_and_reclaims_unlinked)
+{
+	struct efs_test_fs_opts o = {.image_size = 64ull << 20, .metrics = true};
+	char path[400];
+	uint64_t mkfs_free, now;
+	uint32_t owned;
+
+	efs_test_fs_start(&mfs, &o);
+	mkfs_free = mnt_view("node1", &owned);
+	cr_assert_geq(owned, 1, "no group owned after mount");
+	snprintf(path, sizeof(path), "%s/f", mfs.mnt);
+	write_file(path, 4 << 20, false, NULL);
+	now = mnt_view("node1", &owned);
+	cr_assert_lt(now, mkfs_free, "published blocks are not used in the maps");
+	cr_assert_eq(unlink(path), 0);
+	cr_assert(wait_space(mkfs_free, &now), "free %" PRIu64 ", mkfs %" PRIu64, now, mkfs_free);
+	cr_assert_geq(efs_test_fs_metric(&mfs, "etcfs_space_groups_owned"), 1);
+	cr_assert_geq(efs_test_fs_metric(&mfs, "etcfs_space_claims_total"), 1);
+	cr_assert_eq(efs_test_fs_metric(&mfs, "etcfs_space_double_frees_total"), 0);
+	cr_assert_geq(efs_test_fs_metric(&mfs, "etcfs_etcd_txns_total{origin=\"space\","
+					       "outcome=\"ok\"}"),
+		      1);
+	cr_assert_geq(efs_test_fs_metric(&mfs, "etcfs_etcd_txns_total{origin=\"reclaim\","
+					       "outcome=\"ok\"}"),
+		      1);
+	/* A clean unmount gives the groups back (and exits 0). */
+	efs_test_fs_unmount(&mfs);
+	now = mnt_view("node1", &owned);
+	cr_assert_eq(owned, 0);
+	cr_assert_eq(now, mkfs_free);
+	cr_assert_not(log_has("DOUBLE FREE"));
+	cr_assert_not(log_has("Sanitizer"));
+}
+
+Test(space_mount, orphan_reclaimed_after_kill)
+{
+	struct efs_test_fs_opts o = {.image_size = 64ull << 20};
+	char path[400];
+	uint64_t mkfs_free, now;
+	uint32_t owned;
+	int fd = -1;
+
+	efs_test_fs_start(&mfs, &o);
+	mkfs_free = mnt_view("node1", &owned);
+	snprintf(path, sizeof(path), "%s/orphan", mfs.mnt);
+	write_file(path, 2 << 20, true, &fd);
+	cr_assert_eq(unlink(path), 0);
+	cr_assert_eq(mnt_count(EFS_META_K_ORPHAN), 1);
+	efs_test_fs_kill(&mfs);
+	close(fd);
+	efs_test_fs_mount(&mfs, NULL);
+	cr_assert(wait_space(mkfs_free, &now), "free %" PRIu64 ", mkfs %" PRIu64, now, mkfs_free);
+	cr_assert_eq(mnt_count(EFS_META_K_ORPHAN), 0);
+	cr_assert(log_has("reclaim: orphan inode"), "the orphan was not adopted by the reclaimer");
+	efs_test_fs_unmount(&mfs);
+	cr_assert_not(log_has("DOUBLE FREE"));
+	cr_assert_not(log_has("Sanitizer"));
+}
+#endif
