@@ -757,17 +757,15 @@ static int check_device(struct daemon *d)
 		return r;
 	}
 #if EFS_HAVE_DATAPATH
-	if (!d->read_only) {
-		/* A second descriptor for data, O_DIRECT where the device takes
-		 * it: file data bypasses this host's page cache, so what a peer
-		 * writes to the shared device is what this node reads. */
-		r = efs_dev_open_data(d->device, true, &d->data_direct);
-		if (r < 0) {
-			report_error(d, "%s: %s", d->device, strerror(-r));
-			return r;
-		}
-		d->data_fd = r;
+	/* A second descriptor for data, O_DIRECT where the device takes it:
+	 * file data bypasses this host's page cache, so what a peer writes to
+	 * the shared device is what this node reads. */
+	r = efs_dev_open_data(d->device, !d->read_only, &d->data_direct);
+	if (r < 0) {
+		report_error(d, "%s: %s", d->device, strerror(-r));
+		return r;
 	}
+	d->data_fd = r;
 #endif
 	return check_fuse_opts(d);
 }

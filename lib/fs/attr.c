@@ -16,6 +16,7 @@
 #include "etcd/kv.h"
 #include "fs/fs-int.h"
 #if EFS_HAVE_DATAPATH
+#include "fs/alloc.h"
 #include "fs/data.h"
 #endif
 #include "util/clock.h"
@@ -769,6 +770,17 @@ static void statfs_reply(struct efs_fs_op *op)
 	st.f_blocks = total;
 	st.f_bfree = fs->free_blocks < total ? fs->free_blocks : total;
 	st.f_bavail = st.f_bfree;
+#if EFS_HAVE_DATAPATH
+	if (fs->alloc) {
+		/* Blocks this node allocated and has not published yet are free
+		 * in the group maps; and the reserve is not for new data. */
+		struct efs_alloc_stats as;
+
+		efs_alloc_get_stats(fs->alloc, &as);
+		st.f_bfree = st.f_bfree > as.pending_blocks ? st.f_bfree - as.pending_blocks : 0;
+		st.f_bavail = st.f_bfree > as.reserve_blocks ? st.f_bfree - as.reserve_blocks : 0;
+	}
+#endif
 	st.f_files = limit;
 	st.f_ffree = limit > (uint64_t)fs->icount && fs->icount >= 0 ? limit - (uint64_t)fs->icount : 0;
 	st.f_favail = st.f_ffree;

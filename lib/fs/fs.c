@@ -1123,10 +1123,10 @@ static void apply_out(struct efs_fs_op *op, int64_t rev)
 		in->refs++;
 		if (o->del) {
 #if EFS_HAVE_DATAPATH
-			if (fs->alloc) {
+			if (fs->data_priv)
 				efs_fs_data_dropped(fs, o->ino);
+			if (fs->alloc)
 				efs_fs_reclaim_kick(fs);
-			}
 #endif
 			efs_fs_inode_set(fs, in, NULL, rev, true);
 			efs_lock_forget(fs->lc, o->ino);
@@ -1895,28 +1895,29 @@ static void dev_fault_from_env(struct efs_fs *fs)
 }
 #endif
 
-/* The device pool, the allocator, the publisher and the reclaimer. */
+/* The device pool and the data path; read-write mounts also get the
+ * allocator and the reclaimer. */
 static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
 {
 	struct efs_iopool_opts po = {.threads = o->io_threads, .m = fs->m};
 	struct efs_alloc_opts ao = {.ns = &fs->ns, .fi = fs->fi, .m = fs->m};
 	int r;
 
-	if (fs->dev_fd < 0 || fs->read_only)
+	if (fs->dev_fd < 0)
 		return 0;
 	r = efs_iopool_new(&fs->pool, fs->loop, fs->dev_fd, fs->dev_direct, &po);
 	if (r < 0)
 		return r;
-	r = efs_alloc_new(&fs->alloc, fs->loop, fs->c, fs->s, &ao);
-	if (r < 0)
-		return r;
+	dev_fault_from_env(fs);
 	r = efs_fs_data_init(fs);
+	if (r < 0 || fs->read_only)
+		return r;
+	r = efs_alloc_new(&fs->alloc, fs->loop, fs->c, fs->s, &ao);
 	if (r < 0)
 		return r;
 	r = efs_fs_reclaim_init(fs);
 	if (r < 0)
 		return r;
-	dev_fault_from_env(fs);
 	r = efs_alloc_start(fs->alloc, alloc_started, fs);
 	if (r == 1)
 		r = 0;
@@ -2025,10 +2026,10 @@ void efs_fs_session_changed(struct efs_fs *fs, enum efs_session_state old,
 		fs->epoch++;
 		fs->ino_next = fs->ino_end; /* reserve afresh under the new generation */
 #if EFS_HAVE_DATAPATH
-		if (fs->alloc) {
+		if (fs->data_priv)
 			efs_fs_data_session_lost(fs);
+		if (fs->alloc)
 			efs_alloc_session_lost(fs->alloc);
-		}
 #endif
 #if EFS_HAVE_PLOCK
 		efs_fs_plock_session_lost(fs);
@@ -2132,10 +2133,10 @@ struct efs_fs *efs_fs_free(struct efs_fs *fs)
 	while (fs->handles)
 		efs_fs_handle_free(fs, fs->handles);
 #if EFS_HAVE_DATAPATH
-	if (fs->alloc) {
+	if (fs->alloc)
 		efs_fs_reclaim_done(fs);
+	if (fs->data_priv)
 		efs_fs_data_done(fs);
-	}
 	fs->alloc = efs_alloc_free(fs->alloc);
 	fs->pool = efs_iopool_free(fs->pool);
 #endif

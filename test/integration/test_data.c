@@ -1,0 +1,1078 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The data path suite (issue 4, section 4): file contents on a real etcfs
+ * mount, each Test on its own mount (test/support/datamodel.h).
+ *
+ *  - random: a seeded random data-integrity run against an in-memory model
+ *    (buffered and O_DIRECT writes, reads, truncates, every fallocate mode,
+ *    mmap writes, fsync), then the restart test: unmount, mount, compare
+ *    every byte, the sizes and SEEK_DATA/SEEK_HOLE against the model. The
+ *    seed comes from ETCFS_TEST_SEED (else the clock) and every failure
+ *    message carries it: ETCFS_TEST_SEED=<seed> ./test_data --filter
+ *    'data/random' replays the run.
+ *  - large_sparse: files beyond 4 GiB, sparse, read back after a restart.
+ *  - append, sync_kill, copy_range: O_APPEND from two processes, O_SYNC and
+ *    O_DSYNC writes surviving a kill -9 of the daemon, copy_file_range.
+ *  - unlink_open: data readable through a descriptor after unlink; after
+ *    the last close the space comes back and etcd keeps no rc/ or o/ key.
+ *  - killpriv: setuid/setgid cleared by a write of another user.
+ *  - enospc: a small device filled to ENOSPC, nothing half-written, the
+ *    reserve for overwrites and deletes, free space back after deletes.
+ *  - dev_error: injected device write errors (ETCFS_FAULT_DEV, fault hooks
+ *    builds) give EIO and the mount stays up.
+ *
+ * Every expectation was first checked on ext4: build with -DDATA_LOCAL=1
+ * (e.g. gcc -DDATA_LOCAL=1 -I<build> -Itest/support test_data.c
+ * -lcriterion) to run the suite on a private ext4 loop mount (root
+ * needed); the etcd and daemon checks are etcfs-only.
+ */
+#include "../support/datamodel.h"
+
+#include <linux/falloc.h>
+
+#define MiB (1024u * 1024u)
+#define BLK 4096u
+
+TestSuite(data, .fini = env_stop, .timeout = 300);
+
+/* A call's result must be |want|; the message names the call and errno. */
+#define IO_EQ(expr, want)                                                               \
+	do {                                                                            \
+		ssize_t r_ = (ssize_t)(expr);                                           \
+		int e_ = errno;                                                         \
+		cr_assert_eq(r_, (ssize_t)(want), "%s: %zd, expected %zd (%s)%s", #expr,  \
+			     r_, (ssize_t)(want), r_ < 0 ? strerror(e_) : "short", env_why()); \
+	} while (0)
+
+/* ==== random: the seeded model test ==== */
+
+#define NFILES	    3
+#define MAXSZ	    (16u * MiB)
+#define NOPS	    6000
+#define RECENT	    12
+
+struct mfile {
+	char path[PATH_MAX];
+	char name[32];	 /* for messages */
+	int fd;		 /* buffered, O_RDWR */
+	int dfd;	 /* O_DIRECT, O_RDWR */
+	uint8_t *m;	 /* MAXSZ + slack bytes; zero beyond size */
+	uint64_t size;
+	uint8_t *hole;	 /* per block: 1 when the block must be a hole */
+};
+
+static uint64_t seed;
+static int opno;
+static char recent[RECENT][200];
+
+__attribute__((format(printf, 1, 2))) static void note(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(recent[opno % RECENT], sizeof(recent[0]), fmt, ap);
+	va_end(ap);
+}
+
+static const char *recent_ops(void)
+{
+	static char buf[RECENT * 210];
+	size_t used = 0;
+
+	buf[0] = '\0';
+	for (int i = opno - RECENT + 1; i <= opno; i++) {
+		if (i < 0)
+			continue;
+		used += (size_t)snprintf(buf + used, sizeof(buf) - used, "  #%d %s\n", i,
+					 recent[i % RECENT]);
+		if (used >= sizeof(buf))
+			break;
+	}
+	return buf;
+}
+
+#define DFAIL(...)                                                                       \
+	do {                                                                             \
+		char m_[600];                                                            \
+		snprintf(m_, sizeof(m_), __VA_ARGS__);                                   \
+		cr_assert_fail("random (ETCFS_TEST_SEED=%" PRIu64 ") op %d: %s%s\nrecent ops:\n%s", \
+			       seed, opno, m_, env_why(), recent_ops());                 \
+	} while (0)
+#define DCHECK(cond, ...)                  \
+	do {                               \
+		if (!(cond))               \
+			DFAIL(__VA_ARGS__); \
+	} while (0)
+
+static void mark(struct mfile *f, uint64_t off, uint64_t len, uint8_t v, bool whole_only)
+{
+	uint64_t b0, b1;
+
+	if (len == 0)
+		return;
+	if (whole_only) {
+		b0 = (off + BLK - 1) / BLK;
+		b1 = (off + len) / BLK; /* exclusive */
+	} else {
+		b0 = off / BLK;
+		b1 = (off + len + BLK - 1) / BLK;
+	}
+	for (uint64_t b = b0; b < b1 && b < MAXSZ / BLK + 1; b++)
+		f->hole[b] = v;
+}
+
+/* Compares [off, off + len) of the file with the model (len may pass EOF). */
+static void check_range(struct mfile *f, uint8_t *buf, uint64_t off, uint64_t len, int fd,
+			const char *what)
+{
+	uint64_t want = off >= f->size ? 0 : (off + len > f->size ? f->size - off : len);
+	ssize_t n = pread_all(fd, buf, len, (off_t)off);
+
+	DCHECK(n >= 0, "%s: pread %s [%" PRIu64 ", +%" PRIu64 "): %s", what, f->name, off, len,
+	       strerror(errno));
+	DCHECK((uint64_t)n == want,
+	       "%s: pread %s [%" PRIu64 ", +%" PRIu64 "): %zd bytes, expected %" PRIu64
+	       " (size %" PRIu64 ")",
+	       what, f->name, off, len, n, want, f->size);
+	if (memcmp(buf, f->m + off, want) != 0) {
+		uint64_t i = 0;
+
+		while (buf[i] == f->m[off + i])
+			i++;
+		DFAIL("%s: %s differs at byte %" PRIu64 " (block %" PRIu64 "): read 0x%02x, "
+		      "expected 0x%02x (read [%" PRIu64 ", +%" PRIu64 "), size %" PRIu64 ")",
+		      what, f->name, off + i, (off + i) / BLK, buf[i], f->m[off + i], off, len,
+		      f->size);
+	}
+}
+
+/* Every byte, the size, and SEEK_DATA/SEEK_HOLE against the model. */
+static void check_whole(struct mfile *f, uint8_t *buf, const char *what)
+{
+	struct stat st;
+	int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+	off_t pos = 0;
+
+	DCHECK(fd >= 0, "%s: open %s: %s", what, f->name, strerror(errno));
+	DCHECK(fstat(fd, &st) == 0, "%s: fstat: %s", what, strerror(errno));
+	DCHECK((uint64_t)st.st_size == f->size, "%s: %s has size %jd, expected %" PRIu64, what,
+	       f->name, (intmax_t)st.st_size, f->size);
+	for (uint64_t off = 0; off < f->size + MiB; off += 4 * MiB)
+		check_range(f, buf, off, 4 * MiB, fd, what);
+
+	/* Holes read as zero in the model; no punched block inside data. */
+	while ((uint64_t)pos < f->size) {
+		off_t d = lseek(fd, pos, SEEK_DATA), h;
+
+		if (d < 0) {
+			DCHECK(errno == ENXIO, "%s: SEEK_DATA %jd of %s: %s", what, (intmax_t)pos,
+			       f->name, strerror(errno));
+			d = (off_t)f->size;
+		}
+		DCHECK(d >= pos && (uint64_t)d <= f->size,
+		       "%s: SEEK_DATA %jd of %s gave %jd (size %" PRIu64 ")", what, (intmax_t)pos,
+		       f->name, (intmax_t)d, f->size);
+		DCHECK(all_zero(f->m + pos, (size_t)(d - pos)),
+		       "%s: %s: [%jd, %jd) reported as a hole holds data in the model", what,
+		       f->name, (intmax_t)pos, (intmax_t)d);
+		if ((uint64_t)d >= f->size)
+			break;
+		h = lseek(fd, d, SEEK_HOLE);
+		DCHECK(h > d && (uint64_t)h <= f->size,
+		       "%s: SEEK_HOLE %jd of %s gave %jd (size %" PRIu64 "): %s", what,
+		       (intmax_t)d, f->name, (intmax_t)h, f->size, h < 0 ? strerror(errno) : "");
+		for (uint64_t b = ((uint64_t)d + BLK - 1) / BLK; (b + 1) * BLK <= (uint64_t)h; b++)
+			DCHECK(!f->hole[b],
+			       "%s: %s: SEEK_DATA/SEEK_HOLE report data [%jd, %jd) over block %" PRIu64
+			       ", a punched or truncated hole",
+			       what, f->name, (intmax_t)d, (intmax_t)h, b);
+		pos = h;
+	}
+	close(fd);
+}
+
+static uint64_t pick_len(uint64_t *r)
+{
+	uint64_t p = rnd_next(r) % 100;
+
+	if (p < 65)
+		return rnd_range(r, 1, 16384);
+	if (p < 88)
+		return rnd_range(r, 16384, 256 * 1024);
+	if (p < 97)
+		return rnd_range(r, 256 * 1024, MiB);
+	return rnd_range(r, MiB, 5 * MiB / 2);
+}
+
+/* An offset for |len| bytes: near the end of the file half of the time. */
+static uint64_t pick_off(uint64_t *r, struct mfile *f, uint64_t len)
+{
+	uint64_t lim = MAXSZ - len, off;
+
+	if (rnd_next(r) % 2 && f->size > 0) {
+		uint64_t lo = f->size > 64 * 1024 ? f->size - 64 * 1024 : 0;
+
+		off = rnd_range(r, lo, f->size + 64 * 1024);
+	} else {
+		off = rnd_range(r, 0, lim);
+	}
+	return off > lim ? lim : off;
+}
+
+static void model_write(struct mfile *f, const uint8_t *data, uint64_t off, uint64_t len)
+{
+	memcpy(f->m + off, data, len);
+	if (off + len > f->size)
+		f->size = off + len;
+	mark(f, off, len, 0, false);
+}
+
+static void model_truncate(struct mfile *f, uint64_t ns)
+{
+	if (ns < f->size)
+		memset(f->m + ns, 0, f->size - ns);
+	f->size = ns;
+	/* Blocks wholly beyond the new end are freed. */
+	mark(f, (ns + BLK - 1) / BLK * BLK, MAXSZ + BLK - (ns + BLK - 1) / BLK * BLK, 1, true);
+}
+
+static void fall(struct mfile *f, int mode, uint64_t off, uint64_t len, const char *name)
+{
+	int r = fallocate(f->fd, mode, (off_t)off, (off_t)len);
+
+	DCHECK(r == 0, "fallocate %s %s [%" PRIu64 ", +%" PRIu64 "): %s", name, f->name, off, len,
+	       strerror(errno));
+}
+
+static void op_once(struct mfile *files, uint64_t *r, uint8_t *data, uint8_t *dbuf,
+		    uint8_t *rbuf)
+{
+	struct mfile *f = &files[rnd_next(r) % NFILES];
+	uint64_t p = rnd_next(r) % 100, off, len;
+	ssize_t n;
+
+	if (p < 25) { /* buffered write */
+		len = pick_len(r);
+		off = pick_off(r, f, len);
+		rnd_fill(r, data, len);
+		note("pwrite %s [%" PRIu64 ", +%" PRIu64 ")", f->name, off, len);
+		n = pwrite_all(f->fd, data, len, (off_t)off);
+		DCHECK((uint64_t)n == len, "pwrite: %zd of %" PRIu64 ": %s", n, len, strerror(errno));
+		model_write(f, data, off, len);
+	} else if (p < 37) { /* O_DIRECT write */
+		len = rnd_range(r, 1, 64) * BLK;
+		off = pick_off(r, f, len) / BLK * BLK;
+		rnd_fill(r, dbuf, len);
+		note("direct pwrite %s [%" PRIu64 ", +%" PRIu64 ")", f->name, off, len);
+		n = pwrite_all(f->dfd, dbuf, len, (off_t)off);
+		DCHECK((uint64_t)n == len, "O_DIRECT pwrite: %zd of %" PRIu64 ": %s", n, len,
+		       strerror(errno));
+		model_write(f, dbuf, off, len);
+	} else if (p < 57) { /* read and compare */
+		len = rnd_next(r) % 10 ? rnd_range(r, 1, 256 * 1024) : rnd_range(r, 1, 3 * MiB);
+		off = rnd_range(r, 0, f->size + 64 * 1024);
+		if (off + len > MAXSZ + MiB)
+			off = MAXSZ + MiB - len;
+		if (rnd_next(r) % 4 == 0) { /* through the O_DIRECT descriptor */
+			off = off / BLK * BLK;
+			len = (len + BLK - 1) / BLK * BLK;
+			note("direct pread %s [%" PRIu64 ", +%" PRIu64 ")", f->name, off, len);
+			check_range(f, dbuf, off, len, f->dfd, "direct read");
+		} else {
+			note("pread %s [%" PRIu64 ", +%" PRIu64 ")", f->name, off, len);
+			check_range(f, rbuf, off, len, f->fd, "read");
+		}
+	} else if (p < 63) { /* truncate */
+		uint64_t ns = rnd_next(r) % 2 ? rnd_range(r, 0, f->size)
+					      : rnd_range(r, f->size, MAXSZ);
+
+		if (rnd_next(r) % 3 == 0)
+			ns = ns / BLK * BLK;
+		note("ftruncate %s %" PRIu64 " (from %" PRIu64 ")", f->name, ns, f->size);
+		DCHECK(ftruncate(f->fd, (off_t)ns) == 0, "ftruncate: %s", strerror(errno));
+		model_truncate(f, ns);
+	} else if (p < 67) { /* fallocate default */
+		len = pick_len(r);
+		off = pick_off(r, f, len);
+		note("fallocate 0 %s [%" PRIu64 ", +%" PRIu64 ")", f->name, off, len);
+		fall(f, 0, off, len, "default");
+		if (off + len > f->size)
+			f->size = off + len;
+		mark(f, off, len, 0, false);
+	} else if (p < 70) { /* fallocate KEEP_SIZE */
+		len = pick_len(r);
+		off = pick_off(r, f, len);
+		note("fallocate KEEP_SIZE %s [%" PRIu64 ", +%" PRIu64 ")", f->name, off, len);
+		fall(f, FALLOC_FL_KEEP_SIZE, off, len, "KEEP_SIZE");
+		mark(f, off, len, 0, false);
+	} else if (p < 77) { /* punch */
+		len = rnd_next(r) % 2 ? pick_len(r) : rnd_range(r, 1, 16) * BLK;
+		off = pick_off(r, f, len);
+		if (rnd_next(r) % 2)
+			off = off / BLK * BLK;
+		note("punch %s [%" PRIu64 ", +%" PRIu64 ")", f->name, off, len);
+		fall(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len, "PUNCH_HOLE|KEEP_SIZE");
+		if (off < f->size)
+			memset(f->m + off, 0, (off + len > f->size ? f->size : off + len) - off);
+		mark(f, off, len, 1, true);
+	} else if (p < 81) { /* zero range */
+		len = pick_len(r);
+		off = pick_off(r, f, len);
+		note("zero range %s [%" PRIu64 ", +%" PRIu64 ")", f->name, off, len);
+		fall(f, FALLOC_FL_ZERO_RANGE, off, len, "ZERO_RANGE");
+		if (off < f->size)
+			memset(f->m + off, 0, (off + len > f->size ? f->size : off + len) - off);
+		if (off + len > f->size)
+			f->size = off + len;
+		mark(f, off, len, 0, false);
+	} else if (p < 92) { /* mmap write */
+		uint64_t moff, mlen;
+		uint8_t *map;
+
+		if (f->size == 0)
+			return;
+		off = rnd_range(r, 0, f->size - 1);
+		len = rnd_range(r, 1, f->size - off < 256 * 1024 ? f->size - off : 256 * 1024);
+		moff = off / 4096 * 4096;
+		mlen = off + len - moff;
+		note("mmap write %s [%" PRIu64 ", +%" PRIu64 ") size %" PRIu64, f->name, off, len,
+		     f->size);
+		map = mmap(NULL, mlen, PROT_READ | PROT_WRITE, MAP_SHARED, f->fd, (off_t)moff);
+		DCHECK(map != MAP_FAILED, "mmap: %s", strerror(errno));
+		DCHECK(memcmp(map + (off - moff), f->m + off, len) == 0,
+		       "mmap of %s [%" PRIu64 ", +%" PRIu64 ") differs from the model before the write",
+		       f->name, off, len);
+		rnd_fill(r, data, len);
+		memcpy(map + (off - moff), data, len);
+		DCHECK(msync(map, mlen, MS_SYNC) == 0, "msync: %s", strerror(errno));
+		DCHECK(munmap(map, mlen) == 0, "munmap: %s", strerror(errno));
+		model_write(f, data, off, len);
+	} else if (p < 96) { /* fsync, fdatasync */
+		bool data_only = rnd_next(r) % 2;
+
+		note("%s %s", data_only ? "fdatasync" : "fsync", f->name);
+		DCHECK((data_only ? fdatasync(f->fd) : fsync(f->fd)) == 0, "fsync: %s",
+		       strerror(errno));
+	} else { /* size check */
+		struct stat st;
+
+		note("fstat %s", f->name);
+		DCHECK(fstat(f->dfd, &st) == 0, "fstat: %s", strerror(errno));
+		DCHECK((uint64_t)st.st_size == f->size, "fstat: size %jd, expected %" PRIu64,
+		       (intmax_t)st.st_size, f->size);
+	}
+}
+
+Test(data, random)
+{
+	struct mfile files[NFILES];
+	uint8_t *data, *rbuf, *dbuf;
+	uint64_t r;
+
+	seed = test_seed();
+	r = seed;
+	opno = 0;
+	env_start(0, NULL);
+	data = malloc(4 * MiB);
+	rbuf = malloc(4 * MiB);
+	cr_assert(data && rbuf);
+	cr_assert_eq(posix_memalign((void **)&dbuf, 4096, 4 * MiB), 0);
+	for (int i = 0; i < NFILES; i++) {
+		char name[32];
+
+		snprintf(name, sizeof(name), "model%d", i);
+		snprintf(files[i].name, sizeof(files[i].name), "%s", name);
+		env_path(files[i].path, sizeof(files[i].path), name);
+		files[i].fd = open(files[i].path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+		cr_assert_geq(files[i].fd, 0, "create %s: %s", files[i].path, strerror(errno));
+		files[i].dfd = open(files[i].path, O_RDWR | O_DIRECT | O_CLOEXEC);
+		cr_assert_geq(files[i].dfd, 0, "open O_DIRECT %s: %s", files[i].path,
+			      strerror(errno));
+		files[i].m = calloc(1, MAXSZ + 2 * MiB);
+		files[i].hole = malloc(MAXSZ / BLK + 2);
+		cr_assert(files[i].m && files[i].hole);
+		memset(files[i].hole, 1, MAXSZ / BLK + 2);
+		files[i].size = 0;
+	}
+	for (opno = 0; opno < NOPS; opno++)
+		op_once(files, &r, data, dbuf, rbuf);
+	for (int i = 0; i < NFILES; i++) {
+		IO_EQ(close(files[i].dfd), 0);
+		IO_EQ(close(files[i].fd), 0);
+		check_whole(&files[i], rbuf, "before the restart");
+	}
+	note("restart");
+	env_remount();
+	for (int i = 0; i < NFILES; i++) {
+		check_whole(&files[i], rbuf, "after the restart");
+		free(files[i].m);
+		free(files[i].hole);
+	}
+	free(data);
+	free(rbuf);
+	free(dbuf);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
+/* ==== large_sparse: beyond 4 GiB ==== */
+
+Test(data, large_sparse)
+{
+	static const char msg[] = "beyond four gibibytes";
+	const off_t at = (5ll << 30) + 123, at2 = (4ll << 30) - 100;
+	char path[PATH_MAX], buf[8192], pat[8192];
+	uint64_t pr = 42;
+	struct stat st;
+	int fd;
+	off_t d;
+
+	env_start(0, NULL);
+	env_path(path, sizeof(path), "sparse");
+	rnd_fill(&pr, pat, sizeof(pat));
+	for (int round = 0; round < 2; round++) {
+		fd = open(path, round ? O_RDONLY : O_RDWR | O_CREAT | O_EXCL, 0644);
+		cr_assert_geq(fd, 0, "open %s: %s", path, strerror(errno));
+		if (round == 0) {
+			cr_assert_eq(pwrite(fd, msg, sizeof(msg), at), (ssize_t)sizeof(msg),
+				     "pwrite at 5 GiB + 123: %s", strerror(errno));
+			/* Across the 4 GiB boundary. */
+			cr_assert_eq(pwrite(fd, pat, sizeof(pat), at2), (ssize_t)sizeof(pat),
+				     "pwrite across 4 GiB: %s", strerror(errno));
+			cr_assert_eq(fsync(fd), 0, "fsync: %s", strerror(errno));
+		}
+		cr_assert_eq(fstat(fd, &st), 0);
+		cr_assert_eq(st.st_size, at + (off_t)sizeof(msg), "round %d: size %jd", round,
+			     (intmax_t)st.st_size);
+		cr_assert_leq(st.st_blocks * 512, 1 << 20,
+			      "round %d: st_blocks %jd for 12 KiB of data in a sparse file", round,
+			      (intmax_t)st.st_blocks);
+		memset(buf, 0x55, sizeof(buf));
+		IO_EQ(pread(fd, buf, sizeof(msg), at), (ssize_t)sizeof(msg));
+		cr_assert_eq(memcmp(buf, msg, sizeof(msg)), 0, "round %d: data at 5 GiB", round);
+		IO_EQ(pread(fd, buf, sizeof(pat), at2), (ssize_t)sizeof(pat));
+		cr_assert_eq(memcmp(buf, pat, sizeof(pat)), 0, "round %d: data across 4 GiB",
+			     round);
+		/* Holes read as zeros: the start, after the 4 GiB write, before 5 GiB. */
+		for (int k = 0; k < 3; k++) {
+			off_t h = k == 0 ? 0 : k == 1 ? at2 + (off_t)sizeof(pat) + 4096 : at - 4000;
+
+			memset(buf, 0x55, sizeof(buf));
+			cr_assert_eq(pread(fd, buf, 3000, h), 3000, "pread hole at %jd: %s",
+				     (intmax_t)h, strerror(errno));
+			cr_assert(all_zero((uint8_t *)buf, 3000), "round %d: hole at %jd not zero",
+				  round, (intmax_t)h);
+		}
+		d = lseek(fd, 0, SEEK_DATA);
+		cr_assert(d >= 0 && d <= at2 && d > at2 - 65536,
+			  "round %d: SEEK_DATA 0 gave %jd, expected the block of %jd", round,
+			  (intmax_t)d, (intmax_t)at2);
+		d = lseek(fd, at2 + 3 * 4096, SEEK_DATA);
+		cr_assert(d >= 0 && d <= at && d > at - 65536,
+			  "round %d: SEEK_DATA after 4 GiB gave %jd, expected the block of %jd",
+			  round, (intmax_t)d, (intmax_t)at);
+		d = lseek(fd, 0, SEEK_HOLE);
+		cr_assert(d >= 0 && d < at2, "round %d: SEEK_HOLE 0 gave %jd", round, (intmax_t)d);
+		close(fd);
+		if (round == 0)
+			env_remount();
+	}
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
+/* ==== append, sync_kill, copy_range ==== */
+
+#define REC	  100
+#define NREC	  400
+
+static void make_rec(char *rec, int who, int i)
+{
+	uint64_t h;
+
+	memset(rec, 'a' + who, REC);
+	snprintf(rec, 24, "P%d-%06d", who, i);
+	h = fnv64(rec, REC - 17);
+	snprintf(rec + REC - 17, 18, "%016" PRIx64, h);
+	rec[REC - 1] = '\n';
+}
+
+Test(data, append)
+{
+	char path[PATH_MAX], rec[REC + 1], *all;
+	int seen[2][NREC] = {{0}}, last[2] = {-1, -1};
+	pid_t kids[2];
+	struct stat st;
+	int fd, fd2;
+
+	env_start(0, NULL);
+	env_path(path, sizeof(path), "log");
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0644);
+	cr_assert_geq(fd, 0);
+	close(fd);
+	for (int k = 0; k < 2; k++) {
+		kids[k] = fork();
+		cr_assert_geq(kids[k], 0);
+		if (kids[k] == 0) {
+			int cfd = open(path, O_WRONLY | O_APPEND);
+
+			if (cfd < 0)
+				_exit(2);
+			for (int i = 0; i < NREC; i++) {
+				make_rec(rec, k, i);
+				if (write(cfd, rec, REC) != REC)
+					_exit(3);
+			}
+			_exit(close(cfd) == 0 ? 0 : 4);
+		}
+	}
+	for (int k = 0; k < 2; k++) {
+		int s;
+
+		cr_assert_eq(waitpid(kids[k], &s, 0), kids[k]);
+		cr_assert(WIFEXITED(s) && WEXITSTATUS(s) == 0, "appender %d failed (status %d)", k,
+			  s);
+	}
+	/* Two descriptors of one process, interleaved. */
+	fd = open(path, O_WRONLY | O_APPEND);
+	fd2 = open(path, O_WRONLY | O_APPEND);
+	cr_assert(fd >= 0 && fd2 >= 0);
+	for (int i = 0; i < 50; i++) {
+		make_rec(rec, i % 2, NREC + i);
+		cr_assert_eq(write(i % 2 ? fd2 : fd, rec, REC), REC, "append %d: %s", i,
+			     strerror(errno));
+	}
+	close(fd);
+	close(fd2);
+
+	for (int round = 0; round < 2; round++) {
+		fd = open(path, O_RDONLY);
+		cr_assert_geq(fd, 0);
+		cr_assert_eq(fstat(fd, &st), 0);
+		cr_assert_eq(st.st_size, (off_t)(2 * NREC + 50) * REC,
+			     "round %d: size %jd, expected %d records", round,
+			     (intmax_t)st.st_size, 2 * NREC + 50);
+		all = malloc((size_t)st.st_size);
+		cr_assert_not_null(all);
+		IO_EQ(pread_all(fd, all, (size_t)st.st_size, 0), st.st_size);
+		close(fd);
+		memset(seen, 0, sizeof(seen));
+		last[0] = last[1] = -1;
+		for (int j = 0; j < 2 * NREC; j++) {
+			char *p = all + (size_t)j * REC;
+			int who, i;
+
+			cr_assert_eq(sscanf(p, "P%d-%d", &who, &i), 2, "round %d: record %d garbled",
+				     round, j);
+			cr_assert(who >= 0 && who < 2 && i >= 0 && i < NREC,
+				  "round %d: record %d out of range", round, j);
+			make_rec(rec, who, i);
+			cr_assert_eq(memcmp(p, rec, REC), 0, "round %d: record %d (P%d-%d) torn",
+				     round, j, who, i);
+			cr_assert_eq(seen[who][i], 0, "round %d: record P%d-%d twice", round, who, i);
+			cr_assert_gt(i, last[who], "round %d: P%d records out of order", round, who);
+			seen[who][i] = 1;
+			last[who] = i;
+		}
+		for (int i = 0; i < 50; i++) {
+			make_rec(rec, i % 2, NREC + i);
+			cr_assert_eq(memcmp(all + (size_t)(2 * NREC + i) * REC, rec, REC), 0,
+				     "round %d: interleaved record %d", round, i);
+		}
+		free(all);
+		if (round == 0)
+			env_remount();
+	}
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
+/*
+ * O_SYNC and O_DSYNC writes are durable when they return: written, then
+ * the daemon is killed (no fsync, no close) and the mount made again.
+ */
+Test(data, sync_kill)
+{
+	static const int flags[2] = {O_SYNC, O_DSYNC};
+	char path[2][PATH_MAX], *buf[2], *got;
+	const size_t len = 300 * 1024 + 77;
+	uint64_t r = 7;
+	int fd[2];
+
+	env_start(0, NULL);
+	got = malloc(len);
+	cr_assert_not_null(got);
+	for (int k = 0; k < 2; k++) {
+		env_path(path[k], sizeof(path[k]), k ? "dsync" : "sync");
+		buf[k] = malloc(len);
+		cr_assert_not_null(buf[k]);
+		rnd_fill(&r, buf[k], len);
+		fd[k] = open(path[k], O_RDWR | O_CREAT | O_EXCL | flags[k], 0644);
+		cr_assert_geq(fd[k], 0, "open %s: %s", path[k], strerror(errno));
+		/* Three unaligned pieces, the last one first. */
+		IO_EQ(pwrite_all(fd[k], buf[k] + 200000, len - 200000, 200000), len - 200000);
+		IO_EQ(pwrite_all(fd[k], buf[k], 100001, 0), 100001);
+		IO_EQ(pwrite_all(fd[k], buf[k] + 100001, 99999, 100001), 99999);
+	}
+#ifdef DATA_LOCAL
+	for (int k = 0; k < 2; k++)
+		close(fd[k]);
+	env_remount();
+#else
+	efs_test_fs_kill(&env.f);
+	for (int k = 0; k < 2; k++)
+		close(fd[k]);
+	efs_test_fs_mount(&env.f, NULL);
+#endif
+	for (int k = 0; k < 2; k++) {
+		int rfd = open(path[k], O_RDONLY);
+		struct stat st;
+
+		cr_assert_geq(rfd, 0, "open %s after the kill: %s", path[k], strerror(errno));
+		cr_assert_eq(fstat(rfd, &st), 0);
+		cr_assert_eq(st.st_size, (off_t)len, "%s: size %jd after the kill, expected %zu",
+			     k ? "O_DSYNC" : "O_SYNC", (intmax_t)st.st_size, len);
+		IO_EQ(pread_all(rfd, got, len, 0), (ssize_t)len);
+		cr_assert_eq(memcmp(got, buf[k], len), 0, "%s data lost after the kill",
+			     k ? "O_DSYNC" : "O_SYNC");
+		close(rfd);
+		free(buf[k]);
+	}
+	free(got);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
+/* copy_file_range until |len| bytes are copied or EOF: the count. */
+static int64_t copy_all(int in, off_t oin, int out, off_t oout, size_t len)
+{
+	int64_t done = 0;
+
+	while ((size_t)done < len) {
+		ssize_t n = copy_file_range(in, &oin, out, &oout, len - (size_t)done, 0);
+
+		if (n < 0) {
+			cr_assert_fail("copy_file_range: %s", strerror(errno));
+		}
+		if (n == 0)
+			break;
+		done += n;
+	}
+	return done;
+}
+
+Test(data, copy_range)
+{
+	const size_t ssz = 3 * MiB + 1234;
+	uint8_t *src, *dst, *got;
+	char ps[PATH_MAX], pd[PATH_MAX];
+	size_t dsz = 0, ssz2 = ssz;
+	uint64_t r = 99;
+	struct stat st;
+	int s, d;
+
+	env_start(0, NULL);
+	src = calloc(1, 8 * MiB);
+	dst = calloc(1, 8 * MiB);
+	got = malloc(8 * MiB);
+	cr_assert(src && dst && got);
+	rnd_fill(&r, src, ssz);
+	env_path(ps, sizeof(ps), "src");
+	env_path(pd, sizeof(pd), "dst");
+	s = open(ps, O_RDWR | O_CREAT | O_EXCL, 0644);
+	d = open(pd, O_RDWR | O_CREAT | O_EXCL, 0644);
+	cr_assert(s >= 0 && d >= 0);
+	IO_EQ(pwrite_all(s, src, ssz, 0), (ssize_t)ssz);
+	IO_EQ(fsync(s), 0);
+
+	/* Whole file, block-aligned, across files. */
+	cr_assert_eq(copy_all(s, 0, d, 0, ssz), (int64_t)ssz);
+	memcpy(dst, src, ssz);
+	dsz = ssz;
+	/* Unaligned, overwriting and extending. */
+	cr_assert_eq(copy_all(s, 1000, d, 2 * MiB + 777, 3 * MiB / 2),
+		     (int64_t)(3 * MiB / 2));
+	memcpy(dst + 2 * MiB + 777, src + 1000, 3 * MiB / 2);
+	dsz = 2 * MiB + 777 + 3 * MiB / 2;
+	/* Within one file, non-overlapping, extending it. */
+	cr_assert_eq(copy_all(s, 4096, s, 5 * MiB, 100000), 100000);
+	memcpy(src + 5 * MiB, src + 4096, 100000);
+	ssz2 = 5 * MiB + 100000;
+	/* Past the end: nothing. */
+	cr_assert_eq(copy_all(s, (off_t)ssz2 + 10, d, 0, 4096), 0);
+	/* Short at the end of the source. */
+	cr_assert_eq(copy_all(s, (off_t)ssz2 - 500, d, 100, 4096), 500);
+	memcpy(dst + 100, src + ssz2 - 500, 500);
+
+	for (int round = 0; round < 2; round++) {
+		for (int k = 0; k < 2; k++) {
+			int fd = open(k ? pd : ps, O_RDONLY);
+			size_t want = k ? dsz : ssz2;
+
+			cr_assert_geq(fd, 0);
+			cr_assert_eq(fstat(fd, &st), 0);
+			cr_assert_eq(st.st_size, (off_t)want, "round %d: %s size %jd, expected %zu",
+				     round, k ? "dst" : "src", (intmax_t)st.st_size, want);
+			IO_EQ(pread_all(fd, got, 8 * MiB, 0), (ssize_t)want);
+			cr_assert_eq(memcmp(got, k ? dst : src, want), 0,
+				     "round %d: %s differs after copy_file_range", round,
+				     k ? "dst" : "src");
+			close(fd);
+		}
+		if (round == 0) {
+			close(s);
+			close(d);
+			env_remount();
+		}
+	}
+	free(src);
+	free(dst);
+	free(got);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
+/* ==== unlink_open ==== */
+
+/* Waits (bounded) until free space is at least |want|; the last value. */
+static uint64_t wait_free(uint64_t want, unsigned ms)
+{
+	uint64_t end = mono_ms() + ms, bfree;
+
+	for (;;) {
+		env_space(&bfree, NULL);
+		if (bfree >= want || mono_ms() >= end)
+			return bfree;
+		nap_ms(100);
+	}
+}
+
+Test(data, unlink_open)
+{
+	const size_t len = 8 * MiB + 5;
+	char path[PATH_MAX];
+	uint8_t *buf, *got;
+	uint64_t r = 5, b0, b1, b2;
+	struct stat st;
+	int fd;
+
+	env_start(0, NULL);
+	buf = malloc(len);
+	got = malloc(len);
+	cr_assert(buf && got);
+	rnd_fill(&r, buf, len);
+	sync();
+	env_space(&b0, NULL);
+	env_path(path, sizeof(path), "doomed");
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0644);
+	cr_assert_geq(fd, 0);
+	IO_EQ(pwrite_all(fd, buf, len, 0), (ssize_t)len);
+	IO_EQ(fsync(fd), 0);
+	/* statfs may lag (a cached answer): give it a few seconds. */
+	for (uint64_t end = mono_ms() + 5000;; nap_ms(100)) {
+		env_space(&b1, NULL);
+		if (b1 + 8 * MiB <= b0 || mono_ms() >= end)
+			break;
+	}
+	cr_assert_leq(b1 + 8 * MiB, b0,
+		      "8 MiB written and fsynced: statfs free %" PRIu64 " -> %" PRIu64
+		      " bytes 5 s later", b0, b1);
+	IO_EQ(unlink(path), 0);
+	cr_assert_eq(access(path, F_OK), -1);
+	cr_assert_eq(fstat(fd, &st), 0);
+	cr_assert_eq(st.st_nlink, 0);
+	/* Still readable and writable through the descriptor. */
+	IO_EQ(pread_all(fd, got, len, 0), (ssize_t)len);
+	cr_assert_eq(memcmp(got, buf, len), 0, "data of the unlinked file differs");
+	IO_EQ(pwrite_all(fd, buf, 4096, (off_t)len), 4096);
+	IO_EQ(pread_all(fd, got, 4096, (off_t)len), 4096);
+	cr_assert_eq(memcmp(got, buf, 4096), 0);
+	env_space(&b2, NULL);
+	cr_assert_leq(b2 + 8 * MiB, b0, "space freed while the file is still open");
+	IO_EQ(close(fd), 0);
+
+	b2 = wait_free(b0, 20000);
+	cr_assert_geq(b2, b0,
+		      "free space not returned 20 s after the last close: %" PRIu64
+		      " before the file, %" PRIu64 " now",
+		      b0, b2);
+#ifndef DATA_LOCAL
+	{
+		long rc, o;
+
+		cr_assert(wait_no_reclaim(20000, &rc, &o),
+			  "etcd still holds %ld rc/ and %ld o/ keys 20 s after the last close",
+			  rc, o);
+	}
+#endif
+	free(buf);
+	free(got);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
+/* ==== killpriv ==== */
+
+Test(data, killpriv)
+{
+	char path[PATH_MAX];
+	struct stat st;
+	int fd, s;
+	pid_t kid;
+
+	env_start(0, NULL);
+	env_path(path, sizeof(path), "suid");
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0644);
+	cr_assert_geq(fd, 0);
+	IO_EQ(write(fd, "root data", 9), 9);
+	close(fd);
+	cr_assert_eq(chmod(env.root, 0777), 0);
+	for (int mode = 0; mode < 2; mode++) { /* write, then truncate */
+		cr_assert_eq(chmod(path, 06777), 0);
+		cr_assert_eq(stat(path, &st), 0);
+		cr_assert_eq(st.st_mode & 07777, 06777);
+		kid = fork();
+		cr_assert_geq(kid, 0);
+		if (kid == 0) {
+			int cfd;
+
+			if (chdir(env.root) < 0 || setgroups(0, NULL) < 0 || setgid(65534) < 0 ||
+			    setuid(65534) < 0)
+				_exit(2);
+			cfd = open("suid", O_WRONLY);
+			if (cfd < 0)
+				_exit(3);
+			if (mode == 0 && pwrite(cfd, "user", 4, 2) != 4)
+				_exit(4);
+			if (mode == 1 && ftruncate(cfd, 3) < 0)
+				_exit(5);
+			_exit(close(cfd) == 0 ? 0 : 6);
+		}
+		cr_assert_eq(waitpid(kid, &s, 0), kid);
+		cr_assert(WIFEXITED(s) && WEXITSTATUS(s) == 0, "%s as uid 65534 failed (step %d)",
+			  mode ? "ftruncate" : "write", WEXITSTATUS(s));
+		cr_assert_eq(stat(path, &st), 0);
+		cr_assert_eq(st.st_mode & 07777, 0777,
+			     "mode %04o after a %s by another user, expected 0777",
+			     st.st_mode & 07777, mode ? "truncate" : "write");
+	}
+	env_remount();
+	cr_assert_eq(stat(path, &st), 0);
+	cr_assert_eq(st.st_mode & 07777, 0777, "mode %04o after the restart", st.st_mode & 07777);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
+/* ==== enospc ==== */
+
+static void fill_file(int fd, const uint8_t *pat, size_t chunk, uint64_t *size)
+{
+	for (;;) {
+		ssize_t n = pwrite(fd, pat + (*size % MiB), chunk, (off_t)*size);
+
+		if (n < 0) {
+			cr_assert_eq(errno, ENOSPC, "filling: %s at %" PRIu64 ", expected ENOSPC",
+				     strerror(errno), *size);
+			return;
+		}
+		cr_assert_gt(n, 0);
+		*size += (uint64_t)n;
+	}
+}
+
+Test(data, enospc)
+{
+	char pbig[PATH_MAX], pother[PATH_MAX], pvic[PATH_MAX];
+	uint64_t free0, avail0, bfree, bavail, size = 0, r = 11;
+	uint8_t *pat, *got;
+	struct stat st;
+	int big, other, vic;
+
+	env_start(96ull << 20, NULL);
+	pat = malloc(2 * MiB);
+	got = malloc(2 * MiB);
+	cr_assert(pat && got);
+	rnd_fill(&r, pat, 2 * MiB);
+	env_space(&free0, &avail0);
+	cr_assert_gt(avail0, 48 * MiB, "a 96 MiB device has only %" PRIu64 " bytes available",
+		     avail0);
+
+	env_path(pother, sizeof(pother), "other");
+	env_path(pvic, sizeof(pvic), "victim");
+	env_path(pbig, sizeof(pbig), "big");
+	other = open(pother, O_RDWR | O_CREAT | O_EXCL, 0644);
+	vic = open(pvic, O_RDWR | O_CREAT | O_EXCL, 0644);
+	cr_assert(other >= 0 && vic >= 0);
+	for (int i = 0; i < 8; i++) {
+		IO_EQ(pwrite_all(other, pat, MiB, (off_t)i * MiB), (ssize_t)MiB);
+		IO_EQ(pwrite_all(vic, pat, MiB, (off_t)i * MiB), (ssize_t)MiB);
+	}
+	IO_EQ(fsync(other), 0);
+	IO_EQ(fsync(vic), 0);
+	close(other);
+
+	big = open(pbig, O_RDWR | O_CREAT | O_EXCL, 0644);
+	cr_assert_geq(big, 0);
+	fill_file(big, pat, MiB, &size);
+	fill_file(big, pat, 4096, &size);
+	fill_file(big, pat, 1, &size);
+	cr_assert_eq(fsync(big), 0, "fsync after ENOSPC: %s%s", strerror(errno), env_why());
+	cr_assert_eq(fstat(big, &st), 0);
+	cr_assert_eq((uint64_t)st.st_size, size,
+		     "after ENOSPC the size is %jd, the writes reported %" PRIu64,
+		     (intmax_t)st.st_size, size);
+	cr_assert_gt(size, 30 * MiB, "ENOSPC after only %" PRIu64 " bytes", size);
+	env_space(&bfree, &bavail);
+	cr_assert_lt(bavail, 256 * 1024,
+		     "full: statfs still shows %" PRIu64 " bytes available (%" PRIu64 " free)",
+		     bavail, bfree);
+	/* The content up to the size is what was written. */
+	for (uint64_t off = 0; off < size; off += MiB) {
+		size_t n = size - off < MiB ? (size_t)(size - off) : MiB;
+
+		IO_EQ(pread_all(big, got, n, (off_t)off), (ssize_t)n);
+		cr_assert_eq(memcmp(got, pat + (off % MiB), n), 0,
+			     "the full file differs in [%" PRIu64 ", +%zu)", off, n);
+	}
+
+	/* The reserve: overwriting written blocks of a full filesystem works. */
+	rnd_fill(&r, pat + MiB, MiB);
+	cr_assert_eq(pwrite_all(vic, pat + MiB, MiB, MiB), (ssize_t)MiB,
+		     "overwrite on a full filesystem: %s", strerror(errno));
+	cr_assert_eq(pwrite_all(vic, pat + MiB, 5000, 3 * MiB + 1000), 5000,
+		     "unaligned overwrite on a full filesystem: %s", strerror(errno));
+	cr_assert_eq(fsync(vic), 0, "fsync of an overwrite on a full filesystem: %s",
+		     strerror(errno));
+	IO_EQ(pread_all(vic, got, MiB, MiB), (ssize_t)MiB);
+	cr_assert_eq(memcmp(got, pat + MiB, MiB), 0, "overwrite on a full filesystem differs");
+	IO_EQ(pread_all(vic, got, 5000, 3 * MiB + 1000), 5000);
+	cr_assert_eq(memcmp(got, pat + MiB, 5000), 0);
+
+	/* Deleting works and gives the space back. */
+	cr_assert_eq(unlink(pother), 0, "unlink on a full filesystem: %s", strerror(errno));
+	env_space(NULL, &bavail);
+	{
+		uint64_t end = mono_ms() + 20000;
+
+		while (bavail < 7 * MiB && mono_ms() < end) {
+			nap_ms(100);
+			env_space(NULL, &bavail);
+		}
+	}
+	cr_assert_geq(bavail, 7 * MiB, "only %" PRIu64 " bytes available after deleting 8 MiB",
+		      bavail);
+	cr_assert_eq(pwrite_all(big, pat, MiB, (off_t)size), (ssize_t)MiB,
+		     "write after a delete freed space: %s", strerror(errno));
+	IO_EQ(fsync(big), 0);
+	close(big);
+	close(vic);
+
+	IO_EQ(unlink(pbig), 0);
+	IO_EQ(unlink(pvic), 0);
+	bfree = wait_free(free0, 20000);
+	cr_assert_eq(bfree, free0,
+		     "free space after deleting everything: %" PRIu64 ", at mkfs %" PRIu64, bfree,
+		     free0);
+	env_remount();
+	env_space(&bfree, NULL);
+	cr_assert_eq(bfree, free0, "free space after the restart: %" PRIu64 ", at mkfs %" PRIu64,
+		     bfree, free0);
+	free(pat);
+	free(got);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
+/* ==== dev_error (etcfs with fault hooks) ==== */
+
+#if !defined(DATA_LOCAL) && EFS_FAULT_HOOKS
+Test(data, dev_error)
+{
+	char good[PATH_MAX], bad[PATH_MAX], buf[65536], got[65536];
+	uint64_t r = 3;
+	bool eio = false;
+	struct stat st;
+	int fd;
+
+	env_start(0, NULL);
+	rnd_fill(&r, buf, sizeof(buf));
+	env_path(good, sizeof(good), "good");
+	env_path(bad, sizeof(bad), "bad");
+	fd = open(good, O_RDWR | O_CREAT | O_EXCL, 0644);
+	cr_assert_geq(fd, 0);
+	IO_EQ(pwrite_all(fd, buf, sizeof(buf), 0), (ssize_t)sizeof(buf));
+	IO_EQ(fsync(fd), 0);
+	close(fd);
+
+	/* Every device write fails from the mount on (reads go on). */
+	cr_assert_eq(chdir("/"), 0);
+	efs_test_fs_unmount(&env.f);
+	cr_assert_eq(setenv("ETCFS_FAULT_DEV", "write:0:5", 1), 0);
+	efs_test_fs_mount(&env.f, NULL);
+	unsetenv("ETCFS_FAULT_DEV");
+
+	fd = open(bad, O_RDWR | O_CREAT | O_EXCL, 0644);
+	cr_assert_geq(fd, 0, "create with a failing device: %s", strerror(errno));
+	for (int i = 0; i < 4 && !eio; i++) {
+		ssize_t n = pwrite(fd, buf, sizeof(buf), (off_t)i * (off_t)sizeof(buf));
+
+		if (n < 0) {
+			cr_assert_eq(errno, EIO, "write to a failing device: %s, expected EIO",
+				     strerror(errno));
+			eio = true;
+		}
+	}
+	if (!eio) {
+		int e = fsync(fd) < 0 ? errno : 0;
+
+		cr_assert_eq(e, EIO, "fsync after writes to a failing device: %s, expected EIO",
+			     e ? strerror(e) : "success");
+		eio = true;
+	}
+	close(fd);
+	/* Overwriting the good file fails too, and leaves its data intact. */
+	fd = open(good, O_RDWR);
+	cr_assert_geq(fd, 0);
+	{
+		ssize_t n = pwrite(fd, buf + 1, 4096, 0);
+		int e = n < 0 ? errno : (fsync(fd) < 0 ? errno : 0);
+
+		cr_assert_eq(e, EIO, "overwrite on a failing device: %s, expected EIO",
+			     e ? strerror(e) : "success");
+	}
+	close(fd);
+	/* The mount stays up: stat, readdir, reads of other data. */
+	cr_assert_eq(stat(good, &st), 0, "stat after a device error: %s", strerror(errno));
+	cr_assert_eq(st.st_size, (off_t)sizeof(buf));
+	fd = open(good, O_RDONLY);
+	cr_assert_geq(fd, 0, "open after a device error: %s", strerror(errno));
+	cr_assert_eq(pread_all(fd, got, sizeof(got), 0), (ssize_t)sizeof(got),
+		     "read after a device error: %s", strerror(errno));
+	cr_assert_eq(memcmp(got, buf, sizeof(buf)), 0, "data of the good file changed");
+	close(fd);
+	{
+		DIR *d = opendir(env.root);
+
+		cr_assert_not_null(d, "opendir after a device error: %s", strerror(errno));
+		closedir(d);
+	}
+	efs_test_fs_unmount(&env.f);
+	/* And without the fault, the file system is whole. */
+	efs_test_fs_mount(&env.f, NULL);
+	fd = open(good, O_RDONLY);
+	cr_assert_geq(fd, 0);
+	IO_EQ(pread_all(fd, got, sizeof(got), 0), (ssize_t)sizeof(got));
+	cr_assert_eq(memcmp(got, buf, sizeof(buf)), 0, "good file after the remount");
+	close(fd);
+	cr_assert_eq(chdir("/"), 0);
+	efs_test_fs_unmount(&env.f);
+	{
+		char out[8192];
+		int rc = run_fsck(out, sizeof(out));
+
+		cr_assert_eq(rc, 0, "fsck after device errors: exit %d\n%s", rc, out);
+	}
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+#endif
