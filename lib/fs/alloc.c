@@ -22,6 +22,21 @@
  *    marked drained by the periodic sweep.
  *  - A COMMITTED after an UNKNOWN re-reads the touched maps (the revision
  *    handed over may not be the map keys' mod_revision).
+ *  - Orphan groups: free intents in a group that no node owns (its owner
+ *    left, or was killed and its lease revoked by the restart's takeover)
+ *    would wait for the next claim of that group. Every sweep tick, and
+ *    right after a commit that made an intent in a group not seen owned by
+ *    another node, a keys-only probe of the ag/ family looks for groups
+ *    with intents and no owner key; an orphan round then claims them all
+ *    (any node may) and folds their intents at once. Intents of groups
+ *    owned by other nodes are left to those owners. The start's claim
+ *    prefers this node's previous-session groups, then groups with intents.
+ *    Claiming before building (so that no intent is made) is not done: the
+ *    frees of a contribution are known only between efs_alloc_txn_free and
+ *    the synchronous efs_alloc_txn_build, where no round trip fits.
+ *  - This node's own intents of the current session are folded, once the
+ *    group is ours, as soon as their quarantine released them (no drained
+ *    mark needed first); the fold then forgets them.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -54,6 +69,7 @@ struct grp {
 	struct efs_runs pending, quar; /* group-relative, normalized */
 	int64_t map_rev, owner_rev;
 	bool has_intents; /* the last read saw free intents: fold soon */
+	bool other_owner; /* the last scan saw an owner key not ours */
 };
 
 struct intent {
@@ -146,6 +162,8 @@ struct efs_alloc {
 	void *start_arg;
 	bool claim_busy;
 	bool claim_has_token; /* the round runs for the start, under the token */
+	bool orphan_round;    /* the round claims groups with intents and no owner */
+	bool probe_busy, probe_want;
 	uint32_t claim_need;
 	uint64_t nofree_until;
 	uint64_t others_free; /* free blocks of groups not ours, at the last scan */
@@ -160,6 +178,7 @@ struct efs_alloc {
 	struct intent *intents;
 	uint64_t intent_id, intent_seq;
 	bool fold_busy, drain_busy;
+	bool fold_again; /* asked for while a fold ran */
 	struct fold *fold; /* in flight */
 
 	/* Leave. */
@@ -181,6 +200,8 @@ struct fold;
 static void fold_all(struct efs_alloc *a, bool from_start);
 static void fold_free(struct fold *f);
 static void tick_cb(uv_timer_t *t);
+static void orphan_probe(struct efs_alloc *a);
+static void fold_soon(struct efs_alloc *a);
 
 /* ---- Small helpers ---- */
 
@@ -594,6 +615,16 @@ static struct intent *intent_find(struct efs_alloc *a, uint64_t id)
 	return NULL;
 }
 
+static struct intent *intent_by_key(struct efs_alloc *a, const ProtobufCBinaryData *key)
+{
+	for (struct intent *i = a->intents; i; i = i->next)
+		if (i->key.len == key->len && !memcmp(i->key.buf, key->data, key->len))
+			return i;
+	return NULL;
+}
+
+static void intent_drop(struct efs_alloc *a, struct intent *in);
+
 static void released(uint32_t group, uint64_t start, uint64_t len, void *arg)
 {
 	struct efs_alloc *a = arg;
@@ -790,6 +821,8 @@ static void start_finish(struct efs_alloc *a, int status)
 		uv_timer_start(a->tick, tick_cb, a->fold_ms, a->fold_ms);
 	}
 	token_release(a);
+	if (status == 0)
+		orphan_probe(a); /* intents in groups nobody owns */
 	if (cb)
 		cb(status, a->start_arg);
 	if (a->gw_head)
@@ -802,12 +835,18 @@ static void claim_done(struct efs_alloc *a, int err)
 	/* Every candidate of the scan tried (or taken): nothing left to claim
 	 * for a while. */
 	bool exhausted = a->icand >= a->ncand;
+	bool orphans = a->orphan_round;
 
 	scan_free(a);
 	a->claim_busy = false;
-	if (err == 0 && (exhausted || a->claim_need > 0))
+	a->orphan_round = false;
+	if (err == 0 && !orphans && (exhausted || a->claim_need > 0))
 		a->nofree_until = efs_clock_mono_ns() + RESCAN_NS;
 	a->claim_need = 0;
+	if (orphans && err == 0)
+		fold_soon(a); /* the claimed groups' intents */
+	if (a->probe_want && err == 0)
+		orphan_probe(a);
 	update_gauges(a);
 	if (err == 0 && !a->starting)
 		a->started = true;
@@ -949,7 +988,7 @@ static void scan_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result
 	a->scan_owner = efs_mem_malloc(n * sizeof(int32_t));
 	a->scan_map = efs_mem_malloc(n * sizeof(int32_t));
 	a->cand = efs_mem_malloc(n * sizeof(uint32_t));
-	taken = efs_mem_calloc(n, 1); /* 1: ours (previous session), 2: someone's */
+	taken = efs_mem_calloc(n, 1); /* 1: ours (previous session), 2: someone's; | 4: intents */
 	if (!a->scan_owner || !a->scan_map || !a->cand || !taken) {
 		efs_mem_free(taken);
 		claim_done(a, -ENOMEM);
@@ -988,27 +1027,37 @@ static void scan_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result
 			}
 		} else if (ki.family == EFS_META_K_FREE_INTENT) {
 			a->groups[ki.group].has_intents = true;
+			taken[ki.group] |= 4;
 		}
 	}
 	a->others_free = others;
-	/* Candidates: ours from a previous session first, then free groups,
-	 * in the spread order hash(node) + k * stride. */
+	for (uint32_t i = 0; i < n; i++)
+		a->groups[i].other_owner = !a->groups[i].owned && (taken[i] & 3) == 2;
+	/* Candidates, in the spread order hash(node) + k * stride: ours from a
+	 * previous session first, then free groups with intents (their blocks
+	 * come back with the claim's fold), then the other free groups. An
+	 * orphan round takes only the first two kinds, all of them. */
 	start = hash_node(a->node) % n;
 	stride = n / (a->groups_initial ? a->groups_initial : 1);
 	if (stride == 0)
 		stride = 1;
 	while (gcd32(stride, n) != 1)
 		stride++;
-	for (int pass = 1; pass >= 0; pass--) {
+	for (int pass = 0; pass < 3; pass++) {
 		for (uint32_t k = 0; k < n; k++) {
 			uint32_t g = (uint32_t)((start + (uint64_t)k * stride) % n);
+			uint8_t o = taken[g] & 3;
+			bool in = taken[g] & 4;
 
 			if (a->groups[g].owned || a->scan_map[g] < 0)
 				continue;
-			if ((pass == 1 && taken[g] == 1) || (pass == 0 && taken[g] == 0))
+			if ((pass == 0 && o == 1) || (pass == 1 && o == 0 && in) ||
+			    (pass == 2 && o == 0 && !in && !a->orphan_round))
 				a->cand[a->ncand++] = g;
 		}
 	}
+	if (a->orphan_round)
+		a->claim_need = (uint32_t)a->ncand;
 	efs_mem_free(taken);
 	claim_next(a);
 }
@@ -1058,6 +1107,108 @@ static void claim_round(struct efs_alloc *a)
 		claim_done(a, r);
 }
 
+/* ---- Orphan groups ---- */
+
+static void probe_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result *r,
+		     Etcdserverpb__TxnResponse *resp)
+{
+	Etcdserverpb__RangeResponse *rr = NULL;
+	uint8_t *seen; /* 1: owner key, 2: intents */
+	uint32_t orphans = 0;
+	bool again = a->probe_want; /* intents made while it ran */
+
+	a->probe_busy = false;
+	a->probe_want = false;
+	if (c->epoch != a->epoch)
+		return;
+	if (r->err < 0 || efs_etcd_txn_resp_range(resp, 0, &rr) < 0) {
+		efs_log_warn("alloc: probing for orphan groups failed: %s", r->message);
+		a->probe_want = true; /* the next tick retries */
+		return;
+	}
+	seen = efs_mem_calloc(a->ngroups, 1);
+	if (!seen) {
+		a->probe_want = true;
+		return;
+	}
+	for (size_t i = 0; i < rr->n_kvs; i++) {
+		struct efs_meta_key_info ki;
+		const Mvccpb__KeyValue *kv = rr->kvs[i];
+
+		if (efs_meta_key_parse(&a->ns, kv->key.data, kv->key.len, &ki) < 0 ||
+		    ki.group >= a->ngroups)
+			continue;
+		if (ki.family == EFS_META_K_AG_OWNER)
+			seen[ki.group] |= 1;
+		else if (ki.family == EFS_META_K_FREE_INTENT)
+			seen[ki.group] |= 2;
+	}
+	for (uint32_t i = 0; i < a->ngroups; i++) {
+		a->groups[i].other_owner = !a->groups[i].owned && (seen[i] & 1);
+		if (seen[i] == 2 && !a->groups[i].owned)
+			orphans++;
+	}
+	efs_mem_free(seen);
+	if (!orphans) {
+		if (again)
+			orphan_probe(a);
+		return;
+	}
+	if (a->left || a->leave_cb)
+		return;
+	if (a->claim_busy || a->starting || !a->started) {
+		a->probe_want = true;
+		return;
+	}
+	efs_log_debug("alloc: %" PRIu32 " group(s) with free intents and no owner: claiming",
+		     orphans);
+	a->orphan_round = true;
+	a->claim_need = orphans;
+	claim_round(a);
+}
+
+/*
+ * Looks for groups holding free intents with no owner key (keys only), and
+ * claims them when there are. Coalesced: one probe at a time.
+ */
+static void orphan_probe(struct efs_alloc *a)
+{
+	Etcdserverpb__RangeRequest req = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	struct efs_meta_range rg;
+	struct efs_etcd_txn *t = NULL;
+	int r;
+
+	if (a->left || a->leave_cb)
+		return;
+	if (a->probe_busy || a->claim_busy || !a->started || a->starting || !session_ok(a)) {
+		a->probe_want = true;
+		return;
+	}
+	a->probe_want = false;
+	r = efs_meta_range_family(&a->ns, EFS_META_K_AG_OWNER, &rg);
+	if (r == 0)
+		r = efs_etcd_txn_new(&t, 0);
+	if (r == 0) {
+		req.key.data = rg.key.buf;
+		req.key.len = rg.key.len;
+		req.range_end.data = rg.end.buf;
+		req.range_end.len = rg.end.len;
+		req.keys_only = true;
+		r = efs_etcd_txn_range_req(t, EFS_ETCD_TXN_SUCCESS, &req);
+	}
+	if (r == 0) {
+		r = send_txn(a, t, probe_cb, 0, NULL);
+		t = NULL;
+	}
+	efs_etcd_txn_free(t);
+	if (r == 0) {
+		a->probe_busy = true;
+	} else {
+		efs_log_warn("alloc: probing for orphan groups: %s", strerror(-r));
+		a->probe_want = true;
+	}
+}
+
 static void start_token(struct efs_alloc *a, void *arg)
 {
 	(void)arg;
@@ -1095,6 +1246,7 @@ struct fold {
 	uint32_t *grps;			 /* owned groups, in the order of the ranges */
 	size_t ngrps, igrp;
 	size_t from; /* next kv of the current group's range */
+	size_t bfrom; /* first kv of the batch in flight */
 	struct efs_freemap built;
 	bool has_built;
 };
@@ -1121,6 +1273,10 @@ static void fold_end(struct efs_alloc *a, struct fold *f)
 		start_finish(a, 0);
 	else
 		token_release(a);
+	if (a->fold_again) {
+		a->fold_again = false;
+		fold_soon(a);
+	}
 }
 
 /* Is the intent |kv| foldable: drained, or its session is over? */
@@ -1141,6 +1297,13 @@ static bool intent_foldable(struct efs_alloc *a, const Mvccpb__KeyValue *kv,
 	}
 	if (!strcmp(ki.node, a->node)) {
 		live = ki.session == efs_session_generation(a->s);
+		if (live) {
+			/* Ours, and its blocks left quarantine: no drained mark
+			 * needed before the fold. */
+			const struct intent *in = intent_by_key(a, &kv->key);
+
+			live = !(in && in->ready);
+		}
 	} else {
 		for (size_t i = 0; nodes && i < nodes->n_kvs; i++) {
 			struct efs_meta_key_info ni;
@@ -1185,13 +1348,26 @@ static void fold_txn_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_re
 		g->stale = true;
 		f->igrp++;
 		f->from = 0;
-	} else if (g->owned) {
-		efs_freemap_done(&g->committed);
-		g->committed = f->built;
-		f->has_built = false;
-		g->map_rev = resp->header ? resp->header->revision : 0;
-		if (avail_recompute(g) < 0)
-			g->dirty = true;
+	} else {
+		Etcdserverpb__RangeResponse *rr = NULL;
+
+		if (g->owned) {
+			efs_freemap_done(&g->committed);
+			g->committed = f->built;
+			f->has_built = false;
+			g->map_rev = resp->header ? resp->header->revision : 0;
+			if (avail_recompute(g) < 0)
+				g->dirty = true;
+		}
+		/* Our own intents folded by this batch are done with. */
+		if (efs_etcd_txn_resp_range(f->resp, f->igrp, &rr) == 0) {
+			for (size_t i = f->bfrom; i < f->from && i < rr->n_kvs; i++) {
+				struct intent *in = intent_by_key(a, &rr->kvs[i]->key);
+
+				if (in && in->ready)
+					intent_drop(a, in);
+			}
+		}
 	}
 	fold_step(a, f);
 }
@@ -1220,6 +1396,7 @@ static void fold_step(struct efs_alloc *a, struct fold *f)
 			r = owner_compares(a, t, g);
 		if (r == 0)
 			r = efs_session_guard(a->s, t);
+		f->bfrom = f->from;
 		for (; r == 0 && f->from < rr->n_kvs && nint < BATCH_MAX; f->from++) {
 			const Mvccpb__KeyValue *kv = rr->kvs[f->from];
 			Etcfs__FreeIntent *fi = NULL;
@@ -1366,6 +1543,19 @@ static void fold_token(struct efs_alloc *a, void *arg)
 	fold_all(a, false);
 }
 
+/* A fold of every owned group, as soon as the token is free. */
+static void fold_soon(struct efs_alloc *a)
+{
+	if (a->fold_busy) {
+		a->fold_again = true;
+		return;
+	}
+	if (!a->started || a->left || !session_ok(a))
+		return;
+	if (token_wait(a, fold_token, NULL) == 0)
+		a->fold_busy = true;
+}
+
 /* ---- Own intents: drained marks ---- */
 
 static void intent_drop(struct efs_alloc *a, struct intent *in)
@@ -1471,6 +1661,8 @@ static void tick_cb(uv_timer_t *t)
 		if (owned && token_wait(a, fold_token, NULL) == 0)
 			a->fold_busy = true;
 	}
+	if (a->started && !a->starting && session_ok(a))
+		orphan_probe(a);
 	kick(a);
 }
 
@@ -2036,6 +2228,8 @@ static void commit_group(struct efs_alloc_txn *t, struct tgrp *tg, int64_t rev)
 			in->mod_rev = t->unknown ? 0 : rev;
 			in->next = a->intents;
 			a->intents = in;
+			if (!g->other_owner)
+				a->probe_want = true; /* nobody may own it: claim it */
 		}
 	}
 	if (r < 0)
@@ -2068,6 +2262,8 @@ void efs_alloc_txn_end(struct efs_alloc_txn *t, enum efs_alloc_outcome oc, int64
 	txn_free(t);
 	quar_release(a);
 	update_gauges(a);
+	if (a->probe_want)
+		orphan_probe(a);
 }
 
 /* ---- Figures ---- */

@@ -44,6 +44,9 @@
  * comparing their mod_revisions), reporting double frees in the log and
  * etcfs_space_double_frees_total instead of applying them. This node
  * marks its own intents drained once its quarantine released those blocks.
+ * Groups that hold intents but have no owner key (their owner's session
+ * ended) are claimed by any node's sweep — or right after it made such an
+ * intent — and folded; a start prefers them.
  *
  * Reserve: allocations with EFS_ALLOC_NEW (extending writes, hole fills,
  * fallocate) fail with ENOSPC when the filesystem's free blocks would fall

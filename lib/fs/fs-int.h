@@ -501,8 +501,9 @@ int efs_fs_del_dirent(struct efs_fs_op *op, uint64_t parent, const char *name, s
 		      int64_t mod_rev);
 /* Deletes every key of a removed inode besides i/ (xattrs, holders,
  * extents, orphan) in the transaction. A regular file with data (|rec|'s
- * size or blocks) keeps its extent chunks and gets a reclaim record
- * instead (fs/data.h), when the data path is built. */
+ * size or blocks, or a data state on this node) keeps its extent chunks
+ * and gets a reclaim record instead (fs/data.h), when the data path is
+ * built. */
 int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *rec);
 
 /* Reply helpers: fill a fuse_entry_param / attr reply from a record, with

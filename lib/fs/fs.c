@@ -691,7 +691,14 @@ int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inod
 	if (r < 0)
 		return r;
 #if EFS_HAVE_DATAPATH
-	reclaim = op->fs->alloc && rec && S_ISREG(rec->mode) && (rec->size || rec->blocks);
+	/* Also for a file this node has data state for: a truncate or a
+	 * publication in parts may have left chunks behind a record that
+	 * says size 0 (the reclaimer deletes an empty record at once). */
+	if (op->fs->alloc && rec && S_ISREG(rec->mode)) {
+		struct efs_fs_inode *in = efs_fs_ifind(op->fs, ino);
+
+		reclaim = rec->size || rec->blocks || (in && in->data);
+	}
 #else
 	(void)rec;
 #endif
@@ -1682,12 +1689,16 @@ static void step_build(struct efs_fs_op *op)
 			efs_lock_grant_committed(fs->lc, op->new_ino, false);
 			op->granted = false;
 		}
+		/* The built transaction is dropped: a data contribution ends
+		 * (its fdatasync and allocator part are redone on rebuild). */
+		data_outcome(op, EFS_FS_DATA_FAILED, 0);
 		op->retries++;
 		op->force_load = true;
 		step_session(op);
 		return;
 	}
 	if (r < 0) {
+		data_outcome(op, EFS_FS_DATA_FAILED, 0);
 		efs_log_debug("fs: %s: cannot build the transaction: %d",
 			      efs_fs_op_names[op->d->code], r);
 		efs_fs_op_finish(op, r == -ENOLCK ? -EIO : r == -ENOMEM ? -ENOMEM : -EIO);
@@ -1695,6 +1706,7 @@ static void step_build(struct efs_fs_op *op)
 	}
 	r = efs_etcd_txn(fs->c, efs_etcd_txn_request(op->txn), NULL, commit_cb, op);
 	if (r < 0) {
+		data_outcome(op, EFS_FS_DATA_FAILED, 0);
 		efs_fs_op_finish(op, -EIO);
 		return;
 	}

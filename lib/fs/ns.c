@@ -1173,6 +1173,15 @@ static int rc_plan(struct efs_fs_op *op)
 		return efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
 	rec = efs_fs_rec(op, op->ino);
 	in = efs_fs_ifind(op->fs, op->ino);
+#if EFS_HAVE_DATAPATH
+	if (!rec && op->fs->data_priv) {
+		/* Gone: a retry after an unknown outcome found our delete
+		 * applied (no apply_out runs then). */
+		efs_fs_data_dropped(op->fs, op->ino);
+		if (op->fs->alloc)
+			efs_fs_reclaim_kick(op->fs);
+	}
+#endif
 	if (!rec || rec->nlink != 0 || (in && in->opens > 0))
 		return EFS_FS_DONE;
 	return EFS_FS_CONT;

@@ -3,14 +3,18 @@
  * Space against a real etcd. The allocator alone (fs/alloc.h) on a keyspace
  * laid out as mkfs does: claims spread over groups, allocation and
  * publication through map transactions, frees through quarantine, double
- * frees refused, free intents for groups not owned (marked drained, folded
- * by the next owner), takeover of this node's groups from a previous
- * session, on-demand claims and ENOSPC with the reserve, a lost session
+ * frees refused, free intents for groups owned by another node (marked
+ * drained, left to that owner), intents in groups nobody owns (claimed and
+ * folded by the sweep, or by a start, which prefers such groups), takeover
+ * of this node's groups from a previous session, on-demand claims and
+ * ENOSPC with the reserve, a lost session
  * (everything forgotten, groups claimed again), re-reads after an unknown
  * outcome, clean leave.
  * With the data path built: the mounted filesystem (after mount this node
  * owns groups; an unlinked file's reclaim record goes and free space returns
- * to the mkfs value; an orphan left by kill -9 is reclaimed after remount).
+ * to the mkfs value; an orphan left by kill -9 is reclaimed after remount;
+ * after kill -9, deleting files whose blocks lie in the old session's groups
+ * returns all space and leaves no free intent).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -427,15 +431,52 @@ Test(alloc, claim_publish_free)
 	efs_test_assert_no_leaks();
 }
 
+/* Owner key of group |g| for a node of another process, on a lease of its
+ * own (returned, to revoke). */
+static int64_t fake_owner(uint32_t g, const char *node)
+{
+	Etcfs__AgOwner ow = ETCFS__AG_OWNER__INIT;
+	Etcdserverpb__LeaseGrantRequest lg = ETCDSERVERPB__LEASE_GRANT_REQUEST__INIT;
+	Etcdserverpb__LeaseGrantResponse *lr = NULL;
+	struct efs_meta_key k;
+	ProtobufCBinaryData b;
+	int64_t id;
+
+	lg.ttl = 60;
+	cr_assert_eq(efs_etcd_sync_call(sc, EFS_ETCD_LEASE_GRANT, &lg.base,
+				       (ProtobufCMessage **)&lr, NULL),
+		     0);
+	id = lr->id;
+	efs_test_pb_free(lr);
+	ow.node = (char *)node;
+	ow.session_generation = 1;
+	ow.lease_id = id;
+	cr_assert_eq(efs_meta_pack(&ow.base, &b), 0);
+	cr_assert_eq(efs_meta_key_ag(&ns, g, EFS_META_K_AG_OWNER, &k), 0);
+	cr_assert_eq(efs_etcd_sync_put(sc, k.buf, k.len, b.data, b.len, id, NULL), 0);
+	efs_mem_free(b.data);
+	return id;
+}
+
+static void lease_revoke(int64_t id)
+{
+	Etcdserverpb__LeaseRevokeRequest rq = ETCDSERVERPB__LEASE_REVOKE_REQUEST__INIT;
+	ProtobufCMessage *resp = NULL;
+
+	rq.id = id;
+	cr_assert_eq(efs_etcd_sync_call(sc, EFS_ETCD_LEASE_REVOKE, &rq.base, &resp, NULL), 0);
+	efs_test_pb_free(resp);
+}
+
 Test(alloc, intents_drained_and_folded)
 {
 	struct efs_session *s;
 	struct efs_alloc *a;
 	struct efs_runs got[2] = {{0}};
 	struct agview v0, v;
-	uint32_t gs[2], n = 0, gx;
-	int other;
+	uint32_t gs[2], n = 0;
 	uint64_t total;
+	int64_t lease;
 
 	layout_init(64ull << 20);
 	total = efs_layout_total_blocks(&lay);
@@ -456,35 +497,77 @@ Test(alloc, intents_drained_and_folded)
 	}
 	alloc_leave(a);
 
-	/* An allocator owning one of them frees both: one free intent. */
+	/* Another node ("n2", its own lease) owns gs[1]; an allocator of n1
+	 * owning gs[0] frees both: one free intent, left to n2. */
+	lease = fake_owner(gs[1], "n2");
 	a = alloc_start(s, 1);
 	view("n1", &v);
 	cr_assert_eq(v.nowned, 1);
-	for (gx = 0; gx < lay.ag_count && !v.owned_by[gx]; gx++)
-		;
-	cr_assert(gx == gs[0] || gx == gs[1]);
-	other = gx == gs[0] ? 1 : 0;
-	cr_assert_eq(publish(a, s, NULL, &got[1 - other]), 0);
-	cr_assert_eq(publish(a, s, NULL, &got[other]), 0);
+	cr_assert(v.owned_by[gs[0]]);
+	cr_assert_eq(publish(a, s, NULL, &got[0]), 0);
+	cr_assert_eq(publish(a, s, NULL, &got[1]), 0);
 	view("n1", &v);
 	cr_assert_eq(v.intents, 1);
-	cr_assert_eq(v.free[gs[other]], lay.ag_blocks - 20);
+	cr_assert_eq(v.free[gs[1]], lay.ag_blocks - 20);
 	cr_assert_eq(v.free_sum, total - 20);
-	/* Quarantine releases at once (no read): the sweep marks it drained. */
+	/* Quarantine releases at once (no read): the sweep marks it drained;
+	 * the group stays n2's (sweeps do not claim owned groups). */
 	for (int i = 0; i < 50 && v.drained == 0; i++) {
 		efs_test_run_for(100);
 		view("n1", &v);
 	}
 	cr_assert_eq(v.drained, 1);
-	alloc_leave(a);
-
-	/* The next owner of that group folds it at claim. */
-	a = alloc_start(s, 2);
+	efs_test_run_for(500);
 	view("n1", &v);
-	cr_assert(v.owned_by[gs[other]]);
+	cr_assert_eq(v.intents, 1);
+	cr_assert_not(v.owned_by[gs[1]]);
+
+	/* n2 goes without folding: the group has an intent and no owner, and
+	 * the sweep claims it and folds the intent. */
+	lease_revoke(lease);
+	for (int i = 0; i < 50 && (v.intents || v.free_sum != total); i++) {
+		efs_test_run_for(100);
+		view("n1", &v);
+	}
 	cr_assert_eq(v.intents, 0);
 	cr_assert_eq(v.free_sum, total);
+	cr_assert(v.owned_by[gs[1]]);
 	alloc_leave(a);
+
+	/* Intents left in a group nobody owns (its owner left cleanly) are
+	 * folded by the next start, which prefers such groups. */
+	a = alloc_start(s, 2);
+	{
+		struct efs_runs more = {0};
+		uint32_t gm;
+
+		cr_assert_eq(efs_alloc_get(a, 7, 0, 0, &more, cb_done, NULL), 1);
+		gm = group_of(more.v[0].start);
+		cr_assert_eq(publish(a, s, &more, NULL), 0);
+		alloc_leave(a);
+		/* Another node frees them while n3 owns the group, then both go:
+		 * an intent of an ended session in a group nobody owns. */
+		lease = fake_owner(gm, "n3");
+		{
+			struct efs_session *s4 = session("n4");
+
+			a = alloc_start(s4, 1);
+			cr_assert_eq(publish(a, s4, NULL, &more), 0);
+			alloc_leave(a);
+			session_end(s4);
+		}
+		lease_revoke(lease);
+		view("n1", &v);
+		cr_assert_eq(v.intents, 1);
+		cr_assert_eq(v.free_sum, total - 7);
+		a = alloc_start(s, 1);
+		view("n1", &v);
+		cr_assert(v.owned_by[gm], "the start did not prefer the group with intents");
+		cr_assert_eq(v.intents, 0);
+		cr_assert_eq(v.free_sum, total);
+		alloc_leave(a);
+		efs_runs_done(&more);
+	}
 	efs_runs_done(&got[0]);
 	efs_runs_done(&got[1]);
 	session_end(s);
@@ -708,8 +791,9 @@ static void mount_fini(void)
 
 TestSuite(space_mount, .fini = mount_fini, .timeout = 240);
 
-/* Sum of ag/<g>/free, and the groups whose owner names |node|, via etcdctl. */
-static uint64_t mnt_view(const char *node, uint32_t *owned)
+/* Sum of ag/<g>/free, the groups whose owner names |node| and the free
+ * intents (|intents| may be NULL). */
+static uint64_t mnt_view2(const char *node, uint32_t *owned, size_t *intents)
 {
 	Etcdserverpb__RangeResponse *rr;
 	Etcdserverpb__TxnResponse *resp;
@@ -732,6 +816,8 @@ static uint64_t mnt_view(const char *node, uint32_t *owned)
 	efs_etcd_txn_free(t);
 	cr_assert_eq(efs_etcd_txn_resp_range(resp, 0, &rr), 0);
 	*owned = 0;
+	if (intents)
+		*intents = 0;
 	for (size_t i = 0; i < rr->n_kvs; i++) {
 		struct efs_meta_key_info ki;
 		const Mvccpb__KeyValue *kv = rr->kvs[i];
@@ -753,11 +839,18 @@ static uint64_t mnt_view(const char *node, uint32_t *owned)
 				     0);
 			*owned += !strcmp(ow->node, node);
 			efs_meta_record_free(ow);
+		} else if (ki.family == EFS_META_K_FREE_INTENT && intents) {
+			(*intents)++;
 		}
 	}
 	efs_test_pb_free(resp);
 	efs_etcd_sync_free(s);
 	return sum;
+}
+
+static uint64_t mnt_view(const char *node, uint32_t *owned)
+{
+	return mnt_view2(node, owned, NULL);
 }
 
 /* Keys of the rc/ (or o/) family. */
@@ -897,6 +990,59 @@ Test(space_mount, orphan_reclaimed_after_kill)
 	cr_assert_eq(mnt_count(EFS_META_K_ORPHAN), 0);
 	cr_assert(log_has("reclaim: orphan inode"), "the orphan was not adopted by the reclaimer");
 	efs_test_fs_unmount(&mfs);
+	cr_assert_not(log_has("DOUBLE FREE"));
+	cr_assert_not(log_has("Sanitizer"));
+}
+#endif
+
+#if EFS_HAVE_DATAPATH
+/*
+ * kill -9 with files spread over more groups than a mount claims at first:
+ * after the restart (the takeover revoked the old lease, so the old owner
+ * keys are gone) deleting everything frees blocks in groups nobody owns.
+ * Their free intents are claimed and folded: within 15 s (the default
+ * sweep is 5 s) the free counts are mkfs's and no intent is left.
+ */
+Test(space_mount, intents_of_unowned_groups_folded_after_kill)
+{
+	struct efs_test_fs_opts o = {.image_size = 64ull << 20};
+	char path[400];
+	uint64_t mkfs_free, now = 0;
+	uint32_t owned;
+	size_t intents = 0, rc = 0;
+	bool ok = false;
+	int nfiles = 8;
+
+	efs_test_fs_start(&mfs, &o);
+	mkfs_free = mnt_view("node1", &owned);
+	for (int i = 0; i < nfiles; i++) {
+		snprintf(path, sizeof(path), "%s/f%d", mfs.mnt, i);
+		write_file(path, 1 << 20, false, NULL);
+	}
+	now = mnt_view("node1", &owned);
+	cr_assert_lt(now, mkfs_free);
+	/* 8 MiB over 1 MiB groups: more groups than the 2 of a start. */
+	cr_assert_geq(owned, 4, "only %u groups owned before the kill", owned);
+	efs_test_fs_kill(&mfs);
+	efs_test_fs_mount(&mfs, NULL);
+	for (int i = 0; i < nfiles; i++) {
+		snprintf(path, sizeof(path), "%s/f%d", mfs.mnt, i);
+		cr_assert_eq(unlink(path), 0, "unlink %s: %s", path, strerror(errno));
+	}
+	for (int i = 0; i < 150 && !ok; i++) {
+		now = mnt_view2("node1", &owned, &intents);
+		rc = mnt_count(EFS_META_K_RECLAIM);
+		ok = now == mkfs_free && intents == 0 && rc == 0;
+		if (!ok)
+			usleep(100 * 1000);
+	}
+	cr_assert(ok, "after 15 s: free %" PRIu64 " (mkfs %" PRIu64 "), %zu intents, %zu rc/",
+		  now, mkfs_free, intents, rc);
+	efs_test_fs_unmount(&mfs);
+	now = mnt_view2("node1", &owned, &intents);
+	cr_assert_eq(owned, 0);
+	cr_assert_eq(now, mkfs_free);
+	cr_assert_eq(intents, 0);
 	cr_assert_not(log_has("DOUBLE FREE"));
 	cr_assert_not(log_has("Sanitizer"));
 }
