@@ -469,15 +469,27 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 	at = rc->at;
 	if (r->err < 0 && (r->outcome_unknown || r->err == -ETIMEDOUT)) {
 		struct efs_etcd_txn *t = NULL;
-		const Mvccpb__KeyValue *kv = rc->chunks->kvs[0];
-		int e;
+		struct efs_meta_key k;
+		const uint8_t *vk;
+		size_t vlen;
+		int e = 0;
 
 		efs_fs_count_txn(fs, EFS_FS_ORIG_RECLAIM, EFS_FS_TXN_UNKNOWN);
 		efs_alloc_txn_end(at, EFS_ALLOC_UNKNOWN, 0);
-		e = efs_etcd_txn_new(&t, 0);
+		if (rc->nchunks > 0) {
+			/* The first chunk deleted tells whether it applied. */
+			vk = rc->chunks->kvs[0]->key.data;
+			vlen = rc->chunks->kvs[0]->key.len;
+		} else {
+			/* A batch without chunks deletes the record itself. */
+			e = efs_meta_key_reclaim(&fs->ns, rc->recs[rc->irec].ino, &k);
+			vk = k.buf;
+			vlen = k.len;
+		}
 		if (e == 0)
-			e = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, kv->key.data, kv->key.len,
-					       NULL, 0);
+			e = efs_etcd_txn_new(&t, 0);
+		if (e == 0)
+			e = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, vk, vlen, NULL, 0);
 		if (e == 0) {
 			e = rc_send(rc, t, verify_cb);
 			t = NULL;
