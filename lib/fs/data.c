@@ -31,7 +31,17 @@
  *    the dirty chunks, allocations and frees of up to EFS_LOCK_REQ_MAX
  *    dirty inodes (within etcd's 128 operations) and commits them with
  *    the merged records. Truncates publish their inode in their own
- *    operation with the same code.
+ *    operation with the same code. A publication starts when a full
+ *    batch is dirty (KICK_*; counted again when the running one ends, so
+ *    batches stay full), on the interval sweep, or when something waits
+ *    (fsync, O_SYNC, a buffer limit: those inodes are "urgent"). Writes
+ *    wait only at node-wide bounds (dirty chunks, dirty inodes) or when
+ *    one inode holds too many buried blocks (WAIT_FPEND_BLOCKS).
+ *  - ENOSPC on a write step: the inode's pending frees are published and
+ *    the step retried, then retried in halves (a large overwrite needs
+ *    its new blocks before the old ones are freed; the reserve may be
+ *    smaller than one request); pieces already written give a short
+ *    write.
  *  - Known limits: an inode whose changes exceed one transaction is
  *    published in parts whose frees wait for the part that completes its
  *    chunk changes; if it is dropped (unlinked and closed) in between,
@@ -70,12 +80,21 @@
 /* Operations and compares one publication puts in a transaction (etcd's
  * cap is 128; the rest is margin for estimates). */
 #define PUB_BUDGET 120
-/* Dirty chunks of one inode that start a publication now, and beyond which
- * writes wait: below the brief's 48/96 so that one inode's changes, with
- * its allocator contribution, usually fit one transaction (an inode that
- * does not is published in parts, see snap_build). */
-#define KICK_CHUNKS 32
-#define WAIT_CHUNKS 64
+/* Dirty chunks of one inode that start a publication now (about what one
+ * transaction holds with the allocator's contribution). Writes do not wait
+ * on one inode's count: an inode with more is published in parts, several
+ * transactions back to back (see snap_build). */
+#define KICK_CHUNKS 96
+/* Dirty chunks of the node (counted on the dirty list) that start a
+ * publication now, and beyond which writes wait: the memory bound of the
+ * pending extent state. */
+#define KICK_NODE_CHUNKS 110
+#define WAIT_NODE_CHUNKS 65536
+/* Buried blocks of one inode beyond which its writes wait for a complete
+ * publication: an inode published in parts frees its buried blocks only
+ * with the part that completes it (a crash or a drop in between leaks
+ * them), and they are space the filesystem does not have meanwhile. */
+#define WAIT_FPEND_BLOCKS 16384
 /* Dirty inodes of the node that start a publication now, and beyond which
  * writes wait. */
 #define KICK_INODES 4096
@@ -138,6 +157,7 @@ struct efs_fs_data {
 	uint32_t p_mode, p_uid, p_gid;
 	uint64_t ver, ver_pub;
 	bool listed; /* on the dirty list */
+	size_t nd_acct; /* dirty chunks counted in struct dctl's nchunks */
 	bool urgent; /* wanted by an fsync, a buffer limit */
 	struct efs_fs_data *dnext, *dprev;
 	int err;     /* latched publication error */
@@ -162,6 +182,7 @@ struct dctl {
 	uv_timer_t *kick;
 	struct efs_fs_data *dhead; /* dirty states */
 	size_t ndirty;
+	size_t nchunks; /* dirty chunks of the listed states (as last counted) */
 	struct efs_fs_op *running;
 	bool again;
 	bool stalled; /* the last publication found nothing it could publish */
@@ -243,6 +264,7 @@ struct dreq {
 	size_t doff; /* offset in |data| of the current step */
 	bool append;
 	bool sync;
+	bool nospc_pub; /* ENOSPC: this step already waited for a publication */
 	int fmode; /* fallocate mode, lseek whence, fsync datasync */
 	off_t len;
 	struct fuse_file_info fi;
@@ -445,7 +467,27 @@ static void dlist_del(struct efs_fs_data *d)
 		d->dnext->dprev = d->dprev;
 	d->dnext = d->dprev = NULL;
 	c->ndirty--;
+	c->nchunks -= d->nd_acct;
+	d->nd_acct = 0;
 	gauge_dirty(c);
+}
+
+/* Counts d's dirty chunks again in the node's total (listed states only). */
+static void dacct(struct efs_fs_data *d)
+{
+	struct dctl *c = ctl_of(d->fs);
+	size_t n = d->listed && d->map ? efs_extmap_ndirty(d->map) : 0;
+
+	c->nchunks = c->nchunks - d->nd_acct + n;
+	d->nd_acct = n;
+}
+
+/* Recounts the node's total exactly (before writes are made to wait). */
+static size_t dacct_all(struct dctl *c)
+{
+	for (struct efs_fs_data *d = c->dhead; d; d = d->dnext)
+		dacct(d);
+	return c->nchunks;
 }
 
 static void pin_cb(struct efs_lock_req *lr, int status)
@@ -633,13 +675,13 @@ static void state_changed(struct efs_fs_data *d)
 
 	d->ver++;
 	dlist_add(d);
+	dacct(d);
 	state_pin(d);
-	if (efs_extmap_ndirty(d->map) >= KICK_CHUNKS) {
-		d->urgent = true;
+	/* A full batch is ready: publish it (while one runs, its end counts
+	 * again: the chunks it carries no longer count then). */
+	if ((d->nd_acct >= KICK_CHUNKS || c->ndirty > KICK_INODES ||
+	     c->nchunks >= KICK_NODE_CHUNKS) && !c->running)
 		pub_kick(d->fs);
-	} else if (c->ndirty > KICK_INODES) {
-		pub_kick(d->fs);
-	}
 }
 
 /* ---- Pending record fields ---- */
@@ -1942,7 +1984,11 @@ static bool bp_over(struct efs_fs *fs, struct efs_fs_data *d)
 {
 	struct dctl *c = ctl_of(fs);
 
-	return (d->map && efs_extmap_ndirty(d->map) >= WAIT_CHUNKS) || c->ndirty > WAIT_INODES;
+	if (d && d->fpend.n && efs_runs_total(&d->fpend) >= WAIT_FPEND_BLOCKS)
+		return true;
+	if (c->nchunks >= WAIT_NODE_CHUNKS && dacct_all(c) >= WAIT_NODE_CHUNKS)
+		return true;
+	return c->ndirty > WAIT_INODES;
 }
 
 static void bp_wait(struct dreq *r)
@@ -2074,7 +2120,7 @@ static void wr_edges_read(void *arg, int err)
 		memset(r->buf, 0, head);
 	e = write_blocks(r->d, r->b0, r->nb, r->buf, 0, wr_written, r);
 	if (e < 0)
-		dreq_end(r, e);
+		wr_written(r, e);
 }
 
 static void wsync_done(void *arg, int err)
@@ -2090,6 +2136,61 @@ static void wsync_done(void *arg, int err)
 
 static int fsync_wait(struct efs_fs_data *d, void (*cb)(void *arg, int err), void *arg);
 
+static void write_step(struct dreq *r);
+static void wr_complete(struct dreq *r);
+
+static void wr_retry_cb(void *arg, int err)
+{
+	struct dreq *r = arg;
+
+	if (err < 0) {
+		if (r->total)
+			wr_complete(r);
+		else
+			dreq_end(r, err);
+		return;
+	}
+	write_step(r);
+}
+
+/*
+ * A write step found no space. Copy-on-write needs the new blocks of an
+ * overwrite before the publication frees the old ones, so on a nearly
+ * full filesystem one large overwrite can need more than the reserve
+ * holds: publish what the inode buried (its frees make room) and retry
+ * the step, and once nothing is left to publish, retry it in halves down
+ * to one block. Returns true when the request goes on (the block-range
+ * lock is dropped); false: the caller fails it.
+ */
+static bool wr_nospc(struct dreq *r)
+{
+	struct efs_fs_data *d = r->d;
+	uint64_t bs = r->fs->blksize, off = (uint64_t)r->woff, b0, nb;
+	int e;
+
+	if (r->kind != RK_WRITE || d->broken || d->dropped || !d->map)
+		return false;
+	if (!r->nospc_pub && (state_dirty(d) || d->snap)) {
+		r->nospc_pub = true;
+		rl_drop(d, &r->rl);
+		e = fsync_wait(d, wr_retry_cb, r);
+		if (e == 1)
+			write_step(r);
+		else if (e < 0)
+			wr_retry_cb(r, e);
+		return true;
+	}
+	b0 = off / bs;
+	nb = (off + r->wbytes + bs - 1) / bs - b0;
+	if (nb <= 1)
+		return false;
+	r->wbytes = (size_t)((b0 + nb / 2) * bs - off);
+	r->nospc_pub = false;
+	rl_drop(d, &r->rl);
+	write_step(r);
+	return true;
+}
+
 static void wr_written(void *arg, int err)
 {
 	struct dreq *r = arg;
@@ -2103,7 +2204,15 @@ static void wr_written(void *arg, int err)
 	efs_io_buf_free(r->edge[0]);
 	efs_io_buf_free(r->edge[1]);
 	r->edge[0] = r->edge[1] = NULL;
+	if (err == -ENOSPC && wr_nospc(r))
+		return;
 	if (err < 0) {
+		if (r->total && r->kind == RK_WRITE) {
+			/* Earlier pieces are written: a short write. */
+			rl_drop(d, &r->rl);
+			wr_complete(r);
+			return;
+		}
 		dreq_end(r, err);
 		return;
 	}
@@ -2130,8 +2239,27 @@ static void wr_written(void *arg, int err)
 	}
 	rl_drop(d, &r->rl);
 	r->total += r->wbytes;
+	if (r->kind == RK_WRITE && r->total < r->size) {
+		/* A piece of a write split by wr_nospc: the next one, of
+		 * the same size at most. */
+		r->doff += r->wbytes;
+		r->woff += (off_t)r->wbytes;
+		if (r->wbytes > r->size - r->total)
+			r->wbytes = r->size - r->total;
+		r->nospc_pub = false;
+		write_step(r);
+		return;
+	}
+	wr_complete(r);
+	(void)fs;
+}
+
+/* The write's bytes are mapped: O_SYNC/O_DSYNC waits for the publication,
+ * then the reply. */
+static void wr_complete(struct dreq *r)
+{
 	if (r->sync && r->kind == RK_WRITE) {
-		int e = fsync_wait(d, wsync_done, r);
+		int e = fsync_wait(r->d, wsync_done, r);
 
 		if (e < 0)
 			dreq_end(r, e);
@@ -2140,7 +2268,6 @@ static void wr_written(void *arg, int err)
 		return;
 	}
 	write_finish(r);
-	(void)fs;
 }
 
 static void cfr_next(struct dreq *r);
@@ -2851,6 +2978,7 @@ void efs_fs_data_outcome(struct efs_fs_op *op, enum efs_fs_data_outcome oc, int6
 			continue;
 		if (d && !d->broken && !d->dropped) {
 			efs_extmap_published(d->map, s->ch, s->nch);
+			dacct(d);
 			runs_remove_all(&d->apend, &s->use, NULL);
 			runs_remove_all(&d->fpend, &s->freed, NULL);
 			if (!s->partial) {
@@ -2976,7 +3104,7 @@ static void pub_start(struct efs_fs *fs)
 	struct dctl *c = ctl_of(fs);
 	struct efs_fs_op *op;
 	struct dpub *P;
-	size_t est = 1;
+	size_t est = 2 + 8; /* the session guard, about two groups */
 
 	if (c->running) {
 		c->again = true;
@@ -2997,8 +3125,11 @@ static void pub_start(struct efs_fs *fs)
 
 			if ((pass == 0) != d->urgent || d->snap || d->broken || d->dropped)
 				continue;
-			/* Rough cost: guard, compare, put, chunks, a group. */
-			cost = 3 + efs_extmap_ndirty(d->map) + 4;
+			/* Rough cost (compares and operations count
+			 * apart; the groups are shared, snap_build checks
+			 * exactly): the lock guard and the record compare,
+			 * the record put and the chunks. */
+			cost = 2 + efs_extmap_ndirty(d->map);
 			if (P->n && est + cost > PUB_BUDGET)
 				continue;
 			est += cost;
@@ -3034,7 +3165,8 @@ idle:
 static void pub_next_cb(uv_timer_t *t)
 {
 	struct dctl *c = t->data;
-	bool more = c->again || c->sync_cb || c->bp_head || c->ndirty > KICK_INODES;
+	bool more = c->again || c->sync_cb || c->bp_head || c->ndirty > KICK_INODES ||
+		    c->nchunks >= KICK_NODE_CHUNKS;
 
 	if (c->stalled)
 		more = c->again;
