@@ -188,6 +188,11 @@ struct dctl {
 	bool stalled; /* the last publication found nothing it could publish */
 	uint64_t sid_seq;
 	uint64_t writes_done; /* device writes completed (sync ordering) */
+	/* Publications holding completed writes back (not mapped, not
+	 * answered) while their last fdatasync runs and they snapshot: what
+	 * they publish is then covered by that sync. */
+	int hold;
+	struct wb *held;
 	struct dreq *bp_head, *bp_tail; /* writes waiting on buffer limits */
 	void (*sync_cb)(int status, void *arg);
 	void *sync_arg;
@@ -215,6 +220,9 @@ struct dpub {
 	struct efs_alloc_txn *t;
 	bool synced, syncing;
 	int sync_tries;
+	bool holding; /* counted in struct dctl's hold */
+	bool dev_err; /* the fdatasync or the allocator's begin failed */
+	bool left_partial; /* a committed inode was published only in part */
 	uint64_t sync_mark;
 	struct efs_io sio;
 	bool unknown;
@@ -1063,6 +1071,7 @@ struct wb {
 	void *arg;
 	struct efs_io *io;
 	size_t nio;
+	struct wb *hnext; /* on struct dctl's held list */
 };
 
 static void wb_end(struct wb *j, int err)
@@ -1125,6 +1134,35 @@ static int wb_apply(struct wb *j)
 	return e;
 }
 
+static void wb_finish(struct wb *j);
+
+/* A publication stops holding writes back: map the held ones (in the
+ * order they completed). */
+static void wb_release_held(struct dctl *c, struct dpub *P)
+{
+	struct wb *l = NULL;
+
+	if (!P->holding)
+		return;
+	P->holding = false;
+	if (--c->hold > 0)
+		return;
+	while (c->held) {
+		struct wb *j = c->held;
+
+		c->held = j->hnext;
+		j->hnext = l;
+		l = j;
+	}
+	while (l) {
+		struct wb *j = l;
+
+		l = j->hnext;
+		j->hnext = NULL;
+		wb_finish(j);
+	}
+}
+
 static void wb_io_cb(struct efs_io *io, ssize_t res)
 {
 	struct wb *j = io->arg;
@@ -1139,6 +1177,19 @@ static void wb_io_cb(struct efs_io *io, ssize_t res)
 	c->writes_done++;
 	if (--j->pending)
 		return;
+	if (c->hold) {
+		/* A publication's last fdatasync runs: map it after the
+		 * snapshot (wb_release_held). */
+		j->hnext = c->held;
+		c->held = j;
+		return;
+	}
+	wb_finish(j);
+}
+
+/* Every I/O of |j| completed: map it (or give its blocks back). */
+static void wb_finish(struct wb *j)
+{
 	if (j->err == 0 && (j->d->broken || j->d->dropped || !j->d->map))
 		j->err = j->d->dropped ? 0 : -EIO;
 	if (j->err < 0 || j->d->dropped || j->d->broken) {
@@ -1868,7 +1919,7 @@ void efs_fs_data_handle_free(struct efs_fs *fs, struct efs_fs_handle *h)
 	h->dpriv = NULL;
 	/* The caller drops the open count next: the last handle frees a
 	 * clean, idle state now. */
-	if (d && in->opens <= 1 && (state_idle(d) || d->broken))
+	if (d && in->opens <= 1 && !state_busy(d) && (state_idle(d) || d->broken))
 		state_free(d);
 }
 
@@ -1882,7 +1933,13 @@ static int handle_ok(struct efs_fs *fs, struct efs_fs_handle *h)
 		return -EIO;
 	in = efs_fs_ifind(fs, h->ino);
 	hp = h->dpriv;
-	if (in && in->data && hp && in->data->broken && hp->sid == in->data->sid)
+	if (!in || !hp || !hp->sid)
+		return 0;
+	/* The state the handle was opened against was discarded (its
+	 * unpublished writes are lost): EIO for the life of the handle, also
+	 * once another request detached it and a fresh state replaced it (a
+	 * state with open handles is freed only when discarded). */
+	if (!in->data || in->data->sid != hp->sid || in->data->broken)
 		return -EIO;
 	return 0;
 }
@@ -2031,13 +2088,14 @@ static void wr_locked(void *arg)
 	struct dreq *r = arg;
 	struct efs_fs *fs = r->fs;
 	struct efs_fs_data *d = r->d;
-	uint64_t bs = fs->blksize, size = d->in->rec->size, off, end, head, tailb;
+	uint64_t bs = fs->blksize, size, off, end, head, tailb;
 	int pending = 0, e;
 
-	if (d->broken || d->dropped || !d->map) {
+	if (d->broken || d->dropped || !d->map || !d->in || !d->in->rec) {
 		dreq_end(r, -EIO);
 		return;
 	}
+	size = d->in->rec->size;
 	if (r->append)
 		r->woff = (off_t)size;
 	off = (uint64_t)r->woff;
@@ -2660,6 +2718,46 @@ static int change_use(struct efs_fs_data *d, const struct efs_extmap_change *c,
  * change is in (then the published map no longer references any buried
  * block), as many as fit. The state stays dirty until a complete one.
  */
+/* The first index of v[lo, hi) (sorted by key) whose key is >= |key|. */
+static size_t keys_lower(const struct efs_extmap_change *v, size_t lo, size_t hi, uint64_t key)
+{
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (v[mid].key < key)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* True when the first |k| of the |n| changes |v| (deletions, then chunks,
+ * each sorted by key) may go without the rest: no excluded key lies in
+ * the stored range of an included one. */
+static bool cut_ok(const struct efs_extmap_change *v, size_t n, size_t k)
+{
+	size_t nd = 0;
+
+	while (nd < n && v[nd].del)
+		nd++;
+	for (size_t i = 0; i < k; i++) {
+		size_t j;
+
+		if (v[i].pend <= v[i].key)
+			continue;
+		if (k < nd) {
+			j = keys_lower(v, k, nd, v[i].key);
+			if (j < nd && v[j].key < v[i].pend)
+				return false;
+		}
+		j = keys_lower(v, k > nd ? k : nd, n, v[i].key);
+		if (j < n && v[j].key < v[i].pend)
+			return false;
+	}
+	return true;
+}
+
 static int snap_build(struct efs_fs_op *op, struct dpub *P, struct dsnap *s, struct budget *b,
 		      bool first)
 {
@@ -2747,7 +2845,27 @@ static int snap_build(struct efs_fs_op *op, struct dpub *P, struct dsnap *s, str
 			if (efs_runs_total(&s->freed) == efs_runs_total(&d->fpend))
 				s->partial = false; /* all of it after all */
 		} else {
-			/* The first k changes only. */
+			/* The first k changes only, cut where no included key's
+			 * value in etcd covers an excluded key (a chunk split
+			 * since: its upper half would be in no stored value
+			 * until the next part, lost to a crash in between). */
+			size_t kk = k;
+
+			while (kk > 0 && !cut_ok(s->ch, s->nch, kk))
+				kk--;
+			if (kk > 0 && kk < k) {
+				efs_runs_done(&s->use);
+				memset(&s->use, 0, sizeof(s->use));
+				for (size_t i = 0; i < kk && e == 0; i++)
+					e = change_use(d, &s->ch[i], &s->use);
+				if (e < 0)
+					goto fail;
+				k = kk;
+			} else if (kk == 0 && k > 0) {
+				efs_log_warn("data: inode %llu: no safe cut for a publication in "
+					     "parts; cut at %zu changes",
+					     (unsigned long long)d->ino, k);
+			}
 			efs_extmap_changes_free(s->ch, s->nch);
 			s->ch = NULL;
 			s->nch = 0;
@@ -2844,22 +2962,33 @@ static void pub_sync_cb(struct efs_io *io, ssize_t res)
 	P->syncing = false;
 	if (res < 0) {
 		efs_log_warn("data: fdatasync of the device failed: %s", strerror((int)-res));
+		P->dev_err = true;
+		wb_release_held(c, P);
 		efs_fs_op_resume_build(op, -EIO);
 		return;
 	}
 	/* Writes that completed while the sync ran may not be covered by it:
-	 * sync again (bounded). */
-	if (c->writes_done != P->sync_mark && ++P->sync_tries < SYNC_TRIES)
-		P->synced = false;
-	else
+	 * sync again; after SYNC_TRIES, once more with completed writes held
+	 * back (not mapped) until the snapshot is taken. */
+	if (P->holding || c->writes_done == P->sync_mark) {
 		P->synced = true;
+	} else {
+		P->synced = false;
+		if (++P->sync_tries >= SYNC_TRIES) {
+			P->holding = true;
+			c->hold++;
+		}
+	}
 	efs_fs_op_resume_build(op, 0);
 }
 
 static void pub_begin_cb(int status, void *arg)
 {
 	struct efs_fs_op *op = arg;
+	struct dpub *P = op->dpub;
 
+	if (status < 0 && P)
+		P->dev_err = true;
 	efs_fs_op_resume_build(op, status < 0 ? -EIO : 0);
 }
 
@@ -2880,8 +3009,10 @@ static int pub_common(struct efs_fs_op *op, struct dpub *P)
 		e = efs_alloc_txn_begin(fs->alloc, &P->t, pub_begin_cb, op);
 		if (e == 0)
 			return EFS_FS_WAIT;
-		if (e < 0)
+		if (e < 0) {
+			P->dev_err = true;
 			return e == -ENOMEM ? e : -EIO;
+		}
 	}
 	if (!P->synced) {
 		if (P->syncing)
@@ -2892,8 +3023,11 @@ static int pub_common(struct efs_fs_op *op, struct dpub *P)
 		P->sio.arg = op;
 		P->sync_mark = c->writes_done;
 		e = efs_iopool_submit(fs->pool, &P->sio);
-		if (e < 0)
+		if (e < 0) {
+			P->dev_err = true;
+			wb_release_held(c, P);
 			return -EIO;
+		}
 		P->syncing = true;
 		return EFS_FS_WAIT;
 	}
@@ -2904,10 +3038,15 @@ static int pub_common(struct efs_fs_op *op, struct dpub *P)
 		if (s->included)
 			snap_release(s);
 		e = snap_build(op, P, s, &b, added == 0);
-		if (e < 0)
+		if (e < 0) {
+			wb_release_held(c, P);
 			return e;
+		}
 		added += (size_t)e;
 	}
+	/* The snapshot is taken: writes held back during the last sync may
+	 * be mapped now (a rebuild syncs again). */
+	wb_release_held(c, P);
 	if (!added) {
 		efs_alloc_txn_end(P->t, EFS_ALLOC_FAILED, 0);
 		P->t = NULL;
@@ -2961,8 +3100,10 @@ void efs_fs_data_outcome(struct efs_fs_op *op, enum efs_fs_data_outcome oc, int6
 				continue;
 			/* Allocations of the snapshot buried meanwhile were
 			 * never published: give them back. */
-			if (d && !d->broken && s->use.n &&
-			    runs_remove_all(&d->fpend, &s->use, &back) == 0 && back.n)
+			if (d && d->dropped && !d->broken && s->use.n)
+				efs_alloc_unuse(fs->alloc, &s->use);
+			else if (d && !d->broken && s->use.n &&
+				 runs_remove_all(&d->fpend, &s->use, &back) == 0 && back.n)
 				efs_alloc_unuse(fs->alloc, &back);
 			efs_runs_done(&back);
 			snap_release(s);
@@ -2976,6 +3117,8 @@ void efs_fs_data_outcome(struct efs_fs_op *op, enum efs_fs_data_outcome oc, int6
 
 		if (!s->included)
 			continue;
+		if (s->partial)
+			P->left_partial = true;
 		if (d && !d->broken && !d->dropped) {
 			efs_extmap_published(d->map, s->ch, s->nch);
 			dacct(d);
@@ -3019,6 +3162,8 @@ void efs_fs_data_op_free(struct efs_fs_op *op)
 		/* Cannot happen: the op waits for its sync. */
 		efs_log_warn("data: publication freed with a sync in flight");
 	}
+	if (c)
+		wb_release_held(c, P);
 	if (P->t) {
 		/* Never settled (or ended before its commit): the allocator
 		 * re-reads its maps after an unknown outcome. */
@@ -3042,9 +3187,11 @@ void efs_fs_data_op_free(struct efs_fs_op *op)
 			dlist_del(d);
 			state_unpin(d);
 			fw_fail_all(d, -EIO);
-		} else if (!P->committed && s->tried) {
+		} else if (!P->committed && (s->tried || P->dev_err)) {
 			d->err = -EIO;
 			fw_fail_all(d, -EIO);
+			if (P->dev_err)
+				d->urgent = false; /* retried by the sweep */
 		}
 		snap_release(s);
 		s->d = NULL;
@@ -3057,6 +3204,12 @@ void efs_fs_data_op_free(struct efs_fs_op *op)
 		c->running = NULL;
 		if (!P->committed && c->sync_cb && c->sync_err == 0)
 			c->sync_err = -EIO;
+		if (P->dev_err) {
+			/* The device or the allocator fails: retried by the
+			 * sweep (or a new fsync), not in a loop. */
+			c->stalled = true;
+			c->again = false;
+		}
 		uv_timer_start(c->kick, pub_next_cb, 0, 0);
 	}
 	efs_mem_free(P);
@@ -3449,6 +3602,7 @@ static void tr_next(struct efs_fs_op *op)
 	struct tr *x = op->priv;
 	struct dreq *r = x ? x->r : NULL;
 	struct efs_fs_inode *in;
+	struct dpub *P = op->dpub;
 
 	if (!r)
 		return;
@@ -3456,7 +3610,9 @@ static void tr_next(struct efs_fs_op *op)
 	op->replied = true; /* the request goes on, or is answered here */
 	if (r->rl.held && r->d)
 		rl_drop(r->d, &r->rl);
-	if (!x->final) {
+	if (!x->final || (P && P->left_partial)) {
+		/* More of the cut to publish (the last step too may have gone
+		 * out in parts): answered once all of it is published. */
 		tr_start(r);
 		return;
 	}
@@ -3487,6 +3643,18 @@ static void tr_free(struct efs_fs_op *op)
 	x->r = NULL;
 	if (r->rl.held && r->d)
 		rl_drop(r->d, &r->rl);
+	if (x->step >= 3 && r->d && !r->d->broken && !r->d->dropped) {
+		/* The map is cut in memory and not published: discard the
+		 * state, it is reloaded from etcd. */
+		struct efs_fs_data *d = r->d;
+
+		efs_log_warn("data: inode %llu: truncate failed after its cut; state discarded",
+			     (unsigned long long)d->ino);
+		d->broken = true;
+		dlist_del(d);
+		state_unpin(d);
+		fw_fail_all(d, -EIO);
+	}
 	/* The engine answered the error. */
 	r->replied = true;
 	dreq_end(r, 0);
@@ -4078,6 +4246,11 @@ void efs_fs_data_dropped(struct efs_fs *fs, uint64_t ino)
 	d->dropped = true;
 	/* Unpublished allocations go back; published blocks (including the
 	 * buried ones) are freed through the reclaim record. */
+	if (d->snap && d->snap->use.n)
+		/* In flight: given back only if that publication fails
+		 * (efs_fs_data_outcome); committed, they are the inode's
+		 * published extents, freed by reclaim. */
+		runs_remove_all(&d->apend, &d->snap->use, NULL);
 	if (d->apend.n)
 		efs_alloc_unuse(fs->alloc, &d->apend);
 	efs_runs_clear(&d->apend);

@@ -1569,7 +1569,7 @@ int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_et
 	lc->s = s;
 	lc->ns = o->ns ? *o->ns : *efs_session_ns(s);
 	lc->max_cached = o->max_cached ? o->max_cached : 65536;
-	lc->idle_ms = o->idle_ms ? o->idle_ms : 5000;
+	lc->idle_ms = o->idle_ms ? o->idle_ms : 30000;
 	lc->release_batch = o->release_batch ? o->release_batch : 64;
 	if (lc->release_batch > EFS_ETCD_TXN_MAX_OPS - 2)
 		lc->release_batch = EFS_ETCD_TXN_MAX_OPS - 2;

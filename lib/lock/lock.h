@@ -95,7 +95,9 @@ struct efs_lockcache_opts {
 	const struct efs_meta_ns *ns;
 	size_t max_cached;	  /* locks kept (0: 65536, so that a walk of a large tree
 				   * stays cached; idle ones go after |idle_ms|) */
-	uint32_t idle_ms;	  /* release a lock unused this long (0: 5000) */
+	uint32_t idle_ms;	  /* release a lock unused this long (0: 30000: peers take
+				   * it by recall meanwhile; a walk of a large tree
+				   * stays cached between passes) */
 	size_t release_batch;	  /* holder keys deleted per transaction (0: 64) */
 	uint32_t wait_timeout_ms; /* give up a conflicting acquire with -ETIMEDOUT
 				   * (0: never) */

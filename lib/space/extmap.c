@@ -727,6 +727,7 @@ int efs_extmap_changes(struct efs_extmap *m, size_t max, struct efs_extmap_chang
 	for (size_t i = 0; i < m->nd && k < want; i++, k++) { /* sorted by key */
 		v[k].key = m->d[i].key;
 		v[k].del = true;
+		v[k].pend = m->d[i].pend;
 	}
 	for (size_t i = 0; i < m->n && k < want; i++) {
 		struct chunk *ch = m->c[i];
@@ -739,6 +740,7 @@ int efs_extmap_changes(struct efs_extmap *m, size_t max, struct efs_extmap_chang
 		}
 		v[k].key = ch->key;
 		v[k].end = ext_end(&ch->v[ch->n - 1]);
+		v[k].pend = ch->persisted ? ch->pend : 0;
 		v[k].ver = ch->ver;
 		k++;
 	}

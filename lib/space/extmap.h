@@ -138,7 +138,12 @@ struct efs_extmap_change {
 	bool del;		 /* delete e/<ino><key> (val empty) */
 	ProtobufCBinaryData val; /* packed ExtentChunk (efs_mem) when !del */
 	uint64_t end;		 /* one past the chunk's last block (0 for del) */
-	uint64_t ver;		 /* private: the chunk version snapshotted */
+	/* One past the last block of the value etcd holds for the key now
+	 * (0 when the key is not stored): a publication in parts never
+	 * publishes this change without the changes of the keys below |pend|
+	 * that follow it (their blocks are still covered by this value). */
+	uint64_t pend;
+	uint64_t ver; /* private: the chunk version snapshotted */
 };
 
 /*

@@ -28,6 +28,7 @@
 #include "../support/datamodel.h"
 
 #include <linux/falloc.h>
+#include <sys/mman.h>
 
 #define NF	 4	/* record files */
 #define RS	 1000	/* record size: unaligned on purpose */
@@ -50,13 +51,23 @@ static void make_rec(uint8_t *rec, uint64_t seq)
 	memcpy(rec + RS - 8, &h, 8);
 }
 
-/* Exit codes of the writer: 0 when the mount went away, else the stage. */
+/* Exit codes of the writer: 0 when it failed after the kill, else the stage. */
 enum { WR_OK = 0, WR_OPEN = 10, WR_WRITE, WR_FSYNC, WR_ACK, WR_CHURN };
 
-static bool gone(int e)
+/* Set by the test (shared with the writer) just before it kills etcfsd. */
+static volatile int *kill_issued;
+
+/*
+ * A failed or short call of the writer: the end of the writer (exit 0) once
+ * the kill was issued (a request the daemon had not answered may then fail
+ * in any way: ENOTCONN, ECONNABORTED, a short count, ...), a failure (exit
+ * |stage|) before: the daemon alive never fails one.
+ */
+static void wr_failed(int stage)
 {
-	/* What a FUSE mount whose daemon died answers. */
-	return e == ENOTCONN || e == ECONNABORTED || e == ENODEV;
+	if (*kill_issued)
+		_exit(WR_OK);
+	_exit(stage);
 }
 
 static void churn_once(int fd, uint64_t *r, const uint8_t *pat)
@@ -84,10 +95,8 @@ static void churn_once(int fd, uint64_t *r, const uint8_t *pat)
 		rc = rnd_next(r) % 2 ? fdatasync(fd) : fsync(fd);
 		break;
 	}
-	if (rc < 0 && !gone(errno))
-		_exit(WR_CHURN);
 	if (rc < 0)
-		_exit(WR_OK);
+		wr_failed(WR_CHURN);
 }
 
 /* The writer: never returns. */
@@ -105,13 +114,13 @@ static void writer(const char *dir, const char *ack_path, unsigned k, bool churn
 		snprintf(path, sizeof(path), "%s/rec%d", dir, i);
 		fds[i] = open(path, O_WRONLY | O_CLOEXEC);
 		if (fds[i] < 0)
-			_exit(gone(errno) ? WR_OK : WR_OPEN);
+			wr_failed(WR_OPEN);
 	}
 	for (int i = 0; churn && i < 2; i++) {
 		snprintf(path, sizeof(path), "%s/churn%d", dir, i);
 		cfd[i] = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
 		if (cfd[i] < 0)
-			_exit(gone(errno) ? WR_OK : WR_OPEN);
+			wr_failed(WR_OPEN);
 	}
 	ack = open(ack_path, O_WRONLY | O_CLOEXEC);
 	if (ack < 0)
@@ -122,7 +131,7 @@ static void writer(const char *dir, const char *ack_path, unsigned k, bool churn
 				pause();
 		make_rec(rec, seq);
 		if (pwrite(fds[seq % NF], rec, RS, (off_t)(seq / NF) * RS) != RS)
-			_exit(gone(errno) ? WR_OK : WR_WRITE);
+			wr_failed(WR_WRITE);
 		if (churn && seq % 3 == 0)
 			churn_once(cfd[seq % 2], &r, pat);
 		if ((seq + 1) % k == 0) {
@@ -130,7 +139,7 @@ static void writer(const char *dir, const char *ack_path, unsigned k, bool churn
 
 			for (int i = 0; i < NF; i++)
 				if ((i % 2 ? fdatasync(fds[i]) : fsync(fds[i])) < 0)
-					_exit(gone(errno) ? WR_OK : WR_FSYNC);
+					wr_failed(WR_FSYNC);
 			if (pwrite(ack, &acked, 8, 0) != 8 || fdatasync(ack) < 0)
 				_exit(WR_ACK);
 		}
@@ -221,6 +230,14 @@ static void one_round(int round, uint64_t seed, bool churn)
 	cr_assert_eq(fsync(fd), 0);
 	close(fd);
 
+	if (!kill_issued) {
+		void *m = mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+			       -1, 0);
+
+		cr_assert_neq(m, MAP_FAILED, "mmap: %s", strerror(errno));
+		kill_issued = m;
+	}
+	*kill_issued = 0;
 	kid = fork();
 	cr_assert_geq(kid, 0);
 	if (kid == 0)
@@ -232,6 +249,8 @@ static void one_round(int round, uint64_t seed, bool churn)
 		     "round %d (ETCFS_TEST_SEED=%" PRIu64 "): the writer stopped before the kill "
 		     "(exit %d, stage code)",
 		     round, seed, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+	*kill_issued = 1;
+	__sync_synchronize();
 #ifndef DATA_LOCAL
 	efs_test_fs_kill(&env.f);
 #endif
