@@ -6,7 +6,7 @@
  * written before the device and its keyspace agree), then everything lives
  * on one libuv loop: the asynchronous etcd client, the session, the lock
  * cache, the metrics server, the filesystem and the FUSE session pumped by
- * lib/fs/fuseloop. Without -f the process forks before any loop or thread
+ * lib/kchan/fuseloop. Without -f the process forks before any loop or thread
  * exists; the child does all the work and tells the waiting parent through a
  * pipe either "ready" (mounted, and the kernel's INIT answered) or the error text, and
  * the parent exits 0 or 1 with it.
@@ -38,15 +38,15 @@
 #include "config.h"
 #include "etcd/etcd.h"
 #include "etcd/sync.h"
-#include "fs/capacity.h"
+#include "maint/capacity.h"
 #include "fs/fs.h"
 #if EFS_HAVE_DATAPATH
 #include "dev/iopool.h"
 #endif
 #if EFS_HAVE_MAINT
-#include "fs/maint.h"
+#include "maint/maint.h"
 #endif
-#include "fs/fuseloop.h"
+#include "kchan/fuseloop.h"
 #include "lock/lock.h"
 #include "lock/session.h"
 #include "meta/keys.h"

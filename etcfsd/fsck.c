@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fsck.etcfs: checks one filesystem's keyspace against the invariants of
- * ARCHITECTURE.md section 9 (lib/fs/check.h) and, with --repair, applies
+ * ARCHITECTURE.md section 9 (lib/fsck/check.h) and, with --repair, applies
  * the safe repairs, then checks again. Exit codes as fsck(8) defines them.
  */
 #include <errno.h>
@@ -16,7 +16,7 @@
 
 #include "cli.h"
 #include "config.h"
-#include "fs/check.h"
+#include "fsck/check.h"
 #include "meta/keys.h"
 #include "meta/records.h"
 #include "meta/sb.h"

@@ -19,7 +19,7 @@
 #include "config.h"
 #include "etcd/sync.h"
 #include "etcd/txn.h"
-#include "fs/layout.h"
+#include "meta/layout.h"
 #include "meta/keys.h"
 #include "meta/records.h"
 #include "meta/sb.h"

@@ -16,7 +16,7 @@
 #include "etcd/kv.h"
 #include "fs/fs-int.h"
 #if EFS_HAVE_DATAPATH
-#include "fs/alloc.h"
+#include "alloc/alloc.h"
 #include "fs/data.h"
 #endif
 #include "util/clock.h"

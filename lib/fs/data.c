@@ -63,7 +63,7 @@
 #include "config.h"
 #include "dev/iopool.h"
 #include "etcd/kv.h"
-#include "fs/alloc.h"
+#include "alloc/alloc.h"
 #include "space/extmap.h"
 #include "space/runs.h"
 #include "util/clock.h"

@@ -35,7 +35,7 @@
 #include "etcd/etcd.h"
 #include "etcd/kv.h"
 #include "etcd/txn.h"
-#include "fs/capacity.h"
+#include "maint/capacity.h"
 #include "fs/fs.h"
 #include "lock/lock.h"
 #include "lock/session.h"

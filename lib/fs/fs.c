@@ -16,7 +16,7 @@
 #include "fs/fs-int.h"
 #if EFS_HAVE_DATAPATH
 #include "dev/iopool.h"
-#include "fs/alloc.h"
+#include "alloc/alloc.h"
 #include "fs/data.h"
 #endif
 #if EFS_HAVE_PLOCK

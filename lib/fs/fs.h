@@ -10,7 +10,7 @@
  * Everything here runs on the loop thread. The daemon (etcfsd/etcfsd.c)
  * creates the session, lock cache and metrics, then the fs, then the FUSE
  * session with efs_fs_ops() and |fs| as userdata, and pumps it with
- * lib/fs/fuseloop.h.
+ * lib/kchan/fuseloop.h.
  */
 
 #include <stdbool.h>

@@ -21,7 +21,7 @@
 #include <inttypes.h>
 #include <string.h>
 
-#include "fs/alloc.h"
+#include "alloc/alloc.h"
 #include "fs/data.h"
 #include "meta/records.h"
 #include "util/log.h"

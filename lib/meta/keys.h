@@ -51,7 +51,7 @@ enum efs_meta_family {
 	EFS_META_K_RECLAIM,	/* rc/<ino> */
 	EFS_META_K_INO_COUNTER, /* ino */
 	EFS_META_K_RENAMESEQ,	/* renameseq */
-	/* Added by issue 4 (lib/fs/maint.h). */
+	/* Added by issue 4 (lib/maint/maint.h). */
 	EFS_META_K_MAINT,	/* maint: the elected maintenance node */
 	EFS_META_K_PIN,		/* pin/<name>: a revision compaction keeps (name in |node|) */
 };
@@ -176,7 +176,7 @@ int efs_meta_key_free_intent(const struct efs_meta_ns *ns, uint32_t group, const
 			     uint64_t session, uint64_t seq, struct efs_meta_key *ret);
 
 /* maint: the maintenance election key (value: the holder's node id, on
- * its session lease; lib/fs/maint.h). */
+ * its session lease; lib/maint/maint.h). */
 int efs_meta_key_maint(const struct efs_meta_ns *ns, struct efs_meta_key *ret);
 
 /* pin/<name>: a revision pin (value: the revision as decimal ASCII) that

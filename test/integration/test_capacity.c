@@ -17,7 +17,7 @@
 
 #include "etcd/etcd.h"
 #include "etcd/kv.h"
-#include "fs/capacity.h"
+#include "maint/capacity.h"
 #include "harness.h"
 #include "util/mem.h"
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * etcd maintenance (lib/fs/maint.h) against a real etcd started as Debian
+ * etcd maintenance (lib/maint/maint.h) against a real etcd started as Debian
  * starts it (no auto-compaction) with a 16 MiB backend quota: overwriting
  * a few keys with 64 KiB values writes several quotas' worth while the
  * elected node compacts, and every put succeeds; only one of two nodes
@@ -19,7 +19,7 @@
 
 #include "etcd/etcd.h"
 #include "etcd/kv.h"
-#include "fs/maint.h"
+#include "maint/maint.h"
 #include "harness.h"
 #include "lock/session.h"
 #include "meta/keys.h"

@@ -24,7 +24,7 @@
 #include <criterion/criterion.h>
 
 #include "etcd/sync.h"
-#include "fs/check.h"
+#include "fsck/check.h"
 #include "harness.h"
 #include "meta/keys.h"
 #include "meta/records.h"

@@ -23,7 +23,7 @@
 #include <criterion/criterion.h>
 
 #include "etcd/sync.h"
-#include "fs/layout.h"
+#include "meta/layout.h"
 #include "harness.h"
 #include "meta/keys.h"
 #include "meta/records.h"

@@ -7,8 +7,8 @@
  * through a real `mount -t etcfs` (in a private mount namespace whose
  * /usr/sbin is an overlay holding mount.etcfs, so nothing is written to
  * /sbin), "node id in use", and the metrics endpoint. Also the pieces
- * under the daemon on a toy filesystem of the test's own: lib/fs/fuseloop
- * and kernel cache invalidations (lib/fs/inval).
+ * under the daemon on a toy filesystem of the test's own: lib/kchan/fuseloop
+ * and kernel cache invalidations (lib/kchan/inval).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -28,8 +28,8 @@
 #include <pthread.h>
 #include <uv.h>
 
-#include "fs/fuseloop.h"
-#include "fs/inval.h"
+#include "kchan/fuseloop.h"
+#include "kchan/inval.h"
 #include "harness.h"
 
 #include "../support/leak.h"
@@ -542,7 +542,7 @@ Test(mount, metrics_endpoint_answers)
 	efs_test_assert_no_leaks();
 }
 
-/* ---- lib/fs/fuseloop and lib/fs/inval on a real mount ---- */
+/* ---- lib/kchan/fuseloop and lib/kchan/inval on a real mount ---- */
 
 /*
  * A toy filesystem served by fuseloop on a loop thread of its own: the

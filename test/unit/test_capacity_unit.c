@@ -24,7 +24,7 @@
 
 #include "../support/leak.h"
 #include "etcd/etcd.h"
-#include "fs/capacity.h"
+#include "maint/capacity.h"
 #include "util/mem.h"
 #include "util/metrics.h"
 

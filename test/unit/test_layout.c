@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Geometry and the initial records of lib/fs/layout.h. */
+/* Geometry and the initial records of lib/meta/layout.h. */
 #include <dirent.h>
 #include <errno.h>
 #include <stdint.h>
@@ -9,7 +9,7 @@
 #include <criterion/criterion.h>
 
 #include "../support/leak.h"
-#include "fs/layout.h"
+#include "meta/layout.h"
 #include "meta/records.h"
 #include "meta/sb.h"
 #include "util/mem.h"

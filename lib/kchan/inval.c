@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-#include "fs/inval.h"
+#include "kchan/inval.h"
 
 #include <errno.h>
 #include <pthread.h>

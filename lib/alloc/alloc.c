@@ -45,7 +45,7 @@
 #include <string.h>
 
 #include "etcd/kv.h"
-#include "fs/alloc.h"
+#include "alloc/alloc.h"
 #include "meta/records.h"
 #include "space/freemap.h"
 #include "space/quarantine.h"

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-#include "fs/fuseloop.h"
+#include "kchan/fuseloop.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-#include "fs/layout.h"
+#include "meta/layout.h"
 
 #include <dirent.h>
 #include <errno.h>

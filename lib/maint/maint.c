@@ -4,7 +4,7 @@
  * flight, a Txn per step (election or holder check plus the pins), then a
  * Compact and a size reading for the holder. See maint.h.
  */
-#include "fs/maint.h"
+#include "maint/maint.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -13,7 +13,7 @@
 #include "etcd/grpc.h"
 #include "etcd/kv.h"
 #include "etcd/txn.h"
-#include "fs/capacity.h"
+#include "maint/capacity.h"
 #include "util/log.h"
 #include "util/mem.h"
 #include "util/metrics.h"

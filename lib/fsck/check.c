@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-#include "fs/check.h"
+#include "fsck/check.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -1063,7 +1063,7 @@ static int load_kv(state_t *st, const Mvccpb__KeyValue *kv)
 	}
 	case EFS_META_K_MAINT:
 	case EFS_META_K_PIN:
-		/* Maintenance keys (lib/fs/maint.h): not records; a bad pin
+		/* Maintenance keys (lib/maint/maint.h): not records; a bad pin
 		 * value is the maintenance node's to report. */
 		return 0;
 	}

@@ -4,7 +4,7 @@
  * (efs_capacity_decide), and a state the filesystem reads before growing
  * metadata. See capacity.h.
  */
-#include "fs/capacity.h"
+#include "maint/capacity.h"
 
 #include <errno.h>
 #include <string.h>
