@@ -17,7 +17,7 @@
 #include "util/timer.h"
 
 /*
- * How the etcd side works (ARCHITECTURE.md 7.2, docs/FORMAT.md section 4).
+ * How the etcd side works (the key layout is in docs/FORMAT.md section 4).
  *
  * Acquire of one inode I in mode M is one transaction:
  *   compares  the session guard (n/<node> on our lease, g/<node> as written)
@@ -55,12 +55,21 @@
  * waits for a higher inode delays recalls of the lower one only until
  * that wait ends.
  *
- * Recall (the cluster issue): peers ask for a lock by putting a recall
- * key; the holder must watch w/<I> of every inode it holds (one prefix
- * watch on w/ from the priority channel) and, when a key of another node
- * appears, stop granting cache hits for I, wait for its pins to go, run
- * the invalidate hook, and release (see release_start). That watch is the
- * hook point marked RECALL below; a single node never recalls from itself.
+ * Recall: peers ask for a lock by putting a recall key; the holder is to
+ * watch w/<I> of every inode it holds and, when a key of another node
+ * appears, call efs_lock_release_now (see release_start), which waits for
+ * the pins, runs the lock's ops and releases. That watch is the hook
+ * point marked RECALL below; a single node never recalls from itself.
+ *
+ * Upgrades: an upgrade S -> X is first tried in place (the S key deleted
+ * and the X key put in one transaction). When another holder blocks it,
+ * both nodes could hold S and wait for each other forever; so a blocked
+ * upgrade marks the entry draining (no new local cache hits), waits for
+ * the entry's pins to go and the kernel caches granted under S to expire,
+ * and then yields: its next attempts delete our S key in both branches
+ * (compared as an upgrade, so a leftover S key of ours never blocks us),
+ * and the failure branch queues our recall key in the same transaction.
+ * Among yielding nodes the oldest recall key wins, as for any waiter.
  */
 
 /*
@@ -132,6 +141,8 @@ struct acq {
 	int64_t recall_rev;  /* create revision of our recall key (0: unknown) */
 	bool counted_wait;
 	uint64_t wait_deadline_ns;
+	bool up_blocked; /* the upgrade of |cur| found another holder */
+	bool yielding;	 /* ... and gives our shared hold of |cur| up */
 	struct efs_locktab_entry *blocked_on; /* AW_ENTRY: compared, never used */
 	/* Per request index: the mode an attempt with an unknown outcome may
 	 * have put a holder key for (NONE: no doubt). */
@@ -149,6 +160,7 @@ struct lcall {
 	/* Response layout of a single acquire. */
 	size_t s_rec; /* success: index of the i/ range */
 	size_t f_l, f_w, f_i;
+	bool up_plain; /* an in-place upgrade attempt (not yielding) */
 	/* Cleanups (kind != CL_NONE), listed in lc->cleanups until ended. */
 	enum cleanup_kind kind;
 	bool waiting;		 /* to be sent again from the retry timer */
@@ -162,6 +174,26 @@ struct lcall {
 	uint64_t ino[];
 };
 
+/* A caller of efs_lock_release_now. */
+struct rwait {
+	uint64_t ino;
+	enum efs_lock_mode to;
+	int status; /* nonzero: ends with this (the session was lost) */
+	efs_lock_release_cb cb;
+	void *arg;
+	struct rwait *next;
+};
+
+/* The ops preparation (invalidate, then sync) of one lock's release. */
+struct prep {
+	struct lref *ref;
+	uint64_t ino;
+	uint64_t grant; /* the hold it prepares the release of */
+	enum efs_lock_mode to;
+	bool inval; /* run the invalidate op (else only sync) */
+	int step;   /* 0: invalidate next, 1: sync next, 2: done */
+};
+
 struct efs_lockcache {
 	uv_loop_t *loop;
 	struct efs_etcd *c;
@@ -172,8 +204,14 @@ struct efs_lockcache {
 	uint32_t idle_ms;
 	size_t release_batch;
 	uint32_t wait_timeout_ms;
-	void (*invalidate)(uint64_t ino, void (*done)(void *darg), void *darg, void *arg);
-	void *invalidate_arg;
+	struct {
+		const struct efs_lock_ops *ops;
+		void *arg;
+	} ops[EFS_LOCK_KINDS];
+	uint64_t grant_seq;	/* last grant id handed out */
+	size_t n_draining;	/* entries with |draining| set */
+	struct rwait *rwaiters; /* efs_lock_release_now callers, newest first */
+	uv_timer_t *rwake;	/* ends the waits of rwaiters that are satisfied */
 
 	struct efs_locktab tab;
 	uint64_t gen; /* session generation the table belongs to */
@@ -198,6 +236,8 @@ struct efs_lockcache {
 
 static void kick_soon(struct efs_lockcache *lc);
 static void release_start(struct efs_lockcache *lc);
+static void tick_cb(uv_timer_t *t);
+static void rwake_soon(struct efs_lockcache *lc);
 static void cleanup_start(struct efs_lockcache *lc, struct lcall *k);
 static void cleanup_retry(struct efs_lockcache *lc, struct lcall *k);
 static int put_holder(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino,
@@ -264,6 +304,38 @@ static bool is_transient(int err)
 	       err == -EPIPE;
 }
 
+/* |e| starts a new continuous hold: caches of the old grant are void. */
+static void new_grant(struct efs_lockcache *lc, struct efs_locktab_entry *e)
+{
+	e->grant = ++lc->grant_seq;
+	e->prepared = false;
+}
+
+static void set_draining(struct efs_lockcache *lc, struct efs_locktab_entry *e, bool on)
+{
+	if (e->draining == on)
+		return;
+	e->draining = on;
+	if (on)
+		lc->n_draining++;
+	else
+		lc->n_draining--;
+}
+
+/* A blocked upgrade may give its shared hold up: no operation is in
+ * flight under it and the kernel caches it granted have expired. */
+static bool yieldable(const struct efs_locktab_entry *e, uint64_t now)
+{
+	return e->pins == 0 && e->kcache_until_ns <= now;
+}
+
+/* Runs the tick (releases, forced releases, blocked upgrades) soon. */
+static void release_kick(struct efs_lockcache *lc)
+{
+	if (lc->tick)
+		uv_timer_start(lc->tick, tick_cb, 0, lc->period_ms);
+}
+
 /* Acquisitions blocked on |e| (or on anything, e == NULL) run again. */
 static void entry_changed(struct efs_lockcache *lc, const struct efs_locktab_entry *e)
 {
@@ -279,7 +351,9 @@ static void entry_changed(struct efs_lockcache *lc, const struct efs_locktab_ent
 static void remove_entry(struct efs_lockcache *lc, struct efs_locktab_entry *e)
 {
 	entry_changed(lc, e);
+	set_draining(lc, e, false);
 	efs_locktab_remove(&lc->tab, e);
+	rwake_soon(lc);
 }
 
 /*
@@ -408,6 +482,7 @@ static void revert_busy(struct acq *a)
 		if (!e || e->owner != a || e->state != EFS_LOCKTAB_ACQUIRING)
 			continue;
 		e->owner = NULL;
+		set_draining(lc, e, false);
 		if (e->mode == EFS_LOCK_NONE) {
 			remove_entry(lc, e);
 		} else {
@@ -480,6 +555,11 @@ static bool acq_finish(struct acq *a, int status)
 	} else {
 		watchers_free(a);
 		a->wait = AW_DONE;
+		for (size_t i = 0; i < req->n; i++) {
+			struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, req->ino[i]);
+
+			req->grant[i] = e ? e->grant : 0;
+		}
 	}
 	r = lref_get(lc->ref);
 	req->cb(req, status);
@@ -746,12 +826,24 @@ static int start_single(struct acq *a, size_t i)
 	struct lcall *k;
 	int r;
 
+	bool yield_now, yield;
+	enum efs_lock_mode cmp;
+
 	if (a->cur != i) {
 		recall_drop(a);
 		a->cur = i;
 		a->counted_wait = false;
 		a->wait_deadline_ns = 0;
+		a->up_blocked = false;
+		a->yielding = false;
 	}
+	/* A blocked upgrade gives its shared hold up once it can (see the
+	 * top of this file); every attempt after that is compared as an
+	 * upgrade and deletes our S key, which may or may not be there. */
+	yield_now = held == EFS_LOCK_SHARED && a->up_blocked && !a->yielding &&
+		    yieldable(e, now_ns());
+	yield = a->yielding || yield_now;
+	cmp = yield ? EFS_LOCK_SHARED : held;
 	if (!a->recall_seq) {
 		a->recall_seq = lc->last_rev > 0 ? (uint64_t)lc->last_rev : 1;
 		/* Never the name of a recall key whose delete is pending: that
@@ -762,13 +854,14 @@ static int start_single(struct acq *a, size_t i)
 	k = lcall_new(lc, a, 0);
 	if (!k)
 		return -ENOMEM;
+	k->up_plain = held == EFS_LOCK_SHARED && !yield;
 	r = outer_new(lc, &t, &in);
 	if (r == 0)
-		r = add_holder_compares(lc, in, ino, a->want[i], held);
+		r = add_holder_compares(lc, in, ino, a->want[i], cmp);
 	if (r == 0)
 		r = add_recall_compare(lc, in, ino, a->recall_rev);
 	/* Success branch. */
-	if (r == 0 && held == EFS_LOCK_SHARED) {
+	if (r == 0 && cmp == EFS_LOCK_SHARED) {
 		r = efs_meta_key_holder(&lc->ns, ino, EFS_META_LOCK_SHARED, node, &sk);
 		if (r == 0)
 			r = efs_etcd_txn_delete(in, EFS_ETCD_TXN_SUCCESS, sk.buf, sk.len, NULL, 0,
@@ -785,6 +878,8 @@ static int start_single(struct acq *a, size_t i)
 		r = add_inode_range(lc, in, EFS_ETCD_TXN_SUCCESS, ino);
 	}
 	/* Failure branch. */
+	if (r == 0 && yield)
+		r = efs_etcd_txn_delete(in, EFS_ETCD_TXN_FAILURE, sk.buf, sk.len, NULL, 0, false);
 	if (r == 0) {
 		Etcfs__LockWaiter w = ETCFS__LOCK_WAITER__INIT;
 		ProtobufCBinaryData v = {0};
@@ -821,6 +916,17 @@ static int start_single(struct acq *a, size_t i)
 			r = send_txn(a, t, k);
 		if (r < 0)
 			revert_busy(a);
+	}
+	if (r == 0 && yield_now) {
+		/* From now on this node does not hold S: no hits, no guard.
+		 * A failing end settles (deletes) whatever keys are left. */
+		a->yielding = true;
+		e->mode = EFS_LOCK_NONE;
+		e->grant = 0;
+		e->prepared = false;
+		if (a->doubt[i] == EFS_LOCK_NONE)
+			a->doubt[i] = EFS_LOCK_SHARED;
+		lc->stats.upgrade_yields++;
 	}
 	efs_etcd_txn_free(t);
 	if (r < 0)
@@ -906,7 +1012,8 @@ static bool acq_step(struct acq *a)
 		if (a->pinned[i])
 			continue;
 		e = efs_locktab_find(&lc->tab, a->req->ino[i]);
-		if (e && e->mode >= (int)a->want[i] && e->state != EFS_LOCKTAB_RELEASING) {
+		if (e && e->mode >= (int)a->want[i] && e->state != EFS_LOCKTAB_RELEASING &&
+		    !e->draining) {
 			pin_for(a, i, e);
 			continue;
 		}
@@ -1019,10 +1126,16 @@ static void granted(struct acq *a, size_t i, enum efs_lock_mode mode,
 		/* Forgotten meanwhile (efs_lock_forget): the inode is gone. */
 		return;
 	}
+	/* An upgrade in place keeps the grant: the hold never lapsed. */
+	if (!(e->grant && e->mode == EFS_LOCK_SHARED && mode == EFS_LOCK_EXCLUSIVE))
+		new_grant(lc, e);
 	e->mode = mode;
 	e->state = EFS_LOCKTAB_HELD;
 	e->owner = NULL;
 	e->token = lc->token_seq;
+	set_draining(lc, e, false);
+	a->up_blocked = false;
+	a->yielding = false;
 	a->doubt[i] = EFS_LOCK_NONE;
 	pin_for(a, i, e);
 	a->req->recs[i] = rec && rec->n_kvs > 0 ? rec->kvs[0] : NULL;
@@ -1110,12 +1223,30 @@ static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *
 		    strcmp(ki.node, efs_session_node(lc->s)) == 0)
 			a->recall_rev = kv->create_revision;
 	}
+	if (k->up_plain) {
+		/* Another holder blocks our upgrade: stop new local hits and
+		 * give the shared hold up as soon as its pins are gone. */
+		struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, a->req->ino[i]);
+
+		a->up_blocked = true;
+		if (e && e->owner == a)
+			set_draining(lc, e, true);
+	}
 	if (!a->counted_wait) {
 		a->counted_wait = true;
 		lc->stats.waits++;
 		if (lc->wait_timeout_ms)
 			a->wait_deadline_ns = now_ns() + (uint64_t)lc->wait_timeout_ms *
 								    EFS_NSEC_PER_MSEC;
+	}
+	if (k->up_plain) {
+		struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, a->req->ino[i]);
+
+		if (e && e->owner == a && yieldable(e, now_ns())) {
+			a->wait = AW_KICK;
+			kick_soon(lc);
+			return true;
+		}
 	}
 	{
 		struct efs_meta_range hr, wr;
@@ -1380,7 +1511,165 @@ static void cleanup_start(struct efs_lockcache *lc, struct lcall *k)
 	cleanup_retry(lc, k);
 }
 
-/* ---- Idle release ---- */
+/* ---- Forced releases: the callers of efs_lock_release_now ---- */
+
+/* The wait of |w| is over once the lock is no longer held above its
+ * target (or the session was lost first). */
+static bool rwait_over(const struct efs_lockcache *lc, const struct rwait *w)
+{
+	const struct efs_locktab_entry *e;
+
+	if (w->status)
+		return true;
+	e = efs_locktab_find(&lc->tab, w->ino);
+	if (!e)
+		return true;
+	if (e->state == EFS_LOCKTAB_RELEASING || e->state == EFS_LOCKTAB_GRANTING)
+		return false;
+	return e->mode <= (int)w->to;
+}
+
+/* Ends every wait that is over; callbacks may free |lc|. */
+static void rwaiters_check(struct efs_lockcache *lc)
+{
+	struct lref *ref = lref_get(lc->ref);
+
+	while (ref->lc) {
+		struct rwait **pp, *w;
+
+		for (pp = &lc->rwaiters; *pp; pp = &(*pp)->next)
+			if (rwait_over(lc, *pp))
+				break;
+		if (!*pp)
+			break;
+		w = *pp;
+		*pp = w->next;
+		if (w->status == 0)
+			lc->stats.forced++;
+		w->cb(w->arg, w->status);
+		efs_mem_free(w);
+	}
+	lref_put(ref);
+}
+
+static void rwake_cb(uv_timer_t *t)
+{
+	struct efs_lockcache *lc = t->data;
+
+	if (lc)
+		rwaiters_check(lc);
+}
+
+static void rwake_soon(struct efs_lockcache *lc)
+{
+	if (lc->rwaiters && lc->rwake && !uv_is_active((uv_handle_t *)lc->rwake))
+		uv_timer_start(lc->rwake, rwake_cb, 0, 0);
+}
+
+/* ---- Preparing a release: the lock's ops ---- */
+
+static void prep_step(struct prep *p, int status);
+
+static void prep_done(void *darg, int status)
+{
+	prep_step(darg, status);
+}
+
+/*
+ * Runs the next op of |p|'s preparation. Ops may complete inline; nothing
+ * here touches |p| after handing it to an op.
+ */
+static void prep_step(struct prep *p, int status)
+{
+	struct efs_lockcache *lc = p->ref->lc;
+	struct efs_locktab_entry *e = lc ? efs_locktab_find(&lc->tab, p->ino) : NULL;
+	const struct efs_lock_ops *ops;
+	void *arg;
+
+	if (!e || e->grant != p->grant || !e->prep)
+		goto out; /* the hold it prepared for is gone */
+	if (status < 0) {
+		efs_log_warn("lock: inode %" PRIu64 ": preparing its release: %s; kept, tried "
+			     "again later",
+			     p->ino, strerror(-status));
+		e->prep = false;
+		goto out;
+	}
+	ops = lc->ops[e->kind].ops;
+	arg = lc->ops[e->kind].arg;
+	if (p->step == 0) {
+		p->step = 1;
+		if (ops && ops->invalidate && p->inval) {
+			ops->invalidate(arg, p->ino, p->to, prep_done, p);
+			return;
+		}
+	}
+	if (p->step == 1) {
+		p->step = 2;
+		if (ops && ops->sync) {
+			ops->sync(arg, p->ino, p->to, prep_done, p);
+			return;
+		}
+	}
+	/* Valid only if no operation took the lock meanwhile: one that did
+	 * may have cached or buffered more, so the release prepares again
+	 * once its pins are gone. */
+	e->prep = false;
+	e->prepared = e->pins == 0 && e->pin_seq == e->prep_seq;
+	release_kick(lc);
+out:
+	lref_put(p->ref);
+	efs_mem_free(p);
+}
+
+/* Caches granted under an ended hold are void by their grant id, so the
+ * invalidate op runs only while the kernel may still cache under the lock
+ * or the release cannot wait for that (|urgent|). */
+static bool needs_inval(const struct efs_locktab_entry *e, bool urgent, uint64_t now)
+{
+	return urgent || e->kcache_until_ns > now;
+}
+
+static int prep_start(struct efs_lockcache *lc, struct efs_locktab_entry *e,
+		      enum efs_lock_mode to, bool inval)
+{
+	struct prep *p = efs_mem_calloc(1, sizeof(*p));
+
+	if (!p)
+		return -ENOMEM;
+	p->ref = lref_get(lc->ref);
+	p->ino = e->ino;
+	p->grant = e->grant;
+	p->to = to;
+	p->inval = inval;
+	e->prep = true;
+	e->prepared = false;
+	e->prep_seq = e->pin_seq;
+	e->prep_to = (uint8_t)to;
+	lc->stats.preps++;
+	prep_step(p, 0);
+	return 0;
+}
+
+/* Whether releasing |e| must run its ops first. */
+static bool needs_prep(const struct efs_lockcache *lc, const struct efs_locktab_entry *e,
+		       bool urgent, uint64_t now)
+{
+	const struct efs_lock_ops *ops = lc->ops[e->kind].ops;
+
+	if (!ops)
+		return false;
+	if (ops->sync)
+		return true;
+	return ops->invalidate && needs_inval(e, urgent, now);
+}
+
+static bool is_prepared(const struct efs_locktab_entry *e, enum efs_lock_mode to)
+{
+	return e->prepared && e->pins == 0 && e->pin_seq == e->prep_seq && e->prep_to <= to;
+}
+
+/* ---- Releases ---- */
 
 static void release_send(struct efs_lockcache *lc, struct lcall *k);
 
@@ -1410,7 +1699,15 @@ static void release_txn_done(struct efs_etcd_result *res, Etcdserverpb__TxnRespo
 
 		if (!e || e->state != EFS_LOCKTAB_RELEASING)
 			continue;
-		if (ok) {
+		if (ok && e->rel_to == EFS_LOCK_SHARED) {
+			/* Downgraded: a new, shared hold. */
+			e->mode = EFS_LOCK_SHARED;
+			e->state = EFS_LOCKTAB_HELD;
+			e->rel_to = EFS_LOCK_NONE;
+			e->token = lc->token_seq;
+			new_grant(lc, e);
+			entry_changed(lc, e);
+		} else if (ok) {
 			remove_entry(lc, e);
 			lc->stats.releases++;
 		} else {
@@ -1423,8 +1720,14 @@ static void release_txn_done(struct efs_etcd_result *res, Etcdserverpb__TxnRespo
 	if (ok)
 		lc->stats.release_txns++;
 	lcall_end(k);
-	if (ok)
+	if (ok) {
+		struct lref *ref = lref_get(lc->ref);
+
 		release_start(lc);
+		if (ref->lc)
+			rwaiters_check(lc);
+		lref_put(ref);
+	}
 }
 
 static void release_all_check(struct efs_lockcache *lc, int status)
@@ -1441,7 +1744,8 @@ static void release_all_check(struct efs_lockcache *lc, int status)
 		done(status, lc->release_all_arg);
 }
 
-/* Sends the deletes of |k| (its inodes still RELEASING); takes |k|. */
+/* Sends the deletes of |k| (its inodes still RELEASING); takes |k|. A
+ * downgrade replaces the exclusive key by a shared one. */
 static void release_send(struct efs_lockcache *lc, struct lcall *k)
 {
 	struct efs_etcd_callopts co = {.channel = EFS_ETCD_CH_PRIO};
@@ -1463,6 +1767,8 @@ static void release_send(struct efs_lockcache *lc, struct lcall *k)
 		if (r == 0)
 			r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, hk.buf, hk.len, NULL, 0,
 						false);
+		if (r == 0 && e->rel_to == EFS_LOCK_SHARED)
+			r = put_holder(lc, t, e->ino, EFS_LOCK_SHARED, NULL);
 		n++;
 	}
 	if (r == 0 && n == 0) {
@@ -1482,16 +1788,55 @@ static void release_send(struct efs_lockcache *lc, struct lcall *k)
 	lc->releasing = true;
 }
 
-/* Starts one batched release if anything is due and none is in flight. */
+/* The inodes and targets one release transaction carries. */
+struct rel_batch {
+	size_t n, ops, max_ops;
+	uint64_t ino[EFS_ETCD_TXN_MAX_OPS];
+	enum efs_lock_mode to[EFS_ETCD_TXN_MAX_OPS];
+};
+
+/*
+ * Puts |e| into |b| to go down to |to| when it is ready, or starts its
+ * preparation. |e| may be gone when this returns (ops run inline).
+ */
+static void release_consider(struct efs_lockcache *lc, struct rel_batch *b,
+			     struct efs_locktab_entry *e, enum efs_lock_mode to, bool urgent,
+			     uint64_t now)
+{
+	size_t cost = to == EFS_LOCK_SHARED ? 2 : 1;
+
+	if (e->state != EFS_LOCKTAB_HELD || e->pins || e->prep || e->mode <= (int)to)
+		return;
+	if (needs_prep(lc, e, urgent, now) && !is_prepared(e, to)) {
+		if (prep_start(lc, e, to, needs_inval(e, urgent, now)) < 0)
+			efs_log_debug("lock: inode %" PRIu64 ": no memory to prepare its release",
+				      e->ino);
+		return;
+	}
+	if (b->n >= EFS_ETCD_TXN_MAX_OPS || b->ops + cost > b->max_ops)
+		return;
+	b->ino[b->n] = e->ino;
+	b->to[b->n] = to;
+	b->n++;
+	b->ops += cost;
+	e->state = EFS_LOCKTAB_RELEASING;
+	e->rel_to = (uint8_t)to;
+}
+
+/* Starts one batched release if anything is due and none is in flight:
+ * forced releases first, then idle locks and those over the bound. */
 static void release_start(struct efs_lockcache *lc)
 {
 	struct efs_locktab_entry *sel[EFS_ETCD_TXN_MAX_OPS];
+	uint64_t cand[EFS_ETCD_TXN_MAX_OPS];
 	struct efs_locktab_sel s = {
 		.now = now_ns(),
 		.idle_ns = (uint64_t)lc->idle_ms * EFS_NSEC_PER_MSEC,
 		.all = lc->release_all,
 		.ignore_kcache = lc->release_all,
 	};
+	struct rel_batch b = {.max_ops = lc->release_batch};
+	struct lref *ref;
 	struct lcall *k;
 	size_t n;
 
@@ -1512,18 +1857,54 @@ static void release_start(struct efs_lockcache *lc)
 		}
 		lcall_end(k);
 	}
+	ref = lref_get(lc->ref);
+	/* Forced: the lowest target asked for each inode wins. Ops may run
+	 * inline and change the table, so entries are found again by inode
+	 * number after each step. */
+	for (struct rwait *w = lc->rwaiters; w && ref->lc; w = w->next) {
+		enum efs_lock_mode to = w->to;
+		struct efs_locktab_entry *e;
+
+		for (struct rwait *o = lc->rwaiters; o; o = o->next)
+			if (o->ino == w->ino && o->to < to)
+				to = o->to;
+		e = efs_locktab_find(&lc->tab, w->ino);
+		if (e)
+			release_consider(lc, &b, e, to, true, s.now);
+		if (b.ops >= b.max_ops)
+			break;
+	}
+	if (!ref->lc) {
+		lref_put(ref);
+		return;
+	}
 	n = efs_locktab_select(&lc->tab, &s, sel, lc->release_batch);
-	if (n == 0) {
+	for (size_t j = 0; j < n; j++)
+		cand[j] = sel[j]->ino;
+	for (size_t j = 0; j < n && ref->lc && b.ops < b.max_ops; j++) {
+		struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, cand[j]);
+
+		if (e)
+			release_consider(lc, &b, e, EFS_LOCK_NONE, lc->release_all, s.now);
+	}
+	if (!lref_put(ref))
+		return;
+	if (b.n == 0) {
 		release_all_check(lc, 0);
 		return;
 	}
-	k = lcall_new(lc, NULL, n);
-	if (!k)
+	k = lcall_new(lc, NULL, b.n);
+	if (!k) {
+		for (size_t j = 0; j < b.n; j++) {
+			struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, b.ino[j]);
+
+			if (e && e->state == EFS_LOCKTAB_RELEASING)
+				e->state = EFS_LOCKTAB_HELD;
+		}
 		return;
-	for (size_t j = 0; j < n; j++) {
-		k->ino[j] = sel[j]->ino;
-		sel[j]->state = EFS_LOCKTAB_RELEASING;
 	}
+	for (size_t j = 0; j < b.n; j++)
+		k->ino[j] = b.ino[j];
 	release_send(lc, k);
 }
 
@@ -1543,6 +1924,20 @@ static void tick_cb(uv_timer_t *t)
 			a->wait = AW_KICK;
 			acq_finish(a, -ETIMEDOUT);
 			break; /* the list may have changed: the next tick goes on */
+		}
+	}
+	/* Blocked upgrades whose shared hold can now be given up. */
+	for (struct acq *a = lc->acqs.next; a != &lc->acqs && ref->lc && lc->n_draining;
+	     a = a->next) {
+		struct efs_locktab_entry *e;
+
+		if (a->wait != AW_WATCH || !a->up_blocked || a->yielding || a->cur >= a->req->n)
+			continue;
+		e = efs_locktab_find(&lc->tab, a->req->ino[a->cur]);
+		if (e && e->owner == a && yieldable(e, now)) {
+			watchers_free(a);
+			a->wait = AW_KICK;
+			kick_soon(lc);
 		}
 	}
 	if (ref->lc)
@@ -1574,8 +1969,6 @@ int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_et
 	if (lc->release_batch > EFS_ETCD_TXN_MAX_OPS - 2)
 		lc->release_batch = EFS_ETCD_TXN_MAX_OPS - 2;
 	lc->wait_timeout_ms = o->wait_timeout_ms;
-	lc->invalidate = o->invalidate;
-	lc->invalidate_arg = o->invalidate_arg;
 	lc->acqs.next = lc->acqs.prev = &lc->acqs;
 	lc->gen = efs_session_generation(s);
 	r = efs_locktab_init(&lc->tab, lc->max_cached);
@@ -1590,7 +1983,8 @@ int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_et
 	lc->tick = efs_timer_new(lc->loop, lc);
 	lc->kick = efs_timer_new(lc->loop, lc);
 	lc->retry = efs_timer_new(lc->loop, lc);
-	if (!lc->tick || !lc->kick || !lc->retry)
+	lc->rwake = efs_timer_new(lc->loop, lc);
+	if (!lc->tick || !lc->kick || !lc->retry || !lc->rwake)
 		goto fail;
 	period = lc->idle_ms / 4;
 	if (period < TICK_MIN_MS)
@@ -1626,6 +2020,11 @@ void efs_lockcache_forget_all(struct efs_lockcache *lc)
 	if (!lc)
 		return;
 	efs_locktab_remove_all(&lc->tab);
+	lc->n_draining = 0;
+	/* Forced releases end: the locks went with the session. */
+	for (struct rwait *w = lc->rwaiters; w; w = w->next)
+		w->status = -EIO;
+	rwake_soon(lc);
 	for (struct acq *a = lc->acqs.next; a != &lc->acqs; a = a->next) {
 		if (a->wait == AW_WATCH) {
 			/* Our recall key went with the lease. */
@@ -1665,6 +2064,13 @@ struct efs_lockcache *efs_lockcache_free(struct efs_lockcache *lc)
 	lc->tick = efs_timer_free(lc->tick);
 	lc->kick = efs_timer_free(lc->kick);
 	lc->retry = efs_timer_free(lc->retry);
+	lc->rwake = efs_timer_free(lc->rwake);
+	while (lc->rwaiters) {
+		struct rwait *w = lc->rwaiters;
+
+		lc->rwaiters = w->next;
+		efs_mem_free(w);
+	}
 	efs_locktab_done(&lc->tab);
 	if (lc->ref) {
 		lc->ref->lc = NULL;
@@ -1745,7 +2151,8 @@ int efs_lock_acquire(struct efs_lockcache *lc, struct efs_lock_req *req)
 			if (a->dup[i])
 				continue;
 			e = efs_locktab_find(&lc->tab, req->ino[i]);
-			hit = e && e->mode >= (int)a->want[i] && e->state != EFS_LOCKTAB_RELEASING;
+			hit = e && e->mode >= (int)a->want[i] && e->state != EFS_LOCKTAB_RELEASING &&
+			      !e->draining;
 		}
 	} else {
 		hit = false;
@@ -1758,6 +2165,8 @@ int efs_lock_acquire(struct efs_lockcache *lc, struct efs_lock_req *req)
 		for (size_t i = 0; i < req->n; i++)
 			if (!a->dup[i])
 				a->pinned[i] = efs_locktab_find(&lc->tab, req->ino[i]);
+		for (size_t i = 0; i < req->n; i++)
+			req->grant[i] = efs_locktab_find(&lc->tab, req->ino[i])->grant;
 		a->wait = AW_DONE;
 		lc->stats.hits++;
 		return 1;
@@ -1801,7 +2210,9 @@ void efs_lock_put(struct efs_lockcache *lc, struct efs_lock_req *req)
 	acq_unlink(a);
 	efs_mem_free(a);
 	req->priv = NULL;
-	if (lc->max_cached && lc->tab.count > lc->max_cached)
+	if (lc->rwaiters || lc->n_draining)
+		release_kick(lc); /* a forced release or an upgrade may wait for this */
+	else if (lc->max_cached && lc->tab.count > lc->max_cached)
 		release_start(lc);
 }
 
@@ -1815,6 +2226,56 @@ enum efs_lock_mode efs_lock_held(const struct efs_lockcache *lc, uint64_t ino)
 	if (!e || e->state == EFS_LOCKTAB_RELEASING || e->state == EFS_LOCKTAB_GRANTING)
 		return EFS_LOCK_NONE;
 	return (enum efs_lock_mode)e->mode;
+}
+
+uint64_t efs_lock_grant(const struct efs_lockcache *lc, uint64_t ino)
+{
+	if (efs_lock_held(lc, ino) == EFS_LOCK_NONE)
+		return 0;
+	return efs_locktab_find(&lc->tab, ino)->grant;
+}
+
+void efs_lock_set_kind(struct efs_lockcache *lc, uint64_t ino, unsigned kind)
+{
+	struct efs_locktab_entry *e = lc ? efs_locktab_find(&lc->tab, ino) : NULL;
+
+	if (e && kind < EFS_LOCK_KINDS)
+		e->kind = (uint8_t)kind;
+}
+
+int efs_lockcache_set_ops(struct efs_lockcache *lc, unsigned kind, const struct efs_lock_ops *ops,
+			  void *arg)
+{
+	if (!lc || kind >= EFS_LOCK_KINDS)
+		return -EINVAL;
+	lc->ops[kind].ops = ops;
+	lc->ops[kind].arg = arg;
+	return 0;
+}
+
+int efs_lock_release_now(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_mode to,
+			 efs_lock_release_cb done, void *arg)
+{
+	struct efs_locktab_entry *e;
+	struct rwait *w;
+
+	if (!lc || !done || (to != EFS_LOCK_NONE && to != EFS_LOCK_SHARED))
+		return -EINVAL;
+	e = efs_locktab_find(&lc->tab, ino);
+	if (!e || e->mode <= (int)to)
+		return 1;
+	w = efs_mem_calloc(1, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	w->ino = ino;
+	w->to = to;
+	w->cb = done;
+	w->arg = arg;
+	w->next = lc->rwaiters;
+	lc->rwaiters = w;
+	/* From the timer, so |done| never runs inline. */
+	release_kick(lc);
+	return 0;
 }
 
 int efs_lock_guard(const struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino,
@@ -1869,6 +2330,7 @@ void efs_lock_grant_committed(struct efs_lockcache *lc, uint64_t ino, bool commi
 	e->state = EFS_LOCKTAB_HELD;
 	e->mode = EFS_LOCK_EXCLUSIVE;
 	e->token = lc->token_seq;
+	new_grant(lc, e);
 	efs_locktab_touch(&lc->tab, e, now_ns());
 	entry_changed(lc, e);
 }

@@ -2,11 +2,11 @@
 #pragma once
 
 /*
- * The node's lock cache (ARCHITECTURE.md 7.1-7.2): per-inode shared and
- * exclusive locks held as holder keys l/<ino><mode><node> on the session
- * lease, cached after the operation that took them and reused with no etcd
- * traffic until released (idle, over the cache bound, or recalled by a
- * peer: recall arrives with the cluster issue; the hooks are here).
+ * The node's lock cache: per-inode shared and exclusive locks held as
+ * holder keys l/<ino><mode><node> on the session lease, cached after the
+ * operation that took them and reused with no etcd traffic until released
+ * (idle, over the cache bound, forced by efs_lock_release_now, which a
+ * peer's recall calls, or at a clean leave).
  *
  * The lock is the node's, not an operation's: every operation on this node
  * that needs inode I in mode M shares the node's hold. An operation pins
@@ -30,12 +30,36 @@
  * created no earlier than its own), which is arrival order. A waiter's
  * recall key is deleted when it gets the lock, is cancelled or times out.
  *
- * Kernel caching (7.1): the fs layer may hand the kernel nonzero
- * entry/attr timeouts only for inodes this node holds a lock on, and
- * records each grant with efs_lock_note_kernel_cache(); a lock is never
- * released idle before the last kernel cache it granted has timed out
- * (so an idle release needs no invalidation), and a release that cannot
- * wait (recall, suspension) runs the invalidate hook first.
+ * Kernel caching: the fs layer may hand the kernel nonzero entry/attr
+ * timeouts only for inodes this node holds a lock on, and records each
+ * grant with efs_lock_note_kernel_cache(); a lock is never released idle
+ * before the last kernel cache it granted has timed out (so an idle
+ * release needs no invalidation), and a release that cannot wait (a
+ * forced release, which is what a recall calls, or a clean leave) runs
+ * the invalidate hook of the lock's ops first.
+ *
+ * Grants: every continuous hold of a lock has a grant id, nonzero and
+ * never reused by this lock cache. A cache filled under a lock (the inode
+ * record, names, the extent map, the kernel page cache decision) stores
+ * the grant it was filled under and is valid only while efs_lock_grant()
+ * returns that same id. An in-place upgrade from shared to exclusive keeps
+ * the grant (the hold never lapsed); a release, a downgrade, a session
+ * loss and an upgrade that had to give the shared hold up end it.
+ *
+ * Ops: the user registers callbacks per kind of lock (the GFS2 glock
+ * operations, OCFS2's lock resource ops): before a lock goes (or goes down
+ * to shared) the lock cache waits until no operation pins it, then calls
+ * |invalidate| (drop every cache the lock allowed) and |sync| (publish
+ * what the lock covers), and releases it only if nothing pinned it
+ * meanwhile (else it prepares again). A pin means only "an operation is in
+ * flight under this lock"; state such as an open handle or dirty data is
+ * published by |sync|, never held as a pin.
+ *
+ * Upgrades never deadlock two nodes: an upgrade that finds another holder
+ * stops granting new local cache hits on the inode, waits for its pins to
+ * go and for the kernel caches granted under the shared hold to expire,
+ * then gives its shared hold up in the same transaction that queues its
+ * recall key, so the older recall key wins and the other waits behind it.
  *
  * Callback rule (libuv's): a function taking a callback returns an error
  * now (callback never runs), 1 when done now (callback never runs), or 0
@@ -75,6 +99,8 @@ struct efs_lock_req;
  * was newly taken, |recs[i]| holds the i/<ino> record read in the same
  * transaction (a KeyValue owned by the request until efs_lock_put; NULL
  * when the inode does not exist, or when the lock was already cached).
+ * On success |grant[i]| is the grant id the lock of |ino[i]| is held
+ * under (see Grants above).
  */
 typedef void (*efs_lock_cb)(struct efs_lock_req *req, int status);
 
@@ -87,6 +113,7 @@ struct efs_lock_req {
 	void *arg;
 	/* results */
 	const Mvccpb__KeyValue *recs[EFS_LOCK_REQ_MAX];
+	uint64_t grant[EFS_LOCK_REQ_MAX];
 	/* private */
 	void *priv;
 };
@@ -101,12 +128,34 @@ struct efs_lockcache_opts {
 	size_t release_batch;	  /* holder keys deleted per transaction (0: 64) */
 	uint32_t wait_timeout_ms; /* give up a conflicting acquire with -ETIMEDOUT
 				   * (0: never) */
-	/* Called before a lock is released while the kernel may still cache
-	 * under it (recall, suspension): must invalidate the kernel's entries,
-	 * attributes and pages of |ino| and call |done| when finished (on the
-	 * loop). NULL: releases always wait out the kernel cache timeouts. */
-	void (*invalidate)(uint64_t ino, void (*done)(void *darg), void *darg, void *arg);
-	void *invalidate_arg;
+};
+
+/* Kinds of lock, each with its own ops; a lock is of kind 0 until
+ * efs_lock_set_kind says otherwise. */
+#define EFS_LOCK_KINDS 4
+
+/* Completion of an ops callback: 0, or a negative errno (the lock is then
+ * kept and the release tried again later). May be called inline. */
+typedef void (*efs_lock_done_cb)(void *darg, int status);
+
+/*
+ * What the lock cache asks of its user before a lock of this kind is
+ * released (|to| NONE) or downgraded from exclusive (|to| SHARED). Both
+ * run on the loop, only while no operation pins the lock, and each calls
+ * |done| exactly once. Operations may still take the lock (cache hits)
+ * while they run; the release then waits for their pins and asks again.
+ * Either may be NULL (nothing to do).
+ */
+struct efs_lock_ops {
+	/* Drop every cache filled under the lock that |to| no longer
+	 * allows: the kernel's pages, attributes and entries of |ino| and
+	 * the node's own caches. */
+	void (*invalidate)(void *arg, uint64_t ino, enum efs_lock_mode to, efs_lock_done_cb done,
+			   void *darg);
+	/* Publish what the lock covers (buffered extents, size, times,
+	 * deferred attributes) so that the next holder sees it. */
+	void (*sync)(void *arg, uint64_t ino, enum efs_lock_mode to, efs_lock_done_cb done,
+		     void *darg);
 };
 
 int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_etcd *c,
@@ -125,6 +174,10 @@ int efs_lockcache_release_all(struct efs_lockcache *lc, void (*done)(int status,
  * their pins but efs_lock_guard() on them fails from now on.
  */
 void efs_lockcache_forget_all(struct efs_lockcache *lc);
+/* Registers |ops| (borrowed, must outlive |lc|) for locks of |kind|;
+ * NULL removes them. -EINVAL for a kind out of range. */
+int efs_lockcache_set_ops(struct efs_lockcache *lc, unsigned kind, const struct efs_lock_ops *ops,
+			  void *arg);
 /* Frees |lc|: callers drain their operations first; acquisitions still
  * pending are dropped without a callback. Holder keys stay in etcd (they
  * go with the session lease). Free the lock cache before its session.
@@ -142,6 +195,28 @@ void efs_lock_put(struct efs_lockcache *lc, struct efs_lock_req *req);
  * released/recalled, or while the session is not ACTIVE: then the kernel
  * must get zero timeouts). */
 enum efs_lock_mode efs_lock_held(const struct efs_lockcache *lc, uint64_t ino);
+
+/* The grant id under which this node holds |ino| now; 0 when
+ * efs_lock_held() is NONE. */
+uint64_t efs_lock_grant(const struct efs_lockcache *lc, uint64_t ino);
+
+/* Sets the kind (< EFS_LOCK_KINDS) of |ino|'s lock, whose ops it uses from
+ * now on; a no-op when this node has no entry for |ino|. */
+void efs_lock_set_kind(struct efs_lockcache *lc, uint64_t ino, unsigned kind);
+
+typedef void (*efs_lock_release_cb)(void *arg, int status);
+/*
+ * Gives the lock of |ino| up now (|to| NONE) or downgrades an exclusive
+ * hold to shared (|to| SHARED): the entry point a recall calls, and what
+ * tests call to force a release between operations. It waits for the
+ * lock's pins to go, runs the ops (invalidate, then sync), and deletes
+ * (or replaces) the holder key; |done| runs once, never inline, with 0
+ * once the lock is no longer held in a mode above |to|, or -EIO when the
+ * session was lost first. Returns 1 (done never runs) when nothing is to
+ * do (not held, or not above |to|), 0, or -EINVAL/-ENOMEM.
+ */
+int efs_lock_release_now(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_mode to,
+			 efs_lock_release_cb done, void *arg);
 
 /*
  * Adds to |t| a compare that this node's holder key for |ino| in |mode|
@@ -189,5 +264,8 @@ struct efs_lockcache_stats {
 	uint64_t releases;	/* locks released */
 	uint64_t release_txns;	/* transactions that released them */
 	uint64_t txn_retries;	/* acquire transactions retried */
+	uint64_t forced;	/* forced releases and downgrades completed */
+	uint64_t preps;		/* ops preparations run (invalidate + sync) */
+	uint64_t upgrade_yields; /* upgrades that gave their shared hold up */
 };
 void efs_lockcache_get_stats(const struct efs_lockcache *lc, struct efs_lockcache_stats *ret);

@@ -174,6 +174,7 @@ void efs_locktab_touch(struct efs_locktab *t, struct efs_locktab_entry *e, uint6
 void efs_locktab_pin(struct efs_locktab *t, struct efs_locktab_entry *e, uint64_t now)
 {
 	e->pins++;
+	e->pin_seq++;
 	efs_locktab_touch(t, e, now);
 }
 
@@ -199,7 +200,7 @@ void efs_locktab_note_kcache(struct efs_locktab_entry *e, uint64_t until_ns)
 
 static bool releasable(const struct efs_locktab_entry *e, const struct efs_locktab_sel *sel)
 {
-	if (e->pins || e->state != EFS_LOCKTAB_HELD)
+	if (e->pins || e->state != EFS_LOCKTAB_HELD || e->prep)
 		return false;
 	return sel->ignore_kcache || e->kcache_until_ns <= sel->now;
 }

@@ -34,6 +34,15 @@ struct efs_locktab_entry {
 	uint64_t last_used_ns;	  /* last pin, unpin or touch */
 	uint64_t kcache_until_ns; /* the kernel may cache under it until then */
 	uint64_t token;		  /* grant token written in the holder key */
+	uint64_t grant;		  /* id of the current continuous hold (lock.h) */
+	uint32_t pin_seq;	  /* pins ever taken (a preparation is void once it moves) */
+	uint32_t prep_seq;	  /* pin_seq when the last preparation started */
+	uint8_t kind;		  /* which ops the lock uses */
+	uint8_t prep_to;	  /* the mode its last preparation was for */
+	uint8_t rel_to;		  /* RELEASING: the mode it goes down to */
+	bool prep;		  /* its ops (invalidate, sync) run: never selected */
+	bool prepared;		  /* its ops ran and nothing pinned it since */
+	bool draining;		  /* no new cache hits: an upgrade waits for pins */
 	void *owner;		  /* for the table's user (lock.c: waiting acquisitions) */
 	/* private */
 	struct efs_locktab_entry *hnext;
@@ -88,7 +97,7 @@ void efs_locktab_note_kcache(struct efs_locktab_entry *e, uint64_t until_ns);
  * |out|: those unused for sel->idle_ns, and while the table holds more than
  * max_cached entries also the oldest others until the excess is covered;
  * never one whose kernel-cache deadline is still ahead (unless
- * sel->ignore_kcache). With sel->all, every unpinned held entry qualifies.
+ * sel->ignore_kcache), nor one whose ops are running (|prep|). With sel->all, every unpinned held entry qualifies.
  * Returns the number chosen; the entries are left as they are.
  */
 size_t efs_locktab_select(const struct efs_locktab *t, const struct efs_locktab_sel *sel,

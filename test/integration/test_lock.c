@@ -862,3 +862,248 @@ Test(lock, session_loss_forgets_locks_and_release_all_empties_the_cache)
 	finish(lc);
 	efs_test_assert_no_leaks();
 }
+
+/* ---- Grants, ops, forced releases, upgrades across nodes ---- */
+
+/* Runs the loop until |cond| holds or |ms| pass. */
+#define RUN_UNTIL(cond, ms)                                                                        \
+	do {                                                                                       \
+		uint64_t end_ = efs_test_now_ms() + (ms);                                          \
+		while (!(cond) && efs_test_now_ms() < end_)                                        \
+			efs_test_run_for(5);                                                       \
+	} while (0)
+
+/* Ops that record their calls and complete when the test says so. */
+struct fake_ops {
+	int invalidates, syncs;
+	enum efs_lock_mode last_to;
+	bool hold_sync;	 /* keep sync's completion pending */
+	int sync_status; /* what a completed sync reports */
+	efs_lock_done_cb pending;
+	void *pending_arg;
+};
+
+static void fake_invalidate(void *arg, uint64_t ino, enum efs_lock_mode to, efs_lock_done_cb done,
+			    void *darg)
+{
+	struct fake_ops *f = arg;
+
+	(void)ino;
+	f->invalidates++;
+	f->last_to = to;
+	done(darg, 0);
+}
+
+static void fake_sync(void *arg, uint64_t ino, enum efs_lock_mode to, efs_lock_done_cb done,
+		      void *darg)
+{
+	struct fake_ops *f = arg;
+
+	(void)ino;
+	f->syncs++;
+	f->last_to = to;
+	if (f->hold_sync) {
+		f->pending = done;
+		f->pending_arg = darg;
+		return;
+	}
+	done(darg, f->sync_status);
+}
+
+static void fake_complete(struct fake_ops *f, int status)
+{
+	efs_lock_done_cb cb = f->pending;
+
+	cr_assert(cb, "no sync pending");
+	f->pending = NULL;
+	cb(f->pending_arg, status);
+}
+
+static const struct efs_lock_ops fake_lock_ops = {
+	.invalidate = fake_invalidate,
+	.sync = fake_sync,
+};
+
+struct rel {
+	bool done;
+	int status;
+};
+
+static void on_forced(void *arg, int status)
+{
+	struct rel *x = arg;
+
+	x->done = true;
+	x->status = status;
+}
+
+Test(lock, grant_ids_change_with_every_new_hold)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 0);
+	struct lres a, b;
+	struct rel f = {0};
+	uint64_t g1, g2;
+
+	cr_assert_eq(efs_lock_grant(lc, 200), 0);
+	take(lc, &a, 200, EFS_LOCK_SHARED);
+	g1 = a.req.grant[0];
+	cr_assert_neq(g1, 0);
+	cr_assert_eq(efs_lock_grant(lc, 200), g1);
+	efs_lock_put(lc, &a.req);
+	/* A cache hit: the same hold. */
+	cr_assert_eq(acquire1(lc, &a, 200, EFS_LOCK_SHARED), 1);
+	cr_assert_eq(a.req.grant[0], g1);
+	efs_lock_put(lc, &a.req);
+	/* An upgrade in place keeps the grant. */
+	take(lc, &b, 200, EFS_LOCK_EXCLUSIVE);
+	cr_assert_eq(b.req.grant[0], g1, "in-place upgrade changed the grant");
+	efs_lock_put(lc, &b.req);
+	/* A downgrade is a new hold. */
+	cr_assert_eq(efs_lock_release_now(lc, 200, EFS_LOCK_SHARED, on_forced, &f), 0);
+	cr_assert_not(f.done, "called back inline");
+	cr_assert(efs_test_run_until(&f.done, 3000));
+	cr_assert_eq(f.status, 0);
+	cr_assert_eq(efs_lock_held(lc, 200), EFS_LOCK_SHARED);
+	cr_assert(holder_exists(200, EFS_META_LOCK_SHARED, "node1"));
+	cr_assert_not(holder_exists(200, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	g2 = efs_lock_grant(lc, 200);
+	cr_assert(g2 != 0 && g2 != g1, "downgrade kept grant %" PRIu64, g2);
+	/* Released: no grant; taken again: another one. */
+	f = (struct rel){0};
+	cr_assert_eq(efs_lock_release_now(lc, 200, EFS_LOCK_NONE, on_forced, &f), 0);
+	cr_assert(efs_test_run_until(&f.done, 3000));
+	cr_assert_eq(f.status, 0);
+	cr_assert_eq(efs_lock_grant(lc, 200), 0);
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, 200), 0);
+	cr_assert_eq(efs_lock_release_now(lc, 200, EFS_LOCK_NONE, on_forced, &f), 1,
+		     "nothing held, yet a release was queued");
+	take(lc, &a, 200, EFS_LOCK_EXCLUSIVE);
+	cr_assert(a.req.grant[0] != 0 && a.req.grant[0] != g1 && a.req.grant[0] != g2);
+	efs_lock_put(lc, &a.req);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, forced_release_waits_for_pins_and_publishes_through_the_ops)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 0);
+	struct fake_ops fo = {.hold_sync = true};
+	struct lres a, b;
+	struct rel f = {0};
+
+	cr_assert_eq(efs_lockcache_set_ops(lc, 1, &fake_lock_ops, &fo), 0);
+	cr_assert_eq(efs_lockcache_set_ops(lc, EFS_LOCK_KINDS, &fake_lock_ops, &fo), -EINVAL);
+	take(lc, &a, 210, EFS_LOCK_EXCLUSIVE);
+	efs_lock_set_kind(lc, 210, 1);
+	/* An operation in flight: nothing happens until it ends. */
+	cr_assert_eq(efs_lock_release_now(lc, 210, EFS_LOCK_NONE, on_forced, &f), 0);
+	efs_test_run_for(300);
+	cr_assert_not(f.done);
+	cr_assert_eq(fo.invalidates + fo.syncs, 0, "ops ran under a pin");
+	cr_assert(holder_exists(210, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	efs_lock_put(lc, &a.req);
+	/* Invalidate, then sync; the lock is still usable meanwhile. */
+	RUN_UNTIL(fo.syncs == 1, 2000);
+	cr_assert(fo.syncs == 1, "sync not called");
+	cr_assert_eq(fo.invalidates, 1);
+	cr_assert_eq(fo.last_to, EFS_LOCK_NONE);
+	cr_assert_eq(efs_lock_held(lc, 210), EFS_LOCK_EXCLUSIVE);
+	/* An operation takes it while sync runs: the preparation is void. */
+	cr_assert_eq(acquire1(lc, &b, 210, EFS_LOCK_EXCLUSIVE), 1);
+	fake_complete(&fo, 0);
+	efs_test_run_for(300);
+	cr_assert_not(f.done, "released after an operation used it during sync");
+	cr_assert(holder_exists(210, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	efs_lock_put(lc, &b.req);
+	/* Prepared again, this time undisturbed: released. */
+	RUN_UNTIL(fo.syncs == 2, 2000);
+	cr_assert(fo.syncs == 2, "sync not called again");
+	cr_assert_eq(fo.invalidates, 2);
+	/* A failing sync keeps the lock; the release is tried again. */
+	fake_complete(&fo, -EIO);
+	efs_test_run_for(100);
+	cr_assert_not(f.done);
+	cr_assert(holder_exists(210, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	fo.hold_sync = false;
+	cr_assert(efs_test_run_until(&f.done, 3000));
+	cr_assert_eq(f.status, 0);
+	cr_assert_geq(fo.syncs, 3);
+	cr_assert_eq(efs_lock_held(lc, 210), EFS_LOCK_NONE);
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, 210), 0);
+	cr_assert_eq(lstats(lc).forced, 1);
+	/* Ops of kind 1 do not apply to locks of kind 0. */
+	take(lc, &a, 211, EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(lc, &a.req);
+	f = (struct rel){0};
+	fo.syncs = 0;
+	cr_assert_eq(efs_lock_release_now(lc, 211, EFS_LOCK_NONE, on_forced, &f), 0);
+	cr_assert(efs_test_run_until(&f.done, 3000));
+	cr_assert_eq(fo.syncs, 0);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, idle_release_publishes_through_the_ops_first)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 200, 0, 0);
+	struct fake_ops fo = {0};
+	struct lres a;
+
+	cr_assert_eq(efs_lockcache_set_ops(lc, 0, &fake_lock_ops, &fo), 0);
+	take(lc, &a, 215, EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(lc, &a.req);
+	cr_assert(run_until_held(lc, 0, 3000), "not released idle");
+	cr_assert_eq(fo.syncs, 1);
+	/* The kernel caches had expired: nothing to invalidate. */
+	cr_assert_eq(fo.invalidates, 0);
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, 215), 0);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, two_nodes_upgrading_a_shared_lock_never_deadlock)
+{
+	struct efs_lockcache *lc1, *lc2;
+	struct lres a1, a2, x1, x2;
+	uint64_t end;
+
+	c2 = efs_test_client_new(efs_harness_endpoints(h));
+	s2 = start_session(c2, "node2");
+	/* Locks stay cached (no idle release) unless given up. */
+	lc1 = new_lc(s, c, 0, 60000, 0, 0);
+	lc2 = new_lc(s2, c2, 0, 60000, 0, 0);
+	take(lc1, &a1, 220, EFS_LOCK_SHARED);
+	take(lc2, &a2, 220, EFS_LOCK_SHARED);
+	efs_lock_put(lc1, &a1.req);
+	efs_lock_put(lc2, &a2.req);
+	/* Both ask for X while both hold S. */
+	cr_assert_eq(acquire1(lc1, &x1, 220, EFS_LOCK_EXCLUSIVE), 0);
+	cr_assert_eq(acquire1(lc2, &x2, 220, EFS_LOCK_EXCLUSIVE), 0);
+	end = efs_test_now_ms() + 5000;
+	while (!x1.done && !x2.done && efs_test_now_ms() < end)
+		efs_test_run_for(10);
+	cr_assert(x1.done || x2.done, "deadlock: neither upgrade was granted");
+	{
+		struct lres *won = x1.done ? &x1 : &x2, *lost = x1.done ? &x2 : &x1;
+		struct efs_lockcache *wlc = x1.done ? lc1 : lc2, *llc = x1.done ? lc2 : lc1;
+		struct rel f = {0};
+
+		cr_assert_eq(won->status, 0);
+		cr_assert_not(lost->done);
+		cr_assert_geq(lstats(lc1).upgrade_yields + lstats(lc2).upgrade_yields, 1);
+		/* The winner gives it up (a recall will do this): the other
+		 * gets it. */
+		efs_lock_put(wlc, &won->req);
+		cr_assert_eq(efs_lock_release_now(wlc, 220, EFS_LOCK_NONE, on_forced, &f), 0);
+		cr_assert(efs_test_run_until(&f.done, 3000));
+		cr_assert(efs_test_run_until(&lost->done, 5000), "the waiting upgrade never ran");
+		cr_assert_eq(lost->status, 0);
+		cr_assert_eq(efs_lock_held(llc, 220), EFS_LOCK_EXCLUSIVE);
+		efs_lock_put(llc, &lost->req);
+	}
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, 220), 1);
+	cr_assert_eq(count_keys(EFS_META_K_RECALL, 220), 0);
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}

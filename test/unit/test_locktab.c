@@ -252,3 +252,28 @@ Test(locktab, removed_pinned_entry_lives_until_its_last_unpin)
 	efs_locktab_done(&t);
 	efs_test_assert_no_leaks();
 }
+
+Test(locktab, entries_whose_ops_run_are_never_chosen_and_pins_are_counted)
+{
+	struct efs_locktab t;
+	struct efs_locktab_entry *out[8];
+	struct efs_locktab_entry *a, *b;
+	uint32_t seq;
+
+	cr_assert_eq(efs_locktab_init(&t, 0), 0);
+	a = add_held(&t, 1, MS(0));
+	b = add_held(&t, 2, MS(0));
+	a->prep = true;
+	cr_assert_eq(sel(&t, MS(6000), out, 8), 1);
+	cr_assert_eq(out[0], b);
+	a->prep = false;
+	cr_assert_eq(sel(&t, MS(6000), out, 8), 2);
+	/* Every pin moves pin_seq, so a preparation can tell it was used. */
+	seq = b->pin_seq;
+	efs_locktab_pin(&t, b, MS(6000));
+	efs_locktab_unpin(&t, b, MS(6000));
+	cr_assert_eq(b->pin_seq, seq + 1);
+	cr_assert_eq(b->pins, 0);
+	efs_locktab_done(&t);
+	efs_test_assert_no_leaks();
+}
