@@ -1,0 +1,598 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Block I/O of file data (fs/file/file-int.h): device reads of file blocks,
+ * copy-on-write device writes and the map updates that follow them, the
+ * burying of replaced blocks, and the run-list helpers they use.
+ */
+#include "fs/file/file-int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "dev/iopool.h"
+#include "etcd/kv.h"
+#include "alloc/alloc.h"
+#include "space/extmap.h"
+#include "space/runs.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/mem.h"
+#if EFS_HAVE_PLOCK
+#include "fs/plock.h"
+#endif
+
+#if EFS_HAVE_DATAPATH
+
+/* ---- Runs helpers ---- */
+
+/* Inserts [start, start + len) into the sorted, merged list |r|, merging
+ * with neighbours. 0 or -ENOMEM. */
+static int runs_insert(struct efs_runs *r, uint64_t start, uint64_t len)
+{
+	size_t lo = 0, hi = r->n;
+
+	if (len == 0)
+		return 0;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+
+		if (r->v[mid].start < start)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	/* lo: first run starting at or after |start|. */
+	if (lo > 0 && r->v[lo - 1].start + r->v[lo - 1].len == start) {
+		r->v[lo - 1].len += len;
+		if (lo < r->n && r->v[lo - 1].start + r->v[lo - 1].len == r->v[lo].start) {
+			r->v[lo - 1].len += r->v[lo].len;
+			memmove(&r->v[lo], &r->v[lo + 1], (r->n - lo - 1) * sizeof(r->v[0]));
+			r->n--;
+		}
+		return 0;
+	}
+	if (lo < r->n && start + len == r->v[lo].start) {
+		r->v[lo].start = start;
+		r->v[lo].len += len;
+		return 0;
+	}
+	if (r->n == r->cap) {
+		size_t cap = r->cap ? r->cap * 2 : 16;
+		struct efs_run *v = efs_mem_realloc(r->v, cap * sizeof(*v));
+
+		if (!v)
+			return -ENOMEM;
+		r->v = v;
+		r->cap = cap;
+	}
+	memmove(&r->v[lo + 1], &r->v[lo], (r->n - lo) * sizeof(r->v[0]));
+	r->v[lo].start = start;
+	r->v[lo].len = len;
+	r->n++;
+	return 0;
+}
+
+static int runs_insert_all(struct efs_runs *r, const struct efs_runs *src)
+{
+	for (size_t i = 0; i < src->n; i++) {
+		int e = runs_insert(r, src->v[i].start, src->v[i].len);
+
+		if (e < 0)
+			return e;
+	}
+	return 0;
+}
+
+/* Removes every block of |src| from |r| (normalized); removed blocks go to
+ * |cut| when not NULL. */
+int efs_file_runs_remove_all(struct efs_runs *r, const struct efs_runs *src, struct efs_runs *cut)
+{
+	for (size_t i = 0; i < src->n && r->n; i++) {
+		int e = efs_runs_subtract(r, src->v[i].start, src->v[i].len, cut);
+
+		if (e < 0)
+			return e;
+	}
+	return 0;
+}
+
+/*
+ * Splits [start, start + len) by the normalized set |set|: the blocks in
+ * it are appended to |in|, the others to |out|.
+ */
+int efs_file_runs_split(const struct efs_runs *set, uint64_t start, uint64_t len,
+			struct efs_runs *in, struct efs_runs *out)
+{
+	uint64_t pos = start, end = start + len;
+	size_t lo = 0, hi = set->n;
+	int e = 0;
+
+	/* First run that ends after |start|. */
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+
+		if (set->v[mid].start + set->v[mid].len <= start)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (size_t i = lo; i < set->n && pos < end && e == 0; i++) {
+		uint64_t s = set->v[i].start, t = s + set->v[i].len;
+
+		if (s >= end)
+			break;
+		if (s > pos) {
+			e = efs_runs_add(out, pos, s - pos);
+			pos = s;
+		}
+		if (e == 0) {
+			uint64_t stop = t < end ? t : end;
+
+			e = efs_runs_add(in, pos, stop - pos);
+			pos = stop;
+		}
+	}
+	if (e == 0 && pos < end)
+		e = efs_runs_add(out, pos, end - pos);
+	return e;
+}
+
+/* ---- Device reads ---- */
+
+static void read_end(struct efs_fs *fs, uint64_t ticket)
+{
+	if (fs->alloc)
+		efs_alloc_read_end(fs->alloc, ticket);
+}
+
+struct rb {
+	struct efs_fs *fs;
+	uint64_t ticket;
+	size_t pending;
+	int err;
+	void (*cb)(void *arg, int err);
+	void *arg;
+	size_t nio;
+	struct efs_io io[];
+};
+
+static void rb_io_cb(struct efs_io *io, ssize_t res)
+{
+	struct rb *j = io->arg;
+
+	if (res < 0 && j->err == 0)
+		j->err = (int)res;
+	else if (res >= 0 && (size_t)res != io->len && j->err == 0)
+		j->err = -EIO;
+	if (res > 0 && efs_file_ctl_of(j->fs)->c_rbytes)
+		efs_counter_add(efs_file_ctl_of(j->fs)->c_rbytes, (uint64_t)res);
+	if (--j->pending)
+		return;
+	read_end(j->fs, j->ticket);
+	j->cb(j->arg, j->err < 0 ? -EIO : 0);
+	efs_mem_free(j);
+}
+
+/*
+ * Reads file blocks [fblk, fblk + n) of |d| into |buf| (n blocks, aligned):
+ * holes and preallocated extents give zeroes. 1 when done now (no device
+ * read), 0 (|cb| later with 0 or -EIO), or a negative errno.
+ */
+int efs_file_read_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
+			 void (*cb)(void *arg, int err), void *arg)
+{
+	struct efs_fs *fs = d->fs;
+	uint64_t bs = fs->blksize, pos = fblk;
+	uint64_t ticket = fs->alloc ? efs_alloc_read_begin(fs->alloc) : 0;
+	struct efs_ext *px = NULL;
+	size_t cnt, nio = 0;
+	struct rb *j;
+	int r = 0;
+
+	cnt = efs_extmap_lookup(d->map, fblk, n, NULL, 0);
+	if (cnt) {
+		px = efs_mem_malloc(cnt * sizeof(*px));
+		if (!px) {
+			read_end(fs, ticket);
+			return -ENOMEM;
+		}
+		efs_extmap_lookup(d->map, fblk, n, px, cnt);
+	}
+	for (size_t i = 0; i < cnt; i++)
+		if (!(px[i].flags & EFS_META_EXTENT_F_PREALLOC))
+			nio++;
+	j = efs_mem_calloc(1, sizeof(*j) + (nio ? nio : 1) * sizeof(j->io[0]));
+	if (!j) {
+		efs_mem_free(px);
+		read_end(fs, ticket);
+		return -ENOMEM;
+	}
+	j->fs = fs;
+	j->ticket = ticket;
+	j->cb = cb;
+	j->arg = arg;
+	nio = 0;
+	for (size_t i = 0; i < cnt; i++) {
+		const struct efs_ext *x = &px[i];
+
+		if (x->fblk > pos)
+			memset(buf + (pos - fblk) * bs, 0, (x->fblk - pos) * bs);
+		if (x->flags & EFS_META_EXTENT_F_PREALLOC) {
+			memset(buf + (x->fblk - fblk) * bs, 0, x->count * bs);
+		} else {
+			struct efs_io *io = &j->io[nio++];
+
+			io->op = EFS_IO_READ;
+			io->buf = buf + (x->fblk - fblk) * bs;
+			io->len = x->count * bs;
+			io->off = x->dblk * bs;
+			io->cb = rb_io_cb;
+			io->arg = j;
+		}
+		pos = x->fblk + x->count;
+	}
+	if (pos < fblk + n)
+		memset(buf + (pos - fblk) * bs, 0, (fblk + n - pos) * bs);
+	efs_mem_free(px);
+	if (nio == 0) {
+		read_end(fs, ticket);
+		efs_mem_free(j);
+		return 1;
+	}
+	j->nio = nio;
+	j->pending = 1; /* held while submitting */
+	for (size_t i = 0; i < nio; i++) {
+		r = efs_iopool_submit(fs->pool, &j->io[i]);
+		if (r < 0) {
+			j->err = -EIO;
+			break;
+		}
+		j->pending++;
+	}
+	if (j->pending == 1) {
+		/* Nothing went out. */
+		read_end(fs, ticket);
+		efs_mem_free(j);
+		return r < 0 ? -EIO : 1;
+	}
+	/* Drop the submission hold: never completes inline (callbacks come
+	 * from the loop later). */
+	j->pending--;
+	return 0;
+}
+
+/* ---- Device writes and the map ---- */
+
+/*
+ * Buried runs of a change: blocks allocated here and never published go
+ * back to the allocator, unless an in-flight publication carries them
+ * (then they are published-and-buried: freed by the next publication, or
+ * given back if that one fails); published blocks wait in |fpend|.
+ */
+int efs_file_bury(struct efs_fs_data *d, const struct efs_runs *buried)
+{
+	struct efs_runs pend = {0}, pub = {0}, unuse = {0};
+	int e = 0;
+
+	for (size_t i = 0; i < buried->n && e == 0; i++)
+		e = efs_file_runs_split(&d->apend, buried->v[i].start, buried->v[i].len, &pend, &pub);
+	if (e == 0 && pend.n) {
+		e = efs_runs_normalize(&pend);
+		if (e == 0)
+			e = efs_file_runs_remove_all(&d->apend, &pend, NULL);
+		for (size_t i = 0; i < pend.n && e == 0; i++) {
+			if (d->snap)
+				e = efs_file_runs_split(&d->snap->use, pend.v[i].start, pend.v[i].len, &pub,
+					       &unuse);
+			else
+				e = efs_runs_add(&unuse, pend.v[i].start, pend.v[i].len);
+		}
+	}
+	if (e == 0)
+		e = runs_insert_all(&d->fpend, &pub);
+	if (e == 0 && unuse.n)
+		efs_alloc_unuse(d->fs->alloc, &unuse);
+	efs_runs_done(&pend);
+	efs_runs_done(&pub);
+	efs_runs_done(&unuse);
+	if (e < 0)
+		efs_log_warn("data: inode %llu: out of memory burying blocks (leaked until restart)",
+			     (unsigned long long)d->ino);
+	return e;
+}
+
+struct wb {
+	struct efs_fs_data *d; /* nref held */
+	uint64_t fblk, n;
+	uint8_t *buf;
+	bool inplace;
+	uint32_t xflags; /* extent flags of the new mapping (PREALLOC: no I/O) */
+	struct efs_runs runs;
+	struct efs_ext *px; /* in place: the preallocated pieces */
+	size_t npx;
+	size_t pending;
+	int err;
+	void (*cb)(void *arg, int err);
+	void *arg;
+	struct efs_io *io;
+	size_t nio;
+	struct wb *hnext; /* on struct dctl's held list */
+};
+
+static void wb_end(struct wb *j, int err)
+{
+	struct efs_fs_data *d = j->d;
+
+	j->cb(j->arg, err);
+	efs_runs_done(&j->runs);
+	efs_mem_free(j->px);
+	efs_mem_free(j->io);
+	efs_mem_free(j);
+	d->nref--;
+	efs_file_state_maybe_free(d);
+}
+
+/* The blocks are on the device: map them. */
+static int wb_apply(struct wb *j)
+{
+	struct efs_fs_data *d = j->d;
+	struct efs_runs buried = {0};
+	uint64_t fpos = j->fblk;
+	size_t i;
+	int e = 0;
+
+	if (j->inplace) {
+		e = efs_extmap_clear_flags(d->map, j->fblk, j->n, EFS_META_EXTENT_F_PREALLOC);
+		if (e == 0)
+			efs_file_state_changed(d);
+		return e;
+	}
+	for (i = 0; i < j->runs.n && e == 0; i++) {
+		struct efs_ext x = {.fblk = fpos, .dblk = j->runs.v[i].start,
+				    .count = j->runs.v[i].len, .flags = j->xflags};
+
+		e = efs_extmap_set(d->map, &x, &buried);
+		if (e == 0)
+			e = runs_insert(&d->apend, x.dblk, x.count);
+		fpos += x.count;
+	}
+	if (e < 0 && i > 0) {
+		/* Runs before the failure are mapped; give back the rest. */
+		struct efs_runs rest = {0};
+
+		for (size_t k = i; k < j->runs.n; k++)
+			efs_runs_add(&rest, j->runs.v[k].start, j->runs.v[k].len);
+		efs_alloc_unuse(d->fs->alloc, &rest);
+		efs_runs_done(&rest);
+		j->runs.n = 0;
+	}
+	if (buried.n)
+		efs_file_bury(d, &buried);
+	efs_runs_done(&buried);
+	if (i > 0 || e == 0) {
+		d->last_dblk = j->runs.n ? j->runs.v[j->runs.n - 1].start +
+						   j->runs.v[j->runs.n - 1].len
+					 : d->last_dblk;
+		efs_file_pf_set_blocks(d);
+		efs_file_state_changed(d);
+	}
+	return e;
+}
+
+static void wb_finish(struct wb *j);
+
+/* A publication stops holding writes back: map the held ones (in the
+ * order they completed). */
+void efs_file_wb_release_held(struct dctl *c, struct dpub *P)
+{
+	struct wb *l = NULL;
+
+	if (!P->holding)
+		return;
+	P->holding = false;
+	if (--c->hold > 0)
+		return;
+	while (c->held) {
+		struct wb *j = c->held;
+
+		c->held = j->hnext;
+		j->hnext = l;
+		l = j;
+	}
+	while (l) {
+		struct wb *j = l;
+
+		l = j->hnext;
+		j->hnext = NULL;
+		wb_finish(j);
+	}
+}
+
+static void wb_io_cb(struct efs_io *io, ssize_t res)
+{
+	struct wb *j = io->arg;
+	struct dctl *c = efs_file_ctl_of(j->d->fs);
+
+	if (res < 0 && j->err == 0)
+		j->err = (int)res;
+	else if (res >= 0 && (size_t)res != io->len && j->err == 0)
+		j->err = -EIO;
+	if (res > 0 && c->c_wbytes)
+		efs_counter_add(c->c_wbytes, (uint64_t)res);
+	c->writes_done++;
+	if (--j->pending)
+		return;
+	if (c->hold) {
+		/* A publication's last fdatasync runs: map it after the
+		 * snapshot (efs_file_wb_release_held). */
+		j->hnext = c->held;
+		c->held = j;
+		return;
+	}
+	wb_finish(j);
+}
+
+/* Every I/O of |j| completed: map it (or give its blocks back). */
+static void wb_finish(struct wb *j)
+{
+	if (j->err == 0 && (j->d->broken || j->d->dropped || !j->d->map))
+		j->err = j->d->dropped ? 0 : -EIO;
+	if (j->err < 0 || j->d->dropped || j->d->broken) {
+		if (!j->inplace && j->runs.n && !j->d->broken)
+			efs_alloc_unuse(j->d->fs->alloc, &j->runs);
+		wb_end(j, j->err < 0 ? -EIO : 0);
+		return;
+	}
+	wb_end(j, wb_apply(j));
+}
+
+static int wb_issue(struct wb *j)
+{
+	struct efs_fs *fs = j->d->fs;
+	uint64_t bs = fs->blksize, boff = 0;
+	int r = 0;
+
+	if (j->xflags & EFS_META_EXTENT_F_PREALLOC) {
+		/* Preallocation: nothing to write. */
+		r = wb_apply(j);
+		wb_end(j, r);
+		return 0;
+	}
+	j->nio = j->inplace ? j->npx : j->runs.n;
+	j->io = efs_mem_calloc(j->nio, sizeof(*j->io));
+	if (!j->io) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	for (size_t i = 0; i < j->nio; i++) {
+		struct efs_io *io = &j->io[i];
+
+		io->op = EFS_IO_WRITE;
+		if (j->inplace) {
+			io->buf = j->buf + (j->px[i].fblk - j->fblk) * bs;
+			io->len = j->px[i].count * bs;
+			io->off = j->px[i].dblk * bs;
+		} else {
+			io->buf = j->buf + boff * bs;
+			io->len = j->runs.v[i].len * bs;
+			io->off = j->runs.v[i].start * bs;
+			boff += j->runs.v[i].len;
+		}
+		io->cb = wb_io_cb;
+		io->arg = j;
+	}
+	j->pending = 1;
+	for (size_t i = 0; i < j->nio; i++) {
+		r = efs_iopool_submit(fs->pool, &j->io[i]);
+		if (r < 0) {
+			j->err = -EIO;
+			break;
+		}
+		j->pending++;
+	}
+	if (--j->pending == 0) {
+		if (!j->inplace)
+			efs_alloc_unuse(fs->alloc, &j->runs);
+		wb_end(j, -EIO);
+	}
+	return 0;
+fail:
+	if (!j->inplace)
+		efs_alloc_unuse(fs->alloc, &j->runs);
+	wb_end(j, r);
+	return 0;
+}
+
+static void wb_alloc_cb(int status, void *arg)
+{
+	struct wb *j = arg;
+
+	if (status < 0) {
+		wb_end(j, status);
+		return;
+	}
+	wb_issue(j);
+}
+
+/*
+ * Writes the n blocks of |buf| as file blocks [fblk, fblk + n) of |d|
+ * (copy-on-write; in place when the whole range is preallocated), or maps
+ * fresh preallocated blocks there without I/O (|xflags| PREALLOC). The
+ * caller holds the block-range lock. |cb| runs once, later (also on
+ * errors: -ENOSPC with nothing written, -EIO), after the map is updated.
+ * Returns 0 or a negative errno (|cb| never runs).
+ */
+int efs_file_write_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
+			  uint32_t xflags, void (*cb)(void *arg, int err), void *arg)
+{
+	struct efs_fs *fs = d->fs;
+	struct wb *j;
+	size_t cnt;
+	uint64_t mapped = 0, goal = 0;
+	bool all_prealloc = true;
+	unsigned aflags = 0;
+	int r;
+
+	if (!fs->alloc || !fs->pool)
+		return -EROFS;
+	j = efs_mem_calloc(1, sizeof(*j));
+	if (!j)
+		return -ENOMEM;
+	j->d = d;
+	j->fblk = fblk;
+	j->n = n;
+	j->buf = buf;
+	j->xflags = xflags;
+	j->cb = cb;
+	j->arg = arg;
+	cnt = efs_extmap_lookup(d->map, fblk, n, NULL, 0);
+	if (cnt) {
+		j->px = efs_mem_malloc(cnt * sizeof(*j->px));
+		if (!j->px) {
+			efs_mem_free(j);
+			return -ENOMEM;
+		}
+		efs_extmap_lookup(d->map, fblk, n, j->px, cnt);
+		j->npx = cnt;
+	}
+	for (size_t i = 0; i < cnt; i++) {
+		mapped += j->px[i].count;
+		if (!(j->px[i].flags & EFS_META_EXTENT_F_PREALLOC))
+			all_prealloc = false;
+	}
+	if (mapped == n && all_prealloc && !(xflags & EFS_META_EXTENT_F_PREALLOC)) {
+		j->inplace = true;
+		d->nref++;
+		return wb_issue(j);
+	}
+	efs_mem_free(j->px);
+	j->px = NULL;
+	j->npx = 0;
+	if (mapped < n || (xflags & EFS_META_EXTENT_F_PREALLOC))
+		aflags |= EFS_ALLOC_NEW;
+	if (fblk > 0) {
+		struct efs_ext prev;
+
+		if (efs_extmap_lookup(d->map, fblk - 1, 1, &prev, 1) == 1)
+			goal = prev.dblk + 1;
+	}
+	if (!goal)
+		goal = d->last_dblk;
+	d->nref++;
+	r = efs_alloc_get(fs->alloc, n, goal, aflags, &j->runs, wb_alloc_cb, j);
+	if (r == 1)
+		return wb_issue(j);
+	if (r == 0)
+		return 0;
+	d->nref--;
+	efs_runs_done(&j->runs);
+	efs_mem_free(j);
+	return r;
+}
+
+#endif /* EFS_HAVE_DATAPATH */

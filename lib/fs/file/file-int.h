@@ -1,0 +1,355 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#pragma once
+
+/*
+ * The data path of regular files (fs/data.h): per-inode data states, the
+ * file handlers, the publisher and the glue to the allocator, the extent
+ * maps and the device pool.
+ *
+ * Shape (details next to each part):
+ *  - struct efs_fs_data (in->data) is created by the first open, create or
+ *    request that needs the inode's data. It holds the extent map loaded
+ *    from e/<ino> under the inode's lock (valid while the inode's lock_gen
+ *    and the fs epoch are those of the load), the runs allocated, written
+ *    and mapped but not yet published (|apend|, sorted and merged), the
+ *    published runs buried by later writes or punches and not yet freed in
+ *    etcd (|fpend|), the record fields changed and not yet published
+ *    (|pf| and the p_* values; in->rec is always the merged record), a
+ *    version |ver| bumped by every change and the version last published
+ *    completely (|ver_pub|: the state is dirty while they differ).
+ *  - Every request first makes sure that the node holds the inode's lock
+ *    in the mode it needs and that the state is valid ("prepare"): when
+ *    the lock is cached, the record trusted and the map valid, it pins the
+ *    lock with a cache hit and goes on at once (the fast path); otherwise
+ *    an engine operation acquires the lock and loads the record, its build
+ *    loads the map when needed, and then hands the request over to the
+ *    same continuation.
+ *  - Writes go copy-on-write to fresh blocks (in place only into
+ *    preallocated extents), under a block-range lock of the state that
+ *    serialises overlapping writes, truncates and punches (and with them
+ *    partial-block read-merge-write); the map is updated on completion.
+ *  - Publication is an engine operation (EFS_FS_OP_PUBLISH), one at a time:
+ *    it takes the allocator's map token, fdatasyncs the device, snapshots
+ *    the dirty chunks, allocations and frees of up to EFS_LOCK_REQ_MAX
+ *    dirty inodes (within etcd's 128 operations) and commits them with
+ *    the merged records. Truncates publish their inode in their own
+ *    operation with the same code. A publication starts when a full
+ *    batch is dirty (KICK_*; counted again when the running one ends, so
+ *    batches stay full), on the interval sweep, or when something waits
+ *    (fsync, O_SYNC, a buffer limit: those inodes are "urgent"). Writes
+ *    wait only at node-wide bounds (dirty chunks, dirty inodes) or when
+ *    one inode holds too many buried blocks (WAIT_FPEND_BLOCKS).
+ *  - ENOSPC on a write step: the inode's pending frees are published and
+ *    the step retried, then retried in halves (a large overwrite needs
+ *    its new blocks before the old ones are freed; the reserve may be
+ *    smaller than one request); pieces already written give a short
+ *    write.
+ *  - Known limits: an inode whose changes exceed one transaction is
+ *    published in parts whose frees wait for the part that completes its
+ *    chunk changes; if it is dropped (unlinked and closed) in between,
+ *    those buried blocks stay allocated (fsck reports them). A state whose
+ *    publication outcome stays unknown is discarded (its unpublished
+ *    allocations are forgotten in memory; they are free in etcd).
+ *
+ * Everything runs on the loop thread.
+ */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "alloc/alloc.h"
+#include "dev/iopool.h"
+#include "fs/data.h"
+#include "fs/file/rangelock.h"
+#include "space/extmap.h"
+#include "space/runs.h"
+
+/* ---- Limits ---- */
+
+/* Operations and compares one publication puts in a transaction (etcd's
+ * cap is 128; the rest is margin for estimates). */
+#define PUB_BUDGET 120
+/* Dirty chunks of one inode that start a publication now (about what one
+ * transaction holds with the allocator's contribution). Writes do not wait
+ * on one inode's count: an inode with more is published in parts, several
+ * transactions back to back (see snap_build). */
+#define KICK_CHUNKS 96
+/* Dirty chunks of the node (counted on the dirty list) that start a
+ * publication now, and beyond which writes wait: the memory bound of the
+ * pending extent state. */
+#define KICK_NODE_CHUNKS 110
+#define WAIT_NODE_CHUNKS 65536
+/* Buried blocks of one inode beyond which its writes wait for a complete
+ * publication: an inode published in parts frees its buried blocks only
+ * with the part that completes it (a crash or a drop in between leaks
+ * them), and they are space the filesystem does not have meanwhile. */
+#define WAIT_FPEND_BLOCKS 16384
+/* Dirty inodes of the node that start a publication now, and beyond which
+ * writes wait. */
+#define KICK_INODES 4096
+#define WAIT_INODES 8192
+/* Largest step of copy_file_range. */
+#define CFR_STEP (1u << 20)
+/* fdatasyncs repeated while writes completed during the previous one. */
+#define SYNC_TRIES 3
+
+/* Pending record fields. */
+#define PF_SIZE	  0x01u
+#define PF_BLOCKS 0x02u
+#define PF_MTIME  0x04u
+#define PF_CTIME  0x08u
+#define PF_ATIME  0x10u
+#define PF_MODE	  0x20u
+#define PF_UID	  0x40u
+#define PF_GID	  0x80u
+
+struct dsnap;
+struct dreq;
+
+struct fwait {
+	struct fwait *next;
+	uint64_t ver;
+	void (*cb)(void *arg, int err);
+	void *arg;
+};
+
+/* An engine operation waiting for the map load. */
+struct lwait {
+	struct lwait *next;
+	struct efs_fs_op *op;
+};
+
+struct efs_fs_data {
+	struct efs_fs *fs;
+	struct efs_fs_inode *in; /* ref held */
+	uint64_t ino;
+	uint64_t sid; /* state id: handles of a discarded state fail */
+	struct efs_extmap *map;
+	uint64_t map_gen, map_epoch;
+	bool loading;
+	struct lwait *lw;
+	struct efs_runs apend; /* allocated, written, mapped, unpublished */
+	struct efs_runs fpend; /* published (or in flight), buried, not freed */
+	unsigned pf;
+	uint64_t p_size, p_blocks;
+	int64_t p_atime, p_mtime, p_ctime;
+	uint32_t p_mode, p_uid, p_gid;
+	uint64_t ver, ver_pub;
+	bool listed; /* on the dirty list */
+	size_t nd_acct; /* dirty chunks counted in struct dctl's nchunks */
+	bool urgent; /* wanted by an fsync, a buffer limit */
+	struct efs_fs_data *dnext, *dprev;
+	int err;     /* latched publication error */
+	bool broken; /* discarded: requests fail, reloaded on next use */
+	bool dropped;
+	struct efs_lock_req lr;
+	bool pinned, pinning;
+	uint32_t writers;
+	uint32_t nref; /* requests, writes and snapshots in flight */
+	struct efs_rangelock ranges;
+	struct fwait *fw;
+	struct dsnap *snap; /* in-flight publication of this inode */
+	uint64_t cache_gen, cache_epoch; /* page cache valid under this hold */
+	bool cache_ok;
+	uint64_t last_dblk; /* allocation goal */
+};
+
+/* The publisher (fs->data_priv). */
+struct dctl {
+	struct efs_fs *fs;
+	uv_timer_t *sweep;
+	uv_timer_t *kick;
+	struct efs_fs_data *dhead; /* dirty states */
+	size_t ndirty;
+	size_t nchunks; /* dirty chunks of the listed states (as last counted) */
+	struct efs_fs_op *running;
+	bool again;
+	bool stalled; /* the last publication found nothing it could publish */
+	uint64_t sid_seq;
+	uint64_t writes_done; /* device writes completed (sync ordering) */
+	/* Publications holding completed writes back (not mapped, not
+	 * answered) while their last fdatasync runs and they snapshot: what
+	 * they publish is then covered by that sync. */
+	int hold;
+	struct wb *held;
+	struct dreq *bp_head, *bp_tail; /* writes waiting on buffer limits */
+	void (*sync_cb)(int status, void *arg);
+	void *sync_arg;
+	int sync_err;
+	struct efs_gauge *g_dirty;
+	struct efs_counter *c_txns, *c_inodes, *c_fsyncs, *c_wbytes, *c_rbytes;
+	struct efs_histogram *h_pub;
+};
+
+/* One inode of a publication. */
+struct dsnap {
+	struct efs_fs_data *d; /* nref held */
+	bool included;	       /* in the current attempt */
+	bool tried;	       /* in some attempt */
+	bool partial;
+	uint64_t ver;
+	struct efs_extmap_change *ch;
+	size_t nch;
+	struct efs_runs use, freed;
+};
+
+/* op->dpub of a publishing operation (sweep, fsync, truncate). */
+struct dpub {
+	struct efs_fs *fs;
+	struct efs_alloc_txn *t;
+	bool synced, syncing;
+	int sync_tries;
+	bool holding; /* counted in struct dctl's hold */
+	bool dev_err; /* the fdatasync or the allocator's begin failed */
+	bool left_partial; /* a committed inode was published only in part */
+	uint64_t sync_mark;
+	struct efs_io sio;
+	bool unknown;
+	bool committed;
+	bool publisher; /* the one sweep operation (struct dctl's running) */
+	uint64_t start_ns;
+	size_t n;
+	struct dsnap s[EFS_LOCK_REQ_MAX];
+	struct dreq *trunc; /* truncate: its request */
+};
+
+/* ---- Request contexts ---- */
+
+enum rkind {
+	RK_OPEN = 0,
+	RK_READ,
+	RK_WRITE,
+	RK_FSYNC,
+	RK_FALLOC,
+	RK_LSEEK,
+	RK_CFR,
+	RK_SETATTR,
+	RK_NKINDS,
+};
+
+struct dreq {
+	struct efs_fs *fs;
+	fuse_req_t req;
+	enum rkind kind;
+	enum efs_fs_opcode code;
+	uint64_t start_ns;
+	bool replied;
+	bool handed; /* the prepare operation handed the request over */
+	/* Current inode being prepared / worked on. */
+	uint64_t ino;
+	enum efs_lock_mode mode;
+	struct efs_fs_data *d; /* nref held */
+	struct efs_fs_handle *h;
+	struct efs_lock_req lr;
+	bool pinned;
+	void (*cont)(struct dreq *r);
+	struct dreq *bp_next;
+	/* Arguments. */
+	size_t size;
+	off_t off;
+	char *data; /* bytes to write (efs_mem): the caller's copy, a copy step */
+	size_t doff; /* offset in |data| of the current step */
+	bool append;
+	bool sync;
+	bool nospc_pub; /* ENOSPC: this step already waited for a publication */
+	int fmode; /* fallocate mode, lseek whence, fsync datasync */
+	off_t len;
+	struct fuse_file_info fi;
+	struct stat attr;
+	int to_set;
+	/* copy_file_range: the source (the destination is the main inode). */
+	uint64_t ino_in, ino_out;
+	struct efs_fs_data *d_in;
+	struct efs_lock_req lr_in;
+	bool pinned_in;
+	off_t off_in;
+	size_t total; /* bytes copied so far */
+	int phase;
+	/* Work. */
+	struct efs_rangelock_req rl;
+	uint8_t *buf;	   /* aligned */
+	uint8_t *edge[2];  /* partial head/tail blocks (aligned) */
+	uint64_t b0, nb;   /* block range */
+	size_t wbytes;	   /* bytes of the current write step */
+	off_t woff;	   /* offset of the current write step */
+	int err;
+};
+
+/* Per-handle state: the id of the data state it was opened against. */
+struct hpriv {
+	uint64_t sid;
+};
+
+/* ---- The data state (state.c) ---- */
+
+bool efs_file_state_dirty(const struct efs_fs_data *d);
+void efs_file_dlist_add(struct efs_fs_data *d);
+void efs_file_dlist_del(struct efs_fs_data *d);
+void efs_file_dacct(struct efs_fs_data *d);
+size_t efs_file_dacct_all(struct dctl *c);
+void efs_file_state_pin(struct efs_fs_data *d);
+void efs_file_state_unpin(struct efs_fs_data *d);
+void efs_file_fw_fail_all(struct efs_fs_data *d, int err);
+void efs_file_fw_wake(struct efs_fs_data *d, uint64_t upto, int err);
+void efs_file_state_free(struct efs_fs_data *d);
+bool efs_file_state_busy(const struct efs_fs_data *d);
+bool efs_file_state_idle(const struct efs_fs_data *d);
+void efs_file_state_maybe_free(struct efs_fs_data *d);
+void efs_file_state_check_clean(struct efs_fs_data *d);
+struct efs_fs_data *efs_file_state_get(struct efs_fs *fs, struct efs_fs_inode *in);
+bool efs_file_map_valid(const struct efs_fs *fs, const struct efs_fs_data *d);
+void efs_file_state_changed(struct efs_fs_data *d);
+void efs_file_pf_set_size(struct efs_fs_data *d, uint64_t size);
+void efs_file_pf_set_blocks(struct efs_fs_data *d);
+void efs_file_pf_set_mctime(struct efs_fs_data *d, int64_t now);
+void efs_file_pf_from_rec(struct efs_fs_data *d, int to_set);
+int efs_file_map_load(struct efs_fs_op *op, struct efs_fs_data *d);
+
+/* ---- Block I/O and the map (blockio.c) ---- */
+
+int efs_file_runs_remove_all(struct efs_runs *r, const struct efs_runs *src, struct efs_runs *cut);
+int efs_file_runs_split(const struct efs_runs *set, uint64_t start, uint64_t len,
+			struct efs_runs *in, struct efs_runs *out);
+int efs_file_read_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
+			 void (*cb)(void *arg, int err), void *arg);
+int efs_file_bury(struct efs_fs_data *d, const struct efs_runs *buried);
+void efs_file_wb_release_held(struct dctl *c, struct dpub *P);
+int efs_file_write_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
+			  uint32_t xflags, void (*cb)(void *arg, int err), void *arg);
+
+/* ---- Requests and prepare (request.c) ---- */
+
+struct dreq *efs_file_dreq_new(fuse_req_t req, enum rkind kind, enum efs_fs_opcode code,
+			       uint64_t ino);
+void efs_file_dreq_end(struct dreq *r, int err);
+bool efs_file_state_ready(struct efs_fs *fs, uint64_t ino, enum efs_lock_mode mode);
+void efs_file_prep(struct dreq *r, enum efs_lock_mode mode, void (*cont)(struct dreq *r));
+void efs_file_prep_engine(struct dreq *r);
+
+/* ---- File handlers (handlers.c) ---- */
+
+int efs_file_handle_ok(struct efs_fs *fs, struct efs_fs_handle *h);
+void efs_file_bp_resume(struct efs_fs *fs);
+void efs_file_write_step(struct dreq *r);
+int efs_file_fsync_wait(struct efs_fs_data *d, void (*cb)(void *arg, int err), void *arg);
+void efs_file_fsync_done(void *arg, int err);
+
+/* ---- The publisher (publish.c) ---- */
+
+int efs_file_pub_common(struct efs_fs_op *op, struct dpub *P);
+void efs_file_pub_kick(struct efs_fs *fs);
+
+/* ---- fallocate and copy_file_range (range.c) ---- */
+
+void efs_file_cfr_next(struct dreq *r);
+
+static inline struct dctl *efs_file_ctl_of(struct efs_fs *fs)
+{
+	return fs->data_priv;
+}
+
+static inline struct efs_fs_handle *efs_file_fh_of(const struct fuse_file_info *fi)
+{
+	return fi ? (struct efs_fs_handle *)(uintptr_t)fi->fh : NULL;
+}

@@ -1,0 +1,917 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The file handlers (fs/data.h): open and the open half of create, read,
+ * write, fsync, flush, release and lseek.
+ */
+#include "fs/file/file-int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "dev/iopool.h"
+#include "etcd/kv.h"
+#include "alloc/alloc.h"
+#include "space/extmap.h"
+#include "space/runs.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/mem.h"
+#if EFS_HAVE_PLOCK
+#include "fs/plock.h"
+#endif
+
+#if EFS_HAVE_DATAPATH
+
+/* ---- open, create ---- */
+
+static void handle_setup(struct efs_fs *fs, struct efs_fs_data *d, struct efs_fs_handle *h,
+			 struct fuse_file_info *fi, bool created)
+{
+	struct hpriv *hp = h->dpriv;
+	int acc = fi->flags & O_ACCMODE;
+	bool keep;
+
+	h->oflags = fi->flags;
+	h->writable = acc == O_WRONLY || acc == O_RDWR;
+	h->append = (fi->flags & O_APPEND) != 0;
+	h->direct = (fi->flags & O_DIRECT) != 0;
+	if (hp)
+		hp->sid = d->sid;
+	if (h->writable) {
+		d->writers++;
+		efs_file_state_pin(d);
+	}
+	fi->direct_io = h->direct || h->append;
+	/* The page cache is kept only when this node held the lock without a
+	 * break since the last open that let the kernel cache (7.3). */
+	keep = !created && d->cache_ok && d->cache_gen == d->in->lock_gen &&
+	       d->cache_epoch == fs->epoch;
+	fi->keep_cache = keep ? 1 : 0;
+	if (!fi->direct_io) {
+		d->cache_ok = true;
+		d->cache_gen = d->in->lock_gen;
+		d->cache_epoch = fs->epoch;
+	}
+}
+
+static struct efs_fs_handle *handle_make(struct efs_fs *fs, uint64_t ino)
+{
+	struct efs_fs_handle *h = efs_fs_handle_new(fs, ino, false);
+
+	if (!h)
+		return NULL;
+	h->dpriv = efs_mem_calloc(1, sizeof(struct hpriv));
+	if (!h->dpriv) {
+		efs_fs_handle_free(fs, h);
+		return NULL;
+	}
+	return h;
+}
+
+static void open_cont(struct dreq *r)
+{
+	struct efs_fs *fs = r->fs;
+	struct efs_fs_handle *h;
+
+	h = handle_make(fs, r->ino);
+	if (!h) {
+		efs_file_dreq_end(r, -ENOMEM);
+		return;
+	}
+	handle_setup(fs, r->d, h, &r->fi, false);
+	r->fi.fh = (uint64_t)(uintptr_t)h;
+	r->replied = true;
+	if (fuse_reply_open(r->req, &r->fi) != 0)
+		efs_fs_handle_free(fs, h);
+	efs_file_dreq_end(r, 0);
+}
+
+void efs_fs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	int acc = fi->flags & O_ACCMODE;
+	bool wr = acc == O_WRONLY || acc == O_RDWR;
+	struct dreq *r;
+
+	if (wr && (fs->read_only || !fs->alloc)) {
+		efs_counter_inc(fs->m_ops[EFS_FS_OP_OPEN]);
+		efs_counter_inc(fs->m_errs[EFS_FS_OP_OPEN]);
+		fuse_reply_err(req, EROFS);
+		return;
+	}
+	r = efs_file_dreq_new(req, RK_OPEN, EFS_FS_OP_OPEN, ino);
+	if (!r)
+		return;
+	r->fi = *fi;
+	/* Always through the engine: its mutex keeps an open from overlapping
+	 * an unlink of this node (orphan or delete). */
+	r->mode = wr ? EFS_LOCK_EXCLUSIVE : EFS_LOCK_SHARED;
+	r->cont = open_cont;
+	efs_file_prep_engine(r);
+}
+
+int efs_fs_data_open_handle(struct efs_fs *fs, uint64_t ino, struct fuse_file_info *fi,
+			    bool created)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(fs, ino);
+	struct efs_fs_handle *h;
+	struct efs_fs_data *d;
+	int r;
+
+	if (!in)
+		return -EIO;
+	d = efs_file_state_get(fs, in);
+	if (!d)
+		return -ENOMEM;
+	if (!efs_file_map_valid(fs, d) && !efs_file_state_dirty(d)) {
+		if (!created) {
+			efs_file_state_maybe_free(d);
+			return -EIO;
+		}
+		/* A new inode has no extents: its map is empty. */
+		efs_extmap_free(d->map);
+		d->map = NULL;
+		r = efs_extmap_new(&d->map, 0);
+		if (r < 0) {
+			efs_file_state_maybe_free(d);
+			return r;
+		}
+		d->map_gen = in->lock_gen;
+		d->map_epoch = fs->epoch;
+	}
+	h = handle_make(fs, ino);
+	if (!h) {
+		efs_file_state_maybe_free(d);
+		return -ENOMEM;
+	}
+	handle_setup(fs, d, h, fi, created);
+	fi->fh = (uint64_t)(uintptr_t)h;
+	return 0;
+}
+
+void efs_fs_data_handle_free(struct efs_fs *fs, struct efs_fs_handle *h)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(fs, h->ino);
+	struct hpriv *hp = h->dpriv;
+	struct efs_fs_data *d = in ? in->data : NULL;
+
+	if (d && hp && hp->sid == d->sid && h->writable) {
+		if (d->writers)
+			d->writers--;
+		if (d->writers == 0 && !efs_file_state_dirty(d))
+			efs_file_state_unpin(d);
+	}
+	efs_mem_free(hp);
+	h->dpriv = NULL;
+	/* The caller drops the open count next: the last handle frees a
+	 * clean, idle state now. */
+	if (d && in->opens <= 1 && !efs_file_state_busy(d) && (efs_file_state_idle(d) || d->broken))
+		efs_file_state_free(d);
+}
+
+/* True when |h| may be used on the current state of its inode. */
+int efs_file_handle_ok(struct efs_fs *fs, struct efs_fs_handle *h)
+{
+	struct efs_fs_inode *in;
+	struct hpriv *hp;
+
+	if (!h || efs_fs_handle_check(fs, h) < 0)
+		return -EIO;
+	in = efs_fs_ifind(fs, h->ino);
+	hp = h->dpriv;
+	if (!in || !hp || !hp->sid)
+		return 0;
+	/* The state the handle was opened against was discarded (its
+	 * unpublished writes are lost): EIO for the life of the handle, also
+	 * once another request detached it and a fresh state replaced it (a
+	 * state with open handles is freed only when discarded). */
+	if (!in->data || in->data->sid != hp->sid || in->data->broken)
+		return -EIO;
+	return 0;
+}
+
+/* ---- read ---- */
+
+static void read_io_done(void *arg, int err)
+{
+	struct dreq *r = arg;
+	struct efs_fs *fs = r->fs;
+	uint64_t bs = fs->blksize;
+
+	if (err < 0) {
+		efs_file_dreq_end(r, err);
+		return;
+	}
+	r->replied = true;
+	fuse_reply_buf(r->req, (const char *)r->buf + (uint64_t)r->off % bs, r->wbytes);
+	if (r->d && r->d->in && r->d->in->rec) {
+		struct efs_fs_data *d = r->d;
+
+		if (!fs->noatime && !fs->read_only && d->pinned &&
+		    efs_fs_atime_due(d->in->rec, efs_fs_now())) {
+			/* Under our pinned exclusive lock: a pending field. */
+			d->in->rec->atime_ns = efs_fs_now();
+			d->pf |= PF_ATIME;
+			d->p_atime = d->in->rec->atime_ns;
+			efs_file_state_changed(d);
+		} else if (!d->pinned) {
+			efs_fs_touch_atime(fs, r->ino, d->in->rec);
+		}
+	}
+	efs_file_dreq_end(r, 0);
+}
+
+static void read_cont(struct dreq *r)
+{
+	struct efs_fs *fs = r->fs;
+	struct efs_fs_data *d = r->d;
+	uint64_t bs = fs->blksize, size = d->in->rec->size, end;
+	int e;
+
+	if (r->off < 0) {
+		efs_file_dreq_end(r, -EINVAL);
+		return;
+	}
+	if ((uint64_t)r->off >= size || r->size == 0) {
+		r->replied = true;
+		fuse_reply_buf(r->req, NULL, 0);
+		efs_file_dreq_end(r, 0);
+		return;
+	}
+	end = (uint64_t)r->off + r->size;
+	if (end > size)
+		end = size;
+	r->wbytes = end - (uint64_t)r->off;
+	r->b0 = (uint64_t)r->off / bs;
+	r->nb = (end + bs - 1) / bs - r->b0;
+	r->buf = efs_io_buf_alloc(r->nb * bs);
+	if (!r->buf) {
+		efs_file_dreq_end(r, -ENOMEM);
+		return;
+	}
+	e = efs_file_read_blocks(d, r->b0, r->nb, r->buf, read_io_done, r);
+	if (e == 1)
+		read_io_done(r, 0);
+	else if (e < 0)
+		efs_file_dreq_end(r, e);
+}
+
+void efs_fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		 struct fuse_file_info *fi)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	struct dreq *r;
+	int e = efs_file_handle_ok(fs, efs_file_fh_of(fi));
+
+	if (e < 0 || !fs->pool) {
+		efs_counter_inc(fs->m_ops[EFS_FS_OP_READ]);
+		efs_counter_inc(fs->m_errs[EFS_FS_OP_READ]);
+		fuse_reply_err(req, e < 0 ? -e : EIO);
+		return;
+	}
+	r = efs_file_dreq_new(req, RK_READ, EFS_FS_OP_READ, ino);
+	if (!r)
+		return;
+	r->h = efs_file_fh_of(fi);
+	r->size = size;
+	r->off = off;
+	efs_file_prep(r, EFS_LOCK_SHARED, read_cont);
+}
+
+/* ---- write ---- */
+
+static void write_finish(struct dreq *r);
+
+/* Backpressure: over the hard buffer limits, writes wait for publication. */
+static bool bp_over(struct efs_fs *fs, struct efs_fs_data *d)
+{
+	struct dctl *c = efs_file_ctl_of(fs);
+
+	if (d && d->fpend.n && efs_runs_total(&d->fpend) >= WAIT_FPEND_BLOCKS)
+		return true;
+	if (c->nchunks >= WAIT_NODE_CHUNKS && efs_file_dacct_all(c) >= WAIT_NODE_CHUNKS)
+		return true;
+	return c->ndirty > WAIT_INODES;
+}
+
+static void bp_wait(struct dreq *r)
+{
+	struct dctl *c = efs_file_ctl_of(r->fs);
+
+	r->bp_next = NULL;
+	if (c->bp_tail)
+		c->bp_tail->bp_next = r;
+	else
+		c->bp_head = r;
+	c->bp_tail = r;
+	if (r->d)
+		r->d->urgent = true;
+	efs_file_pub_kick(r->fs);
+}
+
+void efs_file_bp_resume(struct efs_fs *fs)
+{
+	struct dctl *c = efs_file_ctl_of(fs);
+	struct dreq *list = c->bp_head;
+
+	c->bp_head = c->bp_tail = NULL;
+	while (list) {
+		struct dreq *r = list;
+
+		list = r->bp_next;
+		r->bp_next = NULL;
+		/* Prepared again: the state may have changed meanwhile. */
+		r->cont(r);
+	}
+}
+
+static void wr_written(void *arg, int err);
+static void wr_edges_read(void *arg, int err);
+
+/* Computes the block range of the current step and fills the buffer. */
+static void wr_locked(void *arg)
+{
+	struct dreq *r = arg;
+	struct efs_fs *fs = r->fs;
+	struct efs_fs_data *d = r->d;
+	uint64_t bs = fs->blksize, size, off, end, head, tailb;
+	int pending = 0, e;
+
+	if (d->broken || d->dropped || !d->map || !d->in || !d->in->rec) {
+		efs_file_dreq_end(r, -EIO);
+		return;
+	}
+	size = d->in->rec->size;
+	if (r->append)
+		r->woff = (off_t)size;
+	off = (uint64_t)r->woff;
+	end = off + r->wbytes;
+	r->b0 = off / bs;
+	r->nb = (end + bs - 1) / bs - r->b0;
+	r->buf = efs_io_buf_alloc(r->nb * bs);
+	if (!r->buf) {
+		efs_file_dreq_end(r, -ENOMEM);
+		return;
+	}
+	head = off % bs;
+	memcpy(r->buf + head, r->data + r->doff, r->wbytes);
+	/* Partial blocks: the old bytes around the new ones (zeroes beyond
+	 * the size, in holes and in preallocated blocks). */
+	if (head && r->b0 * bs < size) {
+		r->edge[0] = efs_io_buf_alloc(bs);
+		if (!r->edge[0]) {
+			efs_file_dreq_end(r, -ENOMEM);
+			return;
+		}
+	}
+	tailb = r->b0 + r->nb - 1;
+	if (end % bs && tailb * bs < size && (tailb != r->b0 || !r->edge[0])) {
+		r->edge[1] = efs_io_buf_alloc(bs);
+		if (!r->edge[1]) {
+			efs_file_dreq_end(r, -ENOMEM);
+			return;
+		}
+	}
+	r->err = 0;
+	r->phase = 1; /* outstanding edge reads + 1 */
+	for (int i = 0; i < 2; i++) {
+		if (!r->edge[i])
+			continue;
+		r->phase++;
+		e = efs_file_read_blocks(d, i ? tailb : r->b0, 1, r->edge[i], wr_edges_read, r);
+		if (e == 1) {
+			r->phase--;
+		} else if (e < 0) {
+			r->phase--;
+			r->err = e;
+		} else {
+			pending++;
+		}
+	}
+	(void)pending;
+	wr_edges_read(r, 0);
+}
+
+static void wr_edges_read(void *arg, int err)
+{
+	struct dreq *r = arg;
+	struct efs_fs *fs = r->fs;
+	uint64_t bs = fs->blksize, off = (uint64_t)r->woff, end = off + r->wbytes;
+	uint64_t head = off % bs;
+	int e;
+
+	if (err < 0 && r->err == 0)
+		r->err = err;
+	if (--r->phase)
+		return;
+	if (r->err < 0) {
+		efs_file_dreq_end(r, r->err);
+		return;
+	}
+	if (r->edge[0])
+		memcpy(r->buf, r->edge[0], head);
+	if (end % bs) {
+		uint64_t tail = end % bs;
+		uint8_t *last = r->buf + (r->nb - 1) * bs;
+		const uint8_t *src = r->edge[1] ? r->edge[1] : (r->nb == 1 ? r->edge[0] : NULL);
+
+		if (src)
+			memcpy(last + tail, src + tail, bs - tail);
+		else
+			memset(last + tail, 0, bs - tail);
+	}
+	if (!r->edge[0] && head)
+		memset(r->buf, 0, head);
+	e = efs_file_write_blocks(r->d, r->b0, r->nb, r->buf, 0, wr_written, r);
+	if (e < 0)
+		wr_written(r, e);
+}
+
+static void wsync_done(void *arg, int err)
+{
+	struct dreq *r = arg;
+
+	if (err < 0) {
+		efs_file_dreq_end(r, err);
+		return;
+	}
+	write_finish(r);
+}
+
+
+static void wr_complete(struct dreq *r);
+
+static void wr_retry_cb(void *arg, int err)
+{
+	struct dreq *r = arg;
+
+	if (err < 0) {
+		if (r->total)
+			wr_complete(r);
+		else
+			efs_file_dreq_end(r, err);
+		return;
+	}
+	efs_file_write_step(r);
+}
+
+/*
+ * A write step found no space. Copy-on-write needs the new blocks of an
+ * overwrite before the publication frees the old ones, so on a nearly
+ * full filesystem one large overwrite can need more than the reserve
+ * holds: publish what the inode buried (its frees make room) and retry
+ * the step, and once nothing is left to publish, retry it in halves down
+ * to one block. Returns true when the request goes on (the block-range
+ * lock is dropped); false: the caller fails it.
+ */
+static bool wr_nospc(struct dreq *r)
+{
+	struct efs_fs_data *d = r->d;
+	uint64_t bs = r->fs->blksize, off = (uint64_t)r->woff, b0, nb;
+	int e;
+
+	if (r->kind != RK_WRITE || d->broken || d->dropped || !d->map)
+		return false;
+	if (!r->nospc_pub && (efs_file_state_dirty(d) || d->snap)) {
+		r->nospc_pub = true;
+		efs_rangelock_drop(&d->ranges, &r->rl);
+		e = efs_file_fsync_wait(d, wr_retry_cb, r);
+		if (e == 1)
+			efs_file_write_step(r);
+		else if (e < 0)
+			wr_retry_cb(r, e);
+		return true;
+	}
+	b0 = off / bs;
+	nb = (off + r->wbytes + bs - 1) / bs - b0;
+	if (nb <= 1)
+		return false;
+	r->wbytes = (size_t)((b0 + nb / 2) * bs - off);
+	r->nospc_pub = false;
+	efs_rangelock_drop(&d->ranges, &r->rl);
+	efs_file_write_step(r);
+	return true;
+}
+
+static void wr_written(void *arg, int err)
+{
+	struct dreq *r = arg;
+	struct efs_fs_data *d = r->d;
+	struct efs_fs *fs = r->fs;
+	uint64_t end = (uint64_t)r->woff + r->wbytes;
+	Etcfs__Inode *rec = d->in ? d->in->rec : NULL;
+
+	efs_io_buf_free(r->buf);
+	r->buf = NULL;
+	efs_io_buf_free(r->edge[0]);
+	efs_io_buf_free(r->edge[1]);
+	r->edge[0] = r->edge[1] = NULL;
+	if (err == -ENOSPC && wr_nospc(r))
+		return;
+	if (err < 0) {
+		if (r->total && r->kind == RK_WRITE) {
+			/* Earlier pieces are written: a short write. */
+			efs_rangelock_drop(&d->ranges, &r->rl);
+			wr_complete(r);
+			return;
+		}
+		efs_file_dreq_end(r, err);
+		return;
+	}
+	if (rec && !d->dropped) {
+		if (end > rec->size)
+			efs_file_pf_set_size(d, end);
+		efs_file_pf_set_mctime(d, efs_fs_now());
+		/* A write by anyone but root clears set-user-ID, and
+		 * set-group-ID when it means setgid (group-executable). */
+		if ((rec->mode & S_ISUID) || ((rec->mode & S_ISGID) && (rec->mode & S_IXGRP))) {
+			const struct fuse_ctx *ctx = r->req ? fuse_req_ctx(r->req) : NULL;
+
+			if (ctx && ctx->uid != 0) {
+				rec->mode &= ~(uint32_t)S_ISUID;
+				if (rec->mode & S_IXGRP)
+					rec->mode &= ~(uint32_t)S_ISGID;
+				d->pf |= PF_MODE;
+				d->p_mode = rec->mode;
+			}
+		}
+		efs_file_state_changed(d);
+		if (r->h && r->h->direct)
+			d->cache_ok = false; /* the kernel's pages may be stale */
+	}
+	efs_rangelock_drop(&d->ranges, &r->rl);
+	r->total += r->wbytes;
+	if (r->kind == RK_WRITE && r->total < r->size) {
+		/* A piece of a write split by wr_nospc: the next one, of
+		 * the same size at most. */
+		r->doff += r->wbytes;
+		r->woff += (off_t)r->wbytes;
+		if (r->wbytes > r->size - r->total)
+			r->wbytes = r->size - r->total;
+		r->nospc_pub = false;
+		efs_file_write_step(r);
+		return;
+	}
+	wr_complete(r);
+	(void)fs;
+}
+
+/* The write's bytes are mapped: O_SYNC/O_DSYNC waits for the publication,
+ * then the reply. */
+static void wr_complete(struct dreq *r)
+{
+	if (r->sync && r->kind == RK_WRITE) {
+		int e = efs_file_fsync_wait(r->d, wsync_done, r);
+
+		if (e < 0)
+			efs_file_dreq_end(r, e);
+		else if (e == 1)
+			write_finish(r);
+		return;
+	}
+	write_finish(r);
+}
+
+
+static void write_finish(struct dreq *r)
+{
+	if (r->kind == RK_CFR) {
+		efs_file_cfr_next(r);
+		return;
+	}
+	r->replied = true;
+	fuse_reply_write(r->req, r->total);
+	efs_file_dreq_end(r, 0);
+}
+
+/* Writes r->wbytes of r->data + r->total at r->woff (or at the end). */
+void efs_file_write_step(struct dreq *r)
+{
+	struct efs_fs *fs = r->fs;
+	struct efs_fs_data *d = r->d;
+	uint64_t bs = fs->blksize;
+	int e;
+
+	if (bp_over(fs, d)) {
+		bp_wait(r);
+		return;
+	}
+	if (r->append)
+		e = efs_rangelock_take(&d->ranges, &r->rl, 0, UINT64_MAX, wr_locked, r);
+	else
+		e = efs_rangelock_take(&d->ranges, &r->rl, (uint64_t)r->woff / bs,
+			    ((uint64_t)r->woff + r->wbytes + bs - 1) / bs, wr_locked, r);
+	if (e == 1)
+		wr_locked(r);
+}
+
+static void write_cont(struct dreq *r)
+{
+	r->cont = write_cont; /* for the backpressure resume */
+	if (r->d->broken) {
+		efs_file_dreq_end(r, -EIO);
+		return;
+	}
+	efs_file_write_step(r);
+}
+
+void efs_fs_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+		  struct fuse_file_info *fi)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	struct efs_fs_handle *h = efs_file_fh_of(fi);
+	struct dreq *r;
+	int e = efs_file_handle_ok(fs, h);
+
+	if (e == 0 && !h->writable && !fi->writepage)
+		e = -EBADF;
+	if (e == 0 && (!fs->alloc || fs->read_only))
+		e = -EROFS;
+	if (e == 0 && off < 0)
+		e = -EINVAL;
+	if (e == 0 && (uint64_t)off + size > (uint64_t)INT64_MAX)
+		e = -EFBIG;
+	if (e < 0 || size == 0) {
+		efs_counter_inc(fs->m_ops[EFS_FS_OP_WRITE]);
+		if (e < 0) {
+			efs_counter_inc(fs->m_errs[EFS_FS_OP_WRITE]);
+			fuse_reply_err(req, -e);
+		} else {
+			fuse_reply_write(req, 0);
+		}
+		return;
+	}
+	r = efs_file_dreq_new(req, RK_WRITE, EFS_FS_OP_WRITE, ino);
+	if (!r)
+		return;
+	r->data = efs_mem_malloc(size);
+	if (!r->data) {
+		efs_file_dreq_end(r, -ENOMEM);
+		return;
+	}
+	memcpy(r->data, buf, size);
+	r->h = h;
+	r->size = size;
+	r->wbytes = size;
+	r->woff = off;
+	r->append = h->append;
+	r->sync = (h->oflags & O_DSYNC) != 0;
+	efs_file_prep(r, EFS_LOCK_EXCLUSIVE, write_cont);
+}
+
+/* ---- fsync ---- */
+
+/* Waits until d's current version is published: 1 (already), 0 (|cb|
+ * later), or a negative errno. */
+int efs_file_fsync_wait(struct efs_fs_data *d, void (*cb)(void *arg, int err), void *arg)
+{
+	struct fwait *w;
+
+	if (!efs_file_state_dirty(d) && !d->snap && d->err == 0)
+		return 1;
+	w = efs_mem_calloc(1, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	w->ver = d->ver;
+	w->cb = cb;
+	w->arg = arg;
+	w->next = d->fw;
+	d->fw = w;
+	if (!efs_file_state_dirty(d) && !d->snap) {
+		/* Clean but with a latched error: one more publication of the
+		 * inode (with nothing new) clears it. */
+		d->ver++;
+		w->ver = d->ver;
+		efs_file_dlist_add(d);
+	}
+	d->urgent = true;
+	efs_file_pub_kick(d->fs);
+	return 0;
+}
+
+void efs_file_fsync_done(void *arg, int err)
+{
+	struct dreq *r = arg;
+
+	if (err < 0) {
+		efs_file_dreq_end(r, err);
+		return;
+	}
+	r->replied = true;
+	fuse_reply_err(r->req, 0);
+	efs_file_dreq_end(r, 0);
+}
+
+static void fsync_cont(struct dreq *r)
+{
+	struct dctl *c = efs_file_ctl_of(r->fs);
+	int e;
+
+	if (c->c_fsyncs)
+		efs_counter_inc(c->c_fsyncs);
+	e = efs_file_fsync_wait(r->d, efs_file_fsync_done, r);
+	if (e == 1)
+		efs_file_fsync_done(r, 0);
+	else if (e < 0)
+		efs_file_dreq_end(r, e);
+}
+
+void efs_fs_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	struct efs_fs_inode *in = efs_fs_ifind(fs, ino);
+	struct dreq *r;
+	int e = efs_file_handle_ok(fs, efs_file_fh_of(fi));
+
+	(void)datasync;
+	if (e == 0 && (!in || !in->data || !fs->alloc ||
+		       (!in->data->broken && !efs_file_state_dirty(in->data) && !in->data->snap &&
+			!in->data->err))) {
+		/* Nothing of ours to publish. */
+		efs_counter_inc(fs->m_ops[EFS_FS_OP_FSYNC]);
+		fuse_reply_err(req, 0);
+		return;
+	}
+	if (e < 0) {
+		efs_counter_inc(fs->m_ops[EFS_FS_OP_FSYNC]);
+		efs_counter_inc(fs->m_errs[EFS_FS_OP_FSYNC]);
+		fuse_reply_err(req, -e);
+		return;
+	}
+	r = efs_file_dreq_new(req, RK_FSYNC, EFS_FS_OP_FSYNC, ino);
+	if (!r)
+		return;
+	r->h = efs_file_fh_of(fi);
+	/* A dirty state holds its exclusive lock pinned: the fast path. */
+	efs_file_prep(r, EFS_LOCK_SHARED, fsync_cont);
+}
+
+/* ---- flush, release ---- */
+
+#if EFS_HAVE_PLOCK
+static void flush_plock_cb(int status, void *arg)
+{
+	fuse_req_t req = arg;
+
+	fuse_reply_err(req, status < 0 ? -status : 0);
+}
+#endif
+
+void efs_fs_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+
+	efs_counter_inc(fs->m_ops[EFS_FS_OP_FLUSH]);
+#if EFS_HAVE_PLOCK
+	{
+		int r = efs_fs_plock_flush(fs, ino, fi->lock_owner, flush_plock_cb, req);
+
+		if (r == 0)
+			return;
+		if (r < 0) {
+			efs_counter_inc(fs->m_errs[EFS_FS_OP_FLUSH]);
+			fuse_reply_err(req, -r);
+			return;
+		}
+	}
+#else
+	(void)ino;
+	(void)fi;
+#endif
+	fuse_reply_err(req, 0);
+}
+
+struct rel_ctx {
+	struct efs_fs *fs;
+	fuse_req_t req;
+	struct efs_fs_handle *h;
+	uint64_t ino;
+};
+
+static void release_finish(struct rel_ctx *x)
+{
+	struct efs_fs *fs = x->fs;
+	struct efs_fs_handle *h = x->h;
+	struct efs_fs_inode *in = efs_fs_ifind(fs, x->ino);
+	bool reclaim;
+
+	reclaim = in && in->opens == 1 && in->rec && !in->gone && in->rec->nlink == 0 &&
+		  h->epoch == fs->epoch;
+	efs_fs_handle_free(fs, h);
+	fuse_reply_err(x->req, 0);
+	if (reclaim)
+		efs_fs_reclaim(fs, x->ino);
+	efs_mem_free(x);
+}
+
+#if EFS_HAVE_PLOCK
+static void release_plock_cb(int status, void *arg)
+{
+	(void)status;
+	release_finish(arg);
+}
+#endif
+
+void efs_fs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	struct efs_fs_handle *h = efs_file_fh_of(fi);
+	struct rel_ctx *x;
+
+	efs_counter_inc(fs->m_ops[EFS_FS_OP_RELEASE]);
+	if (!h) {
+		fuse_reply_err(req, 0);
+		return;
+	}
+	x = efs_mem_calloc(1, sizeof(*x));
+	if (!x) {
+		/* Release cannot fail: free the handle, no reclaim (fsck's). */
+		efs_fs_handle_free(fs, h);
+		fuse_reply_err(req, 0);
+		return;
+	}
+	x->fs = fs;
+	x->req = req;
+	x->h = h;
+	x->ino = ino;
+#if EFS_HAVE_PLOCK
+	{
+		int r = efs_fs_plock_release(fs, h, fi->flock_release ? fi->lock_owner : 0,
+					     release_plock_cb, x);
+
+		if (r == 0)
+			return;
+	}
+#endif
+	release_finish(x);
+}
+
+
+/* ---- lseek ---- */
+
+static void lseek_cont(struct dreq *r)
+{
+	struct efs_fs_data *d = r->d;
+	uint64_t bs = r->fs->blksize, size = d->in->rec->size, off = (uint64_t)r->off, res;
+	uint64_t blk;
+
+	if (r->off < 0) {
+		efs_file_dreq_end(r, -ENXIO);
+		return;
+	}
+	if (off >= size) {
+		efs_file_dreq_end(r, -ENXIO);
+		return;
+	}
+	if (r->fmode == SEEK_DATA) {
+		if (efs_extmap_seek_data(d->map, off / bs, &blk) < 0) {
+			efs_file_dreq_end(r, -ENXIO);
+			return;
+		}
+		res = blk * bs > off ? blk * bs : off;
+		if (res >= size) {
+			efs_file_dreq_end(r, -ENXIO);
+			return;
+		}
+	} else {
+		blk = efs_extmap_seek_hole(d->map, off / bs);
+		res = blk * bs > off ? blk * bs : off;
+		if (res > size)
+			res = size;
+	}
+	r->replied = true;
+	fuse_reply_lseek(r->req, (off_t)res);
+	efs_file_dreq_end(r, 0);
+}
+
+void efs_fs_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
+		  struct fuse_file_info *fi)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	struct dreq *r;
+	int e = efs_file_handle_ok(fs, efs_file_fh_of(fi));
+
+	if (e == 0 && whence != SEEK_DATA && whence != SEEK_HOLE)
+		e = -EINVAL; /* the kernel does the others */
+	if (e == 0 && !fs->alloc)
+		e = -EIO;
+	if (e < 0) {
+		efs_counter_inc(fs->m_ops[EFS_FS_OP_LSEEK]);
+		efs_counter_inc(fs->m_errs[EFS_FS_OP_LSEEK]);
+		fuse_reply_err(req, -e);
+		return;
+	}
+	r = efs_file_dreq_new(req, RK_LSEEK, EFS_FS_OP_LSEEK, ino);
+	if (!r)
+		return;
+	r->off = off;
+	r->fmode = whence;
+	efs_file_prep(r, EFS_LOCK_SHARED, lseek_cont);
+}
+
+#endif /* EFS_HAVE_DATAPATH */

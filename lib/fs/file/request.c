@@ -1,0 +1,325 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Data requests (fs/file/file-int.h): their contexts and the prepare
+ * step that makes sure the node holds the inode's lock in the mode a
+ * request needs and that the data state is valid, by the fast path or
+ * through an engine operation.
+ */
+#include "fs/file/file-int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "dev/iopool.h"
+#include "etcd/kv.h"
+#include "alloc/alloc.h"
+#include "space/extmap.h"
+#include "space/runs.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/mem.h"
+#if EFS_HAVE_PLOCK
+#include "fs/plock.h"
+#endif
+
+#if EFS_HAVE_DATAPATH
+
+/* ---- Requests ---- */
+
+struct dreq *efs_file_dreq_new(fuse_req_t req, enum rkind kind, enum efs_fs_opcode code,
+			       uint64_t ino)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	struct dreq *r = efs_mem_calloc(1, sizeof(*r));
+
+	if (!r) {
+		efs_counter_inc(fs->m_ops[code]);
+		efs_counter_inc(fs->m_errs[code]);
+		fuse_reply_err(req, ENOMEM);
+		return NULL;
+	}
+	r->fs = fs;
+	r->req = req;
+	r->kind = kind;
+	r->code = code;
+	r->ino = ino;
+	r->start_ns = efs_clock_mono_ns();
+	fs->inflight++;
+	return r;
+}
+
+static void dreq_unpin(struct dreq *r)
+{
+	if (r->pinned) {
+		efs_lock_put(r->fs->lc, &r->lr);
+		r->pinned = false;
+	}
+	if (r->pinned_in) {
+		efs_lock_put(r->fs->lc, &r->lr_in);
+		r->pinned_in = false;
+	}
+}
+
+/* Ends a request: replies |err| when it has not replied (0: the caller
+ * forgot, EIO), drops everything. */
+void efs_file_dreq_end(struct dreq *r, int err)
+{
+	struct efs_fs *fs = r->fs;
+
+	if (!r->replied && r->req) {
+		fuse_reply_err(r->req, err < 0 ? -err : EIO);
+		r->replied = true;
+		if (err == 0)
+			err = -EIO;
+	}
+	if (err < 0)
+		efs_counter_inc(fs->m_errs[r->code]);
+	efs_histogram_observe_ns(fs->m_lat[r->code], efs_clock_mono_ns() - r->start_ns);
+	dreq_unpin(r);
+	if (r->rl.held && r->d)
+		efs_rangelock_drop(&r->d->ranges, &r->rl);
+	efs_io_buf_free(r->buf);
+	efs_io_buf_free(r->edge[0]);
+	efs_io_buf_free(r->edge[1]);
+	efs_mem_free(r->data);
+	if (r->d) {
+		struct efs_fs_data *d = r->d;
+
+		r->d = NULL;
+		d->nref--;
+		efs_file_state_maybe_free(d);
+	}
+	if (r->d_in) {
+		struct efs_fs_data *d = r->d_in;
+
+		r->d_in = NULL;
+		d->nref--;
+		efs_file_state_maybe_free(d);
+	}
+	fs->inflight--;
+	efs_mem_free(r);
+}
+
+
+/* ---- Prepare: lock, record and map ---- */
+
+bool efs_file_state_ready(struct efs_fs *fs, uint64_t ino, enum efs_lock_mode mode)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(fs, ino);
+	struct efs_fs_data *d = in ? in->data : NULL;
+
+	if (!d || d->broken || !efs_file_map_valid(fs, d))
+		return false;
+	if (!in->rec || in->gone || !efs_fs_inode_valid(fs, in))
+		return false;
+	return efs_lock_held(fs->lc, ino) >= mode;
+}
+
+
+/* The pin of the fast path was not a cache hit: it was cancelled. */
+static void fast_pin_cb(struct efs_lock_req *lr, int status)
+{
+	struct dreq *r = lr->arg;
+
+	if (status == 0) {
+		/* Granted before the cancel: newly taken behind the engine's
+		 * back, so make the engine reload what it caches. */
+		struct efs_fs_inode *in = efs_fs_ifind(r->fs, r->ino);
+
+		if (in) {
+			in->lock_gen++;
+			in->epoch = 0;
+		}
+		efs_lock_put(r->fs->lc, lr);
+	}
+	efs_file_prep_engine(r);
+}
+
+static void prep_go(struct dreq *r)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(r->fs, r->ino);
+	struct efs_fs_data *d = in ? in->data : NULL;
+	struct efs_fs_data **slot = r->kind == RK_CFR && r->phase == 0 ? &r->d_in : &r->d;
+
+	if (!d) {
+		efs_file_dreq_end(r, -EIO);
+		return;
+	}
+	if (*slot != d) {
+		if (*slot) {
+			(*slot)->nref--;
+			efs_file_state_maybe_free(*slot);
+		}
+		*slot = d;
+		d->nref++;
+	}
+	r->cont(r);
+}
+
+/* Pins the lock of r->ino in r->mode (a cache hit), or sends the request
+ * through the engine. */
+void efs_file_prep(struct dreq *r, enum efs_lock_mode mode, void (*cont)(struct dreq *r))
+{
+	struct efs_fs *fs = r->fs;
+	struct efs_lock_req *lr = r->kind == RK_CFR && r->phase == 0 ? &r->lr_in : &r->lr;
+	bool *pinned = r->kind == RK_CFR && r->phase == 0 ? &r->pinned_in : &r->pinned;
+	int e;
+
+	r->mode = mode;
+	r->cont = cont;
+	if (!efs_file_state_ready(fs, r->ino, mode)) {
+		efs_file_prep_engine(r);
+		return;
+	}
+	if (*pinned) {
+		prep_go(r);
+		return;
+	}
+	memset(lr, 0, sizeof(*lr));
+	lr->n = 1;
+	lr->ino[0] = r->ino;
+	lr->mode[0] = mode;
+	lr->cb = fast_pin_cb;
+	lr->arg = r;
+	e = efs_lock_acquire(fs->lc, lr);
+	if (e == 1) {
+		*pinned = true;
+		efs_counter_inc(fs->m_ops[r->code]);
+		prep_go(r);
+		return;
+	}
+	if (e == 0) {
+		efs_lock_cancel(fs->lc, lr);
+		return;
+	}
+	efs_file_prep_engine(r);
+}
+
+static int prep_plan(struct efs_fs_op *op)
+{
+	struct dreq *r = op->priv;
+	const Etcfs__Inode *rec;
+
+	if (op->loads_done == 0)
+		return efs_fs_want(op, r->ino, r->mode);
+	rec = efs_fs_rec(op, r->ino);
+	if (!rec)
+		return -ENOENT;
+	if (S_ISDIR(rec->mode))
+		return -EISDIR;
+	if (!S_ISREG(rec->mode))
+		return -EINVAL;
+	return EFS_FS_CONT;
+}
+
+static int prep_build(struct efs_fs_op *op)
+{
+	struct dreq *r = op->priv;
+	struct efs_fs *fs = op->fs;
+	struct efs_fs_inode *in = efs_fs_ifind(fs, r->ino);
+	struct efs_lock_req *lr = r->kind == RK_CFR && r->phase == 0 ? &r->lr_in : &r->lr;
+	bool *pinned = r->kind == RK_CFR && r->phase == 0 ? &r->pinned_in : &r->pinned;
+	struct efs_fs_data *d;
+	int e;
+
+	if (!in || !in->rec)
+		return -ENOENT;
+	d = efs_file_state_get(fs, in);
+	if (!d)
+		return -ENOMEM;
+	if (!efs_file_map_valid(fs, d)) {
+		if (efs_file_state_dirty(d)) {
+			/* Dirty without its lock: cannot be (pinned). */
+			efs_log_warn("data: inode %llu: dirty state lost its lock",
+				     (unsigned long long)r->ino);
+			d->broken = true;
+			return -EIO;
+		}
+		return efs_file_map_load(op, d);
+	}
+	if (!*pinned) {
+		memset(lr, 0, sizeof(*lr));
+		lr->n = 1;
+		lr->ino[0] = r->ino;
+		lr->mode[0] = r->mode;
+		lr->cb = fast_pin_cb;
+		lr->arg = r;
+		e = efs_lock_acquire(fs->lc, lr);
+		if (e != 1) {
+			/* The operation holds it pinned: always a hit. */
+			if (e == 0)
+				efs_lock_cancel(fs->lc, lr);
+			return -EIO;
+		}
+		*pinned = true;
+	}
+	r->handed = true;
+	op->replied = true;
+	op->priv = NULL; /* the request may end inside its continuation */
+	prep_go(r);
+	return EFS_FS_DONE;
+}
+
+static void prep_free(struct efs_fs_op *op)
+{
+	struct dreq *r = op->priv;
+
+	op->priv = NULL;
+	if (r && !r->handed) {
+		/* The engine answered the error (and counted it). */
+		r->replied = true;
+		efs_file_dreq_end(r, 0);
+	}
+}
+
+static void prep_done(struct efs_fs_op *op)
+{
+	(void)op;
+}
+
+#define PREP_DESC(name, opcode, mx)                                                         \
+	static const struct efs_fs_opdesc name = {                                          \
+		.code = opcode,                                                             \
+		.mx_all = mx,                                                               \
+		.plan = prep_plan,                                                          \
+		.build = prep_build,                                                        \
+		.done = prep_done,                                                          \
+	}
+
+PREP_DESC(prep_open_desc, EFS_FS_OP_OPEN, true);
+PREP_DESC(prep_read_desc, EFS_FS_OP_READ, false);
+PREP_DESC(prep_write_desc, EFS_FS_OP_WRITE, false);
+PREP_DESC(prep_fsync_desc, EFS_FS_OP_FSYNC, false);
+PREP_DESC(prep_falloc_desc, EFS_FS_OP_FALLOCATE, false);
+PREP_DESC(prep_lseek_desc, EFS_FS_OP_LSEEK, false);
+PREP_DESC(prep_cfr_desc, EFS_FS_OP_COPY_FILE_RANGE, false);
+PREP_DESC(prep_setattr_desc, EFS_FS_OP_SETATTR, false);
+
+static const struct efs_fs_opdesc *const prep_descs[RK_NKINDS] = {
+	[RK_OPEN] = &prep_open_desc,	 [RK_READ] = &prep_read_desc,
+	[RK_WRITE] = &prep_write_desc,	 [RK_FSYNC] = &prep_fsync_desc,
+	[RK_FALLOC] = &prep_falloc_desc, [RK_LSEEK] = &prep_lseek_desc,
+	[RK_CFR] = &prep_cfr_desc,	 [RK_SETATTR] = &prep_setattr_desc,
+};
+
+void efs_file_prep_engine(struct dreq *r)
+{
+	struct efs_fs_op *op = efs_fs_op_new(r->fs, r->req, prep_descs[r->kind]);
+
+	if (!op) {
+		efs_file_dreq_end(r, -ENOMEM);
+		return;
+	}
+	op->ino = r->ino;
+	op->priv = r;
+	op->priv_free = prep_free;
+	r->handed = false;
+	efs_fs_op_run(op);
+}
+
+#endif /* EFS_HAVE_DATAPATH */
