@@ -30,22 +30,6 @@ static int reserve(struct efs_runs *r, size_t n)
 	return 0;
 }
 
-/* Index of the first run of |r| ending after |b|. */
-static size_t first_after(const struct efs_runs *r, uint64_t b)
-{
-	size_t lo = 0, hi = r->n;
-
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-
-		if (r->v[mid].start + r->v[mid].len <= b)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo;
-}
-
 /* True when [start, start + len) is a non-empty run inside the group. */
 static bool in_group(const struct efs_freemap *fm, uint64_t start, uint64_t len)
 {
@@ -189,7 +173,7 @@ int efs_freemap_alloc(struct efs_freemap *fm, uint64_t want, uint64_t goal, stru
 		return -ENOSPC;
 	if (goal >= fm->group_blocks)
 		goal = 0;
-	first = first_after(r, goal);
+	first = efs_runs_first_after(r, goal);
 	best = first % n;
 	/*
 	 * The free blocks at or after |goal| in address order, wrapping: the
@@ -230,7 +214,7 @@ bool efs_freemap_all_free(const struct efs_freemap *fm, uint64_t start, uint64_t
 		return true;
 	if (!in_group(fm, start, len))
 		return false;
-	i = first_after(&fm->free, start);
+	i = efs_runs_first_after(&fm->free, start);
 	return i < fm->free.n && fm->free.v[i].start <= start &&
 	       start + len <= fm->free.v[i].start + fm->free.v[i].len;
 }
@@ -250,7 +234,7 @@ int efs_freemap_take(struct efs_freemap *fm, uint64_t start, uint64_t len)
 		return -EINVAL;
 	if (!efs_freemap_all_free(fm, start, len))
 		return -EUCLEAN;
-	return cut(fm, first_after(&fm->free, start), start, len);
+	return cut(fm, efs_runs_first_after(&fm->free, start), start, len);
 }
 
 int efs_freemap_put(struct efs_freemap *fm, uint64_t start, uint64_t len)
@@ -265,7 +249,7 @@ int efs_freemap_put(struct efs_freemap *fm, uint64_t start, uint64_t len)
 	if (!in_group(fm, start, len) || efs_runs_overlaps(r, start, len))
 		return -EUCLEAN;
 	/* Run |i| is the first after the new one; |i - 1| ends at or before it. */
-	i = first_after(r, start);
+	i = efs_runs_first_after(r, start);
 	left = i > 0 && r->v[i - 1].start + r->v[i - 1].len == start;
 	right = i < r->n && r->v[i].start == end;
 	if (left && right) {

@@ -99,8 +99,7 @@ uint64_t efs_runs_total(const struct efs_runs *r)
 	return t;
 }
 
-/* Index of the first run ending after |start|. */
-static size_t runs_first_after(const struct efs_runs *r, uint64_t start)
+size_t efs_runs_first_after(const struct efs_runs *r, uint64_t start)
 {
 	size_t lo = 0, hi = r->n;
 
@@ -124,7 +123,7 @@ int efs_runs_subtract(struct efs_runs *r, uint64_t start, uint64_t len, struct e
 		return 0;
 	if (runs_reserve(r, r->n + 1) < 0)
 		return -ENOMEM;
-	i = runs_first_after(r, start);
+	i = efs_runs_first_after(r, start);
 	while (i < r->n && r->v[i].start < end) {
 		struct efs_run *x = &r->v[i];
 		uint64_t xs = x->start, xe = x->start + x->len;
@@ -157,7 +156,94 @@ int efs_runs_subtract(struct efs_runs *r, uint64_t start, uint64_t len, struct e
 
 bool efs_runs_overlaps(const struct efs_runs *r, uint64_t start, uint64_t len)
 {
-	size_t i = runs_first_after(r, start);
+	size_t i = efs_runs_first_after(r, start);
 
 	return len && i < r->n && r->v[i].start < start + len;
+}
+
+int efs_runs_insert(struct efs_runs *r, uint64_t start, uint64_t len)
+{
+	size_t lo = 0, hi = r->n;
+
+	if (len == 0)
+		return 0;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+
+		if (r->v[mid].start < start)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	/* lo: first run starting at or after |start|. */
+	if (lo > 0 && r->v[lo - 1].start + r->v[lo - 1].len == start) {
+		r->v[lo - 1].len += len;
+		if (lo < r->n && r->v[lo - 1].start + r->v[lo - 1].len == r->v[lo].start) {
+			r->v[lo - 1].len += r->v[lo].len;
+			memmove(&r->v[lo], &r->v[lo + 1], (r->n - lo - 1) * sizeof(r->v[0]));
+			r->n--;
+		}
+		return 0;
+	}
+	if (lo < r->n && start + len == r->v[lo].start) {
+		r->v[lo].start = start;
+		r->v[lo].len += len;
+		return 0;
+	}
+	if (runs_reserve(r, r->n + 1) < 0)
+		return -ENOMEM;
+	memmove(&r->v[lo + 1], &r->v[lo], (r->n - lo) * sizeof(r->v[0]));
+	r->v[lo].start = start;
+	r->v[lo].len = len;
+	r->n++;
+	return 0;
+}
+
+int efs_runs_insert_all(struct efs_runs *r, const struct efs_runs *src)
+{
+	for (size_t i = 0; i < src->n; i++) {
+		int e = efs_runs_insert(r, src->v[i].start, src->v[i].len);
+
+		if (e < 0)
+			return e;
+	}
+	return 0;
+}
+
+int efs_runs_remove_all(struct efs_runs *r, const struct efs_runs *src, struct efs_runs *cut)
+{
+	for (size_t i = 0; i < src->n && r->n; i++) {
+		int e = efs_runs_subtract(r, src->v[i].start, src->v[i].len, cut);
+
+		if (e < 0)
+			return e;
+	}
+	return 0;
+}
+
+int efs_runs_split(const struct efs_runs *set, uint64_t start, uint64_t len, struct efs_runs *in,
+		   struct efs_runs *out)
+{
+	uint64_t pos = start, end = start + len;
+	int e = 0;
+
+	for (size_t i = efs_runs_first_after(set, start); i < set->n && pos < end && e == 0; i++) {
+		uint64_t s = set->v[i].start, t = s + set->v[i].len;
+
+		if (s >= end)
+			break;
+		if (s > pos) {
+			e = efs_runs_add(out, pos, s - pos);
+			pos = s;
+		}
+		if (e == 0) {
+			uint64_t stop = t < end ? t : end;
+
+			e = efs_runs_add(in, pos, stop - pos);
+			pos = stop;
+		}
+	}
+	if (e == 0 && pos < end)
+		e = efs_runs_add(out, pos, end - pos);
+	return e;
 }

@@ -50,3 +50,28 @@ uint64_t efs_runs_total(const struct efs_runs *r);
 int efs_runs_subtract(struct efs_runs *r, uint64_t start, uint64_t len, struct efs_runs *cut);
 /* True when some block of [start, start + len) is in |r| (normalized). */
 bool efs_runs_overlaps(const struct efs_runs *r, uint64_t start, uint64_t len);
+/* Index of the first run of |r| (normalized) ending after |start|: |r|->n
+ * when none does. O(log n). */
+size_t efs_runs_first_after(const struct efs_runs *r, uint64_t start);
+/*
+ * Inserts [start, start + len) (len 0: nothing) into the normalized |r|,
+ * merged with the runs it touches; it must not overlap them. 0 or -ENOMEM
+ * (|r| unchanged; a merge never allocates).
+ */
+int efs_runs_insert(struct efs_runs *r, uint64_t start, uint64_t len);
+/* Inserts every run of |src| into the normalized |r|. 0 or -ENOMEM (|r|
+ * may hold a prefix of |src|). */
+int efs_runs_insert_all(struct efs_runs *r, const struct efs_runs *src);
+/*
+ * Removes every block of |src| from the normalized |r|; the removed blocks
+ * are appended to |cut| when not NULL. 0 or -ENOMEM (|r| may have lost a
+ * prefix of |src|, and |cut| holds what was removed).
+ */
+int efs_runs_remove_all(struct efs_runs *r, const struct efs_runs *src, struct efs_runs *cut);
+/*
+ * Splits [start, start + len) by the normalized |set|: the blocks in it are
+ * appended to |in|, the others to |out|, in address order. 0 or -ENOMEM
+ * (|in| and |out| may hold a prefix).
+ */
+int efs_runs_split(const struct efs_runs *set, uint64_t start, uint64_t len, struct efs_runs *in,
+		   struct efs_runs *out);

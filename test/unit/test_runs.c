@@ -121,6 +121,116 @@ Test(runs, enomem_leaves_lists_unchanged)
 	efs_test_assert_no_leaks();
 }
 
+/* ---- Sorted insertion, removal and splitting ---- */
+
+Test(runs, first_after_finds_the_run_ending_past_a_block)
+{
+	struct efs_runs r = {0};
+
+	cr_assert_eq(efs_runs_first_after(&r, 0), 0);
+	cr_assert_eq(efs_runs_add(&r, 10, 5), 0);
+	cr_assert_eq(efs_runs_add(&r, 20, 5), 0);
+	cr_assert_eq(efs_runs_first_after(&r, 0), 0);
+	cr_assert_eq(efs_runs_first_after(&r, 14), 0);
+	cr_assert_eq(efs_runs_first_after(&r, 15), 1); /* run 0 ends at 15 */
+	cr_assert_eq(efs_runs_first_after(&r, 24), 1);
+	cr_assert_eq(efs_runs_first_after(&r, 25), 2);
+	efs_runs_done(&r);
+	efs_test_assert_no_leaks();
+}
+
+Test(runs, insert_keeps_order_and_merges_both_sides)
+{
+	static const uint64_t want1[][2] = {{0, 5}, {10, 5}, {20, 5}};
+	static const uint64_t want2[][2] = {{0, 25}};
+	struct efs_runs r = {0}, src = {0};
+
+	cr_assert_eq(efs_runs_insert(&r, 20, 5), 0);
+	cr_assert_eq(efs_runs_insert(&r, 0, 5), 0);
+	cr_assert_eq(efs_runs_insert(&r, 10, 5), 0);
+	cr_assert_eq(efs_runs_insert(&r, 99, 0), 0); /* nothing */
+	assert_runs(&r, want1, 3);
+	cr_assert_eq(efs_runs_add(&src, 15, 5), 0); /* joins runs 1 and 2 */
+	cr_assert_eq(efs_runs_add(&src, 5, 5), 0);  /* joins runs 0 and 1 */
+	cr_assert_eq(efs_runs_insert_all(&r, &src), 0);
+	assert_runs(&r, want2, 1);
+	efs_runs_done(&r);
+	efs_runs_done(&src);
+	efs_test_assert_no_leaks();
+}
+
+Test(runs, insert_enomem_leaves_the_list_unchanged_and_merges_need_no_memory)
+{
+	static const uint64_t want[][2] = {{0, 10}};
+	struct efs_runs r = {0};
+
+	efs_mem_fail_after(0);
+	cr_assert_eq(efs_runs_insert(&r, 5, 5), -ENOMEM);
+	cr_assert_eq(r.n, 0);
+	efs_mem_fail_reset();
+	cr_assert_eq(efs_runs_insert(&r, 5, 5), 0);
+	efs_mem_fail_after(0);
+	cr_assert_eq(efs_runs_insert(&r, 0, 5), 0); /* a merge */
+	assert_runs(&r, want, 1);
+	while (r.n < r.cap) {
+		efs_mem_fail_reset();
+		cr_assert_eq(efs_runs_insert(&r, r.v[r.n - 1].start + 20, 1), 0);
+	}
+	efs_mem_fail_after(0);
+	cr_assert_eq(efs_runs_insert(&r, 100000, 1), -ENOMEM);
+	efs_mem_fail_reset();
+	cr_assert_eq(r.n, r.cap);
+	cr_assert(r.v[0].start == 0 && r.v[0].len == 10);
+	efs_runs_done(&r);
+	efs_test_assert_no_leaks();
+}
+
+Test(runs, remove_all_cuts_what_it_removes)
+{
+	static const uint64_t want_r[][2] = {{0, 2}, {4, 4}, {12, 3}};
+	static const uint64_t want_cut[][2] = {{2, 2}, {8, 2}, {20, 5}};
+	struct efs_runs r = {0}, src = {0}, cut = {0};
+
+	cr_assert_eq(efs_runs_add(&r, 0, 10), 0);
+	cr_assert_eq(efs_runs_add(&r, 12, 3), 0);
+	cr_assert_eq(efs_runs_add(&r, 20, 5), 0);
+	cr_assert_eq(efs_runs_add(&src, 2, 2), 0);
+	cr_assert_eq(efs_runs_add(&src, 8, 3), 0); /* 10 is not in |r| */
+	cr_assert_eq(efs_runs_add(&src, 18, 10), 0);
+	cr_assert_eq(efs_runs_remove_all(&r, &src, &cut), 0);
+	assert_runs(&r, want_r, 3);
+	assert_runs(&cut, want_cut, 3);
+	cr_assert_eq(efs_runs_remove_all(&r, &src, NULL), 0); /* already gone */
+	assert_runs(&r, want_r, 3);
+	efs_runs_done(&r);
+	efs_runs_done(&src);
+	efs_runs_done(&cut);
+	efs_test_assert_no_leaks();
+}
+
+Test(runs, split_sorts_a_range_into_in_and_out)
+{
+	static const uint64_t want_in[][2] = {{5, 5}, {20, 2}};
+	static const uint64_t want_out[][2] = {{3, 2}, {10, 10}};
+	struct efs_runs set = {0}, in = {0}, out = {0};
+
+	cr_assert_eq(efs_runs_add(&set, 0, 10), 0);
+	cr_assert_eq(efs_runs_add(&set, 20, 10), 0);
+	cr_assert_eq(efs_runs_split(&set, 5, 17, &in, &out), 0);
+	cr_assert_eq(efs_runs_split(&set, 3, 2, &out, &out), 0);
+	cr_assert_eq(efs_runs_normalize(&out), 0);
+	assert_runs(&in, want_in, 2);
+	assert_runs(&out, want_out, 2);
+	efs_runs_clear(&in);
+	cr_assert_eq(efs_runs_split(&set, 40, 5, &in, &in), 0); /* past the set: out */
+	cr_assert_eq(in.n, 1);
+	cr_assert(in.v[0].start == 40 && in.v[0].len == 5);
+	efs_runs_done(&set);
+	efs_runs_done(&in);
+	efs_runs_done(&out);
+	efs_test_assert_no_leaks();
+}
+
 /* ---- Randomised against a bitmap ---- */
 
 #define NB 2048

@@ -28,120 +28,6 @@
 
 #if EFS_HAVE_DATAPATH
 
-/* ---- Runs helpers ---- */
-
-/* Inserts [start, start + len) into the sorted, merged list |r|, merging
- * with neighbours. 0 or -ENOMEM. */
-static int runs_insert(struct efs_runs *r, uint64_t start, uint64_t len)
-{
-	size_t lo = 0, hi = r->n;
-
-	if (len == 0)
-		return 0;
-	while (lo < hi) {
-		size_t mid = (lo + hi) / 2;
-
-		if (r->v[mid].start < start)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	/* lo: first run starting at or after |start|. */
-	if (lo > 0 && r->v[lo - 1].start + r->v[lo - 1].len == start) {
-		r->v[lo - 1].len += len;
-		if (lo < r->n && r->v[lo - 1].start + r->v[lo - 1].len == r->v[lo].start) {
-			r->v[lo - 1].len += r->v[lo].len;
-			memmove(&r->v[lo], &r->v[lo + 1], (r->n - lo - 1) * sizeof(r->v[0]));
-			r->n--;
-		}
-		return 0;
-	}
-	if (lo < r->n && start + len == r->v[lo].start) {
-		r->v[lo].start = start;
-		r->v[lo].len += len;
-		return 0;
-	}
-	if (r->n == r->cap) {
-		size_t cap = r->cap ? r->cap * 2 : 16;
-		struct efs_run *v = efs_mem_realloc(r->v, cap * sizeof(*v));
-
-		if (!v)
-			return -ENOMEM;
-		r->v = v;
-		r->cap = cap;
-	}
-	memmove(&r->v[lo + 1], &r->v[lo], (r->n - lo) * sizeof(r->v[0]));
-	r->v[lo].start = start;
-	r->v[lo].len = len;
-	r->n++;
-	return 0;
-}
-
-static int runs_insert_all(struct efs_runs *r, const struct efs_runs *src)
-{
-	for (size_t i = 0; i < src->n; i++) {
-		int e = runs_insert(r, src->v[i].start, src->v[i].len);
-
-		if (e < 0)
-			return e;
-	}
-	return 0;
-}
-
-/* Removes every block of |src| from |r| (normalized); removed blocks go to
- * |cut| when not NULL. */
-int efs_file_runs_remove_all(struct efs_runs *r, const struct efs_runs *src, struct efs_runs *cut)
-{
-	for (size_t i = 0; i < src->n && r->n; i++) {
-		int e = efs_runs_subtract(r, src->v[i].start, src->v[i].len, cut);
-
-		if (e < 0)
-			return e;
-	}
-	return 0;
-}
-
-/*
- * Splits [start, start + len) by the normalized set |set|: the blocks in
- * it are appended to |in|, the others to |out|.
- */
-int efs_file_runs_split(const struct efs_runs *set, uint64_t start, uint64_t len,
-			struct efs_runs *in, struct efs_runs *out)
-{
-	uint64_t pos = start, end = start + len;
-	size_t lo = 0, hi = set->n;
-	int e = 0;
-
-	/* First run that ends after |start|. */
-	while (lo < hi) {
-		size_t mid = (lo + hi) / 2;
-
-		if (set->v[mid].start + set->v[mid].len <= start)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	for (size_t i = lo; i < set->n && pos < end && e == 0; i++) {
-		uint64_t s = set->v[i].start, t = s + set->v[i].len;
-
-		if (s >= end)
-			break;
-		if (s > pos) {
-			e = efs_runs_add(out, pos, s - pos);
-			pos = s;
-		}
-		if (e == 0) {
-			uint64_t stop = t < end ? t : end;
-
-			e = efs_runs_add(in, pos, stop - pos);
-			pos = stop;
-		}
-	}
-	if (e == 0 && pos < end)
-		e = efs_runs_add(out, pos, end - pos);
-	return e;
-}
-
 /* ---- Device reads ---- */
 
 static void read_end(struct efs_fs *fs, uint64_t ticket)
@@ -280,21 +166,21 @@ int efs_file_bury(struct efs_fs_data *d, const struct efs_runs *buried)
 	int e = 0;
 
 	for (size_t i = 0; i < buried->n && e == 0; i++)
-		e = efs_file_runs_split(&d->apend, buried->v[i].start, buried->v[i].len, &pend, &pub);
+		e = efs_runs_split(&d->apend, buried->v[i].start, buried->v[i].len, &pend, &pub);
 	if (e == 0 && pend.n) {
 		e = efs_runs_normalize(&pend);
 		if (e == 0)
-			e = efs_file_runs_remove_all(&d->apend, &pend, NULL);
+			e = efs_runs_remove_all(&d->apend, &pend, NULL);
 		for (size_t i = 0; i < pend.n && e == 0; i++) {
 			if (d->snap)
-				e = efs_file_runs_split(&d->snap->use, pend.v[i].start, pend.v[i].len, &pub,
+				e = efs_runs_split(&d->snap->use, pend.v[i].start, pend.v[i].len, &pub,
 					       &unuse);
 			else
 				e = efs_runs_add(&unuse, pend.v[i].start, pend.v[i].len);
 		}
 	}
 	if (e == 0)
-		e = runs_insert_all(&d->fpend, &pub);
+		e = efs_runs_insert_all(&d->fpend, &pub);
 	if (e == 0 && unuse.n)
 		efs_alloc_unuse(d->fs->alloc, &unuse);
 	efs_runs_done(&pend);
@@ -358,7 +244,7 @@ static int wb_apply(struct wb *j)
 
 		e = efs_extmap_set(d->map, &x, &buried);
 		if (e == 0)
-			e = runs_insert(&d->apend, x.dblk, x.count);
+			e = efs_runs_insert(&d->apend, x.dblk, x.count);
 		fpos += x.count;
 	}
 	if (e < 0 && i > 0) {

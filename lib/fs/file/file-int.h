@@ -308,9 +308,6 @@ int efs_file_map_load(struct efs_fs_op *op, struct efs_fs_data *d);
 
 /* ---- Block I/O and the map (blockio.c) ---- */
 
-int efs_file_runs_remove_all(struct efs_runs *r, const struct efs_runs *src, struct efs_runs *cut);
-int efs_file_runs_split(const struct efs_runs *set, uint64_t start, uint64_t len,
-			struct efs_runs *in, struct efs_runs *out);
 int efs_file_read_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
 			 void (*cb)(void *arg, int err), void *arg);
 int efs_file_bury(struct efs_fs_data *d, const struct efs_runs *buried);
