@@ -13,7 +13,7 @@ void efs_runs_done(struct efs_runs *r)
 	r->n = r->cap = 0;
 }
 
-static int runs_reserve(struct efs_runs *r, size_t n)
+int efs_runs_reserve(struct efs_runs *r, size_t n)
 {
 	struct efs_run *v;
 	size_t cap;
@@ -44,7 +44,7 @@ int efs_runs_add(struct efs_runs *r, uint64_t start, uint64_t len)
 		last->len += len;
 		return 0;
 	}
-	if (runs_reserve(r, r->n + 1) < 0)
+	if (efs_runs_reserve(r, r->n + 1) < 0)
 		return -ENOMEM;
 	r->v[r->n].start = start;
 	r->v[r->n].len = len;
@@ -121,7 +121,7 @@ int efs_runs_subtract(struct efs_runs *r, uint64_t start, uint64_t len, struct e
 
 	if (len == 0)
 		return 0;
-	if (runs_reserve(r, r->n + 1) < 0)
+	if (efs_runs_reserve(r, r->n + 1) < 0)
 		return -ENOMEM;
 	i = efs_runs_first_after(r, start);
 	while (i < r->n && r->v[i].start < end) {
@@ -190,7 +190,7 @@ int efs_runs_insert(struct efs_runs *r, uint64_t start, uint64_t len)
 		r->v[lo].len += len;
 		return 0;
 	}
-	if (runs_reserve(r, r->n + 1) < 0)
+	if (efs_runs_reserve(r, r->n + 1) < 0)
 		return -ENOMEM;
 	memmove(&r->v[lo + 1], &r->v[lo], (r->n - lo) * sizeof(r->v[0]));
 	r->v[lo].start = start;

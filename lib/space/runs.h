@@ -23,6 +23,13 @@ struct efs_runs {
 
 /* Empties |r| and frees its storage (the list stays usable). */
 void efs_runs_done(struct efs_runs *r);
+/*
+ * Makes room for |n| runs in |r| (its capacity; the runs stay). 0 or
+ * -ENOMEM (|r| unchanged). With room for r->n + k runs, removing k runs
+ * (efs_runs_remove_all of a k-run list, k efs_runs_subtract calls) never
+ * allocates: each removal splits at most one run in two.
+ */
+int efs_runs_reserve(struct efs_runs *r, size_t n);
 /* Empties |r|, keeping its storage. */
 static inline void efs_runs_clear(struct efs_runs *r)
 {

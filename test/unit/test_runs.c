@@ -231,6 +231,44 @@ Test(runs, split_sorts_a_range_into_in_and_out)
 	efs_test_assert_no_leaks();
 }
 
+/* The data path reserves room so that settling a committed publication
+ * (removing its runs from the pending lists) cannot fail: with room for
+ * n + k runs, inserting up to the room and removing k runs allocate nothing. */
+Test(runs, reserved_room_makes_inserts_and_removals_non_allocating)
+{
+	struct efs_runs r = {0}, src = {0};
+	unsigned long failed;
+
+	cr_assert_eq(efs_runs_add(&r, 0, 100), 0);
+	cr_assert_eq(efs_runs_add(&r, 200, 100), 0);
+	for (uint64_t b = 10; b < 100; b += 20)
+		cr_assert_eq(efs_runs_add(&src, b, 5), 0); /* each splits a run */
+	cr_assert_eq(efs_runs_reserve(&r, r.n + 3 + src.n), 0);
+	cr_assert_eq(efs_runs_reserve(&r, 1), 0); /* never shrinks */
+	cr_assert_geq(r.cap, 2 + 3 + src.n);
+	failed = efs_mem_failures();
+	efs_mem_fail_after(0);
+	cr_assert_eq(efs_runs_insert(&r, 1000, 1), 0);
+	cr_assert_eq(efs_runs_insert(&r, 2000, 1), 0);
+	cr_assert_eq(efs_runs_insert(&r, 3000, 1), 0);
+	cr_assert_eq(efs_runs_remove_all(&r, &src, NULL), 0);
+	efs_mem_fail_reset();
+	cr_assert_eq(efs_mem_failures(), failed, "an allocation was tried");
+	cr_assert_eq(r.n, 2 + 3 + src.n);
+	cr_assert_eq(efs_runs_total(&r), 200 + 3 - 5 * src.n);
+	/* Without the room, the same removal reports ENOMEM. */
+	efs_runs_done(&r);
+	cr_assert_eq(efs_runs_add(&r, 0, 100), 0);
+	while (r.n < r.cap)
+		cr_assert_eq(efs_runs_add(&r, r.v[r.n - 1].start + 200, 1), 0);
+	efs_mem_fail_after(0);
+	cr_assert_eq(efs_runs_remove_all(&r, &src, NULL), -ENOMEM);
+	efs_mem_fail_reset();
+	efs_runs_done(&r);
+	efs_runs_done(&src);
+	efs_test_assert_no_leaks();
+}
+
 /* ---- Randomised against a bitmap ---- */
 
 #define NB 2048

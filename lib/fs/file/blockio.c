@@ -170,6 +170,8 @@ int efs_file_bury(struct efs_fs_data *d, const struct efs_runs *buried)
 	if (e == 0 && pend.n) {
 		e = efs_runs_normalize(&pend);
 		if (e == 0)
+			e = efs_file_pend_reserve(d, &d->apend, pend.n);
+		if (e == 0)
 			e = efs_runs_remove_all(&d->apend, &pend, NULL);
 		for (size_t i = 0; i < pend.n && e == 0; i++) {
 			if (d->snap)
@@ -179,6 +181,8 @@ int efs_file_bury(struct efs_fs_data *d, const struct efs_runs *buried)
 				e = efs_runs_add(&unuse, pend.v[i].start, pend.v[i].len);
 		}
 	}
+	if (e == 0)
+		e = efs_file_pend_reserve(d, &d->fpend, pub.n);
 	if (e == 0)
 		e = efs_runs_insert_all(&d->fpend, &pub);
 	if (e == 0 && unuse.n)
@@ -238,24 +242,42 @@ static int wb_apply(struct wb *j)
 			efs_file_state_changed(d);
 		return e;
 	}
-	for (i = 0; i < j->runs.n && e == 0; i++) {
+	/* Room first: the pending list then takes every mapped run without
+	 * allocating (a mapped run missing from it would be published as
+	 * used by nobody, and given back while mapped). */
+	e = efs_file_pend_reserve(d, &d->apend, j->runs.n);
+	if (e < 0) {
+		efs_alloc_unuse(d->fs->alloc, &j->runs);
+		j->runs.n = 0;
+		return e;
+	}
+	for (i = 0; i < j->runs.n; i++) {
 		struct efs_ext x = {.fblk = fpos, .dblk = j->runs.v[i].start,
 				    .count = j->runs.v[i].len, .flags = j->xflags};
 
 		e = efs_extmap_set(d->map, &x, &buried);
-		if (e == 0)
-			e = efs_runs_insert(&d->apend, x.dblk, x.count);
+		if (e < 0)
+			break;
+		e = efs_runs_insert(&d->apend, x.dblk, x.count); /* room reserved */
 		fpos += x.count;
+		if (e < 0) {
+			/* Cannot happen (room reserved): the run stays mapped
+			 * and is leaked rather than given back while mapped. */
+			efs_log_warn("data: inode %llu: mapped blocks not recorded as pending "
+				     "(leaked until restart)",
+				     (unsigned long long)d->ino);
+			i++;
+			break;
+		}
 	}
-	if (e < 0 && i > 0) {
-		/* Runs before the failure are mapped; give back the rest. */
-		struct efs_runs rest = {0};
+	if (e < 0) {
+		/* Runs before the failure are mapped and pending; the rest
+		 * goes back. */
+		struct efs_runs rest = {.v = j->runs.v + i, .n = j->runs.n - i, .cap = j->runs.n - i};
 
-		for (size_t k = i; k < j->runs.n; k++)
-			efs_runs_add(&rest, j->runs.v[k].start, j->runs.v[k].len);
-		efs_alloc_unuse(d->fs->alloc, &rest);
-		efs_runs_done(&rest);
-		j->runs.n = 0;
+		if (rest.n)
+			efs_alloc_unuse(d->fs->alloc, &rest);
+		j->runs.n = i;
 	}
 	if (buried.n)
 		efs_file_bury(d, &buried);

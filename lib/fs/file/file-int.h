@@ -305,6 +305,8 @@ void efs_file_pf_set_blocks(struct efs_fs_data *d);
 void efs_file_pf_set_mctime(struct efs_fs_data *d, int64_t now);
 void efs_file_pf_from_rec(struct efs_fs_data *d, int to_set);
 int efs_file_map_load(struct efs_fs_op *op, struct efs_fs_data *d);
+int efs_file_pend_reserve(struct efs_fs_data *d, struct efs_runs *list, size_t more);
+void efs_file_state_discard(struct efs_fs_data *d);
 
 /* ---- Block I/O and the map (blockio.c) ---- */
 

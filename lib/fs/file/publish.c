@@ -126,7 +126,7 @@ static int change_use(struct efs_fs_data *d, const struct efs_extmap_change *c,
 		return -ENOMEM;
 	efs_extmap_lookup(d->map, c->key, c->end - c->key, px, cnt);
 	for (size_t k = 0; k < cnt && e == 0; k++)
-		e = efs_file_runs_split(&d->apend, px[k].dblk, px[k].count, use, &out);
+		e = efs_runs_split(&d->apend, px[k].dblk, px[k].count, use, &out);
 	efs_mem_free(px);
 	efs_runs_done(&out);
 	return e;
@@ -337,6 +337,12 @@ static int snap_build(struct efs_fs_op *op, struct dpub *P, struct dsnap *s, str
 		if (e < 0)
 			goto fail;
 	}
+	/* Room for the commit's removals (efs_file_pend_reserve). */
+	e = efs_runs_reserve(&d->apend, d->apend.n + s->use.n);
+	if (e == 0)
+		e = efs_runs_reserve(&d->fpend, d->fpend.n + s->freed.n);
+	if (e < 0)
+		goto fail;
 	rec = efs_fs_rec_dup(in->rec);
 	if (!rec) {
 		e = -ENOMEM;
@@ -528,7 +534,7 @@ void efs_fs_data_outcome(struct efs_fs_op *op, enum efs_fs_data_outcome oc, int6
 			if (d && d->dropped && !d->broken && s->use.n)
 				efs_alloc_unuse(fs->alloc, &s->use);
 			else if (d && !d->broken && s->use.n &&
-				 efs_file_runs_remove_all(&d->fpend, &s->use, &back) == 0 && back.n)
+				 efs_runs_remove_all(&d->fpend, &s->use, &back) == 0 && back.n)
 				efs_alloc_unuse(fs->alloc, &back);
 			efs_runs_done(&back);
 			snap_release(s);
@@ -547,8 +553,24 @@ void efs_fs_data_outcome(struct efs_fs_op *op, enum efs_fs_data_outcome oc, int6
 		if (d && !d->broken && !d->dropped) {
 			efs_extmap_published(d->map, s->ch, s->nch);
 			efs_file_dacct(d);
-			efs_file_runs_remove_all(&d->apend, &s->use, NULL);
-			efs_file_runs_remove_all(&d->fpend, &s->freed, NULL);
+			/* Room reserved by snap_build and kept since
+			 * (efs_file_pend_reserve): these cannot fail. If they
+			 * did, published blocks would stay pending (a drop
+			 * would give them back while extents reference them)
+			 * and freed ones would be freed again: the state is
+			 * discarded instead, its pending runs forgotten
+			 * (leaked until restart). */
+			if (efs_runs_remove_all(&d->apend, &s->use, NULL) < 0 ||
+			    efs_runs_remove_all(&d->fpend, &s->freed, NULL) < 0) {
+				efs_log_warn("data: inode %llu: out of memory settling a "
+					     "publication; state discarded",
+					     (unsigned long long)d->ino);
+				efs_runs_clear(&d->apend);
+				efs_runs_clear(&d->fpend);
+				efs_file_state_discard(d);
+				snap_release(s);
+				continue;
+			}
 			if (!s->partial) {
 				if (d->ver == s->ver)
 					d->pf = 0;
@@ -608,10 +630,7 @@ void efs_fs_data_op_free(struct efs_fs_op *op)
 			efs_log_warn("data: inode %llu: publication outcome unknown; state "
 				     "discarded",
 				     (unsigned long long)d->ino);
-			d->broken = true;
-			efs_file_dlist_del(d);
-			efs_file_state_unpin(d);
-			efs_file_fw_fail_all(d, -EIO);
+			efs_file_state_discard(d);
 		} else if (!P->committed && (s->tried || P->dev_err)) {
 			d->err = -EIO;
 			efs_file_fw_fail_all(d, -EIO);

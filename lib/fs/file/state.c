@@ -527,6 +527,32 @@ int efs_file_map_load(struct efs_fs_op *op, struct efs_fs_data *d)
 
 /* ---- Engine hooks ---- */
 
+/*
+ * While a publication of the state is in flight (d->snap), its commit
+ * removes the snapshot's runs from |apend| and |fpend| and must not fail:
+ * each list keeps room for as many more runs as the snapshot removes from
+ * it (each removed run splits at most one run in two). Every change that
+ * may add runs to either list reserves here first.
+ */
+int efs_file_pend_reserve(struct efs_fs_data *d, struct efs_runs *list, size_t more)
+{
+	size_t keep = 0;
+
+	if (d->snap)
+		keep = list == &d->apend ? d->snap->use.n : d->snap->freed.n;
+	return efs_runs_reserve(list, list->n + more + keep);
+}
+
+/* Discards |d| (its requests fail, it is reloaded on next use): nothing
+ * of it is published any more and its fsync waiters fail with EIO. */
+void efs_file_state_discard(struct efs_fs_data *d)
+{
+	d->broken = true;
+	efs_file_dlist_del(d);
+	efs_file_state_unpin(d);
+	efs_file_fw_fail_all(d, -EIO);
+}
+
 void efs_fs_data_dropped(struct efs_fs *fs, uint64_t ino)
 {
 	struct efs_fs_inode *in = efs_fs_ifind(fs, ino);
@@ -537,11 +563,19 @@ void efs_fs_data_dropped(struct efs_fs *fs, uint64_t ino)
 	d->dropped = true;
 	/* Unpublished allocations go back; published blocks (including the
 	 * buried ones) are freed through the reclaim record. */
-	if (d->snap && d->snap->use.n)
+	if (d->snap && d->snap->use.n &&
+	    efs_runs_remove_all(&d->apend, &d->snap->use, NULL) < 0) {
 		/* In flight: given back only if that publication fails
 		 * (efs_fs_data_outcome); committed, they are the inode's
-		 * published extents, freed by reclaim. */
-		efs_file_runs_remove_all(&d->apend, &d->snap->use, NULL);
+		 * published extents, freed by reclaim. The removal has its
+		 * room reserved (efs_file_pend_reserve) and cannot fail; if
+		 * it did, nothing is given back (leaked until restart) rather
+		 * than blocks the publication may commit. */
+		efs_log_warn("data: inode %llu: dropped with its pending runs unsorted; "
+			     "unpublished blocks leaked until restart",
+			     (unsigned long long)d->ino);
+		efs_runs_clear(&d->apend);
+	}
 	if (d->apend.n)
 		efs_alloc_unuse(fs->alloc, &d->apend);
 	efs_runs_clear(&d->apend);

@@ -315,10 +315,7 @@ static void tr_free(struct efs_fs_op *op)
 
 		efs_log_warn("data: inode %llu: truncate failed after its cut; state discarded",
 			     (unsigned long long)d->ino);
-		d->broken = true;
-		efs_file_dlist_del(d);
-		efs_file_state_unpin(d);
-		efs_file_fw_fail_all(d, -EIO);
+		efs_file_state_discard(d);
 	}
 	/* The engine answered the error. */
 	r->replied = true;
