@@ -236,6 +236,12 @@ struct dreq {
 	uint64_t start_ns;
 	bool replied;
 	bool handed; /* the prepare operation handed the request over */
+	/* Metrics are counted once per request: |counted| once m_ops[code]
+	 * is (by the fast path or an engine operation of that code),
+	 * |timed| once an engine operation of that code records the
+	 * latency (fs.c observes it when the operation is freed), so that
+	 * efs_file_dreq_end does not observe it again. */
+	bool counted, timed;
 	/* Current inode being prepared / worked on. */
 	uint64_t ino;
 	enum efs_lock_mode mode;

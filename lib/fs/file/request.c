@@ -79,7 +79,8 @@ void efs_file_dreq_end(struct dreq *r, int err)
 	}
 	if (err < 0)
 		efs_counter_inc(fs->m_errs[r->code]);
-	efs_histogram_observe_ns(fs->m_lat[r->code], efs_clock_mono_ns() - r->start_ns);
+	if (!r->timed)
+		efs_histogram_observe_ns(fs->m_lat[r->code], efs_clock_mono_ns() - r->start_ns);
 	dreq_unpin(r);
 	if (r->rl.held && r->d)
 		efs_rangelock_drop(&r->d->ranges, &r->rl);
@@ -189,7 +190,9 @@ void efs_file_prep(struct dreq *r, enum efs_lock_mode mode, void (*cont)(struct 
 	e = efs_lock_acquire(fs->lc, lr);
 	if (e == 1) {
 		*pinned = true;
-		efs_counter_inc(fs->m_ops[r->code]);
+		if (!r->counted)
+			efs_counter_inc(fs->m_ops[r->code]);
+		r->counted = true;
 		prep_go(r);
 		return;
 	}
@@ -315,6 +318,9 @@ void efs_file_prep_engine(struct dreq *r)
 		efs_file_dreq_end(r, -ENOMEM);
 		return;
 	}
+	/* The engine counts the operation and records its latency. */
+	r->counted = true;
+	r->timed = true;
 	op->ino = r->ino;
 	op->priv = r;
 	op->priv_free = prep_free;

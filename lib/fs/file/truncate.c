@@ -317,7 +317,10 @@ static void tr_free(struct efs_fs_op *op)
 			     (unsigned long long)d->ino);
 		efs_file_state_discard(d);
 	}
-	/* The engine answered the error. */
+	/* The engine answered the error, and counted it under setattr only
+	 * when this is the first operation of the request. */
+	if (op->d->code != r->code)
+		efs_counter_inc(r->fs->m_errs[r->code]);
 	r->replied = true;
 	efs_file_dreq_end(r, 0);
 }
@@ -331,9 +334,23 @@ static const struct efs_fs_opdesc tr_desc = {
 	.done = tr_done,
 };
 
+/*
+ * The steps after the first of a truncate cut in several publications:
+ * publications of the rest of the cut, counted as such, so that the
+ * request is counted once under setattr (by its first operation).
+ */
+static const struct efs_fs_opdesc tr_more_desc = {
+	.code = EFS_FS_OP_PUBLISH,
+	.origin = EFS_FS_ORIG_TRUNCATE,
+	.mutates = true,
+	.plan = tr_plan,
+	.build = tr_build,
+	.done = tr_done,
+};
+
 static void tr_start(struct dreq *r)
 {
-	struct efs_fs_op *op = efs_fs_op_new(r->fs, r->req, &tr_desc);
+	struct efs_fs_op *op = efs_fs_op_new(r->fs, r->req, r->counted ? &tr_more_desc : &tr_desc);
 	struct dpub *P;
 	struct tr *x;
 
@@ -341,6 +358,9 @@ static void tr_start(struct dreq *r)
 		efs_file_dreq_end(r, -ENOMEM);
 		return;
 	}
+	/* The first operation counts the request and records its latency. */
+	r->counted = true;
+	r->timed = true;
 	P = efs_mem_calloc(1, sizeof(*P));
 	x = efs_mem_calloc(1, sizeof(*x));
 	if (!P || !x) {
