@@ -2,9 +2,9 @@
 #pragma once
 
 /*
- * The data path of regular files (ARCHITECTURE.md sections 6, 7.3, 7.4,
- * 10), internal to lib/fs. data.c owns it: the per-inode data state, the
- * file handlers (open, read, write, flush, release, fsync, fallocate,
+ * The data path of regular files, internal to lib/fs. lib/fs/file/ owns
+ * it (its private header: fs/file/file-int.h): the per-inode data state,
+ * the file handlers (open, read, write, flush, release, fsync, fallocate,
  * lseek, copy_file_range, truncate through setattr), the publisher (the
  * interval sweep, fsync group commit, buffer limits) and the glue to the
  * allocator (fs/alloc.h), the extent maps (space/extmap.h) and the device
@@ -24,7 +24,7 @@
  *    while it is dirty or open for writing) and go copy-on-write to fresh
  *    blocks (in place only into preallocated, unpublished-as-data blocks),
  *    then update the map in memory and reply: the data is on the device,
- *    its extent is not yet published (section 10).
+ *    its extent is not yet published.
  *  - Publication is an engine operation (fs-int.h) whose transaction
  *    carries, for up to EFS_LOCK_REQ_MAX dirty inodes, their changed chunk
  *    keys, their records (merged, with a size never below the published
@@ -56,13 +56,10 @@ void efs_fs_data_done(struct efs_fs *fs);
 
 /* ---- FUSE handlers ---- */
 
-void efs_fs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
-void efs_fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-		 struct fuse_file_info *fi);
+/* efs_fs_open, efs_fs_read and efs_fs_release are declared in fs-int.h. */
 void efs_fs_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
 		  struct fuse_file_info *fi);
 void efs_fs_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
-void efs_fs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void efs_fs_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi);
 void efs_fs_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
 		      struct fuse_file_info *fi);
@@ -82,14 +79,14 @@ int efs_fs_data_open_handle(struct efs_fs *fs, uint64_t ino, struct fuse_file_in
 
 /*
  * setattr of a regular file, called by attr.c's handler before the
- * engine's setattr: returns true when data.c took the request (it then
- * replies): every request with FUSE_SET_ATTR_SIZE (a truncate: extents
+ * engine's setattr: returns true when the data path took the request (it
+ * then replies): every request with FUSE_SET_ATTR_SIZE (a truncate: extents
  * beyond the size freed, the partial last block zeroed past the size,
  * published before the reply, split into several publications when it
  * frees more chunks than one transaction holds), and any other request on
  * an inode whose data state holds the exclusive lock (applied to the
- * merged record and published with the data: deferred setattr, section
- * 11). false: the engine handles it as before.
+ * merged record and published with the data: deferred setattr). false:
+ * the engine handles it as before.
  */
 bool efs_fs_data_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
 			 struct fuse_file_info *fi);
@@ -108,8 +105,8 @@ bool efs_fs_data_dirty(const struct efs_fs *fs, uint64_t ino);
 
 /*
  * Commit outcomes of an operation that called a data build (op->dpub set
- * by data.c): fs.c reports each one. COMMITTED (|rev| the revision) and
- * FAILED end the attempt (FAILED: not applied; a rebuild may follow);
+ * by the data path): fs.c reports each one. COMMITTED (|rev| the
+ * revision) and FAILED end the attempt (FAILED: not applied; a rebuild may follow);
  * UNKNOWN is followed by COMMITTED or FAILED once the engine has verified
  * by op id. efs_fs_data_op_free runs when the operation is freed.
  */
@@ -138,7 +135,7 @@ void efs_fs_data_session_lost(struct efs_fs *fs);
 /* ---- Reclaim (reclaim.c) ---- */
 
 /*
- * Reclaim records (section 6): an inode dropped with extents gets
+ * Reclaim records: an inode dropped with extents gets
  * rc/<ino> in the transaction that deletes i/<ino> (ns.c puts it with
  * efs_fs_reclaim_put); the reclaimer then frees its chunks in batches,
  * each one transaction that deletes a few e/<ino> chunk keys, frees their

@@ -13,7 +13,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
 #include "dev/iopool.h"
 #include "etcd/kv.h"
 #include "alloc/alloc.h"
@@ -22,11 +21,6 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/mem.h"
-#if EFS_HAVE_PLOCK
-#include "fs/plock.h"
-#endif
-
-#if EFS_HAVE_DATAPATH
 
 /* ---- Device reads ---- */
 
@@ -502,5 +496,3 @@ int efs_file_write_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint
 	efs_mem_free(j);
 	return r;
 }
-
-#endif /* EFS_HAVE_DATAPATH */

@@ -12,7 +12,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
 #include "dev/iopool.h"
 #include "etcd/kv.h"
 #include "alloc/alloc.h"
@@ -21,11 +20,7 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/mem.h"
-#if EFS_HAVE_PLOCK
 #include "fs/plock.h"
-#endif
-
-#if EFS_HAVE_DATAPATH
 
 /* ---- open, create ---- */
 
@@ -48,7 +43,8 @@ static void handle_setup(struct efs_fs *fs, struct efs_fs_data *d, struct efs_fs
 	}
 	fi->direct_io = h->direct || h->append;
 	/* The page cache is kept only when this node held the lock without a
-	 * break since the last open that let the kernel cache (7.3). */
+	 * break since the last open that let the kernel cache: another
+	 * node may have written the file during a break. */
 	keep = !created && d->cache_ok && d->cache_gen == d->in->lock_gen &&
 	       d->cache_epoch == fs->epoch;
 	fi->keep_cache = keep ? 1 : 0;
@@ -753,36 +749,27 @@ void efs_fs_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file
 
 /* ---- flush, release ---- */
 
-#if EFS_HAVE_PLOCK
 static void flush_plock_cb(int status, void *arg)
 {
 	fuse_req_t req = arg;
 
 	fuse_reply_err(req, status < 0 ? -status : 0);
 }
-#endif
 
 void efs_fs_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct efs_fs *fs = fuse_req_userdata(req);
+	int r;
 
 	efs_counter_inc(fs->m_ops[EFS_FS_OP_FLUSH]);
-#if EFS_HAVE_PLOCK
-	{
-		int r = efs_fs_plock_flush(fs, ino, fi->lock_owner, flush_plock_cb, req);
-
-		if (r == 0)
-			return;
-		if (r < 0) {
-			efs_counter_inc(fs->m_errs[EFS_FS_OP_FLUSH]);
-			fuse_reply_err(req, -r);
-			return;
-		}
+	r = efs_fs_plock_flush(fs, ino, fi->lock_owner, flush_plock_cb, req);
+	if (r == 0)
+		return;
+	if (r < 0) {
+		efs_counter_inc(fs->m_errs[EFS_FS_OP_FLUSH]);
+		fuse_reply_err(req, -r);
+		return;
 	}
-#else
-	(void)ino;
-	(void)fi;
-#endif
 	fuse_reply_err(req, 0);
 }
 
@@ -809,13 +796,11 @@ static void release_finish(struct rel_ctx *x)
 	efs_mem_free(x);
 }
 
-#if EFS_HAVE_PLOCK
 static void release_plock_cb(int status, void *arg)
 {
 	(void)status;
 	release_finish(arg);
 }
-#endif
 
 void efs_fs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
@@ -839,15 +824,9 @@ void efs_fs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	x->req = req;
 	x->h = h;
 	x->ino = ino;
-#if EFS_HAVE_PLOCK
-	{
-		int r = efs_fs_plock_release(fs, h, fi->flock_release ? fi->lock_owner : 0,
-					     release_plock_cb, x);
-
-		if (r == 0)
-			return;
-	}
-#endif
+	if (efs_fs_plock_release(fs, h, fi->flock_release ? fi->lock_owner : 0, release_plock_cb,
+				 x) == 0)
+		return;
 	release_finish(x);
 }
 
@@ -913,5 +892,3 @@ void efs_fs_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 	r->fmode = whence;
 	efs_file_prep(r, EFS_LOCK_SHARED, lseek_cont);
 }
-
-#endif /* EFS_HAVE_DATAPATH */

@@ -13,7 +13,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
 #include "dev/iopool.h"
 #include "etcd/kv.h"
 #include "alloc/alloc.h"
@@ -22,11 +21,6 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/mem.h"
-#if EFS_HAVE_PLOCK
-#include "fs/plock.h"
-#endif
-
-#if EFS_HAVE_DATAPATH
 
 /* ---- Publication ---- */
 
@@ -351,7 +345,8 @@ static int snap_build(struct efs_fs_op *op, struct dpub *P, struct dsnap *s, str
 	if (s->partial) {
 		/* Some published chunks may reach beyond the merged size (a
 		 * truncate's deletions not in this part): never publish a size
-		 * below published extents (invariant 5). */
+		 * below published extents: a record in etcd never has a
+		 * size below the extents etcd holds for it. */
 		uint64_t endb = efs_extmap_published_end(d->map);
 
 		for (size_t i = 0; i < s->nch; i++)
@@ -912,5 +907,3 @@ void efs_fs_data_done(struct efs_fs *fs)
 	fs->data_priv = NULL;
 	efs_mem_free(c);
 }
-
-#endif /* EFS_HAVE_DATAPATH */

@@ -11,7 +11,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
 #include "dev/iopool.h"
 #include "etcd/kv.h"
 #include "alloc/alloc.h"
@@ -20,11 +19,6 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/mem.h"
-#if EFS_HAVE_PLOCK
-#include "fs/plock.h"
-#endif
-
-#if EFS_HAVE_DATAPATH
 
 /* ---- fallocate ---- */
 
@@ -428,5 +422,3 @@ void efs_fs_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 	/* Phase 0 prepares the source (r->ino) into d_in / lr_in. */
 	efs_file_prep(r, EFS_LOCK_SHARED, cfr_src_ready);
 }
-
-#endif /* EFS_HAVE_DATAPATH */

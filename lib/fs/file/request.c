@@ -14,7 +14,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
 #include "dev/iopool.h"
 #include "etcd/kv.h"
 #include "alloc/alloc.h"
@@ -23,11 +22,6 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/mem.h"
-#if EFS_HAVE_PLOCK
-#include "fs/plock.h"
-#endif
-
-#if EFS_HAVE_DATAPATH
 
 /* ---- Requests ---- */
 
@@ -327,5 +321,3 @@ void efs_file_prep_engine(struct dreq *r)
 	r->handed = false;
 	efs_fs_op_run(op);
 }
-
-#endif /* EFS_HAVE_DATAPATH */

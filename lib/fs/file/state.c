@@ -13,7 +13,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
 #include "dev/iopool.h"
 #include "etcd/kv.h"
 #include "alloc/alloc.h"
@@ -22,11 +21,6 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/mem.h"
-#if EFS_HAVE_PLOCK
-#include "fs/plock.h"
-#endif
-
-#if EFS_HAVE_DATAPATH
 
 /* ---- Metrics ---- */
 
@@ -610,5 +604,3 @@ void efs_fs_data_session_lost(struct efs_fs *fs)
 	/* Clean states: their maps are stale (the lock went with the lease);
 	 * they reload on next use (efs_file_map_valid checks the epoch). */
 }
-
-#endif /* EFS_HAVE_DATAPATH */

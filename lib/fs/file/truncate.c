@@ -11,7 +11,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
 #include "dev/iopool.h"
 #include "etcd/kv.h"
 #include "alloc/alloc.h"
@@ -20,11 +19,6 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/mem.h"
-#if EFS_HAVE_PLOCK
-#include "fs/plock.h"
-#endif
-
-#if EFS_HAVE_DATAPATH
 
 /* ---- truncate (setattr with a size) ---- */
 
@@ -424,7 +418,8 @@ bool efs_fs_data_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int 
 		tr_start(r);
 		return true;
 	}
-	/* Deferred attributes under our pinned exclusive lock (section 11). */
+	/* Deferred attributes under our pinned exclusive lock: applied to the
+	 * merged record and published with the data. */
 	if (!d || d->broken || !d->pinned || !efs_file_state_ready(fs, ino, EFS_LOCK_EXCLUSIVE))
 		return false;
 	if ((to_set & FUSE_SET_ATTR_MODE) && fs->posix_acl && in->rec->xattr_count > 0)
@@ -451,5 +446,3 @@ bool efs_fs_data_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int 
 	}
 	return true;
 }
-
-#endif /* EFS_HAVE_DATAPATH */
