@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * fsck.etcfs: checks one filesystem's keyspace against the invariants of
- * ARCHITECTURE.md section 9 (lib/fsck/check.h) and, with --repair, applies
- * the safe repairs, then checks again. Exit codes as fsck(8) defines them.
+ * fsck.etcfs: checks one filesystem's keyspace against the invariants that
+ * lib/fsck/check.h lists (what is checked, and what is repaired) and, with
+ * --repair, applies the safe repairs, then checks again. Exit codes as fsck(8) defines them.
  */
 #include <errno.h>
 #include <getopt.h>

@@ -2,8 +2,8 @@
 #pragma once
 
 /*
- * The filesystem checker behind fsck.etcfs (ARCHITECTURE.md section 9,
- * docs/FORMAT.md section 4), as a library: it reads the whole keyspace of
+ * The filesystem checker behind fsck.etcfs (the keys and records it reads
+ * are those of docs/FORMAT.md), as a library: it reads the whole keyspace of
  * one filesystem at one revision (paged ranges through the blocking client),
  * builds in-memory indexes, runs the checks and produces findings, each with
  * a plain-words message and, when a safe repair exists, what --repair does.
