@@ -120,7 +120,9 @@ void efs_fs_data_op_free(struct efs_fs_op *op);
 
 /* The inode's last link and last handle are gone and its keys were
  * deleted (or handed to a reclaim record): forget its data state, giving
- * unpublished allocations back to the allocator. */
+ * unpublished allocations back to the allocator (those of a publication
+ * in flight once it is known to have failed; never those whose outcome is
+ * unknown: they may be extents in etcd, which the reclaim record frees). */
 void efs_fs_data_dropped(struct efs_fs *fs, uint64_t ino);
 
 /*

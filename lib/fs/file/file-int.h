@@ -48,8 +48,11 @@
  *    published in parts whose frees wait for the part that completes its
  *    chunk changes; if it is dropped (unlinked and closed) in between,
  *    those buried blocks stay allocated (fsck reports them). A state whose
- *    publication outcome stays unknown is discarded (its unpublished
- *    allocations are forgotten in memory; they are free in etcd).
+ *    publication outcome stays unknown is discarded and that
+ *    publication's allocations and frees leave its pending runs: they may
+ *    be extents in etcd, or freed, so nothing gives them back to the
+ *    allocator nor frees them again (leaked in memory until restart; free
+ *    in etcd unless published).
  *
  * Everything runs on the loop thread.
  */
@@ -177,6 +180,7 @@ struct dctl {
 	void (*sync_cb)(int status, void *arg);
 	void *sync_arg;
 	int sync_err;
+	uint32_t fault_unsettled_nth; /* fault hook (ETCFS_FAULT_PUB_UNSETTLED) */
 	struct efs_gauge *g_dirty;
 	struct efs_counter *c_txns, *c_inodes, *c_fsyncs, *c_wbytes, *c_rbytes;
 	struct efs_histogram *h_pub;
@@ -206,6 +210,7 @@ struct dpub {
 	uint64_t sync_mark;
 	struct efs_io sio;
 	bool unknown;
+	bool fault_unsettled; /* fault hook: its verdict after an unknown is not heard */
 	bool committed;
 	bool publisher; /* the one sweep operation (struct dctl's running) */
 	uint64_t start_ns;

@@ -10,9 +10,11 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "dev/iopool.h"
 #include "etcd/kv.h"
 #include "alloc/alloc.h"
@@ -418,6 +420,55 @@ static void pub_begin_cb(int status, void *arg)
 	efs_fs_op_resume_build(op, status < 0 ? -EIO : 0);
 }
 
+#if EFS_FAULT_HOOKS
+/*
+ * ETCFS_FAULT_PUB_UNSETTLED=N (tests): the Nth publication transaction sent
+ * from the mount on has its reply dropped (efs_etcd_fault_drop_reply: etcd
+ * applies it, the commit reports an unknown outcome) and its outcome then
+ * stays unknown to the data path: the engine's verdict after verifying by
+ * op id is not heard, as when that verification cannot reach etcd and the
+ * operation ends unsettled.
+ */
+static void fault_from_env(struct dctl *c)
+{
+	const char *v = getenv("ETCFS_FAULT_PUB_UNSETTLED");
+	unsigned long n;
+	char *end;
+
+	if (!v || !*v)
+		return;
+	errno = 0;
+	n = strtoul(v, &end, 10);
+	if (errno || *end || n == 0 || n > UINT32_MAX) {
+		efs_log_err("ETCFS_FAULT_PUB_UNSETTLED='%s' ignored: expected N > 0", v);
+		return;
+	}
+	c->fault_unsettled_nth = (uint32_t)n;
+	efs_log_warn("fault hook: publication transaction #%lu is left unsettled", n);
+}
+
+/* Called as |P|'s transaction is about to be sent (the next Txn call). */
+static void fault_arm(struct efs_fs *fs, struct dctl *c, struct dpub *P)
+{
+	if (!c->fault_unsettled_nth || --c->fault_unsettled_nth)
+		return;
+	efs_etcd_fault_drop_reply(fs->c, EFS_ETCD_TXN, 1);
+	P->fault_unsettled = true;
+}
+#else
+static void fault_from_env(struct dctl *c)
+{
+	(void)c;
+}
+
+static void fault_arm(struct efs_fs *fs, struct dctl *c, struct dpub *P)
+{
+	(void)fs;
+	(void)c;
+	(void)P;
+}
+#endif
+
 /*
  * The publication part of a build: token, fdatasync, snapshots of the
  * op's inodes, the allocator's contribution. EFS_FS_CONT (commit),
@@ -493,6 +544,7 @@ int efs_file_pub_common(struct efs_fs_op *op, struct dpub *P)
 	}
 	if (c->c_txns)
 		efs_counter_inc(c->c_txns);
+	fault_arm(fs, c, P);
 	return EFS_FS_CONT;
 }
 
@@ -501,6 +553,7 @@ void efs_fs_data_outcome(struct efs_fs_op *op, enum efs_fs_data_outcome oc, int6
 	struct dpub *P = op->dpub;
 	struct efs_fs *fs = op->fs;
 	struct dctl *c = efs_file_ctl_of(fs);
+	bool after_unknown;
 
 	if (!P)
 		return;
@@ -510,6 +563,9 @@ void efs_fs_data_outcome(struct efs_fs_op *op, enum efs_fs_data_outcome oc, int6
 			efs_alloc_txn_end(P->t, EFS_ALLOC_UNKNOWN, 0);
 		return;
 	}
+	if (P->unknown && P->fault_unsettled)
+		return; /* fault hook: the verdict is not heard */
+	after_unknown = P->unknown;
 	P->unknown = false;
 	if (oc == EFS_FS_DATA_FAILED) {
 		if (P->t)
@@ -524,13 +580,27 @@ void efs_fs_data_outcome(struct efs_fs_op *op, enum efs_fs_data_outcome oc, int6
 
 			if (!s->included)
 				continue;
-			/* Allocations of the snapshot buried meanwhile were
-			 * never published: give them back. */
-			if (d && d->dropped && !d->broken && s->use.n)
-				efs_alloc_unuse(fs->alloc, &s->use);
-			else if (d && !d->broken && s->use.n &&
-				 efs_runs_remove_all(&d->fpend, &s->use, &back) == 0 && back.n)
+			/* Allocations of the snapshot dropped or buried
+			 * meanwhile were never published: give them back.
+			 * Except for a dropped inode whose verdict follows an
+			 * unknown outcome: the verification looks for our op
+			 * id in the inode's record, which the drop deleted, so
+			 * FAILED tells nothing there. Those stay allocated
+			 * (leaked until restart) rather than go back while
+			 * extents in etcd may hold them (the reclaim record
+			 * frees what etcd holds). */
+			if (d && !d->broken && s->use.n && d->dropped) {
+				if (!after_unknown)
+					efs_alloc_unuse(fs->alloc, &s->use);
+				else
+					efs_log_warn("data: inode %llu: dropped while its "
+						     "publication's outcome was unknown; its "
+						     "allocations are leaked until restart",
+						     (unsigned long long)d->ino);
+			} else if (d && !d->broken && s->use.n &&
+				   efs_runs_remove_all(&d->fpend, &s->use, &back) == 0 && back.n) {
 				efs_alloc_unuse(fs->alloc, &back);
+			}
 			efs_runs_done(&back);
 			snap_release(s);
 		}
@@ -591,6 +661,20 @@ void efs_fs_data_outcome(struct efs_fs_op *op, enum efs_fs_data_outcome oc, int6
 
 static void pub_next_cb(uv_timer_t *t);
 
+/* Forgets the runs of |s|, whose outcome stays unknown, from |d|'s pending
+ * lists, so that nothing gives them back or frees them again (what stays
+ * in |apend| was never sent: a drop may give it back). The removals have
+ * their room reserved (efs_file_pend_reserve); if one failed, every
+ * pending run is forgotten instead. */
+static void snap_forget(struct efs_fs_data *d, const struct dsnap *s)
+{
+	if (efs_runs_remove_all(&d->apend, &s->use, NULL) == 0 &&
+	    efs_runs_remove_all(&d->fpend, &s->freed, NULL) == 0)
+		return;
+	efs_runs_clear(&d->apend);
+	efs_runs_clear(&d->fpend);
+}
+
 void efs_fs_data_op_free(struct efs_fs_op *op)
 {
 	struct dpub *P = op->dpub;
@@ -619,12 +703,17 @@ void efs_fs_data_op_free(struct efs_fs_op *op)
 		if (!d)
 			continue;
 		if (P->unknown && s->included) {
-			/* Whether it applied is unknown: discard the state, it is
-			 * reloaded from etcd (its allocations stay leaked in
-			 * memory; they are free in etcd unless published). */
+			/* Whether it applied is unknown: its allocations may
+			 * now be extents in etcd and its frees done, so they
+			 * leave the pending runs (a drop would give the first
+			 * back to the allocator, a publication would free the
+			 * second again): leaked in memory until restart, free
+			 * in etcd unless published. The state is discarded,
+			 * and reloaded from etcd. */
 			efs_log_warn("data: inode %llu: publication outcome unknown; state "
 				     "discarded",
 				     (unsigned long long)d->ino);
+			snap_forget(d, s);
 			efs_file_state_discard(d);
 		} else if (!P->committed && (s->tried || P->dev_err)) {
 			d->err = -EIO;
@@ -871,6 +960,7 @@ int efs_fs_data_init(struct efs_fs *fs)
 		c->h_pub = efs_metrics_histogram(fs->m, "etcfs_data_publish_seconds",
 						 "Publication latency (token, sync, commit)", NULL);
 	}
+	fault_from_env(c);
 	fs->data_priv = c;
 	uv_timer_start(c->sweep, sweep_cb, fs->flush_interval_ms, fs->flush_interval_ms);
 	return 0;
