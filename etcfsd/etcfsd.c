@@ -40,12 +40,8 @@
 #include "etcd/sync.h"
 #include "maint/capacity.h"
 #include "fs/fs.h"
-#if EFS_HAVE_DATAPATH
 #include "dev/iopool.h"
-#endif
-#if EFS_HAVE_MAINT
 #include "maint/maint.h"
-#endif
 #include "kchan/fuseloop.h"
 #include "lock/lock.h"
 #include "lock/session.h"
@@ -756,7 +752,6 @@ static int check_device(struct daemon *d)
 		report_error(d, "%s: invalid filesystem name '%s'", d->device, d->sb.name);
 		return r;
 	}
-#if EFS_HAVE_DATAPATH
 	/* A second descriptor for data, O_DIRECT where the device takes it:
 	 * file data bypasses this host's page cache, so what a peer writes to
 	 * the shared device is what this node reads. */
@@ -766,7 +761,6 @@ static int check_device(struct daemon *d)
 		return r;
 	}
 	d->data_fd = r;
-#endif
 	return check_fuse_opts(d);
 }
 
@@ -1343,7 +1337,6 @@ static void on_ready_timeout(uv_timer_t *t)
 /* etcd maintenance (compaction) by the elected node; best effort. */
 static void start_maint(struct daemon *d)
 {
-#if EFS_HAVE_MAINT
 	struct efs_maint_opts mo = {
 		.interval_ms = d->compact_interval_ms,
 		.retain_revs = d->compact_retain,
@@ -1360,18 +1353,11 @@ static void start_maint(struct daemon *d)
 		efs_log_warn("etcd maintenance not started: %s (compact etcd by hand, see "
 			     "docs/OPERATIONS.md)",
 			     strerror(-r));
-#else
-	(void)d;
-#endif
 }
 
 static void stop_maint(struct daemon *d)
 {
-#if EFS_HAVE_MAINT
 	d->maint = efs_maint_free(d->maint);
-#else
-	(void)d;
-#endif
 }
 
 static void on_session_state(struct efs_session *s, enum efs_session_state old,
@@ -1388,9 +1374,7 @@ static void on_session_state(struct efs_session *s, enum efs_session_state old,
 			     efs_session_state_name(new_state));
 	if (d->fs)
 		efs_fs_session_changed(d->fs, old, new_state);
-#if EFS_HAVE_MAINT
 	efs_maint_session_changed(d->maint);
-#endif
 	if (new_state == EFS_SESSION_CLOSED && d->phase == PH_RUNNING)
 		efs_log_err("the session closed for good; operations fail until unmounted");
 }

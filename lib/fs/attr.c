@@ -12,13 +12,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
 #include "etcd/kv.h"
 #include "fs/fs-int.h"
-#if EFS_HAVE_DATAPATH
 #include "alloc/alloc.h"
 #include "fs/data.h"
-#endif
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/mem.h"
@@ -69,10 +66,8 @@ void efs_fs_handle_free(struct efs_fs *fs, struct efs_fs_handle *h)
 	if (h->next)
 		h->next->prev = h->prev;
 	handle_clear_ents(h);
-#if EFS_HAVE_DATAPATH
 	if (!h->dir)
 		efs_fs_data_handle_free(fs, h);
-#endif
 	if (in) {
 		in->refs++;
 		if (in->opens)
@@ -425,11 +420,9 @@ void efs_fs_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_se
 {
 	struct efs_fs_op *op;
 
-#if EFS_HAVE_DATAPATH
 	/* Truncates, and deferred attributes of files this node is writing. */
 	if (efs_fs_data_setattr(req, ino, attr, to_set, fi))
 		return;
-#endif
 	op = op_start(req, &setattr_desc, ino);
 	if (!op)
 		return;
@@ -561,78 +554,6 @@ void efs_fs_access(fuse_req_t req, fuse_ino_t ino, int mask)
 
 /* ---- open, read, release (data.c has them with the data path) ---- */
 
-#if !EFS_HAVE_DATAPATH
-
-static int open_plan(struct efs_fs_op *op)
-{
-	const Etcfs__Inode *rec = NULL;
-	struct efs_fs_handle *h;
-	int r = plan_shared(op, &rec);
-
-	if (r <= 0)
-		return r;
-	if (S_ISDIR(rec->mode))
-		return -EISDIR;
-	if ((op->fi.flags & O_ACCMODE) != O_RDONLY && op->fs->read_only)
-		return -EROFS;
-	h = efs_fs_handle_new(op->fs, op->ino, false);
-	if (!h)
-		return -ENOMEM;
-	op->fi.fh = (uint64_t)(uintptr_t)h;
-	op->fi.keep_cache = 0;
-	op->fi.direct_io = 0;
-	op->replied = true;
-	if (fuse_reply_open(op->req, &op->fi) != 0)
-		efs_fs_handle_free(op->fs, h);
-	return EFS_FS_DONE;
-}
-
-static const struct efs_fs_opdesc open_desc = {
-	.code = EFS_FS_OP_OPEN,
-	.mx_all = true, /* never answered while an unlink of the inode is in flight */
-	.plan = open_plan,
-	.build = no_build,
-	.done = no_done,
-};
-
-void efs_fs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
-{
-	struct efs_fs_op *op = op_start(req, &open_desc, ino);
-
-	if (!op)
-		return;
-	op->fi = *fi;
-	efs_fs_op_run(op);
-}
-
-static int read_plan(struct efs_fs_op *op)
-{
-	const Etcfs__Inode *rec = NULL;
-	uint64_t n = 0;
-	char *buf;
-	int r;
-
-	if (efs_fs_handle_check(op->fs, op->h) < 0)
-		return -EIO;
-	r = plan_shared(op, &rec);
-	if (r <= 0)
-		return r;
-	/* No data before part 2: every byte below the size is a hole. */
-	if (op->off >= 0 && (uint64_t)op->off < rec->size) {
-		n = rec->size - (uint64_t)op->off;
-		if (n > op->size)
-			n = op->size;
-	}
-	buf = efs_mem_calloc(1, n ? n : 1);
-	if (!buf)
-		return -ENOMEM;
-	op->replied = true;
-	fuse_reply_buf(op->req, buf, n);
-	efs_mem_free(buf);
-	efs_fs_touch_atime(op->fs, op->ino, rec);
-	return EFS_FS_DONE;
-}
-#endif /* !EFS_HAVE_DATAPATH */
 
 /* ---- atime ---- */
 
@@ -706,46 +627,6 @@ void efs_fs_touch_atime(struct efs_fs *fs, uint64_t ino, const Etcfs__Inode *rec
 	efs_fs_op_run(op);
 }
 
-#if !EFS_HAVE_DATAPATH
-static const struct efs_fs_opdesc read_desc = {
-	.code = EFS_FS_OP_READ,
-	.plan = read_plan,
-	.build = no_build,
-	.done = no_done,
-};
-
-void efs_fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-		 struct fuse_file_info *fi)
-{
-	struct efs_fs_op *op = op_start(req, &read_desc, ino);
-
-	if (!op)
-		return;
-	op->h = fh_of(fi);
-	op->size = size;
-	op->off = off;
-	efs_fs_op_run(op);
-}
-
-void efs_fs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
-{
-	struct efs_fs *fs = fuse_req_userdata(req);
-	struct efs_fs_handle *h = fh_of(fi);
-	struct efs_fs_inode *in;
-	bool reclaim = false;
-
-	efs_counter_inc(fs->m_ops[EFS_FS_OP_RELEASE]);
-	if (h) {
-		in = efs_fs_ifind(fs, h->ino);
-		reclaim = in && in->opens == 1 && in->rec && !in->gone && in->rec->nlink == 0 &&
-			  h->epoch == fs->epoch;
-		efs_fs_handle_free(fs, h);
-	}
-	fuse_reply_err(req, 0);
-	if (reclaim)
-		efs_fs_reclaim(fs, ino);
-}
-#endif /* !EFS_HAVE_DATAPATH */
 
 /* ---- statfs ---- */
 
@@ -770,7 +651,6 @@ static void statfs_reply(struct efs_fs_op *op)
 	st.f_blocks = total;
 	st.f_bfree = fs->free_blocks < total ? fs->free_blocks : total;
 	st.f_bavail = st.f_bfree;
-#if EFS_HAVE_DATAPATH
 	if (fs->alloc) {
 		/* Blocks this node allocated and has not published yet are free
 		 * in the group maps; and the reserve is not for new data. */
@@ -780,7 +660,6 @@ static void statfs_reply(struct efs_fs_op *op)
 		st.f_bfree = st.f_bfree > as.pending_blocks ? st.f_bfree - as.pending_blocks : 0;
 		st.f_bavail = st.f_bfree > as.reserve_blocks ? st.f_bfree - as.reserve_blocks : 0;
 	}
-#endif
 	st.f_files = limit;
 	st.f_ffree = limit > (uint64_t)fs->icount && fs->icount >= 0 ? limit - (uint64_t)fs->icount : 0;
 	st.f_favail = st.f_ffree;

@@ -14,14 +14,10 @@
 #include "etcd/keys.h"
 #include "etcd/kv.h"
 #include "fs/fs-int.h"
-#if EFS_HAVE_DATAPATH
 #include "dev/iopool.h"
 #include "alloc/alloc.h"
 #include "fs/data.h"
-#endif
-#if EFS_HAVE_PLOCK
 #include "fs/plock.h"
-#endif
 #include "meta/records.h"
 #include "util/clock.h"
 #include "util/log.h"
@@ -409,21 +405,11 @@ static void ready_push(struct efs_fs_op *op, int state)
 
 /* ---- Data publication outcomes (fs/data.h) ---- */
 
-#if EFS_HAVE_DATAPATH
 static void data_outcome(struct efs_fs_op *op, enum efs_fs_data_outcome oc, int64_t rev)
 {
 	if (op->dpub)
 		efs_fs_data_outcome(op, oc, rev);
 }
-#else
-enum { EFS_FS_DATA_COMMITTED, EFS_FS_DATA_FAILED, EFS_FS_DATA_UNKNOWN };
-static void data_outcome(struct efs_fs_op *op, int oc, int64_t rev)
-{
-	(void)op;
-	(void)oc;
-	(void)rev;
-}
-#endif
 
 /* ---- Finish ---- */
 
@@ -451,10 +437,8 @@ void efs_fs_op_finish(struct efs_fs_op *op, int err)
 		if (op->committed)
 			fs->icount++;
 	}
-#if EFS_HAVE_DATAPATH
 	if (op->dpub)
 		efs_fs_data_op_free(op);
-#endif
 	mx_cancel_wait(op);
 	mx_release_all(op);
 	if (op->lock_pinned) {
@@ -690,7 +674,6 @@ int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inod
 	r = ensure_txn(op);
 	if (r < 0)
 		return r;
-#if EFS_HAVE_DATAPATH
 	/* Also for a file this node has data state for: a truncate or a
 	 * publication in parts may have left chunks behind a record that
 	 * says size 0 (the reclaimer deletes an empty record at once). */
@@ -699,16 +682,11 @@ int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inod
 
 		reclaim = rec->size || rec->blocks || (in && in->data);
 	}
-#else
-	(void)rec;
-#endif
 	r = del_family(op, EFS_META_K_XATTR, ino);
 	if (r == 0 && !reclaim)
 		r = del_family(op, EFS_META_K_EXTENT, ino);
-#if EFS_HAVE_DATAPATH
 	if (r == 0 && reclaim)
 		r = efs_fs_reclaim_put(op, ino);
-#endif
 	if (r == 0)
 		r = efs_lock_drop_in_txn(op->fs->lc, op->txn, ino);
 	if (r == 0)
@@ -1129,12 +1107,10 @@ static void apply_out(struct efs_fs_op *op, int64_t rev)
 			continue;
 		in->refs++;
 		if (o->del) {
-#if EFS_HAVE_DATAPATH
 			if (fs->data_priv)
 				efs_fs_data_dropped(fs, o->ino);
 			if (fs->alloc)
 				efs_fs_reclaim_kick(fs);
-#endif
 			efs_fs_inode_set(fs, in, NULL, rev, true);
 			efs_lock_forget(fs->lc, o->ino);
 			fs->icount--;
@@ -1743,15 +1719,11 @@ static void fs_init(void *userdata, struct fuse_conn_info *conn)
 	conn->max_readahead = 1u << 20;
 	if (conn->capable & FUSE_CAP_SPLICE_READ)
 		conn->want &= ~(unsigned)FUSE_CAP_SPLICE_READ;
-#if EFS_HAVE_PLOCK
 	/* fcntl and flock locks live in etcd (7.5). */
 	if (conn->capable & FUSE_CAP_POSIX_LOCKS)
 		conn->want |= FUSE_CAP_POSIX_LOCKS;
 	if (conn->capable & FUSE_CAP_FLOCK_LOCKS)
 		conn->want |= FUSE_CAP_FLOCK_LOCKS;
-#else
-	conn->want &= ~(unsigned)(FUSE_CAP_POSIX_LOCKS | FUSE_CAP_FLOCK_LOCKS);
-#endif
 	/* O_TRUNC arrives as a setattr (size 0, mtime now) rather than an
 	 * open flag, so truncation has one code path. */
 	conn->want &= ~(unsigned)FUSE_CAP_ATOMIC_O_TRUNC;
@@ -1788,19 +1760,15 @@ static const struct fuse_lowlevel_ops ops = {
 	.removexattr = efs_fs_removexattr,
 	.access = efs_fs_access,
 	.create = efs_fs_create,
-#if EFS_HAVE_DATAPATH
 	.write = efs_fs_write,
 	.flush = efs_fs_flush,
 	.fsync = efs_fs_fsync,
 	.fallocate = efs_fs_fallocate,
 	.lseek = efs_fs_lseek,
 	.copy_file_range = efs_fs_copy_file_range,
-#endif
-#if EFS_HAVE_PLOCK
 	.getlk = efs_fs_getlk,
 	.setlk = efs_fs_setlk,
 	.flock = efs_fs_flock,
-#endif
 };
 
 const struct fuse_lowlevel_ops *efs_fs_ops(void)
@@ -1849,7 +1817,6 @@ static void idle_close_cb(uv_handle_t *h)
 	efs_mem_free(h);
 }
 
-#if EFS_HAVE_DATAPATH
 static void alloc_started(int status, void *arg)
 {
 	(void)arg;
@@ -1935,14 +1902,6 @@ static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
 		r = 0;
 	return r;
 }
-#else
-static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
-{
-	(void)fs;
-	(void)o;
-	return 0;
-}
-#endif
 
 int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 	       struct efs_session *s, struct efs_lockcache *lc, struct efs_metrics *m,
@@ -2001,11 +1960,9 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 		if (r < 0)
 			goto fail;
 	}
-#if EFS_HAVE_PLOCK
 	r = efs_fs_plock_init(fs);
 	if (r < 0)
 		goto fail;
-#endif
 	r = data_path_new(fs, o);
 	if (r < 0)
 		goto fail;
@@ -2037,19 +1994,14 @@ void efs_fs_session_changed(struct efs_fs *fs, enum efs_session_state old,
 		 * generation.) */
 		fs->epoch++;
 		fs->ino_next = fs->ino_end; /* reserve afresh under the new generation */
-#if EFS_HAVE_DATAPATH
 		if (fs->data_priv)
 			efs_fs_data_session_lost(fs);
 		if (fs->alloc)
 			efs_alloc_session_lost(fs->alloc);
-#endif
-#if EFS_HAVE_PLOCK
 		efs_fs_plock_session_lost(fs);
-#endif
 	}
 }
 
-#if EFS_HAVE_DATAPATH
 struct leave_state {
 	struct efs_fs *fs;
 	void (*cb)(int status, void *arg);
@@ -2082,11 +2034,9 @@ static void leave_synced(int status, void *arg)
 	else if (r < 0)
 		leave_alloc_done(r, ls);
 }
-#endif
 
 int efs_fs_leave(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg)
 {
-#if EFS_HAVE_DATAPATH
 	struct leave_state *ls;
 	int r;
 
@@ -2109,27 +2059,15 @@ int efs_fs_leave(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg
 	if (r < 0)
 		efs_mem_free(ls);
 	return r;
-#else
-	(void)fs;
-	(void)cb;
-	(void)arg;
-	return 1;
-#endif
 }
 
 int efs_fs_stop_io(struct efs_fs *fs, void (*cb)(void *arg), void *arg)
 {
-#if EFS_HAVE_DATAPATH
 	if (fs->pool) {
 		int r = efs_iopool_close(fs->pool, cb, arg);
 
 		return r == -EALREADY ? 1 : r;
 	}
-#else
-	(void)fs;
-	(void)cb;
-	(void)arg;
-#endif
 	return 1;
 }
 
@@ -2144,17 +2082,13 @@ struct efs_fs *efs_fs_free(struct efs_fs *fs)
 		return NULL;
 	while (fs->handles)
 		efs_fs_handle_free(fs, fs->handles);
-#if EFS_HAVE_DATAPATH
 	if (fs->alloc)
 		efs_fs_reclaim_done(fs);
 	if (fs->data_priv)
 		efs_fs_data_done(fs);
 	fs->alloc = efs_alloc_free(fs->alloc);
 	fs->pool = efs_iopool_free(fs->pool);
-#endif
-#if EFS_HAVE_PLOCK
 	efs_fs_plock_done(fs);
-#endif
 	efs_fs_icache_done(fs);
 	if (fs->fi)
 		efs_meta_record_free(fs->fi);

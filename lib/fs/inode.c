@@ -8,12 +8,9 @@
 #include <errno.h>
 #include <string.h>
 
-#include "config.h"
 #include "fs/fs-int.h"
 #include "util/mem.h"
-#if EFS_HAVE_DATAPATH
 #include "fs/data.h"
-#endif
 
 #define HASH_INIT 1024
 
@@ -280,10 +277,8 @@ void efs_fs_inode_set(struct efs_fs *fs, struct efs_fs_inode *in, Etcfs__Inode *
 	in->gone = rec == NULL;
 	in->mod_rev = mod_rev;
 	in->epoch = trusted ? fs->epoch : 0;
-#if EFS_HAVE_DATAPATH
 	if (in->data && rec)
 		efs_fs_data_apply(fs, in); /* pending fields stay in the merged view */
-#endif
 }
 
 void efs_fs_inode_ref_kernel(struct efs_fs *fs, uint64_t ino)

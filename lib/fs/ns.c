@@ -13,12 +13,9 @@
 #include <linux/fs.h>
 #include <string.h>
 
-#include "config.h"
 #include "etcd/kv.h"
 #include "fs/fs-int.h"
-#if EFS_HAVE_DATAPATH
 #include "fs/data.h"
-#endif
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/mem.h"
@@ -365,7 +362,6 @@ static void mk_done(struct efs_fs_op *op)
 		efs_fs_reply_entry(op, op->ino, op->new_ino, in->rec);
 		return;
 	}
-#if EFS_HAVE_DATAPATH
 	{
 		int r = efs_fs_data_open_handle(fs, op->new_ino, &op->fi, true);
 
@@ -376,17 +372,6 @@ static void mk_done(struct efs_fs_op *op)
 		}
 		h = (struct efs_fs_handle *)(uintptr_t)op->fi.fh;
 	}
-#else
-	h = efs_fs_handle_new(fs, op->new_ino, false);
-	if (!h) {
-		op->replied = true;
-		fuse_reply_err(op->req, ENOMEM);
-		return;
-	}
-	op->fi.fh = (uint64_t)(uintptr_t)h;
-	op->fi.keep_cache = 0;
-	op->fi.direct_io = 0;
-#endif
 	efs_fs_fill_entry(fs, op->ino, op->new_ino, in->rec, &e);
 	op->replied = true;
 	if (fuse_reply_create(op->req, &e, &op->fi) == 0)
@@ -1173,7 +1158,6 @@ static int rc_plan(struct efs_fs_op *op)
 		return efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
 	rec = efs_fs_rec(op, op->ino);
 	in = efs_fs_ifind(op->fs, op->ino);
-#if EFS_HAVE_DATAPATH
 	if (!rec && op->fs->data_priv) {
 		/* Gone: a retry after an unknown outcome found our delete
 		 * applied (no apply_out runs then). */
@@ -1181,7 +1165,6 @@ static int rc_plan(struct efs_fs_op *op)
 		if (op->fs->alloc)
 			efs_fs_reclaim_kick(op->fs);
 	}
-#endif
 	if (!rec || rec->nlink != 0 || (in && in->opens > 0))
 		return EFS_FS_DONE;
 	return EFS_FS_CONT;

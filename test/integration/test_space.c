@@ -779,7 +779,6 @@ Test(alloc, unknown_outcome_rereads_maps)
 }
 #endif
 
-#if EFS_HAVE_DATAPATH
 /* ---- The mounted filesystem ---- */
 
 static struct efs_test_fs mfs;
@@ -993,9 +992,7 @@ Test(space_mount, orphan_reclaimed_after_kill)
 	cr_assert_not(log_has("DOUBLE FREE"));
 	cr_assert_not(log_has("Sanitizer"));
 }
-#endif
 
-#if EFS_HAVE_DATAPATH
 /*
  * kill -9 with files spread over more groups than a mount claims at first:
  * after the restart (the takeover revoked the old lease, so the old owner
@@ -1046,4 +1043,3 @@ Test(space_mount, intents_of_unowned_groups_folded_after_kill)
 	cr_assert_not(log_has("DOUBLE FREE"));
 	cr_assert_not(log_has("Sanitizer"));
 }
-#endif
