@@ -514,44 +514,6 @@ int efs_fs_access_check(const Etcfs__Inode *rec, int mask, uid_t uid, gid_t gid,
 	return (want & ~have) ? -EACCES : 0;
 }
 
-static int access_plan(struct efs_fs_op *op)
-{
-	const Etcfs__Inode *rec = NULL;
-	gid_t groups[64];
-	int n, r = plan_shared(op, &rec);
-
-	if (r <= 0)
-		return r;
-	n = fuse_req_getgroups(op->req, 64, groups);
-	if (n < 0 || n > 64)
-		n = 0;
-	if ((op->flags & W_OK) && op->fs->read_only)
-		return -EROFS;
-	r = efs_fs_access_check(rec, (int)op->flags, op->uid, op->gid, groups, (size_t)n);
-	if (r < 0)
-		return r;
-	op->replied = true;
-	fuse_reply_err(op->req, 0);
-	return EFS_FS_DONE;
-}
-
-static const struct efs_fs_opdesc access_desc = {
-	.code = EFS_FS_OP_ACCESS,
-	.plan = access_plan,
-	.build = no_build,
-	.done = no_done,
-};
-
-void efs_fs_access(fuse_req_t req, fuse_ino_t ino, int mask)
-{
-	struct efs_fs_op *op = op_start(req, &access_desc, ino);
-
-	if (!op)
-		return;
-	op->flags = (unsigned)mask;
-	efs_fs_op_run(op);
-}
-
 /* ---- open, read, release (data.c has them with the data path) ---- */
 
 

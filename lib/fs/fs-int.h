@@ -91,7 +91,6 @@ enum efs_fs_opcode {
 	EFS_FS_OP_GETXATTR,
 	EFS_FS_OP_LISTXATTR,
 	EFS_FS_OP_REMOVEXATTR,
-	EFS_FS_OP_ACCESS,
 	EFS_FS_OP_CREATE,
 	EFS_FS_OP_RECLAIM, /* internal: last close of an unlinked inode */
 	EFS_FS_OP_ATIME,   /* internal: relatime update after a read */
@@ -568,7 +567,6 @@ void efs_fs_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void efs_fs_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
 		    struct fuse_file_info *fi);
 void efs_fs_readlink(fuse_req_t req, fuse_ino_t ino);
-void efs_fs_access(fuse_req_t req, fuse_ino_t ino, int mask);
 void efs_fs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void efs_fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		 struct fuse_file_info *fi);

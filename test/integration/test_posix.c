@@ -352,7 +352,7 @@ struct cred {
 	uid_t uid;
 	gid_t gid;
 	int ngroups;
-	gid_t groups[4];
+	gid_t groups[72];
 };
 
 static const struct cred u1 = {2001, 2001, 0, {0}};
@@ -2505,6 +2505,32 @@ static void open_cases(void *arg)
 		    (o->flags & O_ACCMODE) == O_WRONLY ? "O_WRONLY" : "O_RDWR");
 }
 
+/*
+ * A caller in more supplementary groups than fit a small fixed buffer: every
+ * group counts, the last as much as the first.
+ */
+static void c_access_many_groups(void)
+{
+	static const struct access_case member[] = {
+		{"first", R_OK, 0}, {"last", R_OK, 0}, {"last", W_OK, EACCES},
+		{"none", R_OK, EACCES}, {NULL, 0, 0},
+	};
+	static const struct open_case opens[] = {
+		{"first", O_RDONLY, 0}, {"last", O_RDONLY, 0}, {"none", O_RDONLY, EACCES},
+		{NULL, 0, 0},
+	};
+	struct cred c = {2001, 2001, 70, {0}};
+
+	for (int i = 0; i < c.ngroups; i++)
+		c.groups[i] = (gid_t)(4000 + i);
+	if (!OK(mkfile("first", 0040), "create") || !OK(chown("first", 0, 4000), "chown") ||
+	    !OK(mkfile("last", 0040), "create") || !OK(chown("last", 0, 4069), "chown") ||
+	    !OK(mkfile("none", 0040), "create") || !OK(chown("none", 0, 4070), "chown"))
+		return;
+	as_user(&c, access_cases, (void *)member);
+	as_user(&c, open_cases, (void *)opens);
+}
+
 /* Search and write permission on directories, as owner and others. */
 struct dir_case {
 	int op; /* 0 stat, 1 opendir, 2 create, 3 mkdir, 4 unlink, 5 rename, 6 symlink, 7 mknod,
@@ -2724,6 +2750,7 @@ static const struct check attrs_checks[] = {
 	{"truncate", c_truncate},
 	{"access_root", c_access_root},
 	{"access_user", c_access_user},
+	{"access_many_groups", c_access_many_groups},
 	{"perm_dirs", c_perm_dirs},
 	{"perm_sticky", c_perm_sticky},
 	{"perm_attrs", c_perm_attrs},
