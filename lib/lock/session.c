@@ -55,6 +55,7 @@ struct efs_session {
 	char *boot_id; /* "" when unreadable */
 	uint64_t pid_start; /* our start time (0: unknown) */
 	uint64_t pid_ns;    /* our pid namespace (0: unknown) */
+	int32_t pid;	    /* ours: the process never forks after the start */
 	char *hostname;
 	char *metrics_addr;
 	int64_t ttl_s;
@@ -640,7 +641,7 @@ static bool record_is_ours(const struct efs_session *s, const Etcfs__NodeInfo *n
 {
 	if (s->lease_id && (ni->lease_id == s->lease_id || held == s->lease_id))
 		return true;
-	return ni->pid == (int32_t)getpid() && str_eq(ni->machine_id, s->machine_id) &&
+	return ni->pid == s->pid && str_eq(ni->machine_id, s->machine_id) &&
 	       str_eq(ni->boot_id, s->boot_id) && ni->pid_ns == s->pid_ns &&
 	       ni->pid_start == s->pid_start && ni->started_ns == (int64_t)s->started_ns;
 }
@@ -745,7 +746,7 @@ static int reg_put(struct efs_session *s)
 	ni.pid_start = s->pid_start;
 	ni.pid_ns = s->pid_ns;
 	ni.hostname = s->hostname;
-	ni.pid = (int32_t)getpid();
+	ni.pid = s->pid;
 	ni.version = (char *)ETCFS_VERSION;
 	ni.wall_clock_ns = (int64_t)efs_clock_real_ns();
 	ni.metrics_addr = s->metrics_addr;
@@ -857,6 +858,7 @@ static void reg_read_done(struct efs_etcd_result *res, Etcdserverpb__TxnResponse
 	const char *why = NULL;
 	struct efs_session_owner old = {0}, me = {0};
 	struct scall *sc;
+	uint64_t running_start;
 	int64_t held;
 	bool alive;
 	int r;
@@ -925,8 +927,14 @@ static void reg_read_done(struct efs_etcd_result *res, Etcdserverpb__TxnResponse
 		goto take_over;
 	}
 	alive = pid_is_alive(ni->pid);
-	if (ni->lease_id == 0 ||
-	    !efs_session_may_take_over(&old, &me, alive, alive ? pid_start_time(ni->pid) : 0)) {
+	/* /proc/<pid>/stat is read only when the start time decides: the
+	 * record is of this machine, boot and pid namespace, its pid runs and
+	 * the record knows the start time it had. */
+	running_start = alive && ni->pid_start != 0 && str_eq(ni->machine_id, s->machine_id) &&
+				str_eq(ni->boot_id, s->boot_id) && ni->pid_ns == s->pid_ns
+			? pid_start_time(ni->pid)
+			: 0;
+	if (ni->lease_id == 0 || !efs_session_may_take_over(&old, &me, alive, running_start)) {
 		efs_log_err("session %s: node id in use by host %s (machine %s, boot %s) pid %d",
 			    s->node, ni->hostname, ni->machine_id,
 			    ni->boot_id[0] ? ni->boot_id : "unknown", (int)ni->pid);
@@ -1053,7 +1061,8 @@ int efs_session_start(struct efs_session **ret, uv_loop_t *loop, struct efs_etcd
 		s->boot_id = efs_mem_strdup("");
 	if (!s->boot_id)
 		goto fail;
-	s->pid_start = pid_start_time((int32_t)getpid());
+	s->pid = (int32_t)getpid();
+	s->pid_start = pid_start_time(s->pid);
 	s->pid_ns = pid_namespace();
 	s->metrics_addr = efs_mem_strdup(o->metrics_addr ? o->metrics_addr : "");
 	if (!s->machine_id || !s->metrics_addr)
