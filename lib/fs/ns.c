@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Namespace operations (ARCHITECTURE.md 7.2, 7.6): create, mknod, mkdir,
- * symlink, link, unlink, rmdir, rename, and the reclaim of an unlinked
- * inode at its last close. Each is one transaction built by the engine of
+ * symlink, link, unlink, rmdir, rename. Each is one transaction built by the engine of
  * fs.c: the session and lock guards, a mod_revision compare on every
  * inode record it rewrites (parents included: their times and link counts
  * change), create_revision == 0 on every new name, and the operation id on
@@ -1144,64 +1143,5 @@ void efs_fs_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
 		efs_fs_op_finish(op, r);
 		return;
 	}
-	efs_fs_op_run(op);
-}
-
-/* ---- reclaim ---- */
-
-static int rc_plan(struct efs_fs_op *op)
-{
-	const Etcfs__Inode *rec;
-	struct efs_fs_inode *in;
-
-	if (op->loads_done == 0)
-		return efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
-	rec = efs_fs_rec(op, op->ino);
-	in = efs_fs_ifind(op->fs, op->ino);
-	if (!rec && op->fs->data_priv) {
-		/* Gone: a retry after an unknown outcome found our delete
-		 * applied (no apply_out runs then). */
-		efs_fs_data_dropped(op->fs, op->ino);
-		if (op->fs->alloc)
-			efs_fs_reclaim_kick(op->fs);
-	}
-	if (!rec || rec->nlink != 0 || (in && in->opens > 0))
-		return EFS_FS_DONE;
-	return EFS_FS_CONT;
-}
-
-static int rc_build(struct efs_fs_op *op)
-{
-	int r = efs_fs_del_inode(op, op->ino);
-
-	if (r == 0)
-		r = efs_fs_drop_inode_keys(op, op->ino, efs_fs_rec(op, op->ino));
-	op->check_ino = 0; /* nothing to re-read: a retry finds the record gone */
-	return r;
-}
-
-static void rc_done(struct efs_fs_op *op)
-{
-}
-
-static const struct efs_fs_opdesc reclaim_desc = {
-	.code = EFS_FS_OP_RECLAIM,
-	.origin = EFS_FS_ORIG_RECLAIM,
-	.mutates = true,
-	.plan = rc_plan,
-	.build = rc_build,
-	.done = rc_done,
-};
-
-void efs_fs_reclaim(struct efs_fs *fs, uint64_t ino)
-{
-	struct efs_fs_op *op = efs_fs_op_new(fs, NULL, &reclaim_desc);
-
-	if (!op) {
-		efs_log_warn("fs: no memory to reclaim inode %llu; fsck will",
-			     (unsigned long long)ino);
-		return;
-	}
-	op->ino = ino;
 	efs_fs_op_run(op);
 }
