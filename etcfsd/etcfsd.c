@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * etcfsd: the per-host daemon (ARCHITECTURE.md sections 2, 8 and 12).
+ * etcfsd: the per-host daemon, one per host and filesystem.
  *
  * Start: the identity check runs first with a blocking client (nothing is
  * written before the device and its keyspace agree), then everything lives

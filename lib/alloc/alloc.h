@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * The node's block allocator (ARCHITECTURE.md section 6), on the loop.
+ * The node's block allocator, on the loop.
  *
  * Groups. The node allocates only from allocation groups it owns: an
  * ag/<g>/owner key (AgOwner) on the session lease, created with a compare

@@ -1,11 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Attribute operations: lookup, getattr, setattr, readlink, access, open,
- * read, release, statfs, and the open handles.
- *
- * Files have no data before part 2: a file's bytes are all holes, so read
- * answers zeroes up to the size (and 0 bytes past it); write is not
- * registered, so the kernel answers ENOSYS.
+ * Attribute operations: lookup, getattr, setattr, readlink, statfs, the
+ * atime update after a read, the permission check behind access(2), and
+ * the open handles. open, read, write and release are the data path's
+ * (data.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -513,9 +511,6 @@ int efs_fs_access_check(const Etcfs__Inode *rec, int mask, uid_t uid, gid_t gid,
 		have = rec->mode & 7;
 	return (want & ~have) ? -EACCES : 0;
 }
-
-/* ---- open, read, release (data.c has them with the data path) ---- */
-
 
 /* ---- atime ---- */
 

@@ -21,7 +21,7 @@
 
 /* Shared locks readdirplus takes on the entries of a reply,
  * EFS_LOCK_REQ_MAX per transaction, so that the kernel may cache what it
- * returns (7.1). */
+ * returns. */
 struct plus_lock {
 	struct efs_lock_req lr;
 	struct efs_fs_op *op;
@@ -449,7 +449,7 @@ static bool emit(struct efs_fs_op *op, const char *name, uint64_t ino, uint32_t 
 		if (ent && !entry_current(fs, op->h, ent)) {
 			/* The name may be gone (this node renamed or unlinked it,
 			 * or the lock was let go since the page was read): list
-			 * it, but give the kernel no dentry to cache (7.1). */
+			 * it, but give the kernel no dentry to cache. */
 			e.attr.st_ino = ino;
 			e.attr.st_mode = (mode_t)(type << 12);
 		} else if (in && efs_fs_inode_valid(fs, in) && in->rec) {
@@ -532,7 +532,7 @@ static bool needs_prep(struct efs_fs_op *op, size_t i)
  * Prepares the entries from |i| on that fit in what is left of the reply
  * (at most EFS_FS_PLUS_BATCH): pins their inodes for the rest of the
  * operation, takes the shared locks not held yet and reads their records,
- * so that each goes out with a cacheable dentry (7.1). Entries prepared by
+ * so that each goes out with a cacheable dentry. Entries prepared by
  * an earlier reply lost their inodes when it ended, hence once per reply.
  * Returns 1 when the build resumes later, 0 when nothing needs doing.
  */

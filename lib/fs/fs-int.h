@@ -201,7 +201,7 @@ struct efs_fs_dirent_ent {
 	struct stat st;
 	/* The directory's mseq and lock_gen when the page holding this entry
 	 * was asked for: readdirplus lets the kernel cache the entry only while
-	 * both are unchanged (7.1). */
+	 * both are unchanged. */
 	uint64_t dir_mseq, dir_gen;
 };
 
@@ -506,7 +506,7 @@ int efs_fs_del_dirent(struct efs_fs_op *op, uint64_t parent, const char *name, s
 int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *rec);
 
 /* Reply helpers: fill a fuse_entry_param / attr reply from a record, with
- * kernel timeouts only under a held lock (7.1). */
+ * kernel timeouts only under a held lock. */
 void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, uint64_t ino, const Etcfs__Inode *rec,
 		       struct fuse_entry_param *e);
 double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino);
@@ -560,17 +560,13 @@ void efs_fs_inode_ref_kernel(struct efs_fs *fs, uint64_t ino);
 void efs_fs_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup);
 void efs_fs_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets);
 
-/* ---- Handlers (ns.c, attr.c, dir.c, xattr.c) ---- */
+/* ---- Handlers (ns.c, attr.c, dir.c, xattr.c; the data path's are in data.h) ---- */
 
 void efs_fs_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);
 void efs_fs_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void efs_fs_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
 		    struct fuse_file_info *fi);
 void efs_fs_readlink(fuse_req_t req, fuse_ino_t ino);
-void efs_fs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
-void efs_fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-		 struct fuse_file_info *fi);
-void efs_fs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void efs_fs_statfs(fuse_req_t req, fuse_ino_t ino);
 
 void efs_fs_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev);
@@ -584,7 +580,7 @@ void efs_fs_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name);
 void efs_fs_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
 		   const char *newname, unsigned int flags);
 /*
- * Relatime (7.3): after a read or readdir of |ino| whose record is |rec|,
+ * Relatime: after a read or readdir of |ino| whose record is |rec|,
  * writes atime = now in the background (exclusive lock, one transaction)
  * when atime is not after mtime or ctime, or is a day old; nothing under
  * noatime or read-only. efs_fs_atime_due is the pure rule.
@@ -654,7 +650,7 @@ void efs_fs_new_owner(const Etcfs__Inode *parent, uid_t uid, gid_t gid, mode_t m
  * (lease |deadline| - TTL/2; |ttl_s| 0: unknown, TTL/2 is then taken as
  * 2 * |cache_ns|, the cache timeout being TTL/4). 0 when that point has
  * passed: a loop lagging behind its renewals never lets kernel caches
- * outlive the locks (7.1).
+ * outlive the locks.
  */
 uint64_t efs_fs_cache_bound(uint64_t cache_ns, uint64_t now, uint64_t deadline, int64_t ttl_s);
 

@@ -1710,7 +1710,7 @@ static void fs_init(void *userdata, struct fuse_conn_info *conn)
 	 * before write(2) returns, and the page cache is kept only under a
 	 * held lock (open's keep_cache). */
 	conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
-	/* Deep asynchronous I/O reaches the daemon in parallel (7.3), in
+	/* Deep asynchronous I/O reaches the daemon in parallel, in
 	 * requests of up to 1 MiB. */
 	conn->max_background = 128;
 	conn->congestion_threshold = 96;
@@ -1718,7 +1718,7 @@ static void fs_init(void *userdata, struct fuse_conn_info *conn)
 	conn->max_readahead = 1u << 20;
 	if (conn->capable & FUSE_CAP_SPLICE_READ)
 		conn->want &= ~(unsigned)FUSE_CAP_SPLICE_READ;
-	/* fcntl and flock locks live in etcd (7.5). */
+	/* fcntl and flock locks live in etcd. */
 	if (conn->capable & FUSE_CAP_POSIX_LOCKS)
 		conn->want |= FUSE_CAP_POSIX_LOCKS;
 	if (conn->capable & FUSE_CAP_FLOCK_LOCKS)

@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * The filesystem on the loop (ARCHITECTURE.md sections 2, 7): the inode
+ * The filesystem on the loop, the one thread that owns it: the inode
  * cache, the namespace and attribute operations as libfuse3 low-level
  * handlers, each an operation record with continuation steps that
  * compose the lock, session and etcd steps and send exactly one reply.

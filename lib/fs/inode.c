@@ -2,7 +2,7 @@
 /*
  * The inode cache: inode number -> record, its mod_revision and the
  * kernel's lookup count. A record is trusted only while this node holds a
- * lock on the inode (7.1) and no session loss happened since it was read;
+ * lock on the inode and no session loss happened since it was read;
  * entries live while the kernel, a handle or an operation references them.
  */
 #include <errno.h>

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Namespace operations (ARCHITECTURE.md 7.2, 7.6): create, mknod, mkdir,
+ * Namespace operations: create, mknod, mkdir,
  * symlink, link, unlink, rmdir, rename. Each is one transaction built by the engine of
  * fs.c: the session and lock guards, a mod_revision compare on every
  * inode record it rewrites (parents included: their times and link counts
@@ -869,7 +869,7 @@ static int rn_plan(struct efs_fs_op *op)
 /* The ancestor walk of a cross-directory directory rename: no moved
  * directory may become its own ancestor. Records are read linearizably;
  * renameseq, read before and compared in the transaction, makes the walk's
- * answer hold at commit time (7.6). */
+ * answer hold at commit time. */
 static void walk_step(struct efs_fs_op *op);
 
 static void walk_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)

@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * fcntl (POSIX and OFD) and flock locks kept in etcd (ARCHITECTURE.md 7.5).
+ * fcntl (POSIX and OFD) and flock locks kept in etcd.
  *
  * Storage: one key p/<ino><node>/<owner> per lock owner holding locks on
  * an inode, on the session lease, with every range the owner holds

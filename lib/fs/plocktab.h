@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * The rules of fcntl and flock locks (ARCHITECTURE.md 7.5), pure: no I/O.
+ * The rules of fcntl and flock locks, pure: no I/O.
  *
  * A lock set is what one lock owner holds in one lock namespace on one
  * inode: its ranges sorted by start, never overlapping, and never two

@@ -2,8 +2,7 @@
 #pragma once
 
 /*
- * A libfuse3 low-level session pumped by a libuv loop (ARCHITECTURE.md
- * section 2): the session's /dev/fuse descriptor is made non-blocking and
+ * A libfuse3 low-level session pumped by a libuv loop: the session's /dev/fuse descriptor is made non-blocking and
  * watched with uv_poll; when it is readable, requests are received with
  * fuse_session_receive_buf() until -EAGAIN and each is handed to
  * fuse_session_process_buf() on the loop thread, so every handler runs on

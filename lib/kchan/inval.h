@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * Kernel cache invalidations off the loop (ARCHITECTURE.md 7.3).
+ * Kernel cache invalidations off the loop.
  * fuse_lowlevel_notify_inval_inode() and friends can block while the
  * kernel waits for pages or requests that the loop itself must serve
  * (writeback of dirty pages, a lookup racing the invalidation), so they

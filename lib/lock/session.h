@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * The node's session (ARCHITECTURE.md section 8): the session lease, the
+ * The node's session: the session lease, the
  * node key n/<node> (NodeInfo on the lease), the fencing generation
  * g/<node>, and the two-phase fence.
  *

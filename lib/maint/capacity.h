@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * etcd capacity guard (ARCHITECTURE.md section 5, issue 3 section 4): etcd's
+ * etcd capacity guard: etcd's
  * backend has a quota (--quota-backend-bytes, 2 GiB by default and in
  * Debian's package); once a member's database reaches it, etcd raises the
  * NOSPACE alarm and refuses every request that writes anything until an

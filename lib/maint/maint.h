@@ -2,9 +2,8 @@
 #pragma once
 
 /*
- * etcd maintenance by one elected node (ARCHITECTURE.md section 5, "etcd
- * capacity is the filesystem's to manage"; operators: docs/OPERATIONS.md
- * "etcd"). Debian's etcd runs without auto-compaction, and etcfs
+ * etcd maintenance by one elected node: etcd capacity is the filesystem's
+ * to manage (operators: docs/OPERATIONS.md "etcd"). Debian's etcd runs without auto-compaction, and etcfs
  * rewrites chunk and map values continuously: without compaction every old
  * value stays in the database until the quota is reached.
  *
