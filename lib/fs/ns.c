@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Namespace operations: create, mknod, mkdir,
- * symlink, link, unlink, rmdir, rename. Each is one transaction built by the engine of
- * fs.c: the session and lock guards, a mod_revision compare on every
- * inode record it rewrites (parents included: their times and link counts
- * change), create_revision == 0 on every new name, and the operation id on
- * every record and dirent it writes.
+ * Namespace operations: lookup, which only reads, and create, mknod,
+ * mkdir, symlink, link, unlink, rmdir and rename, each one transaction
+ * built by the engine of fs.c: the session and lock guards, a mod_revision
+ * compare on every inode record it rewrites (parents included: their times
+ * and link counts change), create_revision == 0 on every new name, and the
+ * operation id on every record and dirent it writes.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -170,6 +170,135 @@ static int want_empty_kv(struct efs_fs_op *op, uint64_t ino, int *idx)
 	kv->keys_only = true;
 	*idx = (int)op->nkv; /* 1-based */
 	return 0;
+}
+
+/* ---- lookup ---- */
+
+static int no_build(struct efs_fs_op *op)
+{
+	return -EIO;
+}
+
+static void no_done(struct efs_fs_op *op)
+{
+}
+
+
+static struct efs_fs_inode *slot_inode(struct efs_fs_op *op, uint64_t ino)
+{
+	for (size_t i = 0; i < op->nslots; i++)
+		if (op->slots[i].ino == ino)
+			return op->slots[i].in;
+	return NULL;
+}
+
+static int lookup_plan(struct efs_fs_op *op)
+{
+	struct efs_fs *fs = op->fs;
+	struct efs_fs_inode *pin;
+	const Etcfs__Inode *prec, *crec;
+	struct efs_fs_kv *kv;
+	uint32_t type = 0;
+	bool cacheable;
+	int r;
+
+	if (op->loads_done == 0)
+		return efs_fs_want(op, op->ino, EFS_LOCK_SHARED);
+	prec = efs_fs_rec(op, op->ino);
+	if (!prec)
+		return -ENOENT;
+	if (!S_ISDIR(prec->mode))
+		return -ENOTDIR;
+	pin = slot_inode(op, op->ino);
+	if (!op->child && op->nkv == 0) {
+		/* The name cache first; a miss reads the dirent. */
+		if (pin && efs_fs_dcache_get(fs, pin, op->name, op->name_len, &op->child, &type)) {
+			if (!op->child)
+				goto negative;
+		} else {
+			kv = efs_fs_want_kv(op);
+			if (!kv)
+				return -E2BIG;
+			r = efs_meta_key_dirent(&fs->ns, op->ino, op->name, op->name_len,
+						&kv->key);
+			op->dc_mseq = pin ? pin->mseq : 0;
+			return r < 0 ? r : EFS_FS_CONT;
+		}
+	}
+	if (op->nkv) {
+		kv = &op->kv[0];
+		/* Cached only if no name change of this node overlapped the read. */
+		cacheable = pin && !pin->mx_owner && pin->mseq == op->dc_mseq;
+		if (!kv->found) {
+			if (cacheable)
+				efs_fs_dcache_put(fs, pin, op->name, op->name_len, 0, 0);
+			goto negative;
+		}
+		Etcfs__Dirent *de = NULL;
+
+		r = efs_meta_dirent_decode(kv->val, kv->val_len, &de, NULL);
+		if (r < 0)
+			return -EIO;
+		op->child = de->ino;
+		type = de->type;
+		efs_meta_record_free(de);
+		if (cacheable)
+			efs_fs_dcache_put(fs, pin, op->name, op->name_len, op->child, type);
+	}
+	r = efs_fs_want(op, op->child, EFS_LOCK_SHARED);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < op->nslots; i++) {
+		if (op->slots[i].ino != op->child || !op->slots[i].in ||
+		    op->slots[i].locked < EFS_LOCK_SHARED)
+			continue;
+		crec = efs_fs_rec(op, op->child);
+		if (!crec) {
+			efs_log_debug("fs: dirent %s in %llu names missing inode %llu", op->name,
+				      (unsigned long long)op->ino, (unsigned long long)op->child);
+			efs_fs_dcache_forget(fs, op->ino, op->name, op->name_len);
+			return -ENOENT;
+		}
+		efs_fs_reply_entry(op, op->ino, op->child, crec);
+		return EFS_FS_DONE;
+	}
+	return EFS_FS_CONT;
+negative: {
+	struct fuse_entry_param e;
+
+	memset(&e, 0, sizeof(e));
+	e.entry_timeout = efs_fs_attr_timeout(fs, op->ino);
+	op->replied = true;
+	fuse_reply_entry(op->req, &e);
+	return EFS_FS_DONE;
+}
+}
+
+static const struct efs_fs_opdesc lookup_desc = {
+	.code = EFS_FS_OP_LOOKUP,
+	.plan = lookup_plan,
+	.build = no_build,
+	.done = no_done,
+};
+
+void efs_fs_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	size_t len = strlen(name);
+	struct efs_fs_op *op;
+	int r = efs_meta_name_check(name, len);
+
+	if (r == -EINVAL && (strcmp(name, ".") == 0 || strcmp(name, "..") == 0))
+		r = -ENOENT; /* the kernel resolves these itself */
+	op = op_start(req, &lookup_desc, parent);
+	if (!op)
+		return;
+	if (r < 0) {
+		efs_fs_op_finish(op, r);
+		return;
+	}
+	memcpy(op->name, name, len + 1);
+	op->name_len = len;
+	efs_fs_op_run(op);
 }
 
 /* ---- Create-like operations ---- */
