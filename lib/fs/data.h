@@ -56,7 +56,10 @@ void efs_fs_data_done(struct efs_fs *fs);
 
 /* ---- FUSE handlers ---- */
 
-/* efs_fs_open, efs_fs_read and efs_fs_release are declared in fs-int.h. */
+void efs_fs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void efs_fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		 struct fuse_file_info *fi);
+void efs_fs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void efs_fs_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
 		  struct fuse_file_info *fi);
 void efs_fs_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
