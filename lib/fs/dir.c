@@ -253,8 +253,8 @@ static void plus_lock_cb(struct efs_lock_req *req, int status)
 	for (size_t i = 0; status == 0 && i < req->n; i++) {
 		if (!pl->in[i])
 			continue;
-		/* Newly taken: what was cached before is reread below. */
-		pl->in[i]->lock_gen++;
+		/* Newly taken: what was cached before is reread below (names
+		 * cached under an older grant are void by their grant id). */
 		pl->in[i]->epoch = 0;
 	}
 	st->pending--;
@@ -395,7 +395,7 @@ static int fetch_page(struct efs_fs_op *op)
 	/* A name change of this node that ends after the read left makes the
 	 * page's names suspect: seen at emit time through the changed mseq. */
 	st->fetch_mseq = din ? din->mseq : 0;
-	st->fetch_gen = din ? din->lock_gen : 0;
+	st->fetch_gen = din ? efs_fs_grant(op->fs, din) : 0;
 
 	if (h->nents == 0)
 		r = efs_meta_range_ino(&op->fs->ns, EFS_META_K_DIRENT, h->ino, &rg);
@@ -421,7 +421,7 @@ static bool entry_current(struct efs_fs *fs, const struct efs_fs_handle *h,
 	const struct efs_fs_inode *din = efs_fs_ifind(fs, h->ino);
 
 	return din && !din->mx_owner && din->mseq == ent->dir_mseq &&
-	       din->lock_gen == ent->dir_gen && efs_fs_inode_valid(fs, din);
+	       efs_fs_grant_current(fs, din, ent->dir_gen) && efs_fs_inode_valid(fs, din);
 }
 
 /* Adds one entry at position |pos| to the reply buffer; false when full. */
@@ -501,7 +501,7 @@ static bool needs_reread(struct efs_fs_op *op, size_t i)
 }
 
 /* Forgets the entries from |i| on, so that the next page read continues
- * after entry i - 1 with the directory's current mseq and lock_gen. */
+ * after entry i - 1 with the directory's current mseq and lock grant. */
 static void drop_from(struct efs_fs_op *op, size_t i)
 {
 	struct dir_state *st = op->priv;

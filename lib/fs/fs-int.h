@@ -155,7 +155,7 @@ struct efs_fs_dent {
 };
 
 struct efs_fs_dcache {
-	uint64_t gen; /* the directory's lock_gen when filled */
+	uint64_t gen; /* the directory's lock grant when filled */
 	size_t n, nbuckets;
 	struct efs_fs_dent **b;
 };
@@ -180,7 +180,6 @@ struct efs_fs_inode {
 	uint64_t nlookup;	    /* kernel references */
 	uint32_t opens;		    /* open handles */
 	uint32_t refs;		    /* operations using the entry */
-	uint64_t lock_gen;	    /* bumped whenever the lock is newly taken */
 	uint64_t mseq;		    /* bumped by each name change this node makes */
 	bool atime_busy;	    /* a relatime update is in flight */
 	struct efs_fs_dcache *dc;   /* directories: names, valid under the lock */
@@ -199,7 +198,7 @@ struct efs_fs_dirent_ent {
 	bool has_attr; /* readdirplus: |st| filled */
 	bool sent;     /* handed to the kernel (with its offset) by this handle */
 	struct stat st;
-	/* The directory's mseq and lock_gen when the page holding this entry
+	/* The directory's mseq and lock grant when the page holding this entry
 	 * was asked for: readdirplus lets the kernel cache the entry only while
 	 * both are unchanged. */
 	uint64_t dir_mseq, dir_gen;
@@ -538,6 +537,14 @@ struct efs_fs_inode *efs_fs_ifind(struct efs_fs *fs, uint64_t ino);
 void efs_fs_iput(struct efs_fs *fs, struct efs_fs_inode *in);
 /* True when |in|'s record may be used now (lock held, same epoch). */
 bool efs_fs_inode_valid(const struct efs_fs *fs, const struct efs_fs_inode *in);
+/*
+ * Caches filled under an inode's lock (names, listings, the extent map,
+ * the page cache decision) store the grant id the lock was held under when
+ * they were filled, and are valid only while that same grant is held: a
+ * release, a recall or a session loss in between ends it.
+ */
+uint64_t efs_fs_grant(const struct efs_fs *fs, const struct efs_fs_inode *in);
+bool efs_fs_grant_current(const struct efs_fs *fs, const struct efs_fs_inode *in, uint64_t grant);
 /* Replaces the cached record (takes ownership of |rec|, NULL: gone). */
 void efs_fs_inode_set(struct efs_fs *fs, struct efs_fs_inode *in, Etcfs__Inode *rec,
 		      int64_t mod_rev, bool trusted);

@@ -830,8 +830,6 @@ static void lock_cb(struct efs_lock_req *req, int status)
 		const Mvccpb__KeyValue *kv = req->recs[i];
 
 		sl->locked = sl->mode;
-		if (op->held_before[i] < sl->mode)
-			sl->in->lock_gen++; /* names cached under an older hold are stale */
 		if (kv) {
 			Etcfs__Inode *rec = NULL;
 			const char *reason = NULL;

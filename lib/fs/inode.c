@@ -66,7 +66,7 @@ void efs_fs_dcache_clear(struct efs_fs_inode *dir)
 
 static bool dcache_valid(struct efs_fs *fs, struct efs_fs_inode *dir)
 {
-	return dir->dc && dir->dc->gen == dir->lock_gen && efs_fs_inode_valid(fs, dir) &&
+	return dir->dc && efs_fs_grant_current(fs, dir, dir->dc->gen) && efs_fs_inode_valid(fs, dir) &&
 	       dir->rec && S_ISDIR(dir->rec->mode);
 }
 
@@ -95,7 +95,7 @@ void efs_fs_dcache_put(struct efs_fs *fs, struct efs_fs_inode *dir, const char *
 
 	if (!efs_fs_inode_valid(fs, dir))
 		return;
-	if (dc && (dc->gen != dir->lock_gen || dc->n >= EFS_FS_DCACHE_MAX)) {
+	if (dc && (!efs_fs_grant_current(fs, dir, dc->gen) || dc->n >= EFS_FS_DCACHE_MAX)) {
 		efs_fs_dcache_clear(dir);
 		dc = NULL;
 	}
@@ -109,7 +109,7 @@ void efs_fs_dcache_put(struct efs_fs *fs, struct efs_fs_inode *dir, const char *
 			efs_mem_free(dc);
 			return;
 		}
-		dc->gen = dir->lock_gen;
+		dc->gen = efs_fs_grant(fs, dir);
 		dir->dc = dc;
 	}
 	h = hash_name(name, len, dc->nbuckets);
@@ -257,6 +257,16 @@ void efs_fs_iput(struct efs_fs *fs, struct efs_fs_inode *in)
 	if (in->refs)
 		in->refs--;
 	maybe_drop(fs, in);
+}
+
+uint64_t efs_fs_grant(const struct efs_fs *fs, const struct efs_fs_inode *in)
+{
+	return efs_lock_grant(fs->lc, in->ino);
+}
+
+bool efs_fs_grant_current(const struct efs_fs *fs, const struct efs_fs_inode *in, uint64_t grant)
+{
+	return grant != 0 && grant == efs_lock_grant(fs->lc, in->ino);
 }
 
 bool efs_fs_inode_valid(const struct efs_fs *fs, const struct efs_fs_inode *in)

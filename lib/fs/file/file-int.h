@@ -9,7 +9,7 @@
  * Shape (details next to each part):
  *  - struct efs_fs_data (in->data) is created by the first open, create or
  *    request that needs the inode's data. It holds the extent map loaded
- *    from e/<ino> under the inode's lock (valid while the inode's lock_gen
+ *    from e/<ino> under the inode's lock (valid while the lock grant
  *    and the fs epoch are those of the load), the runs allocated, written
  *    and mapped but not yet published (|apend|, sorted and merged), the
  *    published runs buried by later writes or punches and not yet freed in

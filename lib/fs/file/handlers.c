@@ -45,12 +45,12 @@ static void handle_setup(struct efs_fs *fs, struct efs_fs_data *d, struct efs_fs
 	/* The page cache is kept only when this node held the lock without a
 	 * break since the last open that let the kernel cache: another
 	 * node may have written the file during a break. */
-	keep = !created && d->cache_ok && d->cache_gen == d->in->lock_gen &&
+	keep = !created && d->cache_ok && efs_fs_grant_current(fs, d->in, d->cache_gen) &&
 	       d->cache_epoch == fs->epoch;
 	fi->keep_cache = keep ? 1 : 0;
 	if (!fi->direct_io) {
 		d->cache_ok = true;
-		d->cache_gen = d->in->lock_gen;
+		d->cache_gen = efs_fs_grant(fs, d->in);
 		d->cache_epoch = fs->epoch;
 	}
 }
@@ -137,7 +137,7 @@ int efs_fs_data_open_handle(struct efs_fs *fs, uint64_t ino, struct fuse_file_in
 			efs_file_state_maybe_free(d);
 			return r;
 		}
-		d->map_gen = in->lock_gen;
+		d->map_gen = efs_fs_grant(fs, in);
 		d->map_epoch = fs->epoch;
 	}
 	h = handle_make(fs, ino);

@@ -126,10 +126,8 @@ static void fast_pin_cb(struct efs_lock_req *lr, int status)
 		 * back, so make the engine reload what it caches. */
 		struct efs_fs_inode *in = efs_fs_ifind(r->fs, r->ino);
 
-		if (in) {
-			in->lock_gen++;
+		if (in)
 			in->epoch = 0;
-		}
 		efs_lock_put(r->fs->lc, lr);
 	}
 	efs_file_prep_engine(r);

@@ -266,7 +266,8 @@ struct efs_fs_data *efs_file_state_get(struct efs_fs *fs, struct efs_fs_inode *i
 
 bool efs_file_map_valid(const struct efs_fs *fs, const struct efs_fs_data *d)
 {
-	return d->map && d->in && d->map_gen == d->in->lock_gen && d->map_epoch == fs->epoch;
+	return d->map && d->in && efs_fs_grant_current(fs, d->in, d->map_gen) &&
+	       d->map_epoch == fs->epoch;
 }
 
 /* Marks a change: a new version, on the dirty list, limits checked. */
@@ -498,7 +499,7 @@ int efs_file_map_load(struct efs_fs_op *op, struct efs_fs_data *d)
 		return r;
 	}
 	l->d = d;
-	l->gen = d->in->lock_gen;
+	l->gen = efs_fs_grant(fs, d->in);
 	l->epoch = fs->epoch;
 	po.range_end = rg.end.buf;
 	po.range_end_len = rg.end.len;
