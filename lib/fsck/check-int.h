@@ -204,6 +204,34 @@ void efs_check__op_require(state_t *st, struct efs_check_finding *f, uint64_t in
 
 /* load.c: reading the keyspace. */
 
+struct Mvccpb__KeyValue;
+
+/*
+ * One key family as the checker reads it: a row of the table in load.c.
+ * |load| reads a key of the family (|ki| is the key parsed, |fam| this row)
+ * into |st|: it returns 0 or -ENOMEM, or leaves -ENOMEM in st->err, and
+ * reports a value that does not decode as a finding. |decode|, for the
+ * handlers several families share, decodes and checks a value as the
+ * efs_meta_*_decode of meta/records.h do (NULL: |load| calls its own).
+ */
+struct efs_check__family {
+	enum efs_meta_family family;
+	const char *name; /* for messages: "inode record", ... */
+	int (*load)(state_t *st, const struct efs_check__family *fam,
+		    const struct Mvccpb__KeyValue *kv, const struct efs_meta_key_info *ki);
+	int (*decode)(const uint8_t *buf, size_t len, void **ret, const char **reason);
+};
+
+/* The row of family |f|; NULL for a value that is not a family. */
+const struct efs_check__family *efs_check__family_of(enum efs_meta_family f);
+
+/*
+ * Parses one key/value pair of the keyspace and loads it into |st| through
+ * its family's row. A key that does not parse, or a value that does not
+ * decode, is a finding. Returns 0 or -ENOMEM (check st->err too).
+ */
+int efs_check__load_kv(state_t *st, const struct Mvccpb__KeyValue *kv);
+
 int efs_check__load(struct efs_etcd_sync *s, state_t *st, const struct efs_check_opts *o, char *err,
 		    size_t err_size);
 
