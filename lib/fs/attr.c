@@ -80,35 +80,7 @@ int efs_fs_handle_check(const struct efs_fs *fs, const struct efs_fs_handle *h)
 	return h && h->epoch == fs->epoch ? 0 : -EIO;
 }
 
-static struct efs_fs_handle *fh_of(const struct fuse_file_info *fi)
-{
-	return fi ? (struct efs_fs_handle *)(uintptr_t)fi->fh : NULL;
-}
-
 /* ---- Common starts ---- */
-
-static struct efs_fs_op *op_start(fuse_req_t req, const struct efs_fs_opdesc *d, uint64_t ino)
-{
-	struct efs_fs *fs = fuse_req_userdata(req);
-	struct efs_fs_op *op = efs_fs_op_new(fs, req, d);
-
-	if (!op) {
-		efs_counter_inc(fs->m_errs[d->code]);
-		fuse_reply_err(req, ENOMEM);
-		return NULL;
-	}
-	op->ino = ino;
-	return op;
-}
-
-static int no_build(struct efs_fs_op *op)
-{
-	return -EIO;
-}
-
-static void no_done(struct efs_fs_op *op)
-{
-}
 
 /* Plans a shared lock on op->ino; 1 when the record is there to use. */
 static int plan_shared(struct efs_fs_op *op, const Etcfs__Inode **ret)
@@ -138,17 +110,17 @@ static int getattr_plan(struct efs_fs_op *op)
 static const struct efs_fs_opdesc getattr_desc = {
 	.code = EFS_FS_OP_GETATTR,
 	.plan = getattr_plan,
-	.build = no_build,
-	.done = no_done,
+	.build = efs_fs_no_build,
+	.done = efs_fs_no_done,
 };
 
 void efs_fs_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	struct efs_fs_op *op = op_start(req, &getattr_desc, ino);
+	struct efs_fs_op *op = efs_fs_op_start(req, &getattr_desc, ino);
 
 	if (!op)
 		return;
-	if (fi && fi->fh && efs_fs_handle_check(op->fs, fh_of(fi)) < 0) {
+	if (fi && fi->fh && efs_fs_handle_check(op->fs, efs_fs_fh_of(fi)) < 0) {
 		efs_fs_op_finish(op, -EIO);
 		return;
 	}
@@ -302,10 +274,10 @@ void efs_fs_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_se
 	/* Truncates, and deferred attributes of files this node is writing. */
 	if (efs_fs_data_setattr(req, ino, attr, to_set, fi))
 		return;
-	op = op_start(req, &setattr_desc, ino);
+	op = efs_fs_op_start(req, &setattr_desc, ino);
 	if (!op)
 		return;
-	if (fi && fi->fh && efs_fs_handle_check(op->fs, fh_of(fi)) < 0) {
+	if (fi && fi->fh && efs_fs_handle_check(op->fs, efs_fs_fh_of(fi)) < 0) {
 		efs_fs_op_finish(op, -EIO);
 		return;
 	}
@@ -340,13 +312,13 @@ static int readlink_plan(struct efs_fs_op *op)
 static const struct efs_fs_opdesc readlink_desc = {
 	.code = EFS_FS_OP_READLINK,
 	.plan = readlink_plan,
-	.build = no_build,
-	.done = no_done,
+	.build = efs_fs_no_build,
+	.done = efs_fs_no_done,
 };
 
 void efs_fs_readlink(fuse_req_t req, fuse_ino_t ino)
 {
-	struct efs_fs_op *op = op_start(req, &readlink_desc, ino);
+	struct efs_fs_op *op = efs_fs_op_start(req, &readlink_desc, ino);
 
 	if (op)
 		efs_fs_op_run(op);
@@ -442,7 +414,7 @@ static const struct efs_fs_opdesc atime_desc = {
 	.mutates = true,
 	.plan = atime_plan,
 	.build = atime_build,
-	.done = no_done,
+	.done = efs_fs_no_done,
 };
 
 void efs_fs_touch_atime(struct efs_fs *fs, uint64_t ino, const Etcfs__Inode *rec)
@@ -590,14 +562,14 @@ static void statfs_next(struct efs_fs_op *op)
 
 static const struct efs_fs_opdesc statfs_desc = {
 	.code = EFS_FS_OP_STATFS,
-	.plan = no_build,
-	.build = no_build,
-	.done = no_done,
+	.plan = efs_fs_no_build,
+	.build = efs_fs_no_build,
+	.done = efs_fs_no_done,
 };
 
 void efs_fs_statfs(fuse_req_t req, fuse_ino_t ino)
 {
-	struct efs_fs_op *op = op_start(req, &statfs_desc, ino);
+	struct efs_fs_op *op = efs_fs_op_start(req, &statfs_desc, ino);
 	struct efs_fs *fs;
 
 	if (!op)

@@ -48,11 +48,6 @@ struct dir_state {
 	uint64_t fetch_mseq, fetch_gen; /* the directory's when the page read left */
 };
 
-static struct efs_fs_handle *fh_of(const struct fuse_file_info *fi)
-{
-	return fi ? (struct efs_fs_handle *)(uintptr_t)fi->fh : NULL;
-}
-
 long efs_fs_dir_index(off_t off, size_t nents)
 {
 	(void)nents;
@@ -61,15 +56,6 @@ long efs_fs_dir_index(off_t off, size_t nents)
 	if (off == 1)
 		return -2;
 	return (long)(off - 2);
-}
-
-static int no_build(struct efs_fs_op *op)
-{
-	return -EIO;
-}
-
-static void no_done(struct efs_fs_op *op)
-{
 }
 
 /* ---- opendir ---- */
@@ -105,8 +91,8 @@ static int opendir_plan(struct efs_fs_op *op)
 static const struct efs_fs_opdesc opendir_desc = {
 	.code = EFS_FS_OP_OPENDIR,
 	.plan = opendir_plan,
-	.build = no_build,
-	.done = no_done,
+	.build = efs_fs_no_build,
+	.done = efs_fs_no_done,
 };
 
 void efs_fs_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -699,7 +685,7 @@ static void readdir_start(fuse_req_t req, const struct efs_fs_opdesc *d, fuse_in
 		return;
 	}
 	op->ino = ino;
-	op->h = fh_of(fi);
+	op->h = efs_fs_fh_of(fi);
 	op->size = size;
 	op->off = off;
 	st = efs_mem_calloc(1, sizeof(*st));
@@ -729,7 +715,7 @@ void efs_fs_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 void efs_fs_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct efs_fs *fs = fuse_req_userdata(req);
-	struct efs_fs_handle *h = fh_of(fi);
+	struct efs_fs_handle *h = efs_fs_fh_of(fi);
 
 	efs_counter_inc(fs->m_ops[EFS_FS_OP_RELEASEDIR]);
 	if (h)
@@ -744,7 +730,7 @@ void efs_fs_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_f
 
 	/* Every namespace change was committed before its reply. */
 	efs_counter_inc(fs->m_ops[EFS_FS_OP_FSYNCDIR]);
-	r = efs_fs_handle_check(fs, fh_of(fi));
+	r = efs_fs_handle_check(fs, efs_fs_fh_of(fi));
 	if (r < 0)
 		efs_counter_inc(fs->m_errs[EFS_FS_OP_FSYNCDIR]);
 	fuse_reply_err(req, -r);

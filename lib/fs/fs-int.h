@@ -470,6 +470,12 @@ struct efs_fs_opdesc {
 /* A new record for |req| (NULL: internal), started with efs_fs_op_run.
  * NULL on ENOMEM (the caller replies ENOMEM). */
 struct efs_fs_op *efs_fs_op_new(struct efs_fs *fs, fuse_req_t req, const struct efs_fs_opdesc *d);
+/* efs_fs_op_new for the request's filesystem with op->ino = |ino|; on
+ * ENOMEM it counts the error, replies ENOMEM and returns NULL. */
+struct efs_fs_op *efs_fs_op_start(fuse_req_t req, const struct efs_fs_opdesc *d, uint64_t ino);
+/* For descriptors with nothing to build (-EIO: plan answers) or to do after a commit. */
+int efs_fs_no_build(struct efs_fs_op *op);
+void efs_fs_no_done(struct efs_fs_op *op);
 /* Starts the steps; every outcome ends in efs_fs_op_finish. */
 void efs_fs_op_run(struct efs_fs_op *op);
 /* Replies |err| (a negative errno; 0: the operation replied already) if no
@@ -616,6 +622,11 @@ struct efs_fs_handle *efs_fs_handle_new(struct efs_fs *fs, uint64_t ino, bool di
 void efs_fs_handle_free(struct efs_fs *fs, struct efs_fs_handle *h);
 /* -EIO when the handle predates a lost session, else 0. */
 int efs_fs_handle_check(const struct efs_fs *fs, const struct efs_fs_handle *h);
+/* The handle stored in |fi| (NULL without one). */
+static inline struct efs_fs_handle *efs_fs_fh_of(const struct fuse_file_info *fi)
+{
+	return fi ? (struct efs_fs_handle *)(uintptr_t)fi->fh : NULL;
+}
 
 /* ---- Pure helpers (unit-tested) ---- */
 

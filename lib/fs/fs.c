@@ -233,6 +233,31 @@ struct efs_fs_op *efs_fs_op_new(struct efs_fs *fs, fuse_req_t req, const struct 
 	return op;
 }
 
+struct efs_fs_op *efs_fs_op_start(fuse_req_t req, const struct efs_fs_opdesc *d, uint64_t ino)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	struct efs_fs_op *op = efs_fs_op_new(fs, req, d);
+
+	if (!op) {
+		efs_counter_inc(fs->m_errs[d->code]);
+		fuse_reply_err(req, ENOMEM);
+		return NULL;
+	}
+	op->ino = ino;
+	return op;
+}
+
+int efs_fs_no_build(struct efs_fs_op *op)
+{
+	(void)op;
+	return -EIO;
+}
+
+void efs_fs_no_done(struct efs_fs_op *op)
+{
+	(void)op;
+}
+
 static void reset_out(struct efs_fs_op *op)
 {
 	for (size_t i = 0; i < op->nout; i++)

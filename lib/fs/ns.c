@@ -29,20 +29,6 @@
 /* Longest ancestor chain a directory rename walks before giving up. */
 #define WALK_MAX 4096
 
-static struct efs_fs_op *op_start(fuse_req_t req, const struct efs_fs_opdesc *d, uint64_t ino)
-{
-	struct efs_fs *fs = fuse_req_userdata(req);
-	struct efs_fs_op *op = efs_fs_op_new(fs, req, d);
-
-	if (!op) {
-		efs_counter_inc(fs->m_errs[d->code]);
-		fuse_reply_err(req, ENOMEM);
-		return NULL;
-	}
-	op->ino = ino;
-	return op;
-}
-
 static int set_name(struct efs_fs_op *op, const char *name, bool second)
 {
 	size_t len = strlen(name);
@@ -174,16 +160,6 @@ static int want_empty_kv(struct efs_fs_op *op, uint64_t ino, int *idx)
 
 /* ---- lookup ---- */
 
-static int no_build(struct efs_fs_op *op)
-{
-	return -EIO;
-}
-
-static void no_done(struct efs_fs_op *op)
-{
-}
-
-
 static struct efs_fs_inode *slot_inode(struct efs_fs_op *op, uint64_t ino)
 {
 	for (size_t i = 0; i < op->nslots; i++)
@@ -277,8 +253,8 @@ negative: {
 static const struct efs_fs_opdesc lookup_desc = {
 	.code = EFS_FS_OP_LOOKUP,
 	.plan = lookup_plan,
-	.build = no_build,
-	.done = no_done,
+	.build = efs_fs_no_build,
+	.done = efs_fs_no_done,
 };
 
 void efs_fs_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -289,7 +265,7 @@ void efs_fs_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 
 	if (r == -EINVAL && (strcmp(name, ".") == 0 || strcmp(name, "..") == 0))
 		r = -ENOENT; /* the kernel resolves these itself */
-	op = op_start(req, &lookup_desc, parent);
+	op = efs_fs_op_start(req, &lookup_desc, parent);
 	if (!op)
 		return;
 	if (r < 0) {
@@ -529,7 +505,7 @@ static void mk_start(fuse_req_t req, const struct efs_fs_opdesc *d, fuse_ino_t p
 		     const char *name, mode_t mode, dev_t rdev, const char *link,
 		     struct fuse_file_info *fi)
 {
-	struct efs_fs_op *op = op_start(req, d, parent);
+	struct efs_fs_op *op = efs_fs_op_start(req, d, parent);
 	int r;
 
 	if (!op)
@@ -702,7 +678,7 @@ static const struct efs_fs_opdesc link_desc = {
 
 void efs_fs_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
 {
-	struct efs_fs_op *op = op_start(req, &link_desc, ino);
+	struct efs_fs_op *op = efs_fs_op_start(req, &link_desc, ino);
 	int r;
 
 	if (!op)
@@ -848,7 +824,7 @@ static const struct efs_fs_opdesc rmdir_desc = {
 static void rm_start(fuse_req_t req, const struct efs_fs_opdesc *d, fuse_ino_t parent,
 		     const char *name)
 {
-	struct efs_fs_op *op = op_start(req, d, parent);
+	struct efs_fs_op *op = efs_fs_op_start(req, d, parent);
 	int r;
 
 	if (!op)
@@ -1247,7 +1223,7 @@ static const struct efs_fs_opdesc rename_desc = {
 void efs_fs_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
 		   const char *newname, unsigned int flags)
 {
-	struct efs_fs_op *op = op_start(req, &rename_desc, parent);
+	struct efs_fs_op *op = efs_fs_op_start(req, &rename_desc, parent);
 	int r;
 
 	if (!op)

@@ -195,19 +195,14 @@ int efs_fs_acl_inherit(uint8_t *v, size_t len, uint32_t *mode)
 static struct efs_fs_op *op_start(fuse_req_t req, const struct efs_fs_opdesc *d, uint64_t ino,
 				  const char *name, size_t value_len, bool write)
 {
-	struct efs_fs *fs = fuse_req_userdata(req);
-	struct efs_fs_op *op = efs_fs_op_new(fs, req, d);
+	struct efs_fs_op *op = efs_fs_op_start(req, d, ino);
 	int r;
 
-	if (!op) {
-		efs_counter_inc(fs->m_errs[d->code]);
-		fuse_reply_err(req, ENOMEM);
+	if (!op)
 		return NULL;
-	}
-	op->ino = ino;
 	if (name) {
 		r = efs_fs_xattr_check(name, value_len, op->uid, write);
-		if (r == 0 && write && fs->read_only)
+		if (r == 0 && write && op->fs->read_only)
 			r = -EROFS;
 		if (r < 0) {
 			efs_fs_op_finish(op, r);
@@ -232,11 +227,6 @@ static void xattr_done(struct efs_fs_op *op)
 {
 	op->replied = true;
 	fuse_reply_err(op->req, 0);
-}
-
-static int no_build(struct efs_fs_op *op)
-{
-	return -EIO;
 }
 
 /* ---- setxattr / removexattr ---- */
@@ -493,7 +483,7 @@ static int list_plan(struct efs_fs_op *op)
 static const struct efs_fs_opdesc listxattr_desc = {
 	.code = EFS_FS_OP_LISTXATTR,
 	.plan = list_plan,
-	.build = no_build,
+	.build = efs_fs_no_build,
 	.done = xattr_done,
 };
 
