@@ -413,17 +413,23 @@ static void idle_cb(uv_idle_t *h)
 	}
 }
 
+/* Appends |op| to the queue from |*head| to |*tail|, linked through qnext. */
+static void queue_push(struct efs_fs_op **head, struct efs_fs_op **tail, struct efs_fs_op *op)
+{
+	op->qnext = NULL;
+	if (*tail)
+		(*tail)->qnext = op;
+	else
+		*head = op;
+	*tail = op;
+}
+
 static void ready_push(struct efs_fs_op *op, int state)
 {
 	struct efs_fs *fs = op->fs;
 
 	op->state = state;
-	op->qnext = NULL;
-	if (fs->ready_tail)
-		fs->ready_tail->qnext = op;
-	else
-		fs->ready_head = op;
-	fs->ready_tail = op;
+	queue_push(&fs->ready_head, &fs->ready_tail, op);
 	uv_idle_start(fs->idle, idle_cb);
 }
 
@@ -1240,19 +1246,28 @@ static void step_loaded(struct efs_fs_op *op)
 
 /* ---- Inode numbers and the inode limit ---- */
 
-static void ino_wake(struct efs_fs *fs, int err)
+/* Empties a wait queue and resumes each of its operations at the prepare
+ * step with |err|; |counted|: the inode count they waited for is known. */
+static void queue_wake(struct efs_fs_op **head, struct efs_fs_op **tail, int err, bool counted)
 {
-	struct efs_fs_op *list = fs->ino_wait_head;
+	struct efs_fs_op *list = *head;
 
-	fs->ino_wait_head = fs->ino_wait_tail = NULL;
+	*head = *tail = NULL;
 	while (list) {
 		struct efs_fs_op *op = list;
 
 		list = op->qnext;
 		op->qnext = NULL;
 		op->wait_err = err;
+		if (counted)
+			op->counted = true;
 		ready_push(op, RESUME_PREPARE);
 	}
+}
+
+static void ino_wake(struct efs_fs *fs, int err)
+{
+	queue_wake(&fs->ino_wait_head, &fs->ino_wait_tail, err, false);
 }
 
 struct ino_reserve {
@@ -1262,6 +1277,16 @@ struct ino_reserve {
 };
 
 static void ino_read(struct ino_reserve *ir);
+
+/* Ends the reservation |ir| and wakes its waiters with |err|. */
+static void ino_finish(struct ino_reserve *ir, int err)
+{
+	struct efs_fs *fs = ir->fs;
+
+	fs->ino_busy = false;
+	efs_mem_free(ir);
+	ino_wake(fs, err);
+}
 
 static void ino_txn_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
 {
@@ -1291,14 +1316,10 @@ static void ino_txn_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *res
 	efs_fs_count_txn(fs, EFS_FS_ORIG_INO, EFS_FS_TXN_OK);
 	fs->ino_next = ir->next;
 	fs->ino_end = ir->next + fs->ino_batch;
-	fs->ino_busy = false;
-	efs_mem_free(ir);
-	ino_wake(fs, 0);
+	ino_finish(ir, 0);
 	return;
 fail:
-	fs->ino_busy = false;
-	efs_mem_free(ir);
-	ino_wake(fs, -EIO);
+	ino_finish(ir, -EIO);
 }
 
 static void ino_read_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
@@ -1343,9 +1364,7 @@ static void ino_read_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *
 	return;
 fail:
 	efs_log_debug("fs: cannot reserve inode numbers: %s", r->err ? r->message : "bad counter");
-	fs->ino_busy = false;
-	efs_mem_free(ir);
-	ino_wake(fs, -EIO);
+	ino_finish(ir, -EIO);
 }
 
 static void ino_read(struct ino_reserve *ir)
@@ -1357,11 +1376,8 @@ static void ino_read(struct ino_reserve *ir)
 	r = efs_meta_key_ino_counter(&fs->ns, &k);
 	if (r == 0)
 		r = efs_etcd_range(fs->c, k.buf, k.len, NULL, NULL, ino_read_cb, ir);
-	if (r < 0) {
-		fs->ino_busy = false;
-		efs_mem_free(ir);
-		ino_wake(fs, -EIO);
-	}
+	if (r < 0)
+		ino_finish(ir, -EIO);
 }
 
 /* EFS_FS_CONT with op->new_ino set, or EFS_FS_WAIT (queued). */
@@ -1374,12 +1390,7 @@ static int ino_alloc(struct efs_fs_op *op)
 		op->new_ino = fs->ino_next++;
 		return EFS_FS_CONT;
 	}
-	op->qnext = NULL;
-	if (fs->ino_wait_tail)
-		fs->ino_wait_tail->qnext = op;
-	else
-		fs->ino_wait_head = op;
-	fs->ino_wait_tail = op;
+	queue_push(&fs->ino_wait_head, &fs->ino_wait_tail, op);
 	if (fs->ino_busy)
 		return EFS_FS_WAIT;
 	ir = efs_mem_calloc(1, sizeof(*ir));
@@ -1395,18 +1406,7 @@ static int ino_alloc(struct efs_fs_op *op)
 
 static void count_wake(struct efs_fs *fs, int err)
 {
-	struct efs_fs_op *list = fs->count_wait_head;
-
-	fs->count_wait_head = fs->count_wait_tail = NULL;
-	while (list) {
-		struct efs_fs_op *op = list;
-
-		list = op->qnext;
-		op->qnext = NULL;
-		op->wait_err = err;
-		op->counted = true;
-		ready_push(op, RESUME_PREPARE);
-	}
+	queue_wake(&fs->count_wait_head, &fs->count_wait_tail, err, true);
 }
 
 static void count_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
@@ -1452,12 +1452,7 @@ static int count_check(struct efs_fs_op *op)
 	if (!op->counted &&
 	    (!fs->count_known ||
 	     (uint64_t)(fs->icount + fs->icreating) + 1 + EFS_FS_INODE_SLACK > limit)) {
-		op->qnext = NULL;
-		if (fs->count_wait_tail)
-			fs->count_wait_tail->qnext = op;
-		else
-			fs->count_wait_head = op;
-		fs->count_wait_tail = op;
+		queue_push(&fs->count_wait_head, &fs->count_wait_tail, op);
 		if (fs->count_busy)
 			return EFS_FS_WAIT;
 		r = efs_fs_count_inodes(fs, count_cb, fs);
