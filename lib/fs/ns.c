@@ -821,6 +821,25 @@ static const struct efs_fs_opdesc rmdir_desc = {
 	.done = rm_done,
 };
 
+/* Runs |op| once its arguments checked out (|r| == 0), with a zeroed
+ * op->priv of |priv_size| bytes and the filesystem writable; else ends it
+ * with the first error. */
+static void run_writer(struct efs_fs_op *op, int r, size_t priv_size)
+{
+	if (r == 0) {
+		op->priv = efs_mem_calloc(1, priv_size);
+		if (!op->priv)
+			r = -ENOMEM;
+	}
+	if (r == 0 && op->fs->read_only)
+		r = -EROFS;
+	if (r < 0) {
+		efs_fs_op_finish(op, r);
+		return;
+	}
+	efs_fs_op_run(op);
+}
+
 static void rm_start(fuse_req_t req, const struct efs_fs_opdesc *d, fuse_ino_t parent,
 		     const char *name)
 {
@@ -834,18 +853,7 @@ static void rm_start(fuse_req_t req, const struct efs_fs_opdesc *d, fuse_ino_t p
 		r = -EINVAL;
 	else if (r == -EINVAL && strcmp(name, "..") == 0)
 		r = -ENOTEMPTY;
-	if (r == 0) {
-		op->priv = efs_mem_calloc(1, sizeof(struct rm_priv));
-		if (!op->priv)
-			r = -ENOMEM;
-	}
-	if (r == 0 && op->fs->read_only)
-		r = -EROFS;
-	if (r < 0) {
-		efs_fs_op_finish(op, r);
-		return;
-	}
-	efs_fs_op_run(op);
+	run_writer(op, r, sizeof(struct rm_priv));
 }
 
 void efs_fs_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -1237,16 +1245,5 @@ void efs_fs_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
 		r = -EINVAL;
 	if (r == 0 && (flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE))
 		r = -EINVAL;
-	if (r == 0) {
-		op->priv = efs_mem_calloc(1, sizeof(struct rn_priv));
-		if (!op->priv)
-			r = -ENOMEM;
-	}
-	if (r == 0 && op->fs->read_only)
-		r = -EROFS;
-	if (r < 0) {
-		efs_fs_op_finish(op, r);
-		return;
-	}
-	efs_fs_op_run(op);
+	run_writer(op, r, sizeof(struct rn_priv));
 }
