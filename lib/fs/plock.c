@@ -843,6 +843,21 @@ void efs_fs_getlk(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, str
 	req_attempt(rq);
 }
 
+/* Sends a checked lock or unlock request on: a request that would wait
+ * without |sleep| fails with EAGAIN at once when this node holds a
+ * conflicting lock; a sleeping one can be interrupted. */
+static void lock_go(struct plk_req *rq, bool sleep)
+{
+	rq->sleep = sleep && rq->type != F_UNLCK;
+	if (rq->type != F_UNLCK && local_conflict(rq->p, rq) && !rq->sleep) {
+		req_finish(rq, -EAGAIN);
+		return;
+	}
+	if (rq->sleep)
+		fuse_req_interrupt_func(rq->req, on_interrupt, rq);
+	req_attempt(rq);
+}
+
 void efs_fs_setlk(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, struct flock *lock,
 		  int sleep)
 {
@@ -860,14 +875,7 @@ void efs_fs_setlk(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, str
 		req_finish(rq, r);
 		return;
 	}
-	rq->sleep = sleep && rq->type != F_UNLCK;
-	if (rq->type != F_UNLCK && local_conflict(rq->p, rq) && !rq->sleep) {
-		req_finish(rq, -EAGAIN);
-		return;
-	}
-	if (rq->sleep)
-		fuse_req_interrupt_func(req, on_interrupt, rq);
-	req_attempt(rq);
+	lock_go(rq, sleep);
 }
 
 void efs_fs_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int op)
@@ -898,14 +906,7 @@ void efs_fs_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int
 		req_finish(rq, r);
 		return;
 	}
-	rq->sleep = !(op & LOCK_NB) && rq->type != F_UNLCK;
-	if (rq->type != F_UNLCK && local_conflict(rq->p, rq) && !rq->sleep) {
-		req_finish(rq, -EAGAIN);
-		return;
-	}
-	if (rq->sleep)
-		fuse_req_interrupt_func(req, on_interrupt, rq);
-	req_attempt(rq);
+	lock_go(rq, !(op & LOCK_NB));
 }
 
 /* ---- Flush and release ---- */
