@@ -82,24 +82,12 @@ int efs_fs_handle_check(const struct efs_fs *fs, const struct efs_fs_handle *h)
 
 /* ---- Common starts ---- */
 
-/* Plans a shared lock on op->ino; 1 when the record is there to use. */
-static int plan_shared(struct efs_fs_op *op, const Etcfs__Inode **ret)
-{
-	if (op->loads_done == 0) {
-		int r = efs_fs_want(op, op->ino, EFS_LOCK_SHARED);
-
-		return r < 0 ? r : 0;
-	}
-	*ret = efs_fs_rec(op, op->ino);
-	return *ret ? 1 : -ENOENT;
-}
-
 /* ---- getattr ---- */
 
 static int getattr_plan(struct efs_fs_op *op)
 {
 	const Etcfs__Inode *rec = NULL;
-	int r = plan_shared(op, &rec);
+	int r = efs_fs_plan_shared(op, &rec);
 
 	if (r <= 0)
 		return r;
@@ -292,7 +280,7 @@ static int readlink_plan(struct efs_fs_op *op)
 {
 	const Etcfs__Inode *rec = NULL;
 	char *buf;
-	int r = plan_shared(op, &rec);
+	int r = efs_fs_plan_shared(op, &rec);
 
 	if (r <= 0)
 		return r;

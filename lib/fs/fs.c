@@ -258,6 +258,17 @@ void efs_fs_no_done(struct efs_fs_op *op)
 	(void)op;
 }
 
+int efs_fs_plan_shared(struct efs_fs_op *op, const Etcfs__Inode **ret)
+{
+	if (op->loads_done == 0) {
+		int r = efs_fs_want(op, op->ino, EFS_LOCK_SHARED);
+
+		return r < 0 ? r : 0;
+	}
+	*ret = efs_fs_rec(op, op->ino);
+	return *ret ? 1 : -ENOENT;
+}
+
 static void reset_out(struct efs_fs_op *op)
 {
 	for (size_t i = 0; i < op->nout; i++)

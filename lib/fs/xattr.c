@@ -385,13 +385,12 @@ static int reply_sized(struct efs_fs_op *op, const void *buf, size_t len)
 
 static int get_plan(struct efs_fs_op *op)
 {
-	const Etcfs__Inode *rec;
+	const Etcfs__Inode *rec = NULL;
+	int r;
 
-	if (op->loads_done == 0)
-		return efs_fs_want(op, op->ino, EFS_LOCK_SHARED);
-	rec = efs_fs_rec(op, op->ino);
-	if (!rec)
-		return -ENOENT;
+	r = efs_fs_plan_shared(op, &rec);
+	if (r <= 0)
+		return r;
 	if (op->nkv == 0) {
 		if (rec->xattr_count == 0)
 			return -ENODATA;
@@ -404,16 +403,10 @@ static int get_plan(struct efs_fs_op *op)
 	return reply_sized(op, op->kv[0].val, op->kv[0].val_len);
 }
 
-static int get_build(struct efs_fs_op *op)
-{
-	/* Reached only when a plan pass ended without an answer. */
-	return -EIO;
-}
-
 static const struct efs_fs_opdesc getxattr_desc = {
 	.code = EFS_FS_OP_GETXATTR,
 	.plan = get_plan,
-	.build = get_build,
+	.build = efs_fs_no_build, /* plan answers */
 	.done = xattr_done,
 };
 
@@ -429,18 +422,16 @@ void efs_fs_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t si
 
 static int list_plan(struct efs_fs_op *op)
 {
-	const Etcfs__Inode *rec;
+	const Etcfs__Inode *rec = NULL;
 	struct efs_fs_kv *kv;
 	struct efs_meta_range rg;
 	char *buf;
 	size_t total = 0;
 	int r;
 
-	if (op->loads_done == 0)
-		return efs_fs_want(op, op->ino, EFS_LOCK_SHARED);
-	rec = efs_fs_rec(op, op->ino);
-	if (!rec)
-		return -ENOENT;
+	r = efs_fs_plan_shared(op, &rec);
+	if (r <= 0)
+		return r;
 	if (op->nkv == 0) {
 		if (rec->xattr_count == 0)
 			return reply_sized(op, "", 0);
