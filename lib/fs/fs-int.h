@@ -476,6 +476,8 @@ struct efs_fs_op *efs_fs_op_start(fuse_req_t req, const struct efs_fs_opdesc *d,
 /* For descriptors with nothing to build (-EIO: plan answers) or to do after a commit. */
 int efs_fs_no_build(struct efs_fs_op *op);
 void efs_fs_no_done(struct efs_fs_op *op);
+/* A |done| that replies success without data. */
+void efs_fs_ok_done(struct efs_fs_op *op);
 /* Plans a shared lock on op->ino (0, or a negative errno) before the first
  * load; after it 1 with *|ret| the record, or -ENOENT. */
 int efs_fs_plan_shared(struct efs_fs_op *op, const Etcfs__Inode **ret);

@@ -258,6 +258,12 @@ void efs_fs_no_done(struct efs_fs_op *op)
 	(void)op;
 }
 
+void efs_fs_ok_done(struct efs_fs_op *op)
+{
+	op->replied = true;
+	fuse_reply_err(op->req, 0);
+}
+
 int efs_fs_plan_shared(struct efs_fs_op *op, const Etcfs__Inode **ret)
 {
 	if (op->loads_done == 0) {

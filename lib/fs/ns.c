@@ -797,19 +797,13 @@ out:
 	return r;
 }
 
-static void rm_done(struct efs_fs_op *op)
-{
-	op->replied = true;
-	fuse_reply_err(op->req, 0);
-}
-
 static const struct efs_fs_opdesc unlink_desc = {
 	.code = EFS_FS_OP_UNLINK,
 	.origin = EFS_FS_ORIG_UNLINK,
 	.mutates = true,
 	.plan = rm_plan,
 	.build = rm_build,
-	.done = rm_done,
+	.done = efs_fs_ok_done,
 };
 
 static const struct efs_fs_opdesc rmdir_desc = {
@@ -818,7 +812,7 @@ static const struct efs_fs_opdesc rmdir_desc = {
 	.mutates = true,
 	.plan = rm_plan,
 	.build = rm_build,
-	.done = rm_done,
+	.done = efs_fs_ok_done,
 };
 
 /* Runs |op| once its arguments checked out (|r| == 0), with a zeroed
@@ -1225,7 +1219,7 @@ static const struct efs_fs_opdesc rename_desc = {
 	.mutates = true,
 	.plan = rn_plan,
 	.build = rn_build,
-	.done = rm_done,
+	.done = efs_fs_ok_done,
 };
 
 void efs_fs_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,

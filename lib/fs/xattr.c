@@ -223,12 +223,6 @@ static int want_xattr_kv(struct efs_fs_op *op)
 	return efs_meta_key_xattr(&op->fs->ns, op->ino, op->name, op->name_len, &kv->key);
 }
 
-static void xattr_done(struct efs_fs_op *op)
-{
-	op->replied = true;
-	fuse_reply_err(op->req, 0);
-}
-
 /* ---- setxattr / removexattr ---- */
 
 static int set_plan(struct efs_fs_op *op)
@@ -326,7 +320,7 @@ static const struct efs_fs_opdesc setxattr_desc = {
 	.mutates = true,
 	.plan = set_plan,
 	.build = set_build,
-	.done = xattr_done,
+	.done = efs_fs_ok_done,
 };
 
 static const struct efs_fs_opdesc removexattr_desc = {
@@ -335,7 +329,7 @@ static const struct efs_fs_opdesc removexattr_desc = {
 	.mutates = true,
 	.plan = set_plan,
 	.build = set_build,
-	.done = xattr_done,
+	.done = efs_fs_ok_done,
 };
 
 void efs_fs_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
@@ -407,7 +401,7 @@ static const struct efs_fs_opdesc getxattr_desc = {
 	.code = EFS_FS_OP_GETXATTR,
 	.plan = get_plan,
 	.build = efs_fs_no_build, /* plan answers */
-	.done = xattr_done,
+	.done = efs_fs_ok_done,
 };
 
 void efs_fs_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
@@ -475,7 +469,7 @@ static const struct efs_fs_opdesc listxattr_desc = {
 	.code = EFS_FS_OP_LISTXATTR,
 	.plan = list_plan,
 	.build = efs_fs_no_build,
-	.done = xattr_done,
+	.done = efs_fs_ok_done,
 };
 
 void efs_fs_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
