@@ -105,6 +105,16 @@ static struct rc *call_done(struct rc_call *c)
 	return rc;
 }
 
+/* call_done for a reply callback's |arg|, which it frees. */
+static struct rc *call_end(void *arg)
+{
+	struct rc_call *c = arg;
+	struct rc *rc = call_done(c);
+
+	efs_mem_free(c);
+	return rc;
+}
+
 static int rc_send(struct rc *rc, struct efs_etcd_txn *t, efs_etcd_txn_cb cb)
 {
 	struct rc_call *c = call_new(rc);
@@ -277,12 +287,10 @@ static void scan_orphans(struct rc *rc)
 
 static void list_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
 {
-	struct rc_call *c = arg;
-	struct rc *rc = call_done(c);
+	struct rc *rc = call_end(arg);
 	Etcdserverpb__RangeResponse *rr = NULL;
 	const char *me;
 
-	efs_mem_free(c);
 	if (!rc)
 		return;
 	if (r->err < 0 || efs_etcd_txn_resp_range(resp, 0, &rr) < 0) {
@@ -420,12 +428,10 @@ static void batch_applied(struct rc *rc, int64_t rev)
 
 static void verify_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
 {
-	struct rc_call *c = arg;
-	struct rc *rc = call_done(c);
+	struct rc *rc = call_end(arg);
 	Etcdserverpb__RangeResponse *rr = NULL;
 	struct efs_alloc_txn *at;
 
-	efs_mem_free(c);
 	if (!rc)
 		return;
 	at = rc->at;
@@ -457,12 +463,10 @@ static void verify_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 
 static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
 {
-	struct rc_call *c = arg;
-	struct rc *rc = call_done(c);
+	struct rc *rc = call_end(arg);
 	struct efs_fs *fs;
 	struct efs_alloc_txn *at;
 
-	efs_mem_free(c);
 	if (!rc)
 		return;
 	fs = rc->fs;
@@ -636,14 +640,12 @@ static size_t groups_touched(const struct efs_fs *fs, const struct efs_runs *run
 
 static void chunks_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
 {
-	struct rc_call *c = arg;
-	struct rc *rc = call_done(c);
+	struct rc *rc = call_end(arg);
 	Etcdserverpb__RangeResponse *rr = NULL;
 	struct rc_call *bc;
 	size_t n;
 	int e;
 
-	efs_mem_free(c);
 	if (!rc)
 		return;
 	if (r->err < 0 || efs_etcd_txn_resp_range(resp, 0, &rr) < 0) {
