@@ -1871,7 +1871,8 @@ static void release_start(struct efs_lockcache *lc)
 		e = efs_locktab_find(&lc->tab, w->ino);
 		if (e)
 			release_consider(lc, &b, e, to, true, s.now);
-		if (b.ops >= b.max_ops)
+		/* An op run inline may have freed the cache (and |w|). */
+		if (!ref->lc || b.ops >= b.max_ops)
 			break;
 	}
 	if (!ref->lc) {
