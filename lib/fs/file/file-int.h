@@ -335,6 +335,9 @@ struct dreq *efs_file_dreq_new(fuse_req_t req, enum rkind kind, enum efs_fs_opco
 void efs_file_dreq_end(struct dreq *r, int err);
 bool efs_file_state_ready(struct efs_fs *fs, uint64_t ino, enum efs_lock_mode mode);
 void efs_file_prep(struct dreq *r, enum efs_lock_mode mode, void (*cont)(struct dreq *r));
+/* The engine's plan step of an operation on regular file |ino|: asks for
+ * its lock in |mode|, then -ENOENT, -EISDIR or -EINVAL unless it is one. */
+int efs_file_plan_regular(struct efs_fs_op *op, uint64_t ino, enum efs_lock_mode mode);
 void efs_file_prep_engine(struct dreq *r);
 
 /* ---- File handlers (handlers.c) ---- */

@@ -195,14 +195,13 @@ void efs_file_prep(struct dreq *r, enum efs_lock_mode mode, void (*cont)(struct 
 	efs_file_prep_engine(r);
 }
 
-static int prep_plan(struct efs_fs_op *op)
+int efs_file_plan_regular(struct efs_fs_op *op, uint64_t ino, enum efs_lock_mode mode)
 {
-	struct dreq *r = op->priv;
 	const Etcfs__Inode *rec;
 
 	if (op->loads_done == 0)
-		return efs_fs_want(op, r->ino, r->mode);
-	rec = efs_fs_rec(op, r->ino);
+		return efs_fs_want(op, ino, mode);
+	rec = efs_fs_rec(op, ino);
 	if (!rec)
 		return -ENOENT;
 	if (S_ISDIR(rec->mode))
@@ -210,6 +209,13 @@ static int prep_plan(struct efs_fs_op *op)
 	if (!S_ISREG(rec->mode))
 		return -EINVAL;
 	return EFS_FS_CONT;
+}
+
+static int prep_plan(struct efs_fs_op *op)
+{
+	struct dreq *r = op->priv;
+
+	return efs_file_plan_regular(op, r->ino, r->mode);
 }
 
 static int prep_build(struct efs_fs_op *op)

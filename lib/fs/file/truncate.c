@@ -45,18 +45,8 @@ struct tr {
 static int tr_plan(struct efs_fs_op *op)
 {
 	struct tr *x = op->priv;
-	const Etcfs__Inode *rec;
 
-	if (op->loads_done == 0)
-		return efs_fs_want(op, x->r->ino, EFS_LOCK_EXCLUSIVE);
-	rec = efs_fs_rec(op, x->r->ino);
-	if (!rec)
-		return -ENOENT;
-	if (S_ISDIR(rec->mode))
-		return -EISDIR;
-	if (!S_ISREG(rec->mode))
-		return -EINVAL;
-	return EFS_FS_CONT;
+	return efs_file_plan_regular(op, x->r->ino, EFS_LOCK_EXCLUSIVE);
 }
 
 /* Picks the size of this step: the requested one, or a chunk boundary when
