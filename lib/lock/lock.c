@@ -1791,8 +1791,7 @@ static void release_send(struct efs_lockcache *lc, struct lcall *k)
 /* The inodes and targets one release transaction carries. */
 struct rel_batch {
 	size_t n, ops, max_ops;
-	uint64_t ino[EFS_ETCD_TXN_MAX_OPS];
-	enum efs_lock_mode to[EFS_ETCD_TXN_MAX_OPS];
+	uint64_t ino[EFS_ETCD_TXN_MAX_OPS]; /* each entry's target is its rel_to */
 };
 
 /*
@@ -1816,7 +1815,6 @@ static void release_consider(struct efs_lockcache *lc, struct rel_batch *b,
 	if (b->n >= EFS_ETCD_TXN_MAX_OPS || b->ops + cost > b->max_ops)
 		return;
 	b->ino[b->n] = e->ino;
-	b->to[b->n] = to;
 	b->n++;
 	b->ops += cost;
 	e->state = EFS_LOCKTAB_RELEASING;
@@ -2217,23 +2215,32 @@ void efs_lock_put(struct efs_lockcache *lc, struct efs_lock_req *req)
 		release_start(lc);
 }
 
-enum efs_lock_mode efs_lock_held(const struct efs_lockcache *lc, uint64_t ino)
+/* The entry of a lock usable now (see efs_lock_held), or NULL. */
+static const struct efs_locktab_entry *usable_entry(const struct efs_lockcache *lc, uint64_t ino)
 {
 	const struct efs_locktab_entry *e;
 
 	if (!lc || !efs_session_is_active(lc->s) || efs_session_generation(lc->s) != lc->gen)
-		return EFS_LOCK_NONE;
+		return NULL;
 	e = efs_locktab_find(&lc->tab, ino);
 	if (!e || e->state == EFS_LOCKTAB_RELEASING || e->state == EFS_LOCKTAB_GRANTING)
-		return EFS_LOCK_NONE;
-	return (enum efs_lock_mode)e->mode;
+		return NULL;
+	return e;
+}
+
+enum efs_lock_mode efs_lock_held(const struct efs_lockcache *lc, uint64_t ino)
+{
+	const struct efs_locktab_entry *e = usable_entry(lc, ino);
+
+	return e ? (enum efs_lock_mode)e->mode : EFS_LOCK_NONE;
 }
 
 uint64_t efs_lock_grant(const struct efs_lockcache *lc, uint64_t ino)
 {
-	if (efs_lock_held(lc, ino) == EFS_LOCK_NONE)
-		return 0;
-	return efs_locktab_find(&lc->tab, ino)->grant;
+	/* On every request's cache check: one table lookup. */
+	const struct efs_locktab_entry *e = usable_entry(lc, ino);
+
+	return e && e->mode != EFS_LOCK_NONE ? e->grant : 0;
 }
 
 void efs_lock_set_kind(struct efs_lockcache *lc, uint64_t ino, unsigned kind)
