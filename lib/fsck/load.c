@@ -301,6 +301,22 @@ static int load_key(state_t *st, const struct efs_check__family *fam, const Mvcc
 	return st->err;
 }
 
+/*
+ * A space record (extent chunk, free intent) that does not decode: the key
+ * is kept and marked bad, and the first such key makes the checker blind:
+ * the blocks it names are unknown, so leaked blocks are not freed.
+ */
+static int bad_space_record(state_t *st, const struct efs_check__family *fam,
+			    const Mvccpb__KeyValue *kv, const struct efs_meta_key_info *ki,
+			    struct key_ent *k, int r, const char *reason)
+{
+	k->bad = true;
+	if (st->blind == NONE)
+		st->blind = st->n_keys - 1;
+	bad_record(st, fam, kv, ki, r, reason, false);
+	return st->err;
+}
+
 static int load_extent(state_t *st, const struct efs_check__family *fam,
 		       const Mvccpb__KeyValue *kv, const struct efs_meta_key_info *ki)
 {
@@ -316,13 +332,8 @@ static int load_extent(state_t *st, const struct efs_check__family *fam,
 	r = efs_meta_extent_chunk_decode(kv->value.data, kv->value.len, &ch, &reason);
 	if (r == -ENOMEM)
 		return r;
-	if (r < 0) {
-		k->bad = true;
-		if (st->blind == NONE)
-			st->blind = st->n_keys - 1;
-		bad_record(st, fam, kv, ki, r, reason, false);
-		return st->err;
-	}
+	if (r < 0)
+		return bad_space_record(st, fam, kv, ki, k, r, reason);
 	for (size_t i = 0; i < ch->n_extents; i++) {
 		const Etcfs__Extent *x = ch->extents[i];
 		struct ext_ent *xa;
@@ -495,13 +506,8 @@ static int load_free_intent(state_t *st, const struct efs_check__family *fam,
 	r = efs_meta_free_intent_decode(kv->value.data, kv->value.len, &fi, &reason);
 	if (r == -ENOMEM)
 		return r;
-	if (r < 0) {
-		k->bad = true;
-		if (st->blind == NONE)
-			st->blind = st->n_keys - 1;
-		bad_record(st, fam, kv, ki, r, reason, false);
-		return st->err;
-	}
+	if (r < 0)
+		return bad_space_record(st, fam, kv, ki, k, r, reason);
 	for (size_t i = 0; i < fi->n_runs; i++) {
 		if (add_sp_run(st, fi->runs[i]->start, fi->runs[i]->len, ki->group, true) < 0) {
 			efs_meta_record_free(fi);
