@@ -208,6 +208,8 @@ struct efs_lockcache {
 		const struct efs_lock_ops *ops;
 		void *arg;
 	} ops[EFS_LOCK_KINDS];
+	efs_lock_kind_fn kind_fn;
+	void *kind_arg;
 	uint64_t grant_seq;	/* last grant id handed out */
 	size_t n_draining;	/* entries with |draining| set */
 	struct rwait *rwaiters; /* efs_lock_release_now callers, newest first */
@@ -309,6 +311,39 @@ static void new_grant(struct efs_lockcache *lc, struct efs_locktab_entry *e)
 {
 	e->grant = ++lc->grant_seq;
 	e->prepared = false;
+	e->recalled = false;
+}
+
+/* The ops of |e|'s kind: a kind set on the entry wins over the classifier. */
+static unsigned kind_of(const struct efs_lockcache *lc, const struct efs_locktab_entry *e)
+{
+	unsigned k = e->kind;
+
+	if (k == 0 && lc->kind_fn) {
+		k = lc->kind_fn(lc->kind_arg, e->ino);
+		if (k >= EFS_LOCK_KINDS)
+			k = 0;
+	}
+	return k;
+}
+
+/* Whether a cache hit on |e| may serve |a| (|e| holds the mode wanted):
+ * not while an upgrade drains it, and while a forced release drains it
+ * only for writeback and for acquisitions that pin other locks already. */
+static bool drain_exempt(const struct acq *a)
+{
+	if (a->req->flags & (EFS_LOCK_F_WRITEBACK | EFS_LOCK_F_NESTED))
+		return true;
+	for (size_t i = 0; i < a->req->n; i++)
+		if (a->pinned[i])
+			return true;
+	return false;
+}
+
+static bool hit_ok(const struct acq *a, const struct efs_locktab_entry *e)
+{
+	return e->state != EFS_LOCKTAB_RELEASING && !e->draining &&
+	       (!e->recalled || drain_exempt(a));
 }
 
 static void set_draining(struct efs_lockcache *lc, struct efs_locktab_entry *e, bool on)
@@ -1012,12 +1047,12 @@ static bool acq_step(struct acq *a)
 		if (a->pinned[i])
 			continue;
 		e = efs_locktab_find(&lc->tab, a->req->ino[i]);
-		if (e && e->mode >= (int)a->want[i] && e->state != EFS_LOCKTAB_RELEASING &&
-		    !e->draining) {
+		if (e && e->mode >= (int)a->want[i] && hit_ok(a, e)) {
 			pin_for(a, i, e);
 			continue;
 		}
-		if (e && e->state != EFS_LOCKTAB_HELD && e->owner != a) {
+		if (e && ((e->state != EFS_LOCKTAB_HELD && e->owner != a) ||
+			  (e->state == EFS_LOCKTAB_HELD && e->recalled && !drain_exempt(a)))) {
 			/* Another local acquisition or a release is on it:
 			 * its end decides (they share the node's lock). */
 			a->wait = AW_ENTRY;
@@ -1593,10 +1628,16 @@ static void prep_step(struct prep *p, int status)
 			     "again later",
 			     p->ino, strerror(-status));
 		e->prep = false;
+		if (e->recalled) {
+			/* Operations go on meanwhile; the next attempt drains
+			 * again. */
+			e->recalled = false;
+			entry_changed(lc, e);
+		}
 		goto out;
 	}
-	ops = lc->ops[e->kind].ops;
-	arg = lc->ops[e->kind].arg;
+	ops = lc->ops[kind_of(lc, e)].ops;
+	arg = lc->ops[kind_of(lc, e)].arg;
 	if (p->step == 0) {
 		p->step = 1;
 		if (ops && ops->invalidate && p->inval) {
@@ -1625,9 +1666,15 @@ out:
 /* Caches granted under an ended hold are void by their grant id, so the
  * invalidate op runs only while the kernel may still cache under the lock
  * or the release cannot wait for that (|urgent|). */
-static bool needs_inval(const struct efs_locktab_entry *e, bool urgent, uint64_t now)
+static bool needs_inval(const struct efs_lockcache *lc, const struct efs_locktab_entry *e,
+			bool urgent, uint64_t now)
 {
-	return urgent || e->kcache_until_ns > now;
+	unsigned k = kind_of(lc, e);
+	const struct efs_lock_ops *ops = lc->ops[k].ops;
+
+	if (urgent || e->kcache_until_ns > now)
+		return true;
+	return ops && ops->cached && ops->cached(lc->ops[k].arg, e->ino);
 }
 
 static int prep_start(struct efs_lockcache *lc, struct efs_locktab_entry *e,
@@ -1655,13 +1702,13 @@ static int prep_start(struct efs_lockcache *lc, struct efs_locktab_entry *e,
 static bool needs_prep(const struct efs_lockcache *lc, const struct efs_locktab_entry *e,
 		       bool urgent, uint64_t now)
 {
-	const struct efs_lock_ops *ops = lc->ops[e->kind].ops;
+	const struct efs_lock_ops *ops = lc->ops[kind_of(lc, e)].ops;
 
 	if (!ops)
 		return false;
 	if (ops->sync)
 		return true;
-	return ops->invalidate && needs_inval(e, urgent, now);
+	return ops->invalidate && needs_inval(lc, e, urgent, now);
 }
 
 static bool is_prepared(const struct efs_locktab_entry *e, enum efs_lock_mode to)
@@ -1807,7 +1854,7 @@ static void release_consider(struct efs_lockcache *lc, struct rel_batch *b,
 	if (e->state != EFS_LOCKTAB_HELD || e->pins || e->prep || e->mode <= (int)to)
 		return;
 	if (needs_prep(lc, e, urgent, now) && !is_prepared(e, to)) {
-		if (prep_start(lc, e, to, needs_inval(e, urgent, now)) < 0)
+		if (prep_start(lc, e, to, needs_inval(lc, e, urgent, now)) < 0)
 			efs_log_debug("lock: inode %" PRIu64 ": no memory to prepare its release",
 				      e->ino);
 		return;
@@ -1867,6 +1914,10 @@ static void release_start(struct efs_lockcache *lc)
 			if (o->ino == w->ino && o->to < to)
 				to = o->to;
 		e = efs_locktab_find(&lc->tab, w->ino);
+		if (e && e->state == EFS_LOCKTAB_HELD && e->mode > (int)to && !e->recalled) {
+			/* Drained from now on (see Forced releases in lock.h). */
+			e->recalled = true;
+		}
 		if (e)
 			release_consider(lc, &b, e, to, true, s.now);
 		/* An op run inline may have freed the cache (and |w|). */
@@ -2150,8 +2201,7 @@ int efs_lock_acquire(struct efs_lockcache *lc, struct efs_lock_req *req)
 			if (a->dup[i])
 				continue;
 			e = efs_locktab_find(&lc->tab, req->ino[i]);
-			hit = e && e->mode >= (int)a->want[i] && e->state != EFS_LOCKTAB_RELEASING &&
-			      !e->draining;
+			hit = e && e->mode >= (int)a->want[i] && hit_ok(a, e);
 		}
 	} else {
 		hit = false;
@@ -2249,6 +2299,14 @@ void efs_lock_set_kind(struct efs_lockcache *lc, uint64_t ino, unsigned kind)
 
 	if (e && kind < EFS_LOCK_KINDS)
 		e->kind = (uint8_t)kind;
+}
+
+void efs_lockcache_set_kind_fn(struct efs_lockcache *lc, efs_lock_kind_fn fn, void *arg)
+{
+	if (!lc)
+		return;
+	lc->kind_fn = fn;
+	lc->kind_arg = arg;
 }
 
 int efs_lockcache_set_ops(struct efs_lockcache *lc, unsigned kind, const struct efs_lock_ops *ops,

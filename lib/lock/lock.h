@@ -55,6 +55,18 @@
  * flight under this lock"; state such as an open handle or dirty data is
  * published by |sync|, never held as a pin.
  *
+ * Forced releases (efs_lock_release_now) drain the lock: from the moment
+ * one is asked for until the lock is released or downgraded, only
+ * requests marked |writeback| are served from the cache; every other
+ * acquisition of the inode waits for the release and then takes the lock
+ * anew. So a steady stream of operations cannot starve a recall, and what
+ * the release prepares (the kernel's dirty pages written back while
+ * |invalidate| runs, the publication |sync| starts: EFS_LOCK_F_WRITEBACK)
+ * can still take the lock, as can requests of operations that pin other
+ * locks already (EFS_LOCK_F_NESTED, or an acquisition of several inodes
+ * part of which it holds). A preparation that fails ends the drain until
+ * the next attempt.
+ *
  * Upgrades never deadlock two nodes: an upgrade that finds another holder
  * stops granting new local cache hits on the inode, waits for its pins to
  * go and for the kernel caches granted under the shared hold to expire,
@@ -91,6 +103,15 @@ enum efs_lock_mode {
  * transaction (2 compares and 2 operations each, inside etcd's 128). */
 #define EFS_LOCK_REQ_MAX 32
 
+/* The request writes back what the lock covers (a publication, the
+ * kernel's writeback of dirty pages): served from the cache also while a
+ * forced release drains the lock (see Forced releases above). */
+#define EFS_LOCK_F_WRITEBACK 0x1u
+/* The caller pins other locks for the same operation already: a drain
+ * never makes it wait, so that two operations that each pin one drained
+ * lock and want the other's cannot wait for each other. */
+#define EFS_LOCK_F_NESTED 0x2u
+
 struct efs_lock_req;
 /*
  * Acquisition finished: 0 (every inode held, pinned), or -EIO (session
@@ -111,6 +132,7 @@ struct efs_lock_req {
 	enum efs_lock_mode mode[EFS_LOCK_REQ_MAX];
 	efs_lock_cb cb;
 	void *arg;
+	unsigned flags; /* EFS_LOCK_F_* */
 	/* results */
 	const Mvccpb__KeyValue *recs[EFS_LOCK_REQ_MAX];
 	uint64_t grant[EFS_LOCK_REQ_MAX];
@@ -156,7 +178,16 @@ struct efs_lock_ops {
 	 * deferred attributes) so that the next holder sees it. */
 	void (*sync)(void *arg, uint64_t ino, enum efs_lock_mode to, efs_lock_done_cb done,
 		     void *darg);
+	/* Whether the kernel may cache under the lock of |ino| beyond the
+	 * timeouts noted with efs_lock_note_kernel_cache (the page cache
+	 * of an open file): then |invalidate| runs before every release,
+	 * idle ones included. NULL: never. */
+	bool (*cached)(void *arg, uint64_t ino);
 };
+
+/* Says which kind (< EFS_LOCK_KINDS) the lock of |ino| is, asked when its
+ * release is prepared (the lock cache never learns what an inode is). */
+typedef unsigned (*efs_lock_kind_fn)(void *arg, uint64_t ino);
 
 int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_etcd *c,
 		      struct efs_session *s, const struct efs_lockcache_opts *o);
@@ -178,6 +209,9 @@ void efs_lockcache_forget_all(struct efs_lockcache *lc);
  * NULL removes them. -EINVAL for a kind out of range. */
 int efs_lockcache_set_ops(struct efs_lockcache *lc, unsigned kind, const struct efs_lock_ops *ops,
 			  void *arg);
+/* Registers the kind classifier (NULL: every lock is of the kind set by
+ * efs_lock_set_kind, else 0); a kind set with efs_lock_set_kind wins. */
+void efs_lockcache_set_kind_fn(struct efs_lockcache *lc, efs_lock_kind_fn fn, void *arg);
 /* Frees |lc|: callers drain their operations first; acquisitions still
  * pending are dropped without a callback. Holder keys stay in etcd (they
  * go with the session lease). Free the lock cache before its session.

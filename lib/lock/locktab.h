@@ -43,6 +43,7 @@ struct efs_locktab_entry {
 	bool prep;		  /* its ops (invalidate, sync) run: never selected */
 	bool prepared;		  /* its ops ran and nothing pinned it since */
 	bool draining;		  /* no new cache hits: an upgrade waits for pins */
+	bool recalled;		  /* a forced release waits: only writeback hits */
 	void *owner;		  /* for the table's user (lock.c: waiting acquisitions) */
 	/* private */
 	struct efs_locktab_entry *hnext;

@@ -159,6 +159,25 @@ static int acquire1(struct efs_lockcache *lc, struct lres *x, uint64_t ino, enum
 	return acquire(lc, x, 1, &ino, &m);
 }
 
+/* acquire1 with request flags (EFS_LOCK_F_*). */
+static int acquire1f(struct efs_lockcache *lc, struct lres *x, uint64_t ino, enum efs_lock_mode m,
+		     unsigned flags)
+{
+	int r;
+
+	*x = (struct lres){0};
+	x->req.n = 1;
+	x->req.ino[0] = ino;
+	x->req.mode[0] = m;
+	x->req.flags = flags;
+	x->req.cb = on_lock;
+	x->req.arg = x;
+	r = efs_lock_acquire(lc, &x->req);
+	cr_assert_geq(r, 0, "acquire: %d", r);
+	cr_assert_not(x->done, "callback ran inline");
+	return r;
+}
+
 /* Acquires and waits; asserts success. */
 static void take(struct efs_lockcache *lc, struct lres *x, uint64_t ino, enum efs_lock_mode m)
 {
@@ -1008,8 +1027,9 @@ Test(lock, forced_release_waits_for_pins_and_publishes_through_the_ops)
 	cr_assert_eq(fo.invalidates, 1);
 	cr_assert_eq(fo.last_to, EFS_LOCK_NONE);
 	cr_assert_eq(efs_lock_held(lc, 210), EFS_LOCK_EXCLUSIVE);
-	/* An operation takes it while sync runs: the preparation is void. */
-	cr_assert_eq(acquire1(lc, &b, 210, EFS_LOCK_EXCLUSIVE), 1);
+	/* A writeback takes it while sync runs (a forced release drains
+	 * every other request): the preparation is void. */
+	cr_assert_eq(acquire1f(lc, &b, 210, EFS_LOCK_EXCLUSIVE, EFS_LOCK_F_WRITEBACK), 1);
 	fake_complete(&fo, 0);
 	efs_test_run_for(300);
 	cr_assert_not(f.done, "released after an operation used it during sync");
@@ -1039,6 +1059,76 @@ Test(lock, forced_release_waits_for_pins_and_publishes_through_the_ops)
 	cr_assert_eq(efs_lock_release_now(lc, 211, EFS_LOCK_NONE, on_forced, &f), 0);
 	cr_assert(efs_test_run_until(&f.done, 3000));
 	cr_assert_eq(fo.syncs, 0);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+/*
+ * A forced release drains the lock: from the moment it is asked for,
+ * operations wait and take the lock anew after it went (so a steady stream
+ * of them cannot starve it), while writeback and nested requests are still
+ * served from the cache. Negative control: with the drain gone, the plain
+ * acquisition below is a cache hit (acquire returns 1) and the test fails.
+ */
+Test(lock, forced_release_drains_the_lock_but_serves_writeback)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 0);
+	struct fake_ops fo = {.hold_sync = true};
+	struct lres a, w, n, plain;
+	struct rel f = {0};
+	uint64_t g;
+
+	cr_assert_eq(efs_lockcache_set_ops(lc, 1, &fake_lock_ops, &fo), 0);
+	take(lc, &a, 230, EFS_LOCK_EXCLUSIVE);
+	efs_lock_set_kind(lc, 230, 1);
+	g = a.req.grant[0];
+	cr_assert_eq(efs_lock_release_now(lc, 230, EFS_LOCK_NONE, on_forced, &f), 0);
+	efs_test_run_for(50);
+	/* Drained while the operation in flight still pins it. */
+	cr_assert_eq(acquire1(lc, &plain, 230, EFS_LOCK_SHARED), 0,
+		     "a plain request was served from a lock being force-released");
+	efs_lock_put(lc, &a.req);
+	RUN_UNTIL(fo.syncs == 1, 2000);
+	cr_assert_eq(fo.syncs, 1, "sync not called");
+	cr_assert_not(plain.done, "the waiting request ran before the release");
+	/* What the preparation itself needs is served. */
+	cr_assert_eq(acquire1f(lc, &w, 230, EFS_LOCK_EXCLUSIVE, EFS_LOCK_F_WRITEBACK), 1);
+	cr_assert_eq(w.req.grant[0], g);
+	cr_assert_eq(acquire1f(lc, &n, 230, EFS_LOCK_SHARED, EFS_LOCK_F_NESTED), 1);
+	efs_lock_put(lc, &n.req);
+	efs_lock_put(lc, &w.req);
+	fo.hold_sync = false;
+	fake_complete(&fo, 0);
+	cr_assert(efs_test_run_until(&f.done, 3000), "the forced release never ended");
+	cr_assert_eq(f.status, 0);
+	cr_assert_geq(fo.syncs, 2, "not prepared again after the writeback used the lock");
+	/* The waiting request took the lock anew: another hold. */
+	cr_assert(efs_test_run_until(&plain.done, 3000), "the drained request never ran");
+	cr_assert_eq(plain.status, 0);
+	cr_assert(plain.req.grant[0] != 0 && plain.req.grant[0] != g,
+		  "the drained request kept the released grant");
+	cr_assert(holder_exists(230, EFS_META_LOCK_SHARED, "node1"));
+	cr_assert_not(holder_exists(230, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	efs_lock_put(lc, &plain.req);
+	/* A failing preparation ends the drain: operations go on. */
+	f = (struct rel){0};
+	fo.hold_sync = true;
+	take(lc, &a, 231, EFS_LOCK_EXCLUSIVE);
+	efs_lock_set_kind(lc, 231, 1);
+	efs_lock_put(lc, &a.req);
+	cr_assert_eq(efs_lock_release_now(lc, 231, EFS_LOCK_NONE, on_forced, &f), 0);
+	RUN_UNTIL(fo.syncs == 3, 2000);
+	cr_assert_eq(fo.syncs, 3);
+	cr_assert_eq(acquire1(lc, &plain, 231, EFS_LOCK_EXCLUSIVE), 0);
+	fake_complete(&fo, -EIO);
+	cr_assert(efs_test_run_until(&plain.done, 2000), "a failed preparation kept the drain");
+	cr_assert_eq(plain.status, 0);
+	cr_assert_eq(plain.req.grant[0], efs_lock_grant(lc, 231), "not the same hold");
+	cr_assert_not(f.done);
+	fo.hold_sync = false;
+	efs_lock_put(lc, &plain.req);
+	cr_assert(efs_test_run_until(&f.done, 3000));
+	cr_assert_eq(f.status, 0);
 	finish(lc);
 	efs_test_assert_no_leaks();
 }
