@@ -134,13 +134,15 @@ static struct efs_lockcache *new_lc(struct efs_session *ss, struct efs_etcd *cl,
 	return lc;
 }
 
-/* Starts an acquisition of the |n| inode/mode pairs; returns acquire's value. */
-static int acquire(struct efs_lockcache *lc, struct lres *x, size_t n, const uint64_t *ino,
-		   const enum efs_lock_mode *mode)
+/* Starts an acquisition of the |n| inode/mode pairs with request flags
+ * (EFS_LOCK_F_*); returns acquire's value. */
+static int acquire_fl(struct efs_lockcache *lc, struct lres *x, size_t n, const uint64_t *ino,
+		      const enum efs_lock_mode *mode, unsigned flags)
 {
 	int r;
 
 	*x = (struct lres){0};
+	x->req.flags = flags;
 	x->req.n = n;
 	for (size_t i = 0; i < n; i++) {
 		x->req.ino[i] = ino[i];
@@ -154,28 +156,21 @@ static int acquire(struct efs_lockcache *lc, struct lres *x, size_t n, const uin
 	return r;
 }
 
+static int acquire(struct efs_lockcache *lc, struct lres *x, size_t n, const uint64_t *ino,
+		   const enum efs_lock_mode *mode)
+{
+	return acquire_fl(lc, x, n, ino, mode, 0);
+}
+
 static int acquire1(struct efs_lockcache *lc, struct lres *x, uint64_t ino, enum efs_lock_mode m)
 {
 	return acquire(lc, x, 1, &ino, &m);
 }
 
-/* acquire1 with request flags (EFS_LOCK_F_*). */
 static int acquire1f(struct efs_lockcache *lc, struct lres *x, uint64_t ino, enum efs_lock_mode m,
 		     unsigned flags)
 {
-	int r;
-
-	*x = (struct lres){0};
-	x->req.n = 1;
-	x->req.ino[0] = ino;
-	x->req.mode[0] = m;
-	x->req.flags = flags;
-	x->req.cb = on_lock;
-	x->req.arg = x;
-	r = efs_lock_acquire(lc, &x->req);
-	cr_assert_geq(r, 0, "acquire: %d", r);
-	cr_assert_not(x->done, "callback ran inline");
-	return r;
+	return acquire_fl(lc, x, 1, &ino, &m, flags);
 }
 
 /* Acquires and waits; asserts success. */
