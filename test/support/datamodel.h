@@ -31,9 +31,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -260,6 +262,39 @@ static inline void env_unmount(void)
 }
 #endif
 
+#ifndef DATA_LOCAL
+/*
+ * A daemon thread stuck in the kernel (a notification waiting for a page
+ * the hung call holds) keeps the connection open after the kill: abort it
+ * through fusectl (mounted here if it is not), so the hung call fails.
+ */
+static inline void env_abort_connection(void)
+{
+	char path[128];
+	bool mounted = false;
+	struct stat st;
+	int fd;
+
+	nap_ms(500);
+	if (stat(env.f.mnt, &st) != 0)
+		return;
+	snprintf(path, sizeof(path), "/sys/fs/fuse/connections/%u/abort", minor(st.st_dev));
+	if (access(path, F_OK) != 0) {
+		if (mount("fusectl", "/sys/fs/fuse/connections", "fusectl", 0, NULL) != 0)
+			return;
+		mounted = true;
+	}
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		if (write(fd, "1", 1) == 1)
+			fprintf(stderr, "watchdog: aborted FUSE connection %u\n", minor(st.st_dev));
+		close(fd);
+	}
+	if (mounted)
+		umount("/sys/fs/fuse/connections");
+}
+#endif
+
 /*
  * The watchdog: a test that hangs (a FUSE request the daemon never answers)
  * would otherwise hang the suite. Past the deadline the daemon is killed,
@@ -276,6 +311,7 @@ static inline void *env_watchdog_main(void *arg)
 #ifndef DATA_LOCAL
 			if (env.f.daemon > 0)
 				kill(env.f.daemon, SIGKILL);
+			env_abort_connection();
 #endif
 			return NULL;
 		}
