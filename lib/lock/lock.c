@@ -332,7 +332,7 @@ static unsigned kind_of(const struct efs_lockcache *lc, const struct efs_locktab
  * only for writeback and for acquisitions that pin other locks already. */
 static bool drain_exempt(const struct acq *a)
 {
-	if (a->req->flags & (EFS_LOCK_F_WRITEBACK | EFS_LOCK_F_NESTED))
+	if (a->req->flags & (EFS_LOCK_F_WRITEBACK | EFS_LOCK_F_NESTED | EFS_LOCK_F_PAGES))
 		return true;
 	for (size_t i = 0; i < a->req->n; i++)
 		if (a->pinned[i])
@@ -2291,6 +2291,25 @@ uint64_t efs_lock_grant(const struct efs_lockcache *lc, uint64_t ino)
 	const struct efs_locktab_entry *e = usable_entry(lc, ino);
 
 	return e && e->mode != EFS_LOCK_NONE ? e->grant : 0;
+}
+
+bool efs_lock_touch(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_mode mode)
+{
+	struct efs_locktab_entry *e;
+	uint64_t now;
+
+	if (!lc || !efs_session_is_active(lc->s))
+		return false;
+	check_generation(lc);
+	e = efs_locktab_find(&lc->tab, ino);
+	if (!e || e->state != EFS_LOCKTAB_HELD || e->mode < (int)mode || e->draining ||
+	    e->recalled)
+		return false;
+	now = now_ns();
+	efs_locktab_pin(&lc->tab, e, now);
+	efs_locktab_unpin(&lc->tab, e, now);
+	lc->stats.hits++;
+	return true;
 }
 
 void efs_lock_set_kind(struct efs_lockcache *lc, uint64_t ino, unsigned kind)

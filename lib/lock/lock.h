@@ -62,9 +62,12 @@
  * anew. So a steady stream of operations cannot starve a recall, and what
  * the release prepares (the kernel's dirty pages written back while
  * |invalidate| runs, the publication |sync| starts: EFS_LOCK_F_WRITEBACK)
- * can still take the lock, as can requests of operations that pin other
- * locks already (EFS_LOCK_F_NESTED, or an acquisition of several inodes
- * part of which it holds). A preparation that fails ends the drain until
+ * can still take the lock, as can requests the kernel waits for with pages
+ * locked (EFS_LOCK_F_PAGES: the invalidation waits for those pages) and
+ * requests of operations that pin other locks already (EFS_LOCK_F_NESTED,
+ * or an acquisition of several inodes part of which it holds). The drain
+ * bounds what else can void a preparation; page-cache I/O can still delay
+ * a release for as long as it comes without a gap. A preparation that fails ends the drain until
  * the next attempt.
  *
  * Upgrades never deadlock two nodes: an upgrade that finds another holder
@@ -107,10 +110,16 @@ enum efs_lock_mode {
  * kernel's writeback of dirty pages): served from the cache also while a
  * forced release drains the lock (see Forced releases above). */
 #define EFS_LOCK_F_WRITEBACK 0x1u
-/* The caller pins other locks for the same operation already: a drain
- * never makes it wait, so that two operations that each pin one drained
- * lock and want the other's cannot wait for each other. */
+/* The caller pins other locks for the same operation already, or holds
+ * something an operation under a pin may wait for (the filesystem's
+ * node-local mutexes): a drain never makes it wait, so that no operation
+ * waits for a drain that waits for it. */
 #define EFS_LOCK_F_NESTED 0x2u
+/* The kernel holds page locks while it waits for the request (a read or
+ * write through the page cache): served while draining, because the
+ * release's |invalidate| waits for those pages, so holding the request
+ * back would wait for itself. */
+#define EFS_LOCK_F_PAGES 0x4u
 
 struct efs_lock_req;
 /*
@@ -224,6 +233,14 @@ int efs_lock_acquire(struct efs_lockcache *lc, struct efs_lock_req *req);
 void efs_lock_cancel(struct efs_lockcache *lc, struct efs_lock_req *req);
 /* Unpins what |req| acquired; the locks stay cached. */
 void efs_lock_put(struct efs_lockcache *lc, struct efs_lock_req *req);
+/*
+ * A cache hit for a change made at once on the loop, with no request to
+ * pin (a deferred setattr): true when |ino| is held in |mode| or above and
+ * a plain request would be served from the cache now; it then counts as a
+ * pin taken and dropped, so that a release being prepared meanwhile
+ * prepares again. False otherwise: take the lock with a request.
+ */
+bool efs_lock_touch(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_mode mode);
 
 /* The mode this node holds on |ino| now (NONE when none or being
  * released/recalled, or while the session is not ACTIVE: then the kernel
