@@ -82,6 +82,9 @@ struct state_gauge {
 	enum efs_session_state st;
 };
 
+/* Lock cache counters exported (register_metrics, sync_counters). */
+#define EFS_NLOCK_COUNTERS 9
+
 struct daemon {
 	/* options */
 	struct efs_cli_etcd etcd_cfg;
@@ -156,7 +159,7 @@ struct daemon {
 	struct efs_histogram *m_lag;
 	struct efs_gauge *m_lag_last;
 	struct stat_counters m_sess[5];
-	struct stat_counters m_lock[6];
+	struct stat_counters m_lock[EFS_NLOCK_COUNTERS];
 	struct efs_counter *m_fuse_requests;
 	uint64_t fuse_requests_last;
 	struct state_gauge state_gauges[6];
@@ -820,13 +823,16 @@ static void register_metrics(struct daemon *d)
 		{"etcfs_session_registrations_total", "Sessions registered"},
 		{"etcfs_session_waits_failed_total", "Operations failed with EIO waiting for the session"},
 	};
-	static const char *const lock_names[6][2] = {
+	static const char *const lock_names[EFS_NLOCK_COUNTERS][2] = {
 		{"etcfs_lock_acquires_total", "Lock acquisitions that needed etcd"},
 		{"etcfs_lock_cache_hits_total", "Lock acquisitions served from the lock cache"},
 		{"etcfs_lock_waits_total", "Lock acquisitions that waited for another holder"},
 		{"etcfs_lock_releases_total", "Locks released"},
 		{"etcfs_lock_release_txns_total", "Transactions that released locks"},
 		{"etcfs_lock_txn_retries_total", "Lock transactions retried"},
+		{"etcfs_lock_forced_total", "Forced releases and downgrades completed (recalls)"},
+		{"etcfs_lock_preps_total", "Release preparations run (invalidate, then sync)"},
+		{"etcfs_lock_upgrade_yields_total", "Blocked upgrades that gave their shared hold up"},
 	};
 	static const char *const state_labels[6] = {
 		"state=\"starting\"",  "state=\"active\"", "state=\"suspended\"",
@@ -858,7 +864,7 @@ static void register_metrics(struct daemon *d)
 		d->m_sess[i].c = efs_metrics_counter(m, sess_names[i][0], sess_names[i][1], NULL);
 	efs_metrics_gauge_fn(m, "etcfs_lock_cache_held", "Locks held in the lock cache", NULL,
 			     gauge_locks_held, d);
-	for (int i = 0; i < 6; i++)
+	for (int i = 0; i < EFS_NLOCK_COUNTERS; i++)
 		d->m_lock[i].c = efs_metrics_counter(m, lock_names[i][0], lock_names[i][1], NULL);
 	d->m_fuse_requests = efs_metrics_counter(m, "etcfs_fuse_requests_received_total",
 						 "FUSE requests read from the kernel", NULL);
@@ -896,6 +902,9 @@ static void sync_counters(struct daemon *d)
 		counter_sync(&d->m_lock[3], l.releases);
 		counter_sync(&d->m_lock[4], l.release_txns);
 		counter_sync(&d->m_lock[5], l.txn_retries);
+		counter_sync(&d->m_lock[6], l.forced);
+		counter_sync(&d->m_lock[7], l.preps);
+		counter_sync(&d->m_lock[8], l.upgrade_yields);
 	}
 	if (d->fl) {
 		uint64_t n = efs_fuseloop_requests(d->fl);
@@ -995,12 +1004,16 @@ static void teardown(struct daemon *d)
 			     "filesystem state",
 			     efs_fs_inflight(d->fs));
 		if (d->se) {
+			efs_fs_set_fuse(d->fs, NULL);
 			fuse_session_destroy(d->se);
 			d->se = NULL;
 		}
 		d->fs = NULL;
 	}
 	if (d->se) {
+		/* The invalidation threads stop before the session goes. */
+		if (d->fs)
+			efs_fs_set_fuse(d->fs, NULL);
 		/* Runs the fs's destroy handler (userdata) if INIT was seen. */
 		fuse_session_destroy(d->se);
 		d->se = NULL;

@@ -412,6 +412,11 @@ void efs_fs_touch_atime(struct efs_fs *fs, uint64_t ino, const Etcfs__Inode *rec
 
 	if (fs->noatime || fs->read_only || !rec || !efs_fs_atime_due(rec, efs_fs_now()))
 		return;
+	/* Only an exclusive holder writes atime: a reader under a shared
+	 * lock leaves it alone rather than recall every peer's shared hold
+	 * (relatime is kept where a holder is around to write it). */
+	if (efs_lock_held(fs->lc, ino) != EFS_LOCK_EXCLUSIVE)
+		return;
 	/* One update in flight per inode is plenty. */
 	in = efs_fs_ifind(fs, ino);
 	if (!in || in->atime_busy)

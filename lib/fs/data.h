@@ -53,6 +53,9 @@ struct efs_fs_data;
 int efs_fs_data_init(struct efs_fs *fs);
 /* Frees every data state and the timer; nothing may be in flight. */
 void efs_fs_data_done(struct efs_fs *fs);
+/* The kernel channel stopped (efs_fs_set_fuse(NULL)): releases waiting
+ * for invalidations go on. */
+void efs_fs_data_kernel_gone(struct efs_fs *fs);
 
 /* ---- FUSE handlers ---- */
 

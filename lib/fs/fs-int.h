@@ -252,6 +252,7 @@ struct efs_fs {
 	uint32_t cache_timeout_ms;
 	uint32_t ino_batch;
 	struct fuse_session *se;
+	struct efs_inval *inval; /* kernel invalidations (kchan/inval.h), with |se| */
 
 	uint64_t epoch; /* bumped when the session is lost */
 	uint64_t inflight;
@@ -365,6 +366,7 @@ struct efs_fs_op {
 
 	struct efs_session_waiter sw;
 	struct efs_lock_req lr;
+	unsigned lock_flags; /* EFS_LOCK_F_* of its lock requests */
 	enum efs_lock_mode held_before[EFS_LOCK_REQ_MAX];
 
 	/* Inodes of the plan, in inode number order, deduplicated. */

@@ -18,6 +18,7 @@
 #include "alloc/alloc.h"
 #include "fs/data.h"
 #include "fs/plock.h"
+#include "kchan/inval.h"
 #include "meta/records.h"
 #include "util/clock.h"
 #include "util/log.h"
@@ -842,6 +843,13 @@ static void step_acquire(struct efs_fs_op *op)
 		op->lr.mode[i] = op->slots[i].mode;
 		op->held_before[i] = efs_lock_held(fs->lc, op->slots[i].ino);
 	}
+	op->lr.flags = op->lock_flags;
+	/* Holding node-local mutexes, it must not wait for a drain: an
+	 * operation pinning the lock may be waiting for one of them (a
+	 * publication the fsync under that pin waits for). */
+	for (size_t i = 0; i < op->nslots; i++)
+		if (op->slots[i].mx)
+			op->lr.flags |= EFS_LOCK_F_NESTED;
 	op->lr.cb = lock_cb;
 	op->lr.arg = op;
 	if (op->nslots == 0) {
@@ -2011,9 +2019,38 @@ void efs_fs_set_capacity(struct efs_fs *fs, struct efs_capacity *cap)
 	fs->cap = cap;
 }
 
+static void kernel_gone(struct efs_fs *fs);
+
 void efs_fs_set_fuse(struct efs_fs *fs, struct fuse_session *se)
 {
+	int r;
+
 	fs->se = se;
+	if (se && !fs->inval) {
+		r = efs_inval_new(&fs->inval, fs->loop, NULL);
+		if (r < 0) {
+			efs_log_warn("fs: no kernel invalidations (%s): a lock given up while a "
+				     "file is open leaves its pages to the kernel",
+				     strerror(-r));
+			fs->inval = NULL;
+		}
+	}
+	if (fs->inval)
+		efs_inval_set_session(fs->inval, se);
+	if (!se)
+		kernel_gone(fs);
+}
+
+/* Stops the kernel channel: nothing is left to invalidate. Its threads
+ * are joined here (the FUSE connection is gone, so no notification can
+ * be stuck), and what waited for them completes. */
+static void kernel_gone(struct efs_fs *fs)
+{
+	if (!fs->inval)
+		return;
+	fs->inval = efs_inval_free(fs->inval);
+	if (fs->data_priv)
+		efs_fs_data_kernel_gone(fs);
 }
 
 void efs_fs_session_changed(struct efs_fs *fs, enum efs_session_state old,
@@ -2113,6 +2150,7 @@ struct efs_fs *efs_fs_free(struct efs_fs *fs)
 {
 	if (!fs)
 		return NULL;
+	kernel_gone(fs);
 	while (fs->handles)
 		efs_fs_handle_free(fs, fs->handles);
 	if (fs->alloc)

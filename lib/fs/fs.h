@@ -64,7 +64,9 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 	       const struct efs_fs_opts *o);
 /* The handlers; userdata of the FUSE session must be the struct efs_fs. */
 const struct fuse_lowlevel_ops *efs_fs_ops(void);
-/* The FUSE session, for notifications (set once it exists). */
+/* The FUSE session, for notifications (set once it exists). NULL: the
+ * connection is gone (after the unmount, before the session is
+ * destroyed): the invalidation threads stop. */
 void efs_fs_set_fuse(struct efs_fs *fs, struct fuse_session *se);
 /* The etcd capacity guard (fs/capacity.h; NULL: none): operations that add
  * metadata (create, mkdir, mknod, symlink, link, setxattr, rename onto a

@@ -33,6 +33,7 @@
 #include "../support/datamodel.h"
 
 #include <linux/falloc.h>
+#include <stdatomic.h>
 
 #define MiB (1024u * 1024u)
 #define BLK 4096u
@@ -367,16 +368,17 @@ static void op_once(struct mfile *files, uint64_t *r, uint8_t *data, uint8_t *db
 	}
 }
 
-Test(data, random)
+/* The model run: |nops| seeded random operations on NFILES files, every
+ * byte compared before and after a clean remount; |before_remount| (may
+ * be NULL) runs just before it. */
+static void model_run(int nops, void (*before_remount)(void))
 {
 	struct mfile files[NFILES];
 	uint8_t *data, *rbuf, *dbuf;
 	uint64_t r;
 
-	seed = test_seed();
 	r = seed;
 	opno = 0;
-	env_start(0, NULL);
 	data = malloc(4 * MiB);
 	rbuf = malloc(4 * MiB);
 	cr_assert(data && rbuf);
@@ -398,13 +400,15 @@ Test(data, random)
 		memset(files[i].hole, 1, MAXSZ / BLK + 2);
 		files[i].size = 0;
 	}
-	for (opno = 0; opno < NOPS; opno++)
+	for (opno = 0; opno < nops; opno++)
 		op_once(files, &r, data, dbuf, rbuf);
 	for (int i = 0; i < NFILES; i++) {
 		IO_EQ(close(files[i].dfd), 0);
 		IO_EQ(close(files[i].fd), 0);
 		check_whole(&files[i], rbuf, "before the restart");
 	}
+	if (before_remount)
+		before_remount();
 	note("restart");
 	env_remount();
 	for (int i = 0; i < NFILES; i++) {
@@ -415,6 +419,13 @@ Test(data, random)
 	free(data);
 	free(rbuf);
 	free(dbuf);
+}
+
+Test(data, random)
+{
+	seed = test_seed();
+	env_start(0, NULL);
+	model_run(NOPS, NULL);
 	env_stop();
 	efs_test_assert_no_leaks();
 }
@@ -1155,6 +1166,198 @@ Test(data, unsettled_drop)
 	close(fb);
 	free(buf);
 	free(got);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+#endif
+
+/* ==== atime_holder: only an exclusive holder writes atime ==== */
+
+#ifndef DATA_LOCAL
+/*
+ * Relatime with releasable locks: a read on the node that holds the file
+ * exclusive (it just wrote it) moves atime; after a remount the node holds
+ * nothing, a read takes the lock shared, and atime stays, since writing it
+ * would take the exclusive lock (a recall of every peer's shared lock on
+ * each read). Fails on the old rule, which upgraded to write atime.
+ */
+Test(data, atime_holder)
+{
+	struct timespec ts[2] = {{1000000000, 0}, {0, UTIME_OMIT}};
+	char path[PATH_MAX], b[16] = {0};
+	struct stat st;
+	int fd;
+
+	env_start(0, NULL);
+	env_path(path, sizeof(path), "f");
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	cr_assert_geq(fd, 0, "create: %s", strerror(errno));
+	IO_EQ(pwrite(fd, "0123456789", 10, 0), 10);
+	IO_EQ(futimens(fd, ts), 0);
+	/* Held exclusive: the read writes atime (relatime: atime <= mtime). */
+	IO_EQ(pread(fd, b, sizeof(b), 0), 10);
+	IO_EQ(fstat(fd, &st), 0);
+	cr_assert_gt(st.st_atim.tv_sec, 1000000000, "a read under the exclusive lock did not "
+		     "move atime");
+	IO_EQ(futimens(fd, ts), 0);
+	IO_EQ(fsync(fd), 0);
+	IO_EQ(close(fd), 0);
+	env_remount();
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+	IO_EQ(pread(fd, b, sizeof(b), 0), 10);
+	IO_EQ(close(fd), 0);
+	nap_ms(300); /* an atime write would be asynchronous */
+	IO_EQ(stat(path, &st), 0);
+	cr_assert_eq(st.st_atim.tv_sec, 1000000000, "a read under a shared lock wrote atime "
+		     "(%jd)", (intmax_t)st.st_atim.tv_sec);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+#endif
+
+/* ==== recall: locks force-released under a write load (fault hooks) ==== */
+
+#if !defined(DATA_LOCAL) && EFS_FAULT_HOOKS
+/*
+ * ETCFS_FAULT_RECALL makes the daemon force-release (or downgrade) the
+ * exclusive lock of every file it writes every 1..15 ms, through the entry
+ * point a peer's recall calls, while the model run goes on (buffered and
+ * O_DIRECT writes in flight, truncates, punches, shared mmap writes with
+ * dirty pages, fsyncs) and an O_APPEND writer appends numbered records to
+ * another file. Each release publishes the file's state first and the
+ * next operation takes the lock anew and reloads it from etcd: the model
+ * must read back exactly, before and after a remount, and every record
+ * must be there once, in order. Negative control: a lock ops sync that
+ * publishes nothing makes the first read after a release miss writes.
+ */
+#define RECALL_NOPS 2000
+#define REC_MAX	    9000
+
+static struct appender {
+	char path[PATH_MAX];
+	pthread_t th;
+	int n;	 /* records written */
+	int err; /* errno of a failure */
+	atomic_bool stop;
+} app;
+
+static size_t rec_len(int i)
+{
+	return 1 + (size_t)(((uint32_t)i * 2654435761u) % REC_MAX);
+}
+
+static void rec_fill(int i, uint8_t *buf, size_t len)
+{
+	uint64_t s = 0x5eed0000u + (uint64_t)i;
+
+	rnd_fill(&s, buf, len);
+}
+
+static void *append_main(void *arg)
+{
+	int fd = open(app.path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	uint8_t *buf = malloc(REC_MAX);
+
+	(void)arg;
+	if (fd < 0 || !buf) {
+		app.err = fd < 0 ? errno : ENOMEM;
+		free(buf);
+		return NULL;
+	}
+	while (!atomic_load(&app.stop) && app.n < 50000) {
+		size_t len = rec_len(app.n);
+		ssize_t w;
+
+		rec_fill(app.n, buf, len);
+		w = write(fd, buf, len);
+		if (w != (ssize_t)len) {
+			app.err = w < 0 ? errno : EIO;
+			break;
+		}
+		app.n++;
+		if (app.n % 64 == 0 && fsync(fd) < 0) {
+			app.err = errno;
+			break;
+		}
+	}
+	if (close(fd) < 0 && !app.err)
+		app.err = errno;
+	free(buf);
+	return NULL;
+}
+
+/* The appended file holds records 0..n-1, each once, in order. */
+static void check_appended(const char *when)
+{
+	uint8_t *want = malloc(REC_MAX), *got = malloc(REC_MAX);
+	uint64_t off = 0;
+	struct stat st;
+	int fd = open(app.path, O_RDONLY | O_CLOEXEC);
+
+	cr_assert(want && got);
+	cr_assert_geq(fd, 0, "open %s %s: %s", app.path, when, strerror(errno));
+	for (int i = 0; i < app.n; i++) {
+		size_t len = rec_len(i);
+
+		rec_fill(i, want, len);
+		IO_EQ(pread_all(fd, got, len, (off_t)off), (ssize_t)len);
+		cr_assert_eq(memcmp(got, want, len), 0,
+			     "appended record %d of %d at offset %" PRIu64 " differs %s", i,
+			     app.n, off, when);
+		off += len;
+	}
+	cr_assert_eq(fstat(fd, &st), 0);
+	cr_assert_eq((uint64_t)st.st_size, off, "appended file: size %jd, records end at %" PRIu64
+		     " %s", (intmax_t)st.st_size, off, when);
+	close(fd);
+	free(want);
+	free(got);
+}
+
+/* Before the remount: the appender stops, its file is checked, and the
+ * forced releases are shown to have happened. */
+static void recall_quiesce(void)
+{
+	double forced = 0, preps = 0;
+	uint64_t end = mono_ms() + 5000;
+
+	atomic_store(&app.stop, true);
+	cr_assert_eq(pthread_join(app.th, NULL), 0);
+	cr_assert_eq(app.err, 0, "O_APPEND writer after %d records: %s", app.n,
+		     strerror(app.err));
+	cr_assert_gt(app.n, 0, "the O_APPEND writer wrote nothing");
+	check_appended("under forced releases");
+	/* The daemon copies its lock counters into the registry every tick. */
+	do {
+		forced = efs_test_fs_metric(&env.f, "etcfs_lock_forced_total");
+		preps = efs_test_fs_metric(&env.f, "etcfs_lock_preps_total");
+		if (forced >= 20)
+			break;
+		nap_ms(100);
+	} while (mono_ms() < end);
+	cr_assert_geq(forced, 20, "only %.0f forced releases happened (preps %.0f)", forced,
+		      preps);
+	cr_assert_geq(preps, forced, "releases without a preparation: %.0f preps, %.0f forced",
+		      preps, forced);
+	cr_log_info("recall: %.0f forced releases, %.0f preparations, %d appended records",
+		    forced, preps, app.n);
+}
+
+Test(data, recall)
+{
+	seed = test_seed();
+	env_start(0, NULL);
+	cr_assert_eq(chdir("/"), 0);
+	efs_test_fs_unmount(&env.f);
+	cr_assert_eq(setenv("ETCFS_FAULT_RECALL", "15", 1), 0);
+	efs_test_fs_mount(&env.f, NULL);
+	unsetenv("ETCFS_FAULT_RECALL");
+	memset(&app, 0, sizeof(app));
+	env_path(app.path, sizeof(app.path), "appended");
+	cr_assert_eq(pthread_create(&app.th, NULL, append_main, NULL), 0);
+	model_run(RECALL_NOPS, recall_quiesce);
+	check_appended("after the remount");
 	env_stop();
 	efs_test_assert_no_leaks();
 }

@@ -146,9 +146,7 @@ struct efs_fs_data {
 	int err;     /* latched publication error */
 	bool broken; /* discarded: requests fail, reloaded on next use */
 	bool dropped;
-	struct efs_lock_req lr;
-	bool pinned, pinning;
-	uint32_t writers;
+	uint32_t writers; /* handles open for writing (no lock pin: lockops.c) */
 	uint32_t nref; /* requests, writes and snapshots in flight */
 	struct efs_rangelock ranges;
 	struct fwait *fw;
@@ -181,6 +179,10 @@ struct dctl {
 	void *sync_arg;
 	int sync_err;
 	uint32_t fault_unsettled_nth; /* fault hook (ETCFS_FAULT_PUB_UNSETTLED) */
+	struct linval *linvals;	      /* kernel invalidations releases wait for */
+	uv_timer_t *frecall;	      /* fault hook (ETCFS_FAULT_RECALL) */
+	uint32_t frecall_ms;
+	uint64_t frecall_rng;
 	struct efs_gauge *g_dirty;
 	struct efs_counter *c_txns, *c_inodes, *c_fsyncs, *c_wbytes, *c_rbytes;
 	struct efs_histogram *h_pub;
@@ -254,6 +256,7 @@ struct dreq {
 	struct efs_fs_handle *h;
 	struct efs_lock_req lr;
 	bool pinned;
+	unsigned lock_flags; /* EFS_LOCK_F_WRITEBACK, _PAGES (lock.h) */
 	void (*cont)(struct dreq *r);
 	struct dreq *bp_next;
 	/* Arguments. */
@@ -299,8 +302,6 @@ void efs_file_dlist_add(struct efs_fs_data *d);
 void efs_file_dlist_del(struct efs_fs_data *d);
 void efs_file_dacct(struct efs_fs_data *d);
 size_t efs_file_dacct_all(struct dctl *c);
-void efs_file_state_pin(struct efs_fs_data *d);
-void efs_file_state_unpin(struct efs_fs_data *d);
 void efs_file_fw_fail_all(struct efs_fs_data *d, int err);
 void efs_file_fw_wake(struct efs_fs_data *d, uint64_t upto, int err);
 void efs_file_state_free(struct efs_fs_data *d);
@@ -339,6 +340,7 @@ void efs_file_prep(struct dreq *r, enum efs_lock_mode mode, void (*cont)(struct 
  * its lock in |mode|, then -ENOENT, -EISDIR or -EINVAL unless it is one. */
 int efs_file_plan_regular(struct efs_fs_op *op, uint64_t ino, enum efs_lock_mode mode);
 void efs_file_prep_engine(struct dreq *r);
+unsigned efs_file_lock_flags(const struct dreq *r);
 
 /* ---- File handlers (handlers.c) ---- */
 
@@ -346,6 +348,20 @@ int efs_file_handle_ok(struct efs_fs *fs, struct efs_fs_handle *h);
 void efs_file_bp_resume(struct efs_fs *fs);
 void efs_file_write_step(struct dreq *r);
 int efs_file_fsync_wait(struct efs_fs_data *d, void (*cb)(void *arg, int err), void *arg);
+/* Waits until every change of |d| made so far is published (a release's
+ * sync; a latched error of an earlier publication is left to fsync): 1
+ * (nothing to publish), 0 (|cb| later with the publication's status), or
+ * a negative errno. */
+int efs_file_publish_wait(struct efs_fs_data *d, void (*cb)(void *arg, int err), void *arg);
+
+/* ---- The lock ops of regular files (lockops.c) ---- */
+
+/* Registers the ops and the kind classifier with the lock cache (and arms
+ * the ETCFS_FAULT_RECALL hook); _done unregisters them. */
+void efs_file_lockops_init(struct dctl *c);
+void efs_file_lockops_done(struct dctl *c);
+/* The kernel channel stopped: invalidations releases wait for complete. */
+void efs_file_kernel_gone(struct dctl *c);
 void efs_file_fsync_done(void *arg, int err);
 
 /* ---- The publisher (publish.c) ---- */

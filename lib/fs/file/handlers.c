@@ -37,10 +37,8 @@ static void handle_setup(struct efs_fs *fs, struct efs_fs_data *d, struct efs_fs
 	h->direct = (fi->flags & O_DIRECT) != 0;
 	if (hp)
 		hp->sid = d->sid;
-	if (h->writable) {
+	if (h->writable)
 		d->writers++;
-		efs_file_state_pin(d);
-	}
 	fi->direct_io = h->direct || h->append;
 	/* The page cache is kept only when this node held the lock without a
 	 * break since the last open that let the kernel cache: another
@@ -159,8 +157,6 @@ void efs_fs_data_handle_free(struct efs_fs *fs, struct efs_fs_handle *h)
 	if (d && hp && hp->sid == d->sid && h->writable) {
 		if (d->writers)
 			d->writers--;
-		if (d->writers == 0 && !efs_file_state_dirty(d))
-			efs_file_state_unpin(d);
 	}
 	efs_mem_free(hp);
 	h->dpriv = NULL;
@@ -208,15 +204,17 @@ static void read_io_done(void *arg, int err)
 	if (r->d && r->d->in && r->d->in->rec) {
 		struct efs_fs_data *d = r->d;
 
-		if (!fs->noatime && !fs->read_only && d->pinned &&
+		/* Relatime, written only by an exclusive holder (this read
+		 * pins the lock, so it is held until the request ends): a
+		 * pending field that the lock's sync publishes. A reader
+		 * under a shared lock leaves atime alone. */
+		if (!fs->noatime && !fs->read_only &&
+		    efs_lock_held(fs->lc, r->ino) == EFS_LOCK_EXCLUSIVE &&
 		    efs_fs_atime_due(d->in->rec, efs_fs_now())) {
-			/* Under our pinned exclusive lock: a pending field. */
 			d->in->rec->atime_ns = efs_fs_now();
 			d->pf |= PF_ATIME;
 			d->p_atime = d->in->rec->atime_ns;
 			efs_file_state_changed(d);
-		} else if (!d->pinned) {
-			efs_fs_touch_atime(fs, r->ino, d->in->rec);
 		}
 	}
 	efs_file_dreq_end(r, 0);
@@ -276,6 +274,10 @@ void efs_fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	r->h = efs_file_fh_of(fi);
 	r->size = size;
 	r->off = off;
+	/* Through the page cache (no direct_io at open): the kernel holds
+	 * the pages locked until the reply, so a drain lets it pass. */
+	if (r->h && !r->h->direct && !r->h->append)
+		r->lock_flags = EFS_LOCK_F_PAGES;
 	efs_file_prep(r, EFS_LOCK_SHARED, read_cont);
 }
 
@@ -657,37 +659,57 @@ void efs_fs_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, 
 	r->woff = off;
 	r->append = h->append;
 	r->sync = (h->oflags & O_DSYNC) != 0;
+	/* The kernel writing its dirty pages back (a shared mapping), which
+	 * it also does while a release invalidates them, and a write through
+	 * the page cache, whose pages it keeps locked meanwhile: both pass a
+	 * drain (lock.h). */
+	if (fi->writepage)
+		r->lock_flags = EFS_LOCK_F_WRITEBACK;
+	else if (!h->direct && !h->append)
+		r->lock_flags = EFS_LOCK_F_PAGES;
 	efs_file_prep(r, EFS_LOCK_EXCLUSIVE, write_cont);
 }
 
 /* ---- fsync ---- */
 
-/* Waits until d's current version is published: 1 (already), 0 (|cb|
- * later), or a negative errno. */
-int efs_file_fsync_wait(struct efs_fs_data *d, void (*cb)(void *arg, int err), void *arg)
+/* Waits for the publication of d's current version (one more publication
+ * of the inode when |clear_err| and it is clean with a latched error: it
+ * clears the error). */
+static int pub_wait(struct efs_fs_data *d, bool clear_err, void (*cb)(void *arg, int err),
+		    void *arg)
 {
+	bool clean = !efs_file_state_dirty(d) && !d->snap;
 	struct fwait *w;
 
-	if (!efs_file_state_dirty(d) && !d->snap && d->err == 0)
+	if (clean && (!clear_err || d->err == 0))
 		return 1;
 	w = efs_mem_calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;
+	if (clean) {
+		d->ver++;
+		efs_file_dlist_add(d);
+	}
 	w->ver = d->ver;
 	w->cb = cb;
 	w->arg = arg;
 	w->next = d->fw;
 	d->fw = w;
-	if (!efs_file_state_dirty(d) && !d->snap) {
-		/* Clean but with a latched error: one more publication of the
-		 * inode (with nothing new) clears it. */
-		d->ver++;
-		w->ver = d->ver;
-		efs_file_dlist_add(d);
-	}
 	d->urgent = true;
 	efs_file_pub_kick(d->fs);
 	return 0;
+}
+
+int efs_file_publish_wait(struct efs_fs_data *d, void (*cb)(void *arg, int err), void *arg)
+{
+	return pub_wait(d, false, cb, arg);
+}
+
+/* Waits until d's current version is published: 1 (already), 0 (|cb|
+ * later), or a negative errno. */
+int efs_file_fsync_wait(struct efs_fs_data *d, void (*cb)(void *arg, int err), void *arg)
+{
+	return pub_wait(d, true, cb, arg);
 }
 
 void efs_file_fsync_done(void *arg, int err)
@@ -743,7 +765,6 @@ void efs_fs_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file
 	if (!r)
 		return;
 	r->h = efs_file_fh_of(fi);
-	/* A dirty state holds its exclusive lock pinned: the fast path. */
 	efs_file_prep(r, EFS_LOCK_SHARED, fsync_cont);
 }
 

@@ -831,6 +831,9 @@ static void pub_start(struct efs_fs *fs)
 		return;
 	}
 	op->dpub = P;
+	/* It writes back what the locks cover: a release draining one of
+	 * them waits for it (lockops.c). */
+	op->lock_flags = EFS_LOCK_F_WRITEBACK;
 	c->running = op;
 	efs_fs_op_run(op);
 	return;
@@ -962,8 +965,17 @@ int efs_fs_data_init(struct efs_fs *fs)
 	}
 	fault_from_env(c);
 	fs->data_priv = c;
+	efs_file_lockops_init(c);
 	uv_timer_start(c->sweep, sweep_cb, fs->flush_interval_ms, fs->flush_interval_ms);
 	return 0;
+}
+
+void efs_fs_data_kernel_gone(struct efs_fs *fs)
+{
+	struct dctl *c = efs_file_ctl_of(fs);
+
+	if (c)
+		efs_file_kernel_gone(c);
 }
 
 void efs_fs_data_done(struct efs_fs *fs)
@@ -972,6 +984,7 @@ void efs_fs_data_done(struct efs_fs *fs)
 
 	if (!c)
 		return;
+	efs_file_lockops_done(c);
 	/* Every state still attached to a cached inode (nothing is in flight:
 	 * no waiter, no request, no publication). */
 	for (size_t i = 0; i < fs->hsize; i++) {

@@ -116,6 +116,18 @@ bool efs_file_state_ready(struct efs_fs *fs, uint64_t ino, enum efs_lock_mode mo
 }
 
 
+/* The flags of r's next lock request: the kernel's writeback passes a
+ * drain, and so does the second lock of a copy whose first one is pinned
+ * (lock.h). */
+unsigned efs_file_lock_flags(const struct dreq *r)
+{
+	unsigned f = r->lock_flags;
+
+	if (r->kind == RK_CFR && (r->phase == 0 ? r->pinned : r->pinned_in))
+		f |= EFS_LOCK_F_NESTED;
+	return f;
+}
+
 /* The pin of the fast path was not a cache hit: it was cancelled. */
 static void fast_pin_cb(struct efs_lock_req *lr, int status)
 {
@@ -177,6 +189,7 @@ void efs_file_prep(struct dreq *r, enum efs_lock_mode mode, void (*cont)(struct 
 	lr->n = 1;
 	lr->ino[0] = r->ino;
 	lr->mode[0] = mode;
+	lr->flags = efs_file_lock_flags(r);
 	lr->cb = fast_pin_cb;
 	lr->arg = r;
 	e = efs_lock_acquire(fs->lc, lr);
@@ -235,7 +248,8 @@ static int prep_build(struct efs_fs_op *op)
 		return -ENOMEM;
 	if (!efs_file_map_valid(fs, d)) {
 		if (efs_file_state_dirty(d)) {
-			/* Dirty without its lock: cannot be (pinned). */
+			/* Cannot be: a release publishes the state first
+			 * (lockops.c) and every change is made under a pin. */
 			efs_log_warn("data: inode %llu: dirty state lost its lock",
 				     (unsigned long long)r->ino);
 			d->broken = true;
@@ -248,11 +262,12 @@ static int prep_build(struct efs_fs_op *op)
 		lr->n = 1;
 		lr->ino[0] = r->ino;
 		lr->mode[0] = r->mode;
+		/* The operation pins it: always a hit, drained or not. */
+		lr->flags = efs_file_lock_flags(r) | EFS_LOCK_F_NESTED;
 		lr->cb = fast_pin_cb;
 		lr->arg = r;
 		e = efs_lock_acquire(fs->lc, lr);
 		if (e != 1) {
-			/* The operation holds it pinned: always a hit. */
 			if (e == 0)
 				efs_lock_cancel(fs->lc, lr);
 			return -EIO;
@@ -319,6 +334,7 @@ void efs_file_prep_engine(struct dreq *r)
 	/* The engine counts the operation and records its latency. */
 	r->counted = true;
 	r->timed = true;
+	op->lock_flags = efs_file_lock_flags(r);
 	op->ino = r->ino;
 	op->priv = r;
 	op->priv_free = prep_free;

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The in-core data state of a regular file (fs/file/file-int.h): the
- * dirty list, the lock pin, fsync waiters, the pending record fields,
+ * dirty list, fsync waiters, the pending record fields,
  * loading the extent map, and the engine hooks that drop or discard states.
  */
 #include "fs/file/file-int.h"
@@ -91,56 +91,6 @@ size_t efs_file_dacct_all(struct dctl *c)
 	return c->nchunks;
 }
 
-static void pin_cb(struct efs_lock_req *lr, int status)
-{
-	struct efs_fs_data *d = lr->arg;
-
-	d->pinning = false;
-	if (status == 0) {
-		d->pinned = true;
-		if (d->broken || d->dropped || (!efs_file_state_dirty(d) && d->writers == 0)) {
-			efs_lock_put(d->fs->lc, &d->lr);
-			d->pinned = false;
-		}
-	}
-	d->nref--;
-	efs_file_state_maybe_free(d);
-}
-
-/* Pins the exclusive lock for the state (a cache hit when the caller holds
- * it, which every caller does). */
-void efs_file_state_pin(struct efs_fs_data *d)
-{
-	int r;
-
-	if (d->pinned || d->pinning || d->broken || d->dropped)
-		return;
-	memset(&d->lr, 0, sizeof(d->lr));
-	d->lr.n = 1;
-	d->lr.ino[0] = d->ino;
-	d->lr.mode[0] = EFS_LOCK_EXCLUSIVE;
-	d->lr.cb = pin_cb;
-	d->lr.arg = d;
-	r = efs_lock_acquire(d->fs->lc, &d->lr);
-	if (r == 1) {
-		d->pinned = true;
-	} else if (r == 0) {
-		d->pinning = true;
-		d->nref++;
-	} else {
-		efs_log_warn("data: inode %llu: cannot pin its lock: %s",
-			     (unsigned long long)d->ino, strerror(-r));
-	}
-}
-
-void efs_file_state_unpin(struct efs_fs_data *d)
-{
-	if (!d->pinned)
-		return;
-	efs_lock_put(d->fs->lc, &d->lr);
-	d->pinned = false;
-}
-
 void efs_file_fw_fail_all(struct efs_fs_data *d, int err)
 {
 	struct fwait *w = d->fw;
@@ -188,7 +138,6 @@ void efs_file_state_free(struct efs_fs_data *d)
 	struct efs_fs_inode *in = d->in;
 
 	efs_file_dlist_del(d);
-	efs_file_state_unpin(d);
 	efs_extmap_free(d->map);
 	efs_runs_done(&d->apend);
 	efs_runs_done(&d->fpend);
@@ -203,7 +152,7 @@ void efs_file_state_free(struct efs_fs_data *d)
  * flight. */
 bool efs_file_state_busy(const struct efs_fs_data *d)
 {
-	return d->nref || d->pinning || d->loading || efs_rangelock_busy(&d->ranges) || d->snap ||
+	return d->nref || d->loading || efs_rangelock_busy(&d->ranges) || d->snap ||
 	       d->fw;
 }
 
@@ -226,15 +175,13 @@ void efs_file_state_maybe_free(struct efs_fs_data *d)
 	efs_file_state_free(d);
 }
 
-/* A clean state without writers gives its lock pin back. */
+/* A clean state leaves the dirty list. */
 void efs_file_state_check_clean(struct efs_fs_data *d)
 {
 	if (efs_file_state_dirty(d))
 		return;
 	d->urgent = false;
 	efs_file_dlist_del(d);
-	if (d->writers == 0)
-		efs_file_state_unpin(d);
 }
 
 struct efs_fs_data *efs_file_state_get(struct efs_fs *fs, struct efs_fs_inode *in)
@@ -278,7 +225,6 @@ void efs_file_state_changed(struct efs_fs_data *d)
 	d->ver++;
 	efs_file_dlist_add(d);
 	efs_file_dacct(d);
-	efs_file_state_pin(d);
 	/* A full batch is ready: publish it (while one runs, its end counts
 	 * again: the chunks it carries no longer count then). */
 	if ((d->nd_acct >= KICK_CHUNKS || c->ndirty > KICK_INODES ||
@@ -544,7 +490,6 @@ void efs_file_state_discard(struct efs_fs_data *d)
 {
 	d->broken = true;
 	efs_file_dlist_del(d);
-	efs_file_state_unpin(d);
 	efs_file_fw_fail_all(d, -EIO);
 }
 
@@ -578,7 +523,6 @@ void efs_fs_data_dropped(struct efs_fs *fs, uint64_t ino)
 	d->pf = 0;
 	d->ver_pub = d->ver;
 	efs_file_dlist_del(d);
-	efs_file_state_unpin(d);
 	efs_file_fw_fail_all(d, 0);
 	in->data = NULL;
 	d->in = NULL;
@@ -599,7 +543,6 @@ void efs_fs_data_session_lost(struct efs_fs *fs)
 		d->broken = true;
 		efs_runs_clear(&d->apend);
 		efs_runs_clear(&d->fpend);
-		efs_file_state_unpin(d);
 		efs_file_fw_fail_all(d, -EIO);
 	}
 	/* Clean states: their maps are stale (the lock went with the lease);

@@ -183,7 +183,6 @@ static int tr_apply(struct tr *x)
 	efs_file_pf_set_blocks(d);
 	d->ver++;
 	efs_file_dlist_add(d);
-	efs_file_state_pin(d);
 	return 0;
 }
 
@@ -408,14 +407,20 @@ bool efs_fs_data_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int 
 		tr_start(r);
 		return true;
 	}
-	/* Deferred attributes under our pinned exclusive lock: applied to the
-	 * merged record and published with the data. */
-	if (!d || d->broken || !d->pinned || !efs_file_state_ready(fs, ino, EFS_LOCK_EXCLUSIVE))
+	/* Deferred attributes under our exclusive lock: applied to the merged
+	 * record and published with the data (by the next publication, or by
+	 * the lock's sync before it goes), for a file being written (open for
+	 * writing or dirty; others commit at once). The change is made at
+	 * once, so a cache hit stands in for the request's pin. */
+	if (!d || d->broken || (!d->writers && !efs_file_state_dirty(d)) ||
+	    !efs_file_state_ready(fs, ino, EFS_LOCK_EXCLUSIVE))
 		return false;
 	if ((to_set & FUSE_SET_ATTR_MODE) && fs->posix_acl && in->rec->xattr_count > 0)
 		return false; /* chmod rewrites the ACL: the engine's path */
 	if (fi && fi->fh && efs_file_handle_ok(fs, efs_file_fh_of(fi)) < 0)
 		return false;
+	if (!efs_lock_touch(fs->lc, ino, EFS_LOCK_EXCLUSIVE))
+		return false; /* a release drains it: the engine waits */
 	{
 		Etcfs__Inode *rec = in->rec;
 		struct stat st;
