@@ -63,8 +63,8 @@ void efs_fs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void efs_fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		 struct fuse_file_info *fi);
 void efs_fs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
-void efs_fs_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
-		  struct fuse_file_info *fi);
+void efs_fs_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, off_t off,
+		      struct fuse_file_info *fi);
 void efs_fs_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void efs_fs_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi);
 void efs_fs_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,

@@ -1759,6 +1759,9 @@ static void fs_init(void *userdata, struct fuse_conn_info *conn)
 	conn->congestion_threshold = 96;
 	conn->max_write = 1u << 20;
 	conn->max_readahead = 1u << 20;
+	/* No splicing: write_buf gets the bytes in libfuse's buffer and
+	 * copies them once into the aligned device buffer; a pipe would cost
+	 * a second syscall per request. */
 	if (conn->capable & FUSE_CAP_SPLICE_READ)
 		conn->want &= ~(unsigned)FUSE_CAP_SPLICE_READ;
 	/* fcntl and flock locks live in etcd. */
@@ -1801,7 +1804,7 @@ static const struct fuse_lowlevel_ops ops = {
 	.listxattr = efs_fs_listxattr,
 	.removexattr = efs_fs_removexattr,
 	.create = efs_fs_create,
-	.write = efs_fs_write,
+	.write_buf = efs_fs_write_buf,
 	.flush = efs_fs_flush,
 	.fsync = efs_fs_fsync,
 	.fallocate = efs_fs_fallocate,

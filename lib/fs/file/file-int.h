@@ -284,6 +284,11 @@ struct dreq {
 	struct efs_rangelock_req rl;
 	uint8_t *buf;	   /* aligned */
 	uint8_t *edge[2];  /* partial head/tail blocks (aligned) */
+	/* write: the aligned block buffer the kernel's bytes were copied
+	 * into, at |wbuf_head| (r->data points there); a step that writes
+	 * them all at that offset sends it to the device as it is. */
+	uint8_t *wbuf;
+	uint64_t wbuf_head;
 	uint64_t b0, nb;   /* block range */
 	size_t wbytes;	   /* bytes of the current write step */
 	off_t woff;	   /* offset of the current write step */

@@ -351,13 +351,18 @@ static void wr_locked(void *arg)
 	end = off + r->wbytes;
 	r->b0 = off / bs;
 	r->nb = (end + bs - 1) / bs - r->b0;
-	r->buf = efs_io_buf_alloc(r->nb * bs);
-	if (!r->buf) {
-		efs_file_dreq_end(r, -ENOMEM);
-		return;
-	}
 	head = off % bs;
-	memcpy(r->buf + head, r->data + r->doff, r->wbytes);
+	if (r->wbuf && r->doff == 0 && r->wbytes == r->size && head == r->wbuf_head) {
+		/* The whole write where write_buf put it: no copy. */
+		r->buf = r->wbuf;
+	} else {
+		r->buf = efs_io_buf_alloc(r->nb * bs);
+		if (!r->buf) {
+			efs_file_dreq_end(r, -ENOMEM);
+			return;
+		}
+		memcpy(r->buf + head, r->data + r->doff, r->wbytes);
+	}
 	/* Partial blocks: the old bytes around the new ones (zeroes beyond
 	 * the size, in holes and in preallocated blocks). */
 	if (head && r->b0 * bs < size) {
@@ -504,7 +509,9 @@ static void wr_written(void *arg, int err)
 	uint64_t end = (uint64_t)r->woff + r->wbytes;
 	Etcfs__Inode *rec = d->in ? d->in->rec : NULL;
 
-	efs_io_buf_free(r->buf);
+	/* The write_buf buffer stays: a retried step copies from it. */
+	if (r->buf != r->wbuf)
+		efs_io_buf_free(r->buf);
 	r->buf = NULL;
 	efs_io_buf_free(r->edge[0]);
 	efs_io_buf_free(r->edge[1]);
@@ -618,9 +625,16 @@ static void write_cont(struct dreq *r)
 	efs_file_write_step(r);
 }
 
-void efs_fs_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
-		  struct fuse_file_info *fi)
+/*
+ * Writes arrive through write_buf: the kernel's bytes are copied once,
+ * from libfuse's buffer straight into an aligned block buffer at their
+ * offset in the first block, which the device write then uses as it is
+ * (partial edge blocks are merged around them in place).
+ */
+void efs_fs_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, off_t off,
+		      struct fuse_file_info *fi)
 {
+	size_t size = fuse_buf_size(bufv);
 	struct efs_fs *fs = fuse_req_userdata(req);
 	struct efs_fs_handle *h = efs_file_fh_of(fi);
 	struct dreq *r;
@@ -647,12 +661,25 @@ void efs_fs_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, 
 	r = efs_file_dreq_new(req, RK_WRITE, EFS_FS_OP_WRITE, ino);
 	if (!r)
 		return;
-	r->data = efs_mem_malloc(size);
-	if (!r->data) {
-		efs_file_dreq_end(r, -ENOMEM);
-		return;
+	{
+		uint64_t bs = fs->blksize, head = h->append ? 0 : (uint64_t)off % bs;
+		struct fuse_bufvec dst = FUSE_BUFVEC_INIT(size);
+		ssize_t n;
+
+		r->wbuf = efs_io_buf_alloc((head + size + bs - 1) / bs * bs);
+		if (!r->wbuf) {
+			efs_file_dreq_end(r, -ENOMEM);
+			return;
+		}
+		r->wbuf_head = head;
+		dst.buf[0].mem = r->wbuf + head;
+		n = fuse_buf_copy(&dst, bufv, 0);
+		if (n != (ssize_t)size) {
+			efs_file_dreq_end(r, n < 0 ? (int)n : -EIO);
+			return;
+		}
+		r->data = (char *)r->wbuf + head;
 	}
-	memcpy(r->data, buf, size);
 	r->h = h;
 	r->size = size;
 	r->wbytes = size;

@@ -78,10 +78,14 @@ void efs_file_dreq_end(struct dreq *r, int err)
 	dreq_unpin(r);
 	if (r->rl.held && r->d)
 		efs_rangelock_drop(&r->d->ranges, &r->rl);
-	efs_io_buf_free(r->buf);
+	if (r->buf != r->wbuf)
+		efs_io_buf_free(r->buf);
 	efs_io_buf_free(r->edge[0]);
 	efs_io_buf_free(r->edge[1]);
-	efs_mem_free(r->data);
+	if (r->wbuf)
+		efs_io_buf_free(r->wbuf); /* r->data points into it */
+	else
+		efs_mem_free(r->data);
 	if (r->d) {
 		struct efs_fs_data *d = r->d;
 
