@@ -18,10 +18,11 @@
  *    punched) and not yet freed in etcd, and the record fields changed and
  *    not yet published (size, blocks, times, deferred setattr: mode, uid,
  *    gid). The inode cache entry's record (in->rec) is always the merged
- *    view: efs_fs_data_apply() re-applies the pending fields whenever the
- *    engine replaces the record with one read from etcd.
- *  - Writes hold the inode's exclusive lock (pinned by the data state
- *    while it is dirty or open for writing) and go copy-on-write to fresh
+ *    view: the inode cache's reload hook re-applies the pending fields
+ *    whenever the engine replaces the record with one read from etcd.
+ *  - Writes hold the inode's exclusive lock (pinned only while a request
+ *    is in flight: a release between requests publishes first, through
+ *    the lock ops of file/lockops.c) and go copy-on-write to fresh
  *    blocks (in place only into preallocated, unpublished-as-data blocks),
  *    then update the map in memory and reply: the data is on the device,
  *    its extent is not yet published.
@@ -103,33 +104,8 @@ bool efs_fs_data_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int 
  * failed): free h->dpriv and drop what the handle held. */
 void efs_fs_data_handle_free(struct efs_fs *fs, struct efs_fs_handle *h);
 
-/* The engine replaced in->rec (a load from etcd): re-apply the pending
- * fields of |in|'s data state, if any. */
-void efs_fs_data_apply(struct efs_fs *fs, struct efs_fs_inode *in);
 /* True when |ino| has unpublished data or fields. */
 bool efs_fs_data_dirty(const struct efs_fs *fs, uint64_t ino);
-
-/*
- * Commit outcomes of an operation that called a data build (op->dpub set
- * by the data path): fs.c reports each one. COMMITTED (|rev| the
- * revision) and FAILED end the attempt (FAILED: not applied; a rebuild may follow);
- * UNKNOWN is followed by COMMITTED or FAILED once the engine has verified
- * by op id. efs_fs_data_op_free runs when the operation is freed.
- */
-enum efs_fs_data_outcome {
-	EFS_FS_DATA_COMMITTED = 0,
-	EFS_FS_DATA_FAILED,
-	EFS_FS_DATA_UNKNOWN,
-};
-void efs_fs_data_outcome(struct efs_fs_op *op, enum efs_fs_data_outcome oc, int64_t rev);
-void efs_fs_data_op_free(struct efs_fs_op *op);
-
-/* The inode's last link and last handle are gone and its keys were
- * deleted (or handed to a reclaim record): forget its data state, giving
- * unpublished allocations back to the allocator (those of a publication
- * in flight once it is known to have failed; never those whose outcome is
- * unknown: they may be extents in etcd, which the reclaim record frees). */
-void efs_fs_data_dropped(struct efs_fs *fs, uint64_t ino);
 
 /*
  * Publishes every dirty inode (clean leave, before locks are released);

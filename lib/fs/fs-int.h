@@ -239,7 +239,8 @@ struct efs_fs {
 	struct efs_iopool *pool;
 	struct efs_alloc *alloc;
 	uint32_t flush_interval_ms;
-	void *data_priv;    /* data.c: publisher and sweep */
+	void *data_priv;    /* file/: publisher and sweep */
+	const struct efs_fs_inode_hooks *ihooks; /* the inode cache's clients */
 	void *reclaim_priv; /* reclaim.c */
 	void *plock_priv;   /* plock.c */
 	void *maint_priv;   /* maint.c */
@@ -438,7 +439,7 @@ struct efs_fs_op {
 	uint64_t walk;	     /* rename: ancestor being read */
 	int walk_depth;
 	void *priv;	     /* per-operation scratch (efs_mem) */
-	void *dpub;	     /* data.c's publication state (fs/data.h) */
+	void *hook_state;    /* state of the descriptor's hooks (the publisher's) */
 	void (*priv_free)(struct efs_fs_op *op); /* frees what |priv| points to */
 };
 
@@ -452,6 +453,26 @@ struct efs_fs_op {
  * with efs_fs_op_resume_build). |done| replies after a commit (the cache
  * already holds op->out).
  */
+/*
+ * What the inode cache tells its clients (the data path registers them):
+ * |reloaded| after the engine replaced in->rec with a record read from
+ * etcd (pending fields go back into the merged view), |dropped| once an
+ * inode's last link and last handle are gone and its keys were deleted
+ * or handed to a reclaim record (forget its in-core state, giving back
+ * only allocations known unpublished). Either may be NULL.
+ */
+struct efs_fs_inode_hooks {
+	void (*reloaded)(struct efs_fs *fs, struct efs_fs_inode *in);
+	void (*dropped)(struct efs_fs *fs, uint64_t ino);
+};
+
+/* Outcomes of an operation's commit attempt (efs_fs_opdesc's outcome). */
+enum efs_fs_commit {
+	EFS_FS_COMMITTED = 0,
+	EFS_FS_FAILED,
+	EFS_FS_UNKNOWN,
+};
+
 struct efs_fs_opdesc {
 	enum efs_fs_opcode code;
 	enum efs_fs_origin origin;
@@ -465,6 +486,14 @@ struct efs_fs_opdesc {
 	int (*plan)(struct efs_fs_op *op);
 	int (*build)(struct efs_fs_op *op);
 	void (*done)(struct efs_fs_op *op);
+	/* Optional. Each commit attempt's outcome: COMMITTED (|rev| the
+	 * revision) and FAILED end the attempt (FAILED: not applied; a
+	 * rebuild may follow); UNKNOWN is followed by COMMITTED or FAILED
+	 * once the engine has verified by op id. */
+	void (*outcome)(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t rev);
+	/* Optional: the operation is being freed (op->hook_state is the
+	 * hooks' to release). */
+	void (*release)(struct efs_fs_op *op);
 };
 
 /* ---- Engine (fs.c) ---- */
@@ -561,6 +590,8 @@ bool efs_fs_grant_current(const struct efs_fs *fs, const struct efs_fs_inode *in
 /* Replaces the cached record (takes ownership of |rec|, NULL: gone). */
 void efs_fs_inode_set(struct efs_fs *fs, struct efs_fs_inode *in, Etcfs__Inode *rec,
 		      int64_t mod_rev, bool trusted);
+/* Tells the inode cache's clients that |ino| was dropped (see the hooks). */
+void efs_fs_inode_dropped(struct efs_fs *fs, uint64_t ino);
 /*
  * The directory name cache: answers lookups with no etcd read while this
  * node holds the directory's lock (other nodes change names only under an

@@ -451,12 +451,12 @@ static void ready_push(struct efs_fs_op *op, int state)
 	uv_idle_start(fs->idle, idle_cb);
 }
 
-/* ---- Data publication outcomes (fs/data.h) ---- */
+/* ---- Commit outcomes, to the descriptor's hook ---- */
 
-static void data_outcome(struct efs_fs_op *op, enum efs_fs_data_outcome oc, int64_t rev)
+static void report_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t rev)
 {
-	if (op->dpub)
-		efs_fs_data_outcome(op, oc, rev);
+	if (op->d->outcome)
+		op->d->outcome(op, oc, rev);
 }
 
 /* ---- Finish ---- */
@@ -485,8 +485,8 @@ void efs_fs_op_finish(struct efs_fs_op *op, int err)
 		if (op->committed)
 			fs->icount++;
 	}
-	if (op->dpub)
-		efs_fs_data_op_free(op);
+	if (op->d->release)
+		op->d->release(op);
 	mx_cancel_wait(op);
 	mx_release_all(op);
 	if (op->lock_pinned) {
@@ -1160,8 +1160,7 @@ static void apply_out(struct efs_fs_op *op, int64_t rev)
 			continue;
 		in->refs++;
 		if (o->del) {
-			if (fs->data_priv)
-				efs_fs_data_dropped(fs, o->ino);
+			efs_fs_inode_dropped(fs, o->ino);
 			if (fs->alloc)
 				efs_fs_reclaim_kick(fs);
 			efs_fs_inode_set(fs, in, NULL, rev, true);
@@ -1183,7 +1182,7 @@ static void op_done(struct efs_fs_op *op, int64_t rev)
 {
 	op->commit_rev = rev;
 	op->committed = true;
-	data_outcome(op, EFS_FS_DATA_COMMITTED, rev);
+	report_outcome(op, EFS_FS_COMMITTED, rev);
 	apply_out(op, rev);
 	/* Names this operation changed (xattr names land here too: a harmless
 	 * miss at worst). */
@@ -1243,7 +1242,7 @@ static void step_loaded(struct efs_fs_op *op)
 			op_done(op, op->kv[op->vkv - 1].mod_rev);
 			return;
 		}
-		data_outcome(op, EFS_FS_DATA_FAILED, 0);
+		report_outcome(op, EFS_FS_FAILED, 0);
 		if (op->granted) {
 			efs_lock_grant_committed(op->fs->lc, op->new_ino, false);
 			op->granted = false;
@@ -1571,7 +1570,7 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 			efs_fs_count_txn(fs, orig, EFS_FS_TXN_UNKNOWN);
 			efs_counter_inc(fs->m_retries);
 			op->unsettled = true;
-			data_outcome(op, EFS_FS_DATA_UNKNOWN, 0);
+			report_outcome(op, EFS_FS_UNKNOWN, 0);
 			if (++op->retries > EFS_FS_RETRY_MAX) {
 				efs_fs_op_finish(op, -EIO);
 				return;
@@ -1592,7 +1591,7 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 		efs_fs_count_txn(fs, orig, EFS_FS_TXN_ERROR);
 		efs_log_debug("fs: %s: transaction failed: %s", efs_fs_op_names[op->d->code],
 			      r->message);
-		data_outcome(op, EFS_FS_DATA_FAILED, 0);
+		report_outcome(op, EFS_FS_FAILED, 0);
 		if ((r->err == -EBUSY || r->err == -EAGAIN) && ++op->retries <= EFS_FS_RETRY_MAX) {
 			/* Refused before it applied (etcd's apply backlog): again. */
 			if (op->granted) {
@@ -1610,7 +1609,7 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 	if (!resp->succeeded) {
 		efs_fs_count_txn(fs, orig, EFS_FS_TXN_CONFLICT);
 		efs_counter_inc(fs->m_retries);
-		data_outcome(op, EFS_FS_DATA_FAILED, 0);
+		report_outcome(op, EFS_FS_FAILED, 0);
 		if (op->granted) {
 			efs_lock_grant_committed(fs->lc, op->new_ino, false);
 			op->granted = false;
@@ -1709,14 +1708,14 @@ static void step_build(struct efs_fs_op *op)
 		}
 		/* The built transaction is dropped: a data contribution ends
 		 * (its fdatasync and allocator part are redone on rebuild). */
-		data_outcome(op, EFS_FS_DATA_FAILED, 0);
+		report_outcome(op, EFS_FS_FAILED, 0);
 		op->retries++;
 		op->force_load = true;
 		step_session(op);
 		return;
 	}
 	if (r < 0) {
-		data_outcome(op, EFS_FS_DATA_FAILED, 0);
+		report_outcome(op, EFS_FS_FAILED, 0);
 		efs_log_debug("fs: %s: cannot build the transaction: %d",
 			      efs_fs_op_names[op->d->code], r);
 		efs_fs_op_finish(op, r == -ENOLCK ? -EIO : r == -ENOMEM ? -ENOMEM : -EIO);
@@ -1724,7 +1723,7 @@ static void step_build(struct efs_fs_op *op)
 	}
 	r = efs_etcd_txn(fs->c, efs_etcd_txn_request(op->txn), NULL, commit_cb, op);
 	if (r < 0) {
-		data_outcome(op, EFS_FS_DATA_FAILED, 0);
+		report_outcome(op, EFS_FS_FAILED, 0);
 		efs_fs_op_finish(op, -EIO);
 		return;
 	}

@@ -287,8 +287,14 @@ void efs_fs_inode_set(struct efs_fs *fs, struct efs_fs_inode *in, Etcfs__Inode *
 	in->gone = rec == NULL;
 	in->mod_rev = mod_rev;
 	in->epoch = trusted ? fs->epoch : 0;
-	if (in->data && rec)
-		efs_fs_data_apply(fs, in); /* pending fields stay in the merged view */
+	if (rec && fs->ihooks && fs->ihooks->reloaded)
+		fs->ihooks->reloaded(fs, in); /* pending fields stay in the merged view */
+}
+
+void efs_fs_inode_dropped(struct efs_fs *fs, uint64_t ino)
+{
+	if (fs->ihooks && fs->ihooks->dropped)
+		fs->ihooks->dropped(fs, ino);
 }
 
 void efs_fs_inode_ref_kernel(struct efs_fs *fs, uint64_t ino)

@@ -847,7 +847,7 @@ static int rc_plan(struct efs_fs_op *op)
 	if (!rec && op->fs->data_priv) {
 		/* Gone: a retry after an unknown outcome found our delete
 		 * applied (no apply_out runs then). */
-		efs_fs_data_dropped(op->fs, op->ino);
+		efs_fs_inode_dropped(op->fs, op->ino);
 		if (op->fs->alloc)
 			efs_fs_reclaim_kick(op->fs);
 	}

@@ -1104,7 +1104,7 @@ Test(data, dev_error)
  * get them and the reclaim free them under it: fsck would find blocks free
  * in their map and used by an extent.
  *
- * This passes without the data path's guard (efs_fs_data_op_free) too: the
+ * This passes without the data path's guard (efs_file_pub_release) too: the
  * discarded state is freed as soon as it is idle, before the drop, and the
  * allocator allocates nothing from a group whose map an unknown outcome
  * made stale until it re-read it. It keeps the whole sequence covered.

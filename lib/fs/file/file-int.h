@@ -200,7 +200,7 @@ struct dsnap {
 	struct efs_runs use, freed;
 };
 
-/* op->dpub of a publishing operation (sweep, fsync, truncate). */
+/* op->hook_state of a publishing operation (sweep, fsync, truncate). */
 struct dpub {
 	struct efs_fs *fs;
 	struct efs_alloc_txn *t;
@@ -372,6 +372,13 @@ void efs_file_fsync_done(void *arg, int err);
 /* ---- The publisher (publish.c) ---- */
 
 int efs_file_pub_common(struct efs_fs_op *op, struct dpub *P);
+/* The outcome and release hooks of every publishing descriptor. */
+void efs_file_pub_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t rev);
+void efs_file_pub_release(struct efs_fs_op *op);
+/* The inode cache's hooks (fs-int.h): pending fields re-applied to a
+ * reloaded record; a dropped inode's state forgotten. */
+void efs_file_state_reloaded(struct efs_fs *fs, struct efs_fs_inode *in);
+void efs_file_state_dropped(struct efs_fs *fs, uint64_t ino);
 void efs_file_pub_kick(struct efs_fs *fs);
 
 /* ---- fallocate and copy_file_range (range.c) ---- */

@@ -384,7 +384,7 @@ fail:
 static void pub_sync_cb(struct efs_io *io, ssize_t res)
 {
 	struct efs_fs_op *op = io->arg;
-	struct dpub *P = op->dpub;
+	struct dpub *P = op->hook_state;
 	struct dctl *c = efs_file_ctl_of(P->fs);
 
 	P->syncing = false;
@@ -413,7 +413,7 @@ static void pub_sync_cb(struct efs_io *io, ssize_t res)
 static void pub_begin_cb(int status, void *arg)
 {
 	struct efs_fs_op *op = arg;
-	struct dpub *P = op->dpub;
+	struct dpub *P = op->hook_state;
 
 	if (status < 0 && P)
 		P->dev_err = true;
@@ -548,16 +548,16 @@ int efs_file_pub_common(struct efs_fs_op *op, struct dpub *P)
 	return EFS_FS_CONT;
 }
 
-void efs_fs_data_outcome(struct efs_fs_op *op, enum efs_fs_data_outcome oc, int64_t rev)
+void efs_file_pub_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t rev)
 {
-	struct dpub *P = op->dpub;
+	struct dpub *P = op->hook_state;
 	struct efs_fs *fs = op->fs;
 	struct dctl *c = efs_file_ctl_of(fs);
 	bool after_unknown;
 
 	if (!P)
 		return;
-	if (oc == EFS_FS_DATA_UNKNOWN) {
+	if (oc == EFS_FS_UNKNOWN) {
 		P->unknown = true;
 		if (P->t)
 			efs_alloc_txn_end(P->t, EFS_ALLOC_UNKNOWN, 0);
@@ -567,7 +567,7 @@ void efs_fs_data_outcome(struct efs_fs_op *op, enum efs_fs_data_outcome oc, int6
 		return; /* fault hook: the verdict is not heard */
 	after_unknown = P->unknown;
 	P->unknown = false;
-	if (oc == EFS_FS_DATA_FAILED) {
+	if (oc == EFS_FS_FAILED) {
 		if (P->t)
 			efs_alloc_txn_end(P->t, EFS_ALLOC_FAILED, 0);
 		P->t = NULL;
@@ -675,15 +675,15 @@ static void snap_forget(struct efs_fs_data *d, const struct dsnap *s)
 	efs_runs_clear(&d->fpend);
 }
 
-void efs_fs_data_op_free(struct efs_fs_op *op)
+void efs_file_pub_release(struct efs_fs_op *op)
 {
-	struct dpub *P = op->dpub;
+	struct dpub *P = op->hook_state;
 	struct efs_fs *fs = op->fs;
 	struct dctl *c = efs_file_ctl_of(fs);
 
 	if (!P)
 		return;
-	op->dpub = NULL;
+	op->hook_state = NULL;
 	if (P->syncing) {
 		/* Cannot happen: the op waits for its sync. */
 		efs_log_warn("data: publication freed with a sync in flight");
@@ -745,7 +745,7 @@ void efs_fs_data_op_free(struct efs_fs_op *op)
 
 static int pub_plan(struct efs_fs_op *op)
 {
-	struct dpub *P = op->dpub;
+	struct dpub *P = op->hook_state;
 	int e;
 
 	if (op->loads_done == 0) {
@@ -761,7 +761,7 @@ static int pub_plan(struct efs_fs_op *op)
 
 static int pub_build(struct efs_fs_op *op)
 {
-	return efs_file_pub_common(op, op->dpub);
+	return efs_file_pub_common(op, op->hook_state);
 }
 
 static void pub_done(struct efs_fs_op *op)
@@ -776,6 +776,8 @@ static const struct efs_fs_opdesc pub_desc = {
 	.plan = pub_plan,
 	.build = pub_build,
 	.done = pub_done,
+	.outcome = efs_file_pub_outcome,
+	.release = efs_file_pub_release,
 };
 
 /* Starts one publication of dirty inodes (urgent ones first) unless one
@@ -830,7 +832,7 @@ static void pub_start(struct efs_fs *fs)
 		efs_mem_free(P);
 		return;
 	}
-	op->dpub = P;
+	op->hook_state = P;
 	/* It writes back what the locks cover: a release draining one of
 	 * them waits for it (lockops.c). */
 	op->lock_flags = EFS_LOCK_F_WRITEBACK;
@@ -918,6 +920,11 @@ static void timer_close_cb(uv_handle_t *h)
 	efs_mem_free(h);
 }
 
+static const struct efs_fs_inode_hooks file_inode_hooks = {
+	.reloaded = efs_file_state_reloaded,
+	.dropped = efs_file_state_dropped,
+};
+
 int efs_fs_data_init(struct efs_fs *fs)
 {
 	struct dctl *c = efs_mem_calloc(1, sizeof(*c));
@@ -965,6 +972,7 @@ int efs_fs_data_init(struct efs_fs *fs)
 	}
 	fault_from_env(c);
 	fs->data_priv = c;
+	fs->ihooks = &file_inode_hooks;
 	efs_file_lockops_init(c);
 	uv_timer_start(c->sweep, sweep_cb, fs->flush_interval_ms, fs->flush_interval_ms);
 	return 0;
@@ -985,6 +993,7 @@ void efs_fs_data_done(struct efs_fs *fs)
 	if (!c)
 		return;
 	efs_file_lockops_done(c);
+	fs->ihooks = NULL;
 	/* Every state still attached to a cached inode (nothing is in flight:
 	 * no waiter, no request, no publication). */
 	for (size_t i = 0; i < fs->hsize; i++) {

@@ -293,7 +293,7 @@ void efs_file_pf_from_rec(struct efs_fs_data *d, int to_set)
 	d->p_ctime = rec->ctime_ns;
 }
 
-void efs_fs_data_apply(struct efs_fs *fs, struct efs_fs_inode *in)
+void efs_file_state_reloaded(struct efs_fs *fs, struct efs_fs_inode *in)
 {
 	struct efs_fs_data *d = in->data;
 	Etcfs__Inode *rec = in->rec;
@@ -493,7 +493,7 @@ void efs_file_state_discard(struct efs_fs_data *d)
 	efs_file_fw_fail_all(d, -EIO);
 }
 
-void efs_fs_data_dropped(struct efs_fs *fs, uint64_t ino)
+void efs_file_state_dropped(struct efs_fs *fs, uint64_t ino)
 {
 	struct efs_fs_inode *in = efs_fs_ifind(fs, ino);
 	struct efs_fs_data *d = in ? in->data : NULL;
@@ -506,7 +506,7 @@ void efs_fs_data_dropped(struct efs_fs *fs, uint64_t ino)
 	if (d->snap && d->snap->use.n &&
 	    efs_runs_remove_all(&d->apend, &d->snap->use, NULL) < 0) {
 		/* In flight: given back only if that publication fails
-		 * (efs_fs_data_outcome); committed, they are the inode's
+		 * (efs_file_pub_outcome); committed, they are the inode's
 		 * published extents, freed by reclaim. The removal has its
 		 * room reserved (efs_file_pend_reserve) and cannot fail; if
 		 * it did, nothing is given back (leaked until restart) rather

@@ -188,7 +188,7 @@ static int tr_apply(struct tr *x)
 
 static int tr_build(struct efs_fs_op *op)
 {
-	struct dpub *P = op->dpub;
+	struct dpub *P = op->hook_state;
 	struct tr *x = op->priv;
 	struct dreq *r = x->r;
 	struct efs_fs *fs = op->fs;
@@ -250,7 +250,7 @@ static void tr_next(struct efs_fs_op *op)
 	struct tr *x = op->priv;
 	struct dreq *r = x ? x->r : NULL;
 	struct efs_fs_inode *in;
-	struct dpub *P = op->dpub;
+	struct dpub *P = op->hook_state;
 
 	if (!r)
 		return;
@@ -315,6 +315,8 @@ static const struct efs_fs_opdesc tr_desc = {
 	.plan = tr_plan,
 	.build = tr_build,
 	.done = tr_done,
+	.outcome = efs_file_pub_outcome,
+	.release = efs_file_pub_release,
 };
 
 /*
@@ -329,6 +331,8 @@ static const struct efs_fs_opdesc tr_more_desc = {
 	.plan = tr_plan,
 	.build = tr_build,
 	.done = tr_done,
+	.outcome = efs_file_pub_outcome,
+	.release = efs_file_pub_release,
 };
 
 static void tr_start(struct dreq *r)
@@ -360,7 +364,7 @@ static void tr_start(struct dreq *r)
 	x->r = r;
 	x->op = op;
 	op->ino = r->ino;
-	op->dpub = P;
+	op->hook_state = P;
 	op->priv = x;
 	op->priv_free = tr_free;
 	efs_fs_op_run(op);
