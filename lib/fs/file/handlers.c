@@ -274,10 +274,11 @@ void efs_fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	r->h = efs_file_fh_of(fi);
 	r->size = size;
 	r->off = off;
-	/* Through the page cache (no direct_io at open): the kernel holds
-	 * the pages locked until the reply, so a drain lets it pass. */
-	if (r->h && !r->h->direct && !r->h->append)
-		r->lock_flags = EFS_LOCK_F_PAGES;
+	/* A read may fill the page cache (also on a direct_io handle: a
+	 * private mapping faults its pages in through it), with the pages
+	 * locked until the reply, which a release's invalidate waits for:
+	 * every read passes a drain. */
+	r->lock_flags = EFS_LOCK_F_PAGES;
 	efs_file_prep(r, EFS_LOCK_SHARED, read_cont);
 }
 

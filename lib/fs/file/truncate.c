@@ -370,6 +370,44 @@ static void tr_start(struct dreq *r)
 	efs_fs_op_run(op);
 }
 
+/* A deferred setattr: applied to the merged record and the pending
+ * fields under the held exclusive lock; |st| gets the attributes. */
+static int defer_apply(struct efs_fs_data *d, struct stat *attr, int to_set, struct stat *st)
+{
+	Etcfs__Inode *rec = d->in->rec;
+	int e = efs_fs_setattr_apply(rec, attr, to_set, efs_fs_now());
+
+	if (e < 0)
+		return e;
+	efs_file_pf_from_rec(d, to_set);
+	d->ver++;
+	efs_file_dlist_add(d);
+	efs_meta_inode_to_stat(rec, d->ino, d->fs->blksize, st);
+	return 0;
+}
+
+/* A deferred setattr that waited for a release: the lock is held and
+ * pinned by the request again. */
+static void defer_cont(struct dreq *r)
+{
+	struct efs_fs_data *d = r->d;
+	struct stat st;
+	int e;
+
+	if (d->broken || d->dropped || !d->in || !d->in->rec) {
+		efs_file_dreq_end(r, -EIO);
+		return;
+	}
+	e = defer_apply(d, &r->attr, r->to_set, &st);
+	if (e < 0) {
+		efs_file_dreq_end(r, e);
+		return;
+	}
+	r->replied = true;
+	fuse_reply_attr(r->req, &st, efs_fs_attr_timeout(r->fs, r->ino));
+	efs_file_dreq_end(r, 0);
+}
+
 bool efs_fs_data_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
 			 struct fuse_file_info *fi)
 {
@@ -423,24 +461,31 @@ bool efs_fs_data_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int 
 		return false; /* chmod rewrites the ACL: the engine's path */
 	if (fi && fi->fh && efs_file_handle_ok(fs, efs_file_fh_of(fi)) < 0)
 		return false;
-	if (!efs_lock_touch(fs->lc, ino, EFS_LOCK_EXCLUSIVE))
-		return false; /* a release drains it: the engine waits */
+	if (!efs_lock_touch(fs->lc, ino, EFS_LOCK_EXCLUSIVE)) {
+		/* A release drains the lock: wait for it as a data request
+		 * (the engine's setattr holds the inode's mutex, so a drain
+		 * serves it, and the pending fields re-applied to what it
+		 * committed would undo it); the state is published and
+		 * clean by the time the request has the lock again. */
+		r = efs_file_dreq_new(req, RK_SETATTR, EFS_FS_OP_SETATTR, ino);
+		if (!r)
+			return true;
+		r->attr = *attr;
+		r->to_set = to_set;
+		efs_file_prep(r, EFS_LOCK_EXCLUSIVE, defer_cont);
+		return true;
+	}
 	{
-		Etcfs__Inode *rec = in->rec;
 		struct stat st;
 		int e;
 
 		efs_counter_inc(fs->m_ops[EFS_FS_OP_SETATTR]);
-		e = efs_fs_setattr_apply(rec, attr, to_set, efs_fs_now());
+		e = defer_apply(d, attr, to_set, &st);
 		if (e < 0) {
 			efs_counter_inc(fs->m_errs[EFS_FS_OP_SETATTR]);
 			fuse_reply_err(req, -e);
 			return true;
 		}
-		efs_file_pf_from_rec(d, to_set);
-		d->ver++;
-		efs_file_dlist_add(d);
-		efs_meta_inode_to_stat(rec, ino, fs->blksize, &st);
 		fuse_reply_attr(req, &st, efs_fs_attr_timeout(fs, ino));
 	}
 	return true;
