@@ -1619,6 +1619,7 @@ static void prep_step(struct prep *p, int status)
 	struct efs_lockcache *lc = p->ref->lc;
 	struct efs_locktab_entry *e = lc ? efs_locktab_find(&lc->tab, p->ino) : NULL;
 	const struct efs_lock_ops *ops;
+	unsigned kind;
 	void *arg;
 
 	if (!e || e->grant != p->grant || !e->prep)
@@ -1636,8 +1637,9 @@ static void prep_step(struct prep *p, int status)
 		}
 		goto out;
 	}
-	ops = lc->ops[kind_of(lc, e)].ops;
-	arg = lc->ops[kind_of(lc, e)].arg;
+	kind = kind_of(lc, e); /* asks the classifier: once per step */
+	ops = lc->ops[kind].ops;
+	arg = lc->ops[kind].arg;
 	if (p->step == 0) {
 		p->step = 1;
 		if (ops && ops->invalidate && p->inval) {
