@@ -848,6 +848,114 @@ static void old_revoked(int status, void *arg)
 	reg_begin(s);
 }
 
+/* Revokes |held| (the lease of the record |ni| that is taken over);
+ * old_revoked reads n/<node> again. Consumes |ni|. */
+static void reg_take_over(struct efs_session *s, Etcfs__NodeInfo *ni, int64_t held)
+{
+	struct scall *sc = scall_new(s, held);
+	int r = sc ? efs_etcd_lease_revoke(s->c, held, old_revoked, sc) : -ENOMEM;
+
+	efs_meta_record_free(ni);
+	if (r < 0) {
+		if (sc)
+			scall_end(sc);
+		reg_fail(s, r, false);
+	}
+}
+
+/*
+ * Takes over n/<node>, record |ni| on lease |held|, when its owner is
+ * gone (|running_start|: the start time of the process that now runs
+ * under its pid, 0 when none or not read), else refuses the node id.
+ * Consumes |ni|.
+ */
+static void reg_decide(struct efs_session *s, Etcfs__NodeInfo *ni, int64_t held,
+		       uint64_t running_start)
+{
+	struct efs_session_owner old = {
+		.machine_id = ni->machine_id,
+		.boot_id = ni->boot_id,
+		.pid_ns = ni->pid_ns,
+		.pid = ni->pid,
+		.pid_start = ni->pid_start,
+	};
+	struct efs_session_owner me = {
+		.machine_id = s->machine_id,
+		.boot_id = s->boot_id,
+		.pid_ns = s->pid_ns,
+	};
+
+	if (ni->lease_id == 0 ||
+	    !efs_session_may_take_over(&old, &me, pid_is_alive(ni->pid), running_start)) {
+		efs_log_err("session %s: node id in use by host %s (machine %s, boot %s) pid %d",
+			    s->node, ni->hostname, ni->machine_id,
+			    ni->boot_id[0] ? ni->boot_id : "unknown", (int)ni->pid);
+		efs_meta_record_free(ni);
+		reg_fail(s, -EBUSY, false);
+		return;
+	}
+	/* A previous daemon of this machine died (kill -9): take over. */
+	efs_log_info("session %s: taking over from dead pid %d (lease %" PRId64 ")", s->node,
+		     (int)ni->pid, ni->lease_id);
+	reg_take_over(s, ni, held);
+}
+
+/* A start-time read on the thread pool. */
+struct start_read {
+	uv_work_t work;
+	struct scall *sc;
+	Etcfs__NodeInfo *ni;
+	int64_t held;
+	uint64_t start; /* result, 0 when unknown */
+};
+
+static void start_read_work(uv_work_t *w)
+{
+	struct start_read *sr = (struct start_read *)w;
+
+	sr->start = pid_start_time(sr->ni->pid);
+}
+
+static void start_read_done(uv_work_t *w, int status)
+{
+	struct start_read *sr = (struct start_read *)w;
+	struct efs_session *s = scall_end(sr->sc);
+	Etcfs__NodeInfo *ni = sr->ni;
+	int64_t held = sr->held;
+	uint64_t start = status == 0 ? sr->start : 0;
+
+	efs_mem_free(sr);
+	if (!s || reg_cancelled(s)) {
+		efs_meta_record_free(ni);
+		return;
+	}
+	reg_decide(s, ni, held, start);
+}
+
+/* Reads the start time of |ni|'s pid off the loop, then decides. Takes
+ * |ni| on success. */
+static int reg_read_start_time(struct efs_session *s, Etcfs__NodeInfo *ni, int64_t held)
+{
+	struct start_read *sr = efs_mem_calloc(1, sizeof(*sr));
+	int r;
+
+	if (!sr)
+		return -ENOMEM;
+	sr->sc = scall_new(s, held);
+	if (!sr->sc) {
+		efs_mem_free(sr);
+		return -ENOMEM;
+	}
+	sr->ni = ni;
+	sr->held = held;
+	r = uv_queue_work(s->loop, &sr->work, start_read_work, start_read_done);
+	if (r < 0) {
+		scall_end(sr->sc);
+		efs_mem_free(sr);
+	}
+	return r;
+}
+
 static void reg_read_done(struct efs_etcd_result *res, Etcdserverpb__TxnResponse *resp,
 			  void *arg)
 {
@@ -856,11 +964,7 @@ static void reg_read_done(struct efs_etcd_result *res, Etcdserverpb__TxnResponse
 	Etcfs__NodeInfo *ni = NULL;
 	Etcfs__Generation *g = NULL;
 	const char *why = NULL;
-	struct efs_session_owner old = {0}, me = {0};
-	struct scall *sc;
-	uint64_t running_start;
 	int64_t held;
-	bool alive;
 	int r;
 
 	if (!s || reg_cancelled(s))
@@ -910,50 +1014,29 @@ static void reg_read_done(struct efs_etcd_result *res, Etcdserverpb__TxnResponse
 		reg_complete(s, s->read_gen, s->read_gen_mod);
 		return;
 	}
-	old.machine_id = ni->machine_id;
-	old.boot_id = ni->boot_id;
-	old.pid_ns = ni->pid_ns;
-	old.pid = ni->pid;
-	old.pid_start = ni->pid_start;
-	me.machine_id = s->machine_id;
-	me.boot_id = s->boot_id;
-	me.pid_ns = s->pid_ns;
 	/* The lease the key is on is what to revoke; the record names the
 	 * same one unless someone rewrote the key. */
 	held = nr->kvs[0]->lease ? nr->kvs[0]->lease : ni->lease_id;
 	if (held != 0 && record_is_ours(s, ni, held)) {
 		efs_log_info("session %s: n/%s is this session's own earlier record (lease %" PRIx64
 			     "): revoking that lease", s->node, s->node, (uint64_t)held);
-		goto take_over;
-	}
-	alive = pid_is_alive(ni->pid);
-	/* /proc/<pid>/stat is read only when the start time decides: the
-	 * record is of this machine, boot and pid namespace, its pid runs and
-	 * the record knows the start time it had. */
-	running_start = alive && ni->pid_start != 0 && str_eq(ni->machine_id, s->machine_id) &&
-				str_eq(ni->boot_id, s->boot_id) && ni->pid_ns == s->pid_ns
-			? pid_start_time(ni->pid)
-			: 0;
-	if (ni->lease_id == 0 || !efs_session_may_take_over(&old, &me, alive, running_start)) {
-		efs_log_err("session %s: node id in use by host %s (machine %s, boot %s) pid %d",
-			    s->node, ni->hostname, ni->machine_id,
-			    ni->boot_id[0] ? ni->boot_id : "unknown", (int)ni->pid);
-		efs_meta_record_free(ni);
-		reg_fail(s, -EBUSY, false);
+		reg_take_over(s, ni, held);
 		return;
 	}
-	/* A previous daemon of this machine died (kill -9): take over. */
-	efs_log_info("session %s: taking over from dead pid %d (lease %" PRId64 ")", s->node,
-		     (int)ni->pid, ni->lease_id);
-take_over:
-	sc = scall_new(s, held);
-	r = sc ? efs_etcd_lease_revoke(s->c, held, old_revoked, sc) : -ENOMEM;
-	efs_meta_record_free(ni);
-	if (r < 0) {
-		if (sc)
-			scall_end(sc);
-		reg_fail(s, r, false);
+	/* /proc/<pid>/stat is read only when the start time decides: the
+	 * record is of this machine, boot and pid namespace, its pid runs and
+	 * the record knows the start time it had. It is read on a worker
+	 * thread, never on the loop. */
+	if (pid_is_alive(ni->pid) && ni->pid_start != 0 && str_eq(ni->machine_id, s->machine_id) &&
+	    str_eq(ni->boot_id, s->boot_id) && ni->pid_ns == s->pid_ns) {
+		r = reg_read_start_time(s, ni, held);
+		if (r < 0) {
+			efs_meta_record_free(ni);
+			reg_fail(s, r, r == -ENOMEM ? false : true);
+		}
+		return;
 	}
+	reg_decide(s, ni, held, 0);
 }
 
 /* Reads n/<node> and g/<node> and goes on from what it finds. */
