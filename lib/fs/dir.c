@@ -439,7 +439,7 @@ static bool emit(struct efs_fs_op *op, const char *name, uint64_t ino, uint32_t 
 			e.attr.st_ino = ino;
 			e.attr.st_mode = (mode_t)(type << 12);
 		} else if (in && efs_fs_inode_valid(fs, in) && in->rec) {
-			efs_fs_fill_entry(fs, op->ino, ino, in->rec, &e);
+			efs_fs_fill_entry(fs, op->ino, name, strlen(name), ino, in->rec, &e);
 		} else if (ent && ent->has_attr) {
 			e.ino = ino;
 			e.attr = ent->st;

@@ -183,6 +183,7 @@ struct efs_fs_inode {
 	uint64_t mseq;		    /* bumped by each name change this node makes */
 	bool atime_busy;	    /* a relatime update is in flight */
 	struct efs_fs_dcache *dc;   /* directories: names, valid under the lock */
+	struct efs_fs_knames *kn;   /* directories: names the kernel may cache (lockops.c) */
 	struct efs_fs_data *data;   /* regular files: data state (fs/data.h), holds a ref */
 	/* Node-local mutex of mutations (see the engine above). */
 	struct efs_fs_op *mx_owner;
@@ -254,6 +255,7 @@ struct efs_fs {
 	uint32_t ino_batch;
 	struct fuse_session *se;
 	struct efs_inval *inval; /* kernel invalidations (kchan/inval.h), with |se| */
+	struct efs_fs_dinval *dinvals; /* directories' invalidations in flight (lockops.c) */
 
 	uint64_t epoch; /* bumped when the session is lost */
 	uint64_t inflight;
@@ -547,12 +549,13 @@ int efs_fs_del_dirent(struct efs_fs_op *op, uint64_t parent, const char *name, s
 int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *rec);
 
 /* Reply helpers: fill a fuse_entry_param / attr reply from a record, with
- * kernel timeouts only under a held lock. */
-void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, uint64_t ino, const Etcfs__Inode *rec,
-		       struct fuse_entry_param *e);
+ * kernel timeouts only under a held lock that is not being given up (the
+ * entry of |name| in |parent| is recorded for the parent's lock ops). */
+void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, const char *name, size_t len,
+		       uint64_t ino, const Etcfs__Inode *rec, struct fuse_entry_param *e);
 double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino);
-void efs_fs_reply_entry(struct efs_fs_op *op, uint64_t parent, uint64_t ino,
-			const Etcfs__Inode *rec);
+void efs_fs_reply_entry(struct efs_fs_op *op, uint64_t parent, const char *name, size_t len,
+			uint64_t ino, const Etcfs__Inode *rec);
 void efs_fs_reply_attr(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *rec);
 /* Wall clock now, nanoseconds. */
 int64_t efs_fs_now(void);
@@ -605,6 +608,33 @@ void efs_fs_dcache_put(struct efs_fs *fs, struct efs_fs_inode *dir, const char *
 		       uint64_t ino, uint32_t type);
 void efs_fs_dcache_forget(struct efs_fs *fs, uint64_t dir, const char *name, size_t len);
 void efs_fs_dcache_clear(struct efs_fs_inode *dir);
+
+/*
+ * Lock ops (lockops.c): the kinds of inode locks, the ops of directories,
+ * and the names each directory handed to the kernel with an entry timeout
+ * (invalidated one by one when the directory's lock goes).
+ */
+enum efs_fs_lock_kind {
+	EFS_FS_LOCK_OTHER = 0,
+	EFS_FS_LOCK_FILE = 1, /* the data path's ops (file/lockops.c) */
+	EFS_FS_LOCK_DIR = 2,
+};
+/* Most names recorded per directory; beyond, entries get no timeout. */
+#define EFS_FS_KNAMES_MAX 4096
+void efs_fs_lockops_init(struct efs_fs *fs);
+void efs_fs_lockops_kernel_gone(struct efs_fs *fs);
+void efs_fs_lockops_done(struct efs_fs *fs);
+/* The entry timeout for |name| in |parent| (0 without the parent's lock,
+ * or when the name cannot be recorded); records the name. */
+double efs_fs_entry_timeout(struct efs_fs *fs, uint64_t parent, const char *name, size_t len);
+size_t efs_fs_knames_count(const struct efs_fs_inode *dir);
+/* Fault-hook builds: a setxattr of this name force-releases the inode's
+ * lock ("0") or downgrades it ("1"); true when |name| was the hook's (the
+ * request is answered). */
+#define EFS_FS_FAULT_RELEASE_XATTR "user.etcfs.fault.release"
+bool efs_fs_fault_release(fuse_req_t req, uint64_t ino, const char *name, const char *value,
+			  size_t size);
+void efs_fs_knames_clear(struct efs_fs_inode *dir);
 
 /* Kernel references: +1 per entry reply, -n per forget. */
 void efs_fs_inode_ref_kernel(struct efs_fs *fs, uint64_t ino);

@@ -168,7 +168,7 @@ double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino)
 
 	if (!fs->cache_timeout_ms || !efs_session_is_active(fs->s))
 		return 0;
-	if (efs_lock_held(fs->lc, ino) == EFS_LOCK_NONE)
+	if (!efs_lock_may_cache(fs->lc, ino))
 		return 0;
 	now = efs_clock_mono_ns();
 	t = efs_fs_cache_bound((uint64_t)fs->cache_timeout_ms * EFS_NSEC_PER_MSEC, now,
@@ -179,23 +179,23 @@ double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino)
 	return (double)t / EFS_NSEC_PER_SEC;
 }
 
-void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, uint64_t ino, const Etcfs__Inode *rec,
-		       struct fuse_entry_param *e)
+void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, const char *name, size_t len,
+		       uint64_t ino, const Etcfs__Inode *rec, struct fuse_entry_param *e)
 {
 	memset(e, 0, sizeof(*e));
 	e->ino = ino;
 	e->generation = rec->generation;
 	efs_meta_inode_to_stat(rec, ino, fs->blksize, &e->attr);
 	e->attr_timeout = efs_fs_attr_timeout(fs, ino);
-	e->entry_timeout = parent ? efs_fs_attr_timeout(fs, parent) : 0;
+	e->entry_timeout = efs_fs_entry_timeout(fs, parent, name, len);
 }
 
-void efs_fs_reply_entry(struct efs_fs_op *op, uint64_t parent, uint64_t ino,
-			const Etcfs__Inode *rec)
+void efs_fs_reply_entry(struct efs_fs_op *op, uint64_t parent, const char *name, size_t len,
+			uint64_t ino, const Etcfs__Inode *rec)
 {
 	struct fuse_entry_param e;
 
-	efs_fs_fill_entry(op->fs, parent, ino, rec, &e);
+	efs_fs_fill_entry(op->fs, parent, name, len, ino, rec, &e);
 	op->replied = true;
 	if (fuse_reply_entry(op->req, &e) == 0)
 		efs_fs_inode_ref_kernel(op->fs, ino);
@@ -2006,6 +2006,7 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 	r = efs_fs_plock_init(fs);
 	if (r < 0)
 		goto fail;
+	efs_fs_lockops_init(fs);
 	r = data_path_new(fs, o);
 	if (r < 0)
 		goto fail;
@@ -2051,6 +2052,7 @@ static void kernel_gone(struct efs_fs *fs)
 	if (!fs->inval)
 		return;
 	fs->inval = efs_inval_free(fs->inval);
+	efs_fs_lockops_kernel_gone(fs);
 	if (fs->data_priv)
 		efs_fs_data_kernel_gone(fs);
 }
@@ -2159,6 +2161,7 @@ struct efs_fs *efs_fs_free(struct efs_fs *fs)
 		efs_fs_reclaim_done(fs);
 	if (fs->data_priv)
 		efs_fs_data_done(fs);
+	efs_fs_lockops_done(fs);
 	fs->alloc = efs_alloc_free(fs->alloc);
 	fs->pool = efs_iopool_free(fs->pool);
 	efs_fs_plock_done(fs);

@@ -155,6 +155,7 @@ void efs_fs_dcache_forget(struct efs_fs *fs, uint64_t dir, const char *name, siz
 static void inode_free(struct efs_fs_inode *in)
 {
 	efs_fs_dcache_clear(in);
+	efs_fs_knames_clear(in);
 	if (in->rec)
 		protobuf_c_message_free_unpacked(&in->rec->base, efs_mem_protobuf());
 	efs_mem_free(in);

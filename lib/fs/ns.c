@@ -235,7 +235,7 @@ static int lookup_plan(struct efs_fs_op *op)
 			efs_fs_dcache_forget(fs, op->ino, op->name, op->name_len);
 			return -ENOENT;
 		}
-		efs_fs_reply_entry(op, op->ino, op->child, crec);
+		efs_fs_reply_entry(op, op->ino, op->name, op->name_len, op->child, crec);
 		return EFS_FS_DONE;
 	}
 	return EFS_FS_CONT;
@@ -243,7 +243,7 @@ negative: {
 	struct fuse_entry_param e;
 
 	memset(&e, 0, sizeof(e));
-	e.entry_timeout = efs_fs_attr_timeout(fs, op->ino);
+	e.entry_timeout = efs_fs_entry_timeout(fs, op->ino, op->name, op->name_len);
 	op->replied = true;
 	fuse_reply_entry(op->req, &e);
 	return EFS_FS_DONE;
@@ -463,7 +463,7 @@ static void mk_done(struct efs_fs_op *op)
 		return;
 	}
 	if (op->d->code != EFS_FS_OP_CREATE) {
-		efs_fs_reply_entry(op, op->ino, op->new_ino, in->rec);
+		efs_fs_reply_entry(op, op->ino, op->name, op->name_len, op->new_ino, in->rec);
 		return;
 	}
 	{
@@ -476,7 +476,7 @@ static void mk_done(struct efs_fs_op *op)
 		}
 		h = (struct efs_fs_handle *)(uintptr_t)op->fi.fh;
 	}
-	efs_fs_fill_entry(fs, op->ino, op->new_ino, in->rec, &e);
+	efs_fs_fill_entry(fs, op->ino, op->name, op->name_len, op->new_ino, in->rec, &e);
 	op->replied = true;
 	if (fuse_reply_create(op->req, &e, &op->fi) == 0)
 		efs_fs_inode_ref_kernel(fs, op->new_ino);
@@ -663,7 +663,7 @@ static void link_done(struct efs_fs_op *op)
 	struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
 
 	if (in && in->rec)
-		efs_fs_reply_entry(op, op->ino2, op->ino, in->rec);
+		efs_fs_reply_entry(op, op->ino2, op->name2, op->name2_len, op->ino, in->rec);
 }
 
 static const struct efs_fs_opdesc link_desc = {

@@ -13,6 +13,8 @@
 #include <sys/xattr.h>
 
 #include "fs/fs-int.h"
+
+#include "config.h"
 #include "util/mem.h"
 
 #define P_USER	   "user."
@@ -335,8 +337,13 @@ static const struct efs_fs_opdesc removexattr_desc = {
 void efs_fs_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
 		     size_t size, int flags)
 {
-	struct efs_fs_op *op = op_start(req, &setxattr_desc, ino, name, size, true);
+	struct efs_fs_op *op;
 
+#if EFS_FAULT_HOOKS
+	if (efs_fs_fault_release(req, ino, name, value, size))
+		return;
+#endif
+	op = op_start(req, &setxattr_desc, ino, name, size, true);
 	if (!op)
 		return;
 	if (flags & ~(XATTR_CREATE | XATTR_REPLACE)) {

@@ -312,6 +312,8 @@ static void new_grant(struct efs_lockcache *lc, struct efs_locktab_entry *e)
 	e->grant = ++lc->grant_seq;
 	e->prepared = false;
 	e->recalled = false;
+	e->inval_serving = false;
+	e->prep_keeps = false;
 }
 
 /* The ops of |e|'s kind: a kind set on the entry wins over the classifier. */
@@ -343,7 +345,7 @@ static bool drain_exempt(const struct acq *a)
 static bool hit_ok(const struct acq *a, const struct efs_locktab_entry *e)
 {
 	return e->state != EFS_LOCKTAB_RELEASING && !e->draining &&
-	       (!e->recalled || drain_exempt(a));
+	       (!e->recalled || e->inval_serving || drain_exempt(a));
 }
 
 static void set_draining(struct efs_lockcache *lc, struct efs_locktab_entry *e, bool on)
@@ -1052,7 +1054,8 @@ static bool acq_step(struct acq *a)
 			continue;
 		}
 		if (e && ((e->state != EFS_LOCKTAB_HELD && e->owner != a) ||
-			  (e->state == EFS_LOCKTAB_HELD && e->recalled && !drain_exempt(a)))) {
+			  (e->state == EFS_LOCKTAB_HELD && e->recalled && !e->inval_serving &&
+			   !drain_exempt(a)))) {
 			/* Another local acquisition or a release is on it:
 			 * its end decides (they share the node's lock). */
 			a->wait = AW_ENTRY;
@@ -1629,6 +1632,7 @@ static void prep_step(struct prep *p, int status)
 			     "again later",
 			     p->ino, strerror(-status));
 		e->prep = false;
+		e->inval_serving = false;
 		if (e->recalled) {
 			/* Operations go on meanwhile; the next attempt drains
 			 * again. */
@@ -1642,13 +1646,21 @@ static void prep_step(struct prep *p, int status)
 	arg = lc->ops[kind].arg;
 	if (p->step == 0) {
 		p->step = 1;
+		e->prep_keeps = ops && ops->serve_while_invalidating;
 		if (ops && ops->invalidate && p->inval) {
+			if (ops->serve_while_invalidating) {
+				/* Requests the drain holds back may be what
+				 * the kernel's lock waits for. */
+				e->inval_serving = true;
+				entry_changed(lc, e);
+			}
 			ops->invalidate(arg, p->ino, p->to, prep_done, p);
 			return;
 		}
 	}
 	if (p->step == 1) {
 		p->step = 2;
+		e->inval_serving = false;
 		if (ops && ops->sync) {
 			ops->sync(arg, p->ino, p->to, prep_done, p);
 			return;
@@ -1658,7 +1670,7 @@ static void prep_step(struct prep *p, int status)
 	 * may have cached or buffered more, so the release prepares again
 	 * once its pins are gone. */
 	e->prep = false;
-	e->prepared = e->pins == 0 && e->pin_seq == e->prep_seq;
+	e->prepared = e->prep_keeps || (e->pins == 0 && e->pin_seq == e->prep_seq);
 	release_kick(lc);
 out:
 	lref_put(p->ref);
@@ -1715,7 +1727,8 @@ static bool needs_prep(const struct efs_lockcache *lc, const struct efs_locktab_
 
 static bool is_prepared(const struct efs_locktab_entry *e, enum efs_lock_mode to)
 {
-	return e->prepared && e->pins == 0 && e->pin_seq == e->prep_seq && e->prep_to <= to;
+	return e->prepared && e->pins == 0 && (e->pin_seq == e->prep_seq || e->prep_keeps) &&
+	       e->prep_to <= to;
 }
 
 /* ---- Releases ---- */
@@ -2285,6 +2298,16 @@ enum efs_lock_mode efs_lock_held(const struct efs_lockcache *lc, uint64_t ino)
 	const struct efs_locktab_entry *e = usable_entry(lc, ino);
 
 	return e ? (enum efs_lock_mode)e->mode : EFS_LOCK_NONE;
+}
+
+bool efs_lock_may_cache(const struct efs_lockcache *lc, uint64_t ino)
+{
+	const struct efs_locktab_entry *e = usable_entry(lc, ino);
+
+	if (!e || e->mode == EFS_LOCK_NONE || e->recalled || e->prep)
+		return false;
+	/* A preparation that still holds counts as a release under way. */
+	return !(e->prepared && (e->pin_seq == e->prep_seq || e->prep_keeps));
 }
 
 uint64_t efs_lock_grant(const struct efs_lockcache *lc, uint64_t ino)

@@ -66,8 +66,10 @@
  * locked (EFS_LOCK_F_PAGES: the invalidation waits for those pages) and
  * requests of operations that pin other locks already (EFS_LOCK_F_NESTED,
  * or an acquisition of several inodes part of which it holds). The drain
- * bounds what else can void a preparation; page-cache I/O can still delay
- * a release for as long as it comes without a gap. A preparation that fails ends the drain until
+ * bounds what else can void a preparation, except for kinds whose ops are
+ * |serve_while_invalidating|: every request is served while their
+ * |invalidate| runs. Page-cache I/O can still delay a release for as long
+ * as it comes without a gap. A preparation that fails ends the drain until
  * the next attempt.
  *
  * Upgrades never deadlock two nodes: an upgrade that finds another holder
@@ -192,6 +194,15 @@ struct efs_lock_ops {
 	 * of an open file): then |invalidate| runs before every release,
 	 * idle ones included. NULL: never. */
 	bool (*cached)(void *arg, uint64_t ino);
+	/* The kernel may hold a lock of its own while it waits for any
+	 * request on the inode, and |invalidate| waits for that lock (the
+	 * kernel takes a directory's lock to drop one of its entries): while
+	 * |invalidate| runs every request is served, and requests served
+	 * during the preparation do not void it. Replies under a lock being
+	 * prepared carry no kernel caching (efs_lock_may_cache), so this is
+	 * only for kinds whose |sync| has nothing an operation leaves
+	 * behind to publish (every change commits in its own transaction). */
+	bool serve_while_invalidating;
 };
 
 /* Says which kind (< EFS_LOCK_KINDS) the lock of |ino| is, asked when its
@@ -246,6 +257,10 @@ bool efs_lock_touch(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_mode m
  * released/recalled, or while the session is not ACTIVE: then the kernel
  * must get zero timeouts). */
 enum efs_lock_mode efs_lock_held(const struct efs_lockcache *lc, uint64_t ino);
+/* Whether the kernel may be handed nonzero timeouts under the lock of
+ * |ino| now: it is held and no release of it is being prepared (or is
+ * prepared, asked for or about to be sent). */
+bool efs_lock_may_cache(const struct efs_lockcache *lc, uint64_t ino);
 
 /* The grant id under which this node holds |ino| now; 0 when
  * efs_lock_held() is NONE. */

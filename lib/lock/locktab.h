@@ -44,6 +44,8 @@ struct efs_locktab_entry {
 	bool prepared;		  /* its ops ran and nothing pinned it since */
 	bool draining;		  /* no new cache hits: an upgrade waits for pins */
 	bool recalled;		  /* a forced release waits: only writeback hits */
+	bool inval_serving;	  /* its invalidate serves every request meanwhile */
+	bool prep_keeps;	  /* pins do not void its preparation (the kind's ops) */
 	void *owner;		  /* for the table's user (lock.c: waiting acquisitions) */
 	/* private */
 	struct efs_locktab_entry *hnext;

@@ -34,6 +34,7 @@
 
 #include <linux/falloc.h>
 #include <stdatomic.h>
+#include <sys/xattr.h>
 
 #define MiB (1024u * 1024u)
 #define BLK 4096u
@@ -1381,6 +1382,115 @@ static void times_under_recall(void)
 	IO_EQ(close(fd), 0);
 }
 
+/*
+ * Names changed while directory locks are force-released too: each round
+ * creates a name, looks it up, renames it, looks up both names (one now
+ * absent: a negative entry), and unlinks it. Every answer must match what
+ * the round did: a stale entry the kernel kept past a release, or a request
+ * a release held back for good (the kernel holds the directory's lock while
+ * it waits), shows as a wrong answer or a hang.
+ */
+static void names_under_recall(void)
+{
+	char dir[PATH_MAX], a[PATH_MAX + 16], b[PATH_MAX + 16];
+	struct stat st;
+	int fd;
+
+	env_path(dir, sizeof(dir), "names");
+	IO_EQ(mkdir(dir, 0755), 0);
+	for (int i = 0; i < 300; i++) {
+		snprintf(a, sizeof(a), "%s/a%d", dir, i % 7);
+		snprintf(b, sizeof(b), "%s/b%d", dir, i % 7);
+		cr_assert(stat(a, &st) < 0 && errno == ENOENT, "round %d: %s exists before its "
+			  "create", i, a);
+		fd = open(a, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+		cr_assert_geq(fd, 0, "round %d: create %s: %s", i, a, strerror(errno));
+		IO_EQ(close(fd), 0);
+		IO_EQ(stat(a, &st), 0);
+		IO_EQ(rename(a, b), 0);
+		cr_assert(stat(a, &st) < 0 && errno == ENOENT, "round %d: %s still there after "
+			  "its rename", i, a);
+		IO_EQ(stat(b, &st), 0);
+		IO_EQ(unlink(b), 0);
+		cr_assert(stat(b, &st) < 0 && errno == ENOENT, "round %d: %s still there after "
+			  "its unlink", i, b);
+		if (i % 50 == 49)
+			nap_ms(30); /* a release of the directory meanwhile */
+	}
+	IO_EQ(rmdir(dir), 0);
+}
+
+/* The fs's count of FUSE requests of |op|. */
+static double op_count(const char *op)
+{
+	char sample[96];
+
+	snprintf(sample, sizeof(sample), "etcfs_fuse_ops_total{op=\"%s\"}", op);
+	return efs_test_fs_metric(&env.f, sample);
+}
+
+/*
+ * A forced release of a directory's lock drops what the kernel caches
+ * under it: its attributes and every name it looked up, positive and
+ * negative (the directory inode's own invalidation would not drop those).
+ * Observed through the lookups the kernel sends again: none while the
+ * entries are cached, one per name after the release. The entry timeout
+ * is 1 s, so a round counts only if it ran well within it. Negative
+ * control: without the directory's lock ops, no lookup comes after the
+ * release.
+ */
+Test(data, dir_release_drops_kernel_entries)
+{
+	char dir[PATH_MAX], x[PATH_MAX + 8], y[PATH_MAX + 8];
+	double l0, l1, l2, forced0;
+	struct stat st;
+	bool seen = false;
+	int fd;
+
+	env_start(0, NULL);
+	env_path(dir, sizeof(dir), "d");
+	IO_EQ(mkdir(dir, 0755), 0);
+	snprintf(x, sizeof(x), "%s/x", dir);
+	snprintf(y, sizeof(y), "%s/y", dir);
+	fd = open(y, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	cr_assert_geq(fd, 0, "create %s: %s", y, strerror(errno));
+	IO_EQ(close(fd), 0);
+	for (int round = 0; round < 20 && !seen; round++) {
+		uint64_t t0;
+
+		nap_ms(1200); /* every earlier entry timed out */
+		t0 = mono_ms();
+		cr_assert(stat(x, &st) < 0 && errno == ENOENT);
+		IO_EQ(stat(y, &st), 0);
+		l0 = op_count("lookup");
+		cr_assert(stat(x, &st) < 0 && errno == ENOENT);
+		IO_EQ(stat(y, &st), 0);
+		l1 = op_count("lookup");
+		if (l1 != l0 || mono_ms() - t0 > 300)
+			continue; /* not cached, or too slow to tell */
+		forced0 = efs_test_fs_metric(&env.f, "etcfs_lock_forced_total");
+		IO_EQ(setxattr(dir, "user.etcfs.fault.release", "0", 1, 0), 0);
+		/* The invalidations run before the release's transaction. */
+		for (int i = 0; i < 40; i++) {
+			if (efs_test_fs_metric(&env.f, "etcfs_lock_forced_total") > forced0)
+				break;
+			nap_ms(10);
+		}
+		cr_assert(stat(x, &st) < 0 && errno == ENOENT);
+		IO_EQ(stat(y, &st), 0);
+		l2 = op_count("lookup");
+		if (mono_ms() - t0 > 700)
+			continue; /* the entries might have timed out by themselves */
+		cr_assert_geq(l2, l1 + 2, "after a forced release of the directory the kernel "
+			      "still answered from its entries (%.0f lookups before, %.0f after)",
+			      l1, l2);
+		seen = true;
+	}
+	cr_assert(seen, "no round ran within the entry timeout");
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
 Test(data, recall)
 {
 	seed = test_seed();
@@ -1394,6 +1504,7 @@ Test(data, recall)
 	env_path(app.path, sizeof(app.path), "appended");
 	cr_assert_eq(pthread_create(&app.th, NULL, append_main, NULL), 0);
 	times_under_recall();
+	names_under_recall();
 	model_run(RECALL_NOPS, recall_quiesce);
 	check_appended("after the remount");
 	env_stop();

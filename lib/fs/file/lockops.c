@@ -17,8 +17,8 @@
  *
  * ETCFS_FAULT_RECALL=MS (fault hooks builds, tests): every 1..MS ms the
  * exclusive lock of every file with a data state is force-released or
- * downgraded through efs_lock_release_now, the entry point a peer's recall
- * calls.
+ * downgraded, and the lock of every directory held force-released,
+ * through efs_lock_release_now, the entry point a peer's recall calls.
  */
 #include "fs/file/file-int.h"
 
@@ -36,9 +36,6 @@
 #include "util/log.h"
 #include "util/mem.h"
 
-/* The kind of every regular file's lock. */
-#define KIND_FILE 1
-
 /* An invalidation a release waits for. */
 struct linval {
 	struct efs_inval_req req;
@@ -53,15 +50,6 @@ struct lsync {
 	efs_lock_done_cb done;
 	void *darg;
 };
-
-static unsigned file_kind(void *arg, uint64_t ino)
-{
-	struct efs_fs_inode *in = efs_fs_ifind(arg, ino);
-
-	if (in && (in->data || (in->rec && S_ISREG(in->rec->mode))))
-		return KIND_FILE;
-	return 0;
-}
 
 /* A file open on this node may have pages in the kernel, whatever the
  * entry and attribute timeouts say. */
@@ -222,9 +210,14 @@ static void frecall_tick(uv_timer_t *t)
 			enum efs_lock_mode to;
 			int r;
 
-			if (!in->data || efs_lock_held(fs->lc, in->ino) != EFS_LOCK_EXCLUSIVE)
+			bool dir = in->rec && S_ISDIR(in->rec->mode);
+			enum efs_lock_mode held = efs_lock_held(fs->lc, in->ino);
+
+			/* Files held exclusive, directories held at all. */
+			if (dir ? held == EFS_LOCK_NONE
+				: !in->data || held != EFS_LOCK_EXCLUSIVE)
 				continue;
-			to = frecall_rand(c) % 4 == 0 ? EFS_LOCK_SHARED : EFS_LOCK_NONE;
+			to = !dir && frecall_rand(c) % 4 == 0 ? EFS_LOCK_SHARED : EFS_LOCK_NONE;
 			r = efs_lock_release_now(fs->lc, in->ino, to, frecall_done, NULL);
 			if (r == 0)
 				frecall_out++;
@@ -256,7 +249,7 @@ static void frecall_from_env(struct dctl *c)
 	c->frecall->data = c;
 	c->frecall_ms = (uint32_t)ms;
 	c->frecall_rng = efs_clock_mono_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9e3779b97f4a7c15ull;
-	efs_log_warn("fault injection: file locks force-released every 1..%lu ms (seed %" PRIu64
+	efs_log_warn("fault injection: file and directory locks force-released every 1..%lu ms (seed %" PRIu64
 		     ")",
 		     ms, c->frecall_rng);
 	uv_timer_start(c->frecall, frecall_tick, 1 + frecall_rand(c) % c->frecall_ms, 0);
@@ -274,8 +267,7 @@ void efs_file_lockops_init(struct dctl *c)
 {
 	struct efs_fs *fs = c->fs;
 
-	efs_lockcache_set_kind_fn(fs->lc, file_kind, fs);
-	efs_lockcache_set_ops(fs->lc, KIND_FILE, &file_lock_ops, fs);
+	efs_lockcache_set_ops(fs->lc, EFS_FS_LOCK_FILE, &file_lock_ops, fs);
 #if EFS_FAULT_HOOKS
 	frecall_from_env(c);
 #endif
@@ -300,8 +292,7 @@ void efs_file_lockops_done(struct dctl *c)
 {
 	struct efs_fs *fs = c->fs;
 
-	efs_lockcache_set_ops(fs->lc, KIND_FILE, NULL, NULL);
-	efs_lockcache_set_kind_fn(fs->lc, NULL, NULL);
+	efs_lockcache_set_ops(fs->lc, EFS_FS_LOCK_FILE, NULL, NULL);
 	efs_file_kernel_gone(c);
 	if (c->frecall) {
 		uv_timer_stop(c->frecall);

@@ -1,0 +1,418 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Which lock ops an inode's lock uses, the lock ops of directories, and
+ * the kernel's entries each directory has handed out.
+ *
+ * Kinds: regular files (their ops are the data path's, file/lockops.c)
+ * and directories. The lock cache asks the classifier here when it
+ * prepares a release; it never learns what an inode is.
+ *
+ * A directory's lock covers its names. Every change of a name commits in
+ * its operation's own transaction, so a release has nothing to publish:
+ * its only op is invalidate, which drops what the kernel caches under the
+ * lock: the directory's attributes and every name of it that was handed
+ * out with a nonzero entry timeout, positive or negative. Invalidating the
+ * directory inode alone would not drop its children's dentries, so each
+ * such name is recorded here (efs_fs_entry_timeout) until its timeout
+ * passes. A directory with EFS_FS_KNAMES_MAX names recorded hands out new
+ * names with a zero entry timeout.
+ *
+ * To drop an entry the kernel takes the directory's own lock, which it
+ * may hold while it waits for a request on the directory (a lookup, a
+ * create): the invalidation therefore runs with every request served
+ * (serve_while_invalidating), and replies under a lock whose release is
+ * prepared carry zero timeouts.
+ *
+ * Fault-hook builds (tests): setting the xattr EFS_FS_FAULT_RELEASE_XATTR
+ * to "0" (or "1") on any inode force-releases (or downgrades) its lock
+ * after the reply, through efs_lock_release_now: the entry point a peer's
+ * recall calls.
+ */
+#include "fs/fs-int.h"
+
+#include "config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "kchan/inval.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+/* One name of a directory the kernel may cache until |until_ns|. */
+struct efs_fs_kname {
+	struct efs_fs_kname *next;
+	uint64_t until_ns;
+	size_t len;
+	char name[]; /* |len| bytes, NUL-terminated */
+};
+
+struct efs_fs_knames {
+	size_t n, nbuckets;
+	uint64_t until_ns; /* the latest of all */
+	struct efs_fs_kname **b;
+};
+
+static uint64_t name_hash(const char *name, size_t len)
+{
+	uint64_t h = 1469598103934665603ull; /* FNV-1a */
+
+	for (size_t i = 0; i < len; i++) {
+		h ^= (unsigned char)name[i];
+		h *= 1099511628211ull;
+	}
+	return h;
+}
+
+void efs_fs_knames_clear(struct efs_fs_inode *dir)
+{
+	struct efs_fs_knames *kn = dir->kn;
+
+	if (!kn)
+		return;
+	for (size_t i = 0; i < kn->nbuckets; i++) {
+		while (kn->b[i]) {
+			struct efs_fs_kname *k = kn->b[i];
+
+			kn->b[i] = k->next;
+			efs_mem_free(k);
+		}
+	}
+	efs_mem_free(kn->b);
+	efs_mem_free(kn);
+	dir->kn = NULL;
+}
+
+/* Drops the names whose timeout has passed. */
+static void knames_prune(struct efs_fs_knames *kn, uint64_t now)
+{
+	for (size_t i = 0; i < kn->nbuckets; i++) {
+		struct efs_fs_kname **pp = &kn->b[i];
+
+		while (*pp) {
+			struct efs_fs_kname *k = *pp;
+
+			if (k->until_ns > now) {
+				pp = &k->next;
+				continue;
+			}
+			*pp = k->next;
+			efs_mem_free(k);
+			kn->n--;
+		}
+	}
+}
+
+/* Records that the kernel may cache |name| of |dir| until |until|; false
+ * when it cannot be recorded (no memory, too many names). */
+static bool knames_note(struct efs_fs_inode *dir, const char *name, size_t len, uint64_t now,
+			uint64_t until)
+{
+	struct efs_fs_knames *kn = dir->kn;
+	struct efs_fs_kname **slot, *k;
+
+	if (!kn) {
+		kn = efs_mem_calloc(1, sizeof(*kn));
+		if (!kn)
+			return false;
+		kn->nbuckets = 64;
+		kn->b = efs_mem_calloc(kn->nbuckets, sizeof(*kn->b));
+		if (!kn->b) {
+			efs_mem_free(kn);
+			return false;
+		}
+		dir->kn = kn;
+	}
+	if (kn->until_ns <= now && kn->n) {
+		/* Every name timed out: start afresh. */
+		knames_prune(kn, now);
+	}
+	slot = &kn->b[name_hash(name, len) & (kn->nbuckets - 1)];
+	for (k = *slot; k; k = k->next) {
+		if (k->len == len && memcmp(k->name, name, len) == 0) {
+			if (k->until_ns < until)
+				k->until_ns = until;
+			goto noted;
+		}
+	}
+	if (kn->n >= EFS_FS_KNAMES_MAX) {
+		knames_prune(kn, now);
+		if (kn->n >= EFS_FS_KNAMES_MAX)
+			return false;
+	}
+	if (kn->n >= kn->nbuckets * 2 && kn->nbuckets < EFS_FS_KNAMES_MAX) {
+		size_t nb = kn->nbuckets * 4;
+		struct efs_fs_kname **b = efs_mem_calloc(nb, sizeof(*b));
+
+		if (b) {
+			for (size_t i = 0; i < kn->nbuckets; i++) {
+				while (kn->b[i]) {
+					struct efs_fs_kname *x = kn->b[i];
+					size_t j = name_hash(x->name, x->len) & (nb - 1);
+
+					kn->b[i] = x->next;
+					x->next = b[j];
+					b[j] = x;
+				}
+			}
+			efs_mem_free(kn->b);
+			kn->b = b;
+			kn->nbuckets = nb;
+			slot = &kn->b[name_hash(name, len) & (nb - 1)];
+		}
+	}
+	k = efs_mem_malloc(sizeof(*k) + len + 1);
+	if (!k)
+		return false;
+	k->until_ns = until;
+	k->len = len;
+	memcpy(k->name, name, len);
+	k->name[len] = '\0';
+	k->next = *slot;
+	*slot = k;
+	kn->n++;
+noted:
+	if (kn->until_ns < until)
+		kn->until_ns = until;
+	return true;
+}
+
+double efs_fs_entry_timeout(struct efs_fs *fs, uint64_t parent, const char *name, size_t len)
+{
+	struct efs_fs_inode *dir;
+	uint64_t now;
+	double t;
+
+	if (!parent || !name)
+		return 0;
+	t = efs_fs_attr_timeout(fs, parent);
+	if (t <= 0)
+		return 0;
+	dir = efs_fs_ifind(fs, parent);
+	now = efs_clock_mono_ns();
+	if (!dir || !knames_note(dir, name, len, now, now + (uint64_t)(t * EFS_NSEC_PER_SEC) + 1))
+		return 0;
+	return t;
+}
+
+size_t efs_fs_knames_count(const struct efs_fs_inode *dir)
+{
+	return dir->kn ? dir->kn->n : 0;
+}
+
+/* ---- The kind classifier ---- */
+
+static unsigned lock_kind(void *arg, uint64_t ino)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(arg, ino);
+
+	if (!in)
+		return 0;
+	if (in->data || (in->rec && S_ISREG(in->rec->mode)))
+		return EFS_FS_LOCK_FILE;
+	if (in->rec && S_ISDIR(in->rec->mode))
+		return EFS_FS_LOCK_DIR;
+	return 0;
+}
+
+/* ---- Directories ---- */
+
+/* The invalidations of one directory's release. */
+struct efs_fs_dinval {
+	struct efs_fs *fs;
+	efs_lock_done_cb done;
+	void *darg;
+	size_t n, left;
+	int status;
+	struct efs_fs_dinval *next, *prev; /* fs->dinvals, for a kernel that goes */
+	struct efs_inval_req req[]; /* [0] attributes, then one per name */
+};
+
+static void dinval_unlink(struct efs_fs_dinval *v)
+{
+	if (v->prev)
+		v->prev->next = v->next;
+	else
+		v->fs->dinvals = v->next;
+	if (v->next)
+		v->next->prev = v->prev;
+	v->next = v->prev = NULL;
+}
+
+static void dinval_finish(struct efs_fs_dinval *v)
+{
+	efs_lock_done_cb done = v->done;
+	void *darg = v->darg;
+	int status = v->status;
+
+	dinval_unlink(v);
+	efs_mem_free(v);
+	done(darg, status);
+}
+
+static void dinval_one_done(struct efs_inval_req *req, int status)
+{
+	struct efs_fs_dinval *v = req->arg;
+
+	/* A kernel connection that is gone or never had notifications
+	 * caches nothing that could go stale. */
+	if (status == -ENODEV || status == -EBADF || status == -ENOTCONN ||
+	    status == -ECANCELED || status == -ENOSYS)
+		status = 0;
+	if (status < 0 && v->status == 0) {
+		efs_log_warn("fs: invalidating the kernel's entries of directory %" PRIu64 ": %s",
+			     req->ino, strerror(-status));
+		v->status = status;
+	}
+	if (--v->left == 0)
+		dinval_finish(v);
+}
+
+static void dir_invalidate(void *arg, uint64_t ino, enum efs_lock_mode to, efs_lock_done_cb done,
+			   void *darg)
+{
+	struct efs_fs *fs = arg;
+	struct efs_fs_inode *dir = efs_fs_ifind(fs, ino);
+	uint64_t now = efs_clock_mono_ns();
+	struct efs_fs_knames *kn;
+	struct efs_fs_dinval *v;
+	size_t n = 1, i = 1;
+
+	(void)to;
+	if (!fs->inval) {
+		/* No kernel to tell (or no notifications). */
+		if (dir)
+			efs_fs_knames_clear(dir);
+		done(darg, 0);
+		return;
+	}
+	kn = dir ? dir->kn : NULL;
+	if (kn) {
+		knames_prune(kn, now);
+		n += kn->n;
+	}
+	v = efs_mem_calloc(1, sizeof(*v) + n * sizeof(v->req[0]));
+	if (!v) {
+		done(darg, -ENOMEM);
+		return;
+	}
+	v->fs = fs;
+	v->done = done;
+	v->darg = darg;
+	v->req[0].kind = EFS_INVAL_INODE;
+	v->req[0].ino = ino;
+	v->req[0].off = -1; /* attributes only: readdir is never cached */
+	for (size_t b = 0; kn && b < kn->nbuckets; b++) {
+		for (struct efs_fs_kname *k = kn->b[b]; k; k = k->next, i++) {
+			v->req[i].kind = EFS_INVAL_ENTRY;
+			v->req[i].ino = ino;
+			v->req[i].name = k->name;
+			v->req[i].name_len = k->len;
+		}
+	}
+	v->next = fs->dinvals;
+	if (fs->dinvals)
+		fs->dinvals->prev = v;
+	fs->dinvals = v;
+	/* Counted before the first submission: completions never run inline,
+	 * but a failed submission ends its part at once. */
+	v->n = v->left = n + 1;
+	for (i = 0; i < n; i++) {
+		int r;
+
+		v->req[i].cls = EFS_INVAL_GATING;
+		v->req[i].cb = dinval_one_done;
+		v->req[i].arg = v;
+		r = efs_inval_submit(fs->inval, &v->req[i]);
+		if (r < 0) {
+			if (r != -ESHUTDOWN && v->status == 0)
+				v->status = r;
+			v->left--;
+		}
+	}
+	/* The names are copied at submission; the kernel's entries of them
+	 * are being dropped. */
+	if (dir)
+		efs_fs_knames_clear(dir);
+	if (--v->left == 0)
+		dinval_finish(v);
+}
+
+static const struct efs_lock_ops dir_lock_ops = {
+	.invalidate = dir_invalidate,
+	.serve_while_invalidating = true,
+};
+
+/* ---- The forced-release test hook ---- */
+
+#if EFS_FAULT_HOOKS
+static void fault_release_done(void *arg, int status)
+{
+	uint64_t ino = (uint64_t)(uintptr_t)arg;
+
+	if (status < 0)
+		efs_log_warn("fault injection: forced release of inode %" PRIu64 ": %s", ino,
+			     strerror(-status));
+	else
+		efs_log_debug("fault injection: inode %" PRIu64 " force-released", ino);
+}
+
+bool efs_fs_fault_release(fuse_req_t req, uint64_t ino, const char *name, const char *value,
+			  size_t size)
+{
+	struct efs_fs *fs = fuse_req_userdata(req);
+	enum efs_lock_mode to;
+	int r;
+
+	if (strcmp(name, EFS_FS_FAULT_RELEASE_XATTR) != 0)
+		return false;
+	if (size == 1 && value[0] == '0')
+		to = EFS_LOCK_NONE;
+	else if (size == 1 && value[0] == '1')
+		to = EFS_LOCK_SHARED;
+	else {
+		fuse_reply_err(req, EINVAL);
+		return true;
+	}
+	/* Answered first: the kernel holds the inode's lock until then,
+	 * and the release's invalidations may need it. */
+	fuse_reply_err(req, 0);
+	r = efs_lock_release_now(fs->lc, ino, to, fault_release_done, (void *)(uintptr_t)ino);
+	if (r < 0)
+		efs_log_warn("fault injection: forced release of inode %" PRIu64 ": %s", ino,
+			     strerror(-r));
+	return true;
+}
+#endif
+
+/* ---- Setup ---- */
+
+void efs_fs_lockops_init(struct efs_fs *fs)
+{
+	if (!fs->lc)
+		return;
+	efs_lockcache_set_kind_fn(fs->lc, lock_kind, fs);
+	efs_lockcache_set_ops(fs->lc, EFS_FS_LOCK_DIR, &dir_lock_ops, fs);
+}
+
+void efs_fs_lockops_kernel_gone(struct efs_fs *fs)
+{
+	/* The queue is stopped and its requests are done: what waited on
+	 * it completes, with nothing left in the kernel to invalidate. */
+	while (fs->dinvals) {
+		fs->dinvals->status = 0;
+		dinval_finish(fs->dinvals);
+	}
+}
+
+void efs_fs_lockops_done(struct efs_fs *fs)
+{
+	efs_fs_lockops_kernel_gone(fs);
+	if (!fs->lc)
+		return;
+	efs_lockcache_set_ops(fs->lc, EFS_FS_LOCK_DIR, NULL, NULL);
+	efs_lockcache_set_kind_fn(fs->lc, NULL, NULL);
+}
