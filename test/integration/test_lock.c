@@ -674,6 +674,7 @@ Test(lock, cancel_and_wait_timeout)
 	efs_test_assert_no_leaks();
 }
 
+#if EFS_FAULT_HOOKS
 /* Runs the loop until the cache retried an acquire transaction |n| times. */
 static bool run_until_retries(struct efs_lockcache *lc, uint64_t n, uint64_t ms)
 {
@@ -683,6 +684,7 @@ static bool run_until_retries(struct efs_lockcache *lc, uint64_t n, uint64_t ms)
 		efs_test_run_for(1);
 	return lstats(lc).txn_retries >= n;
 }
+#endif
 
 /* Runs the loop until |ino| has |n| keys of family |fam|. */
 static bool run_until_keys(enum efs_meta_family fam, uint64_t ino, int64_t n, uint64_t ms)
