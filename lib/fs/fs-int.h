@@ -41,6 +41,7 @@
 #include "lock/session.h"
 #include "meta/keys.h"
 #include "meta/records.h"
+#include "util/list.h"
 #include "util/metrics.h"
 #include "etcfs.pb-c.h"
 
@@ -187,7 +188,7 @@ struct efs_fs_inode {
 	struct efs_fs_data *data;   /* regular files: data state (fs/data.h), holds a ref */
 	/* Node-local mutex of mutations (see the engine above). */
 	struct efs_fs_op *mx_owner;
-	struct efs_fs_op *mx_head, *mx_tail; /* waiters, FIFO via op->mx_next */
+	struct efs_list mx_waiters; /* FIFO of operations (op->mx_link) */
 };
 
 /* ---- Open handles ---- */
@@ -255,7 +256,7 @@ struct efs_fs {
 	uint32_t ino_batch;
 	struct fuse_session *se;
 	struct efs_inval *inval; /* kernel invalidations (kchan/inval.h), with |se| */
-	struct efs_fs_dinval *dinvals; /* directories' invalidations in flight (lockops.c) */
+	struct efs_list dinvals; /* directories' invalidations in flight (lockops.c) */
 
 	uint64_t epoch; /* bumped when the session is lost */
 	uint64_t inflight;
@@ -271,7 +272,7 @@ struct efs_fs {
 	/* Inode number reservation: [ino_next, ino_end) is ours. */
 	uint64_t ino_next, ino_end;
 	bool ino_busy;
-	struct efs_fs_op *ino_wait_head, *ino_wait_tail;
+	struct efs_list ino_waiters; /* operations (op->qlink) */
 
 	/* Inode count estimate (FORMAT.md section 4). */
 	bool count_known;
@@ -279,14 +280,14 @@ struct efs_fs {
 	int64_t icount;
 	int64_t icreating; /* creates between the limit check and their end */
 	uint64_t icount_ns;
-	struct efs_fs_op *count_wait_head, *count_wait_tail;
+	struct efs_list count_waiters; /* operations (op->qlink) */
 
 	/* Statfs cache. */
 	uint64_t statfs_ns;
 	uint64_t free_blocks;
 
 	/* Operations ready to continue (mutex hand-over), run from |idle|. */
-	struct efs_fs_op *ready_head, *ready_tail;
+	struct efs_list ready; /* operations (op->qlink) */
 	uv_idle_t *idle;
 
 	/* Lock cache stats already counted into the "lock" origin. */
@@ -400,9 +401,9 @@ struct efs_fs_op {
 	size_t op_id_len;
 
 	/* Queues: mutex waiters, ready list, ino/count waiters. */
-	struct efs_fs_op *mx_next;
+	struct efs_list mx_link;      /* on mx_wait->mx_waiters */
 	struct efs_fs_inode *mx_wait; /* inode waited on */
-	struct efs_fs_op *qnext;
+	struct efs_list qlink;	      /* the ready list or an ino/count wait */
 
 	/* Arguments (by operation). */
 	uint64_t ino;	 /* target inode or parent */

@@ -329,13 +329,9 @@ static void mx_release(struct efs_fs_op *op, struct efs_fs_slot *sl)
 		return;
 	sl->mx = false;
 	in->mx_owner = NULL;
-	w = in->mx_head;
-	if (!w)
+	if (efs_list_empty(&in->mx_waiters))
 		return;
-	in->mx_head = w->mx_next;
-	if (!in->mx_head)
-		in->mx_tail = NULL;
-	w->mx_next = NULL;
+	w = efs_list_entry(efs_list_pop(&in->mx_waiters), struct efs_fs_op, mx_link);
 	w->mx_wait = NULL;
 	in->mx_owner = w;
 	struct efs_fs_slot *ws = slot_of(w, in->ino);
@@ -372,12 +368,7 @@ static int mx_acquire(struct efs_fs_op *op)
 				break;
 			}
 		op->mx_wait = in;
-		op->mx_next = NULL;
-		if (in->mx_tail)
-			in->mx_tail->mx_next = op;
-		else
-			in->mx_head = op;
-		in->mx_tail = op;
+		efs_list_add_tail(&in->mx_waiters, &op->mx_link);
 		return EFS_FS_WAIT;
 	}
 	return EFS_FS_CONT;
@@ -385,20 +376,9 @@ static int mx_acquire(struct efs_fs_op *op)
 
 static void mx_cancel_wait(struct efs_fs_op *op)
 {
-	struct efs_fs_inode *in = op->mx_wait;
-	struct efs_fs_op **pp;
-
-	if (!in)
+	if (!op->mx_wait)
 		return;
-	for (pp = &in->mx_head; *pp; pp = &(*pp)->mx_next) {
-		if (*pp == op) {
-			*pp = op->mx_next;
-			break;
-		}
-	}
-	in->mx_tail = NULL;
-	for (struct efs_fs_op *w = in->mx_head; w; w = w->mx_next)
-		in->mx_tail = w;
+	efs_list_del(&op->mx_link);
 	op->mx_wait = NULL;
 }
 
@@ -418,28 +398,14 @@ static void run_ready(struct efs_fs_op *op)
 static void idle_cb(uv_idle_t *h)
 {
 	struct efs_fs *fs = h->data;
-	struct efs_fs_op *list = fs->ready_head;
+	struct efs_list list, *n;
 
-	fs->ready_head = fs->ready_tail = NULL;
+	/* Only what is ready now: what these make ready runs next time. */
+	efs_list_init(&list);
+	efs_list_splice_tail(&list, &fs->ready);
 	uv_idle_stop(h);
-	while (list) {
-		struct efs_fs_op *op = list;
-
-		list = op->qnext;
-		op->qnext = NULL;
-		run_ready(op);
-	}
-}
-
-/* Appends |op| to the queue from |*head| to |*tail|, linked through qnext. */
-static void queue_push(struct efs_fs_op **head, struct efs_fs_op **tail, struct efs_fs_op *op)
-{
-	op->qnext = NULL;
-	if (*tail)
-		(*tail)->qnext = op;
-	else
-		*head = op;
-	*tail = op;
+	while ((n = efs_list_pop(&list)))
+		run_ready(efs_list_entry(n, struct efs_fs_op, qlink));
 }
 
 static void ready_push(struct efs_fs_op *op, int state)
@@ -447,7 +413,7 @@ static void ready_push(struct efs_fs_op *op, int state)
 	struct efs_fs *fs = op->fs;
 
 	op->state = state;
-	queue_push(&fs->ready_head, &fs->ready_tail, op);
+	efs_list_add_tail(&fs->ready, &op->qlink);
 	uv_idle_start(fs->idle, idle_cb);
 }
 
@@ -1272,16 +1238,15 @@ static void step_loaded(struct efs_fs_op *op)
 
 /* Empties a wait queue and resumes each of its operations at the prepare
  * step with |err|; |counted|: the inode count they waited for is known. */
-static void queue_wake(struct efs_fs_op **head, struct efs_fs_op **tail, int err, bool counted)
+static void queue_wake(struct efs_list *q, int err, bool counted)
 {
-	struct efs_fs_op *list = *head;
+	struct efs_list list, *n;
 
-	*head = *tail = NULL;
-	while (list) {
-		struct efs_fs_op *op = list;
+	efs_list_init(&list);
+	efs_list_splice_tail(&list, q);
+	while ((n = efs_list_pop(&list))) {
+		struct efs_fs_op *op = efs_list_entry(n, struct efs_fs_op, qlink);
 
-		list = op->qnext;
-		op->qnext = NULL;
 		op->wait_err = err;
 		if (counted)
 			op->counted = true;
@@ -1291,7 +1256,7 @@ static void queue_wake(struct efs_fs_op **head, struct efs_fs_op **tail, int err
 
 static void ino_wake(struct efs_fs *fs, int err)
 {
-	queue_wake(&fs->ino_wait_head, &fs->ino_wait_tail, err, false);
+	queue_wake(&fs->ino_waiters, err, false);
 }
 
 struct ino_reserve {
@@ -1414,7 +1379,7 @@ static int ino_alloc(struct efs_fs_op *op)
 		op->new_ino = fs->ino_next++;
 		return EFS_FS_CONT;
 	}
-	queue_push(&fs->ino_wait_head, &fs->ino_wait_tail, op);
+	efs_list_add_tail(&fs->ino_waiters, &op->qlink);
 	if (fs->ino_busy)
 		return EFS_FS_WAIT;
 	ir = efs_mem_calloc(1, sizeof(*ir));
@@ -1430,7 +1395,7 @@ static int ino_alloc(struct efs_fs_op *op)
 
 static void count_wake(struct efs_fs *fs, int err)
 {
-	queue_wake(&fs->count_wait_head, &fs->count_wait_tail, err, true);
+	queue_wake(&fs->count_waiters, err, true);
 }
 
 static void count_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
@@ -1476,7 +1441,7 @@ static int count_check(struct efs_fs_op *op)
 	if (!op->counted &&
 	    (!fs->count_known ||
 	     (uint64_t)(fs->icount + fs->icreating) + 1 + EFS_FS_INODE_SLACK > limit)) {
-		queue_push(&fs->count_wait_head, &fs->count_wait_tail, op);
+		efs_list_add_tail(&fs->count_waiters, &op->qlink);
 		if (fs->count_busy)
 			return EFS_FS_WAIT;
 		r = efs_fs_count_inodes(fs, count_cb, fs);
@@ -1959,6 +1924,10 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 	fs = efs_mem_calloc(1, sizeof(*fs));
 	if (!fs)
 		return -ENOMEM;
+	efs_list_init(&fs->ready);
+	efs_list_init(&fs->ino_waiters);
+	efs_list_init(&fs->count_waiters);
+	efs_list_init(&fs->dinvals);
 	fs->loop = loop;
 	fs->c = c;
 	fs->s = s;

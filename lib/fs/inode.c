@@ -223,6 +223,7 @@ struct efs_fs_inode *efs_fs_iget(struct efs_fs *fs, uint64_t ino)
 	if (!in)
 		return NULL;
 	in->ino = ino;
+	efs_list_init(&in->mx_waiters);
 	if (fs->ninodes + 1 > fs->hsize)
 		grow(fs);
 	h = hash_ino(ino, fs->hsize);
@@ -236,7 +237,7 @@ static void maybe_drop(struct efs_fs *fs, struct efs_fs_inode *in)
 {
 	struct efs_fs_inode **pp;
 
-	if (in->nlookup || in->opens || in->refs || in->mx_owner || in->mx_head)
+	if (in->nlookup || in->opens || in->refs || in->mx_owner || !efs_list_empty(&in->mx_waiters))
 		return;
 	/* The root stays: the kernel never looks it up. */
 	if (in->ino == EFS_META_ROOT_INO)

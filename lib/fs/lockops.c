@@ -227,20 +227,9 @@ struct efs_fs_dinval {
 	void *darg;
 	size_t n, left;
 	int status;
-	struct efs_fs_dinval *next, *prev; /* fs->dinvals, for a kernel that goes */
+	struct efs_list link; /* fs->dinvals, for a kernel that goes */
 	struct efs_inval_req req[]; /* [0] attributes, then one per name */
 };
-
-static void dinval_unlink(struct efs_fs_dinval *v)
-{
-	if (v->prev)
-		v->prev->next = v->next;
-	else
-		v->fs->dinvals = v->next;
-	if (v->next)
-		v->next->prev = v->prev;
-	v->next = v->prev = NULL;
-}
 
 static void dinval_finish(struct efs_fs_dinval *v)
 {
@@ -248,7 +237,7 @@ static void dinval_finish(struct efs_fs_dinval *v)
 	void *darg = v->darg;
 	int status = v->status;
 
-	dinval_unlink(v);
+	efs_list_del(&v->link);
 	efs_mem_free(v);
 	done(darg, status);
 }
@@ -313,10 +302,7 @@ static void dir_invalidate(void *arg, uint64_t ino, enum efs_lock_mode to, efs_l
 			v->req[i].name_len = k->len;
 		}
 	}
-	v->next = fs->dinvals;
-	if (fs->dinvals)
-		fs->dinvals->prev = v;
-	fs->dinvals = v;
+	efs_list_add_tail(&fs->dinvals, &v->link);
 	/* Counted before the first submission: completions never run inline,
 	 * but a failed submission ends its part at once. */
 	v->n = v->left = n + 1;
@@ -402,9 +388,12 @@ void efs_fs_lockops_kernel_gone(struct efs_fs *fs)
 {
 	/* The queue is stopped and its requests are done: what waited on
 	 * it completes, with nothing left in the kernel to invalidate. */
-	while (fs->dinvals) {
-		fs->dinvals->status = 0;
-		dinval_finish(fs->dinvals);
+	while (!efs_list_empty(&fs->dinvals)) {
+		struct efs_fs_dinval *v =
+			efs_list_entry(efs_list_first(&fs->dinvals), struct efs_fs_dinval, link);
+
+		v->status = 0;
+		dinval_finish(v);
 	}
 }
 

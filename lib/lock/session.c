@@ -96,8 +96,8 @@ struct efs_session {
 	uv_timer_t *retry; /* re-registration backoff */
 	uv_timer_t *kick;  /* deferred waiter callbacks */
 
-	struct efs_session_waiter waiters; /* list head (circular) */
-	struct efs_session_waiter failed;  /* answered -EIO on the next kick */
+	struct efs_list waiters; /* efs_session_waiter.link */
+	struct efs_list failed;  /* answered -EIO on the next kick */
 	struct efs_session_stats stats;
 };
 
@@ -144,45 +144,20 @@ static struct efs_session *scall_end(struct scall *sc)
 
 /* ---- Waiters ---- */
 
-static void wl_init(struct efs_session_waiter *h)
-{
-	h->next = h->prev = h;
-}
-
-static bool wl_empty(const struct efs_session_waiter *h)
-{
-	return h->next == h;
-}
-
-static void wl_del(struct efs_session_waiter *w)
-{
-	w->prev->next = w->next;
-	w->next->prev = w->prev;
-	w->next = w->prev = NULL;
-}
-
-static void wl_add(struct efs_session_waiter *h, struct efs_session_waiter *w)
-{
-	w->prev = h->prev;
-	w->next = h;
-	h->prev->next = w;
-	h->prev = w;
-}
-
 /*
  * Answers every waiter of |h| with |status|. Waiter callbacks may free the
  * session: returns false then (stop touching |s|).
  */
-static bool answer_all(struct efs_session *s, struct efs_session_waiter *h, int status)
+static bool answer_all(struct efs_session *s, struct efs_list *h, int status)
 {
 	struct sref *r = ref_get(s->ref);
 	bool alive = true;
 
-	while (alive && !wl_empty(h)) {
-		struct efs_session_waiter *w = h->next;
+	while (alive && !efs_list_empty(h)) {
+		struct efs_session_waiter *w =
+			efs_list_entry(efs_list_pop(h), struct efs_session_waiter, link);
 		bool changed = status == 0 && w->generation != s->generation;
 
-		wl_del(w);
 		if (status == -EIO)
 			s->stats.waits_failed++;
 		w->cb(w, status, changed);
@@ -1115,8 +1090,8 @@ int efs_session_start(struct efs_session **ret, uv_loop_t *loop, struct efs_etcd
 	s->done = done;
 	s->arg = arg;
 	s->started_ns = efs_clock_real_ns();
-	wl_init(&s->waiters);
-	wl_init(&s->failed);
+	efs_list_init(&s->waiters);
+	efs_list_init(&s->failed);
 	efs_session_fsm_init(&s->fsm, ttl_ns, (uint64_t)s->suspend_ms * EFS_NSEC_PER_MSEC,
 			     (uint64_t)s->quorum_loss_ms * EFS_NSEC_PER_MSEC);
 	r = -ENOMEM;
@@ -1218,12 +1193,7 @@ int efs_session_leave(struct efs_session *s, efs_session_done_cb done, void *arg
 	}
 	efs_session_fsm_close(&s->fsm);
 	/* Waiters learn it on the next iteration (-ESHUTDOWN), never inline. */
-	while (!wl_empty(&s->waiters)) {
-		struct efs_session_waiter *w = s->waiters.next;
-
-		wl_del(w);
-		wl_add(&s->failed, w);
-	}
+	efs_list_splice_tail(&s->failed, &s->waiters);
 	uv_timer_start(s->kick, kick_cb, 0, 0);
 	set_state(s, EFS_SESSION_CLOSED);
 	return 0;
@@ -1350,23 +1320,23 @@ int efs_session_wait(struct efs_session *s, struct efs_session_waiter *w, efs_se
 	w->cb = cb;
 	w->arg = arg;
 	w->generation = s->generation;
-	w->next = w->prev = NULL;
+	w->link.next = w->link.prev = NULL;
 	if (s->state == EFS_SESSION_ACTIVE)
 		return 1;
 	if (s->state == EFS_SESSION_CLOSED || efs_session_fsm_fail_fast(&s->fsm)) {
-		wl_add(&s->failed, w);
+		efs_list_add_tail(&s->failed, &w->link);
 		uv_timer_start(s->kick, kick_cb, 0, 0);
 		return 0;
 	}
-	wl_add(&s->waiters, w);
+	efs_list_add_tail(&s->waiters, &w->link);
 	return 0;
 }
 
 void efs_session_wait_cancel(struct efs_session *s, struct efs_session_waiter *w)
 {
 	(void)s;
-	if (w && w->next)
-		wl_del(w);
+	if (w)
+		efs_list_del(&w->link);
 }
 
 void efs_session_get_stats(const struct efs_session *s, struct efs_session_stats *ret)

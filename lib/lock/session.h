@@ -38,6 +38,7 @@
 #include "etcd/etcd.h"
 #include "etcd/txn.h"
 #include "meta/keys.h"
+#include "util/list.h"
 
 struct efs_session;
 
@@ -153,8 +154,8 @@ struct efs_session_waiter;
 typedef void (*efs_session_wait_cb)(struct efs_session_waiter *w, int status,
 				    bool generation_changed);
 struct efs_session_waiter {
-	struct efs_session_waiter *next, *prev; /* private */
-	uint64_t generation;			/* private */
+	struct efs_list link; /* private */
+	uint64_t generation;  /* private */
 	efs_session_wait_cb cb;
 	void *arg;
 };

@@ -179,7 +179,7 @@ struct dctl {
 	void *sync_arg;
 	int sync_err;
 	uint32_t fault_unsettled_nth; /* fault hook (ETCFS_FAULT_PUB_UNSETTLED) */
-	struct linval *linvals;	      /* kernel invalidations releases wait for */
+	struct efs_list linvals;      /* kernel invalidations releases wait for */
 	uv_timer_t *frecall;	      /* fault hook (ETCFS_FAULT_RECALL) */
 	uint32_t frecall_ms;
 	uint64_t frecall_rng;

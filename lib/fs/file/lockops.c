@@ -42,7 +42,7 @@ struct linval {
 	struct dctl *c;
 	efs_lock_done_cb done;
 	void *darg;
-	struct linval *next, *prev;
+	struct efs_list link; /* c->linvals */
 };
 
 /* A publication a release waits for. */
@@ -60,24 +60,13 @@ static bool file_cached(void *arg, uint64_t ino)
 	return in && in->opens > 0;
 }
 
-static void linval_unlink(struct linval *v)
-{
-	if (v->prev)
-		v->prev->next = v->next;
-	else
-		v->c->linvals = v->next;
-	if (v->next)
-		v->next->prev = v->prev;
-	v->next = v->prev = NULL;
-}
-
 static void linval_done(struct efs_inval_req *req, int status)
 {
 	struct linval *v = req->arg;
 	efs_lock_done_cb done = v->done;
 	void *darg = v->darg;
 
-	linval_unlink(v);
+	efs_list_del(&v->link);
 	efs_mem_free(v);
 	/* A kernel connection that is gone (unmounted, stopping) or never
 	 * had notifications caches nothing that could go stale. */
@@ -126,10 +115,7 @@ static void file_invalidate(void *arg, uint64_t ino, enum efs_lock_mode to, efs_
 		done(darg, r == -ESHUTDOWN ? 0 : r);
 		return;
 	}
-	v->next = c->linvals;
-	if (c->linvals)
-		c->linvals->prev = v;
-	c->linvals = v;
+	efs_list_add_tail(&c->linvals, &v->link);
 }
 
 static void lsync_done(void *arg, int err)
@@ -277,12 +263,12 @@ void efs_file_kernel_gone(struct dctl *c)
 {
 	/* The queue is stopped: what waited on it completes, with nothing
 	 * left in the kernel to invalidate. */
-	while (c->linvals) {
-		struct linval *v = c->linvals;
+	while (!efs_list_empty(&c->linvals)) {
+		struct linval *v = efs_list_entry(efs_list_first(&c->linvals), struct linval, link);
 		efs_lock_done_cb done = v->done;
 		void *darg = v->darg;
 
-		linval_unlink(v);
+		efs_list_del(&v->link);
 		efs_mem_free(v);
 		done(darg, 0);
 	}

@@ -933,6 +933,7 @@ int efs_fs_data_init(struct efs_fs *fs)
 	if (!c)
 		return -ENOMEM;
 	c->fs = fs;
+	efs_list_init(&c->linvals);
 	c->sweep = efs_mem_calloc(1, sizeof(*c->sweep));
 	c->kick = efs_mem_calloc(1, sizeof(*c->kick));
 	if (!c->sweep || !c->kick) {
