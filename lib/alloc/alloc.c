@@ -50,6 +50,7 @@
 #include "space/freemap.h"
 #include "space/quarantine.h"
 #include "util/clock.h"
+#include "util/list.h"
 #include "util/log.h"
 #include "util/mem.h"
 #include "util/timer.h"
@@ -84,13 +85,13 @@ struct intent {
 };
 
 struct tokw {
-	struct tokw *next;
+	struct efs_list link; /* a->tokw */
 	void (*fn)(struct efs_alloc *a, void *arg);
 	void *arg;
 };
 
 struct getw {
-	struct getw *next;
+	struct efs_list link; /* a->getw */
 	uint64_t want, goal;
 	unsigned flags;
 	struct efs_runs *out;
@@ -153,7 +154,7 @@ struct efs_alloc {
 
 	/* Token. */
 	struct efs_alloc_txn *token; /* NULL: free; TOKEN_INTERNAL: an internal task */
-	struct tokw *tw_head, *tw_tail;
+	struct efs_list tokw; /* token waiters, FIFO */
 	bool rereading;
 
 	/* Start and claims. */
@@ -167,7 +168,7 @@ struct efs_alloc {
 	uint32_t claim_need;
 	uint64_t nofree_until;
 	uint64_t others_free; /* free blocks of groups not ours, at the last scan */
-	struct getw *gw_head, *gw_tail;
+	struct efs_list getw; /* allocation waiters, FIFO */
 	Etcdserverpb__TxnResponse *scan_resp; /* owned during a claim round */
 	Etcdserverpb__RangeResponse *scan;    /* its range (borrowed) */
 	int32_t *scan_owner, *scan_map;	   /* kv index per group (-1: none) */
@@ -487,11 +488,7 @@ static int token_wait(struct efs_alloc *a, void (*fn)(struct efs_alloc *a, void 
 		return -ENOMEM;
 	w->fn = fn;
 	w->arg = arg;
-	if (a->tw_tail)
-		a->tw_tail->next = w;
-	else
-		a->tw_head = w;
-	a->tw_tail = w;
+	efs_list_add_tail(&a->tokw, &w->link);
 	kick(a);
 	return 0;
 }
@@ -589,17 +586,14 @@ static void grant_next(struct efs_alloc *a)
 {
 	struct tokw *w;
 
-	if (a->token || !a->tw_head)
+	if (a->token || efs_list_empty(&a->tokw))
 		return;
 	if (any_stale(a)) {
 		if (session_ok(a) && start_reread(a) == 0)
 			return;
 		return; /* retried by the tick */
 	}
-	w = a->tw_head;
-	a->tw_head = w->next;
-	if (!a->tw_head)
-		a->tw_tail = NULL;
+	w = efs_list_entry(efs_list_pop(&a->tokw), struct tokw, link);
 	a->token = TOKEN_INTERNAL; /* the waiter sets its own */
 	w->fn(a, w->arg);
 	efs_mem_free(w);
@@ -663,7 +657,7 @@ static void quar_release(struct efs_alloc *a)
 		}
 	}
 	update_gauges(a);
-	if (any && a->gw_head)
+	if (any && !efs_list_empty(&a->getw))
 		kick(a);
 }
 
@@ -716,6 +710,8 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 	a = efs_mem_calloc(1, sizeof(*a));
 	if (!a)
 		return -ENOMEM;
+	efs_list_init(&a->tokw);
+	efs_list_init(&a->getw);
 	a->loop = loop;
 	a->c = c;
 	a->s = s;
@@ -797,12 +793,9 @@ static void scan_free(struct efs_alloc *a)
 
 static void fail_getters(struct efs_alloc *a, int err)
 {
-	while (a->gw_head) {
-		struct getw *w = a->gw_head;
+	while (!efs_list_empty(&a->getw)) {
+		struct getw *w = efs_list_entry(efs_list_pop(&a->getw), struct getw, link);
 
-		a->gw_head = w->next;
-		if (!a->gw_head)
-			a->gw_tail = NULL;
 		w->cb(err, w->arg);
 		efs_mem_free(w);
 	}
@@ -825,7 +818,7 @@ static void start_finish(struct efs_alloc *a, int status)
 		orphan_probe(a); /* intents in groups nobody owns */
 	if (cb)
 		cb(status, a->start_arg);
-	if (a->gw_head)
+	if (!efs_list_empty(&a->getw))
 		kick(a);
 }
 
@@ -1772,8 +1765,8 @@ static int try_alloc(struct efs_alloc *a, uint64_t want, uint64_t goal, unsigned
 
 static void serve_getters(struct efs_alloc *a)
 {
-	while (a->gw_head) {
-		struct getw *w = a->gw_head;
+	while (!efs_list_empty(&a->getw)) {
+		struct getw *w = efs_list_entry(efs_list_first(&a->getw), struct getw, link);
 		int r;
 
 		if (a->starting || a->claim_busy)
@@ -1795,9 +1788,7 @@ static void serve_getters(struct efs_alloc *a)
 				r = -ENOSPC;
 			}
 		}
-		a->gw_head = w->next;
-		if (!a->gw_head)
-			a->gw_tail = NULL;
+		efs_list_del(&w->link);
 		w->cb(r > 0 ? 0 : r, w->arg);
 		efs_mem_free(w);
 	}
@@ -1813,7 +1804,7 @@ int efs_alloc_get(struct efs_alloc *a, uint64_t want, uint64_t goal, unsigned fl
 		return -EIO;
 	if (want == 0)
 		return 1;
-	if (a->started && !a->gw_head) {
+	if (a->started && efs_list_empty(&a->getw)) {
 		r = try_alloc(a, want, goal, flags, out);
 		if (r != 0)
 			return r;
@@ -1829,11 +1820,7 @@ int efs_alloc_get(struct efs_alloc *a, uint64_t want, uint64_t goal, unsigned fl
 	w->out = out;
 	w->cb = cb;
 	w->arg = arg;
-	if (a->gw_tail)
-		a->gw_tail->next = w;
-	else
-		a->gw_head = w;
-	a->gw_tail = w;
+	efs_list_add_tail(&a->getw, &w->link);
 	kick(a);
 	return 0;
 }
@@ -1898,7 +1885,7 @@ int efs_alloc_txn_begin(struct efs_alloc *a, struct efs_alloc_txn **ret,
 	t->cb = cb;
 	t->arg = arg;
 	*ret = t;
-	if (!a->token && !a->tw_head && !a->starting && !any_stale(a)) {
+	if (!a->token && efs_list_empty(&a->tokw) && !a->starting && !any_stale(a)) {
 		a->token = t;
 		return 1;
 	}
@@ -2391,7 +2378,7 @@ int efs_alloc_leave(struct efs_alloc *a, void (*cb)(int status, void *arg), void
 		return -EALREADY;
 	for (uint32_t i = 0; i < a->ngroups && !owned; i++)
 		owned = a->groups[i].owned;
-	if (!owned && !a->token && !a->tw_head && !a->starting) {
+	if (!owned && !a->token && efs_list_empty(&a->tokw) && !a->starting) {
 		a->left = true;
 		uv_timer_stop(a->tick);
 		fail_getters(a, -EIO);
@@ -2451,18 +2438,16 @@ struct efs_alloc *efs_alloc_free(struct efs_alloc *a)
 		efs_session_wait_cancel(a->s, &a->sw);
 	a->kick = efs_timer_free(a->kick);
 	a->tick = efs_timer_free(a->tick);
-	while (a->tw_head) {
-		struct tokw *w = a->tw_head;
+	while (a->tokw.next && !efs_list_empty(&a->tokw)) {
+		struct tokw *w = efs_list_entry(efs_list_pop(&a->tokw), struct tokw, link);
 
-		a->tw_head = w->next;
 		if (w->fn == begin_token)
 			efs_mem_free(w->arg);
 		efs_mem_free(w);
 	}
-	while (a->gw_head) {
-		struct getw *w = a->gw_head;
+	while (a->getw.next && !efs_list_empty(&a->getw)) {
+		struct getw *w = efs_list_entry(efs_list_pop(&a->getw), struct getw, link);
 
-		a->gw_head = w->next;
 		efs_mem_free(w);
 	}
 	scan_free(a);

@@ -36,10 +36,7 @@ struct efs_fs_handle *efs_fs_handle_new(struct efs_fs *fs, uint64_t ino, bool di
 	h->ino = ino;
 	h->dir = dir;
 	h->epoch = fs->epoch;
-	h->next = fs->handles;
-	if (fs->handles)
-		fs->handles->prev = h;
-	fs->handles = h;
+	efs_list_add_head(&fs->handles, &h->link);
 	return h;
 }
 
@@ -57,12 +54,7 @@ void efs_fs_handle_free(struct efs_fs *fs, struct efs_fs_handle *h)
 {
 	struct efs_fs_inode *in = efs_fs_ifind(fs, h->ino);
 
-	if (h->prev)
-		h->prev->next = h->next;
-	else
-		fs->handles = h->next;
-	if (h->next)
-		h->next->prev = h->prev;
+	efs_list_del(&h->link);
 	handle_clear_ents(h);
 	if (!h->dir)
 		efs_fs_data_handle_free(fs, h);
@@ -291,8 +283,7 @@ static int readlink_plan(struct efs_fs_op *op)
 		return -ENOMEM;
 	memcpy(buf, rec->symlink.data, rec->symlink.len);
 	buf[rec->symlink.len] = 0;
-	op->replied = true;
-	fuse_reply_readlink(op->req, buf);
+	efs_fs_rq_readlink(op->rq, buf);
 	efs_mem_free(buf);
 	return EFS_FS_DONE;
 }
@@ -468,8 +459,7 @@ static void statfs_reply(struct efs_fs_op *op)
 	st.f_favail = st.f_ffree;
 	st.f_namemax = EFS_META_NAME_MAX;
 	st.f_fsid = 0;
-	op->replied = true;
-	fuse_reply_statfs(op->req, &st);
+	efs_fs_rq_statfs(op->rq, &st);
 	efs_fs_op_finish(op, 0);
 }
 

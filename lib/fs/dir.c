@@ -82,8 +82,7 @@ static int opendir_plan(struct efs_fs_op *op)
 	op->fi.fh = (uint64_t)(uintptr_t)h;
 	op->fi.keep_cache = 0;
 	op->fi.cache_readdir = 0;
-	op->replied = true;
-	if (fuse_reply_open(op->req, &op->fi) != 0)
+	if (efs_fs_rq_open(op->rq, &op->fi) != 0)
 		efs_fs_handle_free(op->fs, h);
 	return EFS_FS_DONE;
 }
@@ -101,7 +100,7 @@ void efs_fs_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	struct efs_fs_op *op = efs_fs_op_new(fs, req, &opendir_desc);
 
 	if (!op) {
-		fuse_reply_err(req, ENOMEM);
+		efs_fs_reply_now(fs, req, EFS_FS_OP_OPENDIR, -ENOMEM);
 		return;
 	}
 	op->ino = ino;
@@ -424,7 +423,7 @@ static bool emit(struct efs_fs_op *op, const char *name, uint64_t ino, uint32_t 
 		memset(&s, 0, sizeof(s));
 		s.st_ino = ino;
 		s.st_mode = (mode_t)(type << 12);
-		need = fuse_add_direntry(op->req, st->buf + st->used, room, name, &s, st->pos + 1);
+		need = fuse_add_direntry(op->rq->req, st->buf + st->used, room, name, &s, st->pos + 1);
 		if (need > room)
 			return false;
 	} else {
@@ -449,7 +448,7 @@ static bool emit(struct efs_fs_op *op, const char *name, uint64_t ino, uint32_t 
 		}
 		if (dot)
 			e.ino = 0;
-		need = fuse_add_direntry_plus(op->req, st->buf + st->used, room, name, &e,
+		need = fuse_add_direntry_plus(op->rq->req, st->buf + st->used, room, name, &e,
 					      st->pos + 1);
 		if (need > room)
 			return false;
@@ -532,7 +531,7 @@ static int prep_entries(struct efs_fs_op *op, size_t i)
 
 	memset(&dummy, 0, sizeof(dummy));
 	while (end < h->nents && end - i < EFS_FS_PLUS_BATCH) {
-		size_t need = fuse_add_direntry_plus(op->req, NULL, 0, h->ents[end].name, &dummy, 0);
+		size_t need = fuse_add_direntry_plus(op->rq->req, NULL, 0, h->ents[end].name, &dummy, 0);
 
 		if (used + need > op->size)
 			break;
@@ -623,8 +622,7 @@ static int dir_build(struct efs_fs_op *op)
 		if (!ok)
 			break;
 	}
-	op->replied = true;
-	fuse_reply_buf(op->req, st->buf, st->used);
+	efs_fs_rq_buf(op->rq, st->buf, st->used);
 	/* Once the listing reached its end: the update takes the directory's
 	 * lock exclusive, which would leave the names read before it without
 	 * dentries for the rest of the listing. */
@@ -681,7 +679,7 @@ static void readdir_start(fuse_req_t req, const struct efs_fs_opdesc *d, fuse_in
 	struct dir_state *st;
 
 	if (!op) {
-		fuse_reply_err(req, ENOMEM);
+		efs_fs_reply_now(fs, req, d->code, -ENOMEM);
 		return;
 	}
 	op->ino = ino;
@@ -717,21 +715,15 @@ void efs_fs_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct efs_fs *fs = fuse_req_userdata(req);
 	struct efs_fs_handle *h = efs_fs_fh_of(fi);
 
-	efs_counter_inc(fs->m_ops[EFS_FS_OP_RELEASEDIR]);
 	if (h)
 		efs_fs_handle_free(fs, h);
-	fuse_reply_err(req, 0);
+	efs_fs_reply_now(fs, req, EFS_FS_OP_RELEASEDIR, 0);
 }
 
 void efs_fs_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
 	struct efs_fs *fs = fuse_req_userdata(req);
-	int r;
 
 	/* Every namespace change was committed before its reply. */
-	efs_counter_inc(fs->m_ops[EFS_FS_OP_FSYNCDIR]);
-	r = efs_fs_handle_check(fs, efs_fs_fh_of(fi));
-	if (r < 0)
-		efs_counter_inc(fs->m_errs[EFS_FS_OP_FSYNCDIR]);
-	fuse_reply_err(req, -r);
+	efs_fs_reply_now(fs, req, EFS_FS_OP_FSYNCDIR, efs_fs_handle_check(fs, efs_fs_fh_of(fi)));
 }

@@ -27,10 +27,12 @@
  * Everything runs on the loop thread.
  */
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include "etcd/etcd.h"
 #include "etcd/kv.h"
@@ -142,6 +144,47 @@ enum efs_fs_outcome {
 
 extern const char *const efs_fs_op_names[EFS_FS_NOPS];
 
+/* ---- Requests and replies (reply.c) ---- */
+
+/*
+ * The request base: one per kernel request, embedded in the record that
+ * serves it or shared by the records it passes through. Started once
+ * (counts the request); answered once through efs_fs_rq_* (counts an
+ * error and the latency, turns a negative errno into the reply), from any
+ * thread. The record's owner frees its bookkeeping on the loop afterwards.
+ */
+struct efs_fs_rq {
+	struct efs_fs *fs;
+	fuse_req_t req; /* NULL: internal, no one to answer */
+	enum efs_fs_opcode code;
+	uint64_t start_ns;
+	atomic_bool replied;
+};
+
+void efs_fs_rq_start(struct efs_fs_rq *rq, struct efs_fs *fs, fuse_req_t req,
+		     enum efs_fs_opcode code);
+bool efs_fs_rq_replied(const struct efs_fs_rq *rq);
+/* |err|: 0 (success) or a negative errno. */
+void efs_fs_rq_err(struct efs_fs_rq *rq, int err);
+/* These return libfuse's result, or -EALREADY when nothing was sent. */
+int efs_fs_rq_entry(struct efs_fs_rq *rq, const struct fuse_entry_param *e);
+int efs_fs_rq_create(struct efs_fs_rq *rq, const struct fuse_entry_param *e,
+		     const struct fuse_file_info *fi);
+int efs_fs_rq_open(struct efs_fs_rq *rq, const struct fuse_file_info *fi);
+void efs_fs_rq_attr(struct efs_fs_rq *rq, const struct stat *st, double timeout);
+void efs_fs_rq_buf(struct efs_fs_rq *rq, const void *buf, size_t size);
+void efs_fs_rq_write(struct efs_fs_rq *rq, size_t count);
+void efs_fs_rq_statfs(struct efs_fs_rq *rq, const struct statvfs *st);
+void efs_fs_rq_readlink(struct efs_fs_rq *rq, const char *link);
+void efs_fs_rq_xattr(struct efs_fs_rq *rq, size_t size);
+void efs_fs_rq_lock(struct efs_fs_rq *rq, const struct flock *fl);
+void efs_fs_rq_lseek(struct efs_fs_rq *rq, off_t off);
+void efs_fs_rq_none(struct efs_fs_rq *rq);
+/* Starts and answers a request in one (refused before any record). */
+void efs_fs_reply_now(struct efs_fs *fs, fuse_req_t req, enum efs_fs_opcode code, int err);
+/* The same for a write-like request: |err| < 0, or 0 bytes written. */
+void efs_fs_reply_write_now(struct efs_fs *fs, fuse_req_t req, enum efs_fs_opcode code, int err);
+
 /* ---- Inode cache ---- */
 
 struct efs_fs_op;
@@ -222,7 +265,7 @@ struct efs_fs_handle {
 	bool plocked;	     /* took fcntl locks (dropped on flush) */
 	bool flocked;	     /* took a flock lock (dropped on release) */
 	void *dpriv;	     /* data.c's per-handle state */
-	struct efs_fs_handle *next, *prev;
+	struct efs_list link; /* fs->handles */
 };
 
 /* ---- The filesystem ---- */
@@ -267,7 +310,7 @@ struct efs_fs {
 	size_t hsize, ninodes;
 
 	/* Open handles (to fail them after a loss). */
-	struct efs_fs_handle *handles;
+	struct efs_list handles; /* efs_fs_handle.link */
 
 	/* Inode number reservation: [ino_next, ino_end) is ours. */
 	uint64_t ino_next, ino_end;
@@ -348,12 +391,15 @@ struct efs_fs_opdesc;
 
 struct efs_fs_op {
 	struct efs_fs *fs;
-	fuse_req_t req; /* NULL for internal operations */
+	/* The request it answers: |own_rq|, or the data request's it
+	 * prepares (efs_fs_op_new_for). Its req is NULL for internal
+	 * operations. */
+	struct efs_fs_rq *rq;
+	struct efs_fs_rq own_rq;
 	const struct efs_fs_opdesc *d;
-	uint64_t start_ns;
 	int retries;
 	int replans;
-	bool replied;
+	bool handed_on;	  /* another record answers the request */
 	bool verify;	  /* after an unknown outcome: check op_id first */
 	bool force_load;  /* reload every record (after a conflict) */
 	bool granted;	  /* efs_lock_grant_in_txn done for |new_ino| */
@@ -504,6 +550,10 @@ struct efs_fs_opdesc {
 /* A new record for |req| (NULL: internal), started with efs_fs_op_run.
  * NULL on ENOMEM (the caller replies ENOMEM). */
 struct efs_fs_op *efs_fs_op_new(struct efs_fs *fs, fuse_req_t req, const struct efs_fs_opdesc *d);
+/* An operation that answers |rq|, a request another record started (a
+ * data request it prepares): counted there, not again. */
+struct efs_fs_op *efs_fs_op_new_for(struct efs_fs *fs, struct efs_fs_rq *rq,
+				    const struct efs_fs_opdesc *d);
 /* efs_fs_op_new for the request's filesystem with op->ino = |ino|; on
  * ENOMEM it counts the error, replies ENOMEM and returns NULL. */
 struct efs_fs_op *efs_fs_op_start(fuse_req_t req, const struct efs_fs_opdesc *d, uint64_t ino);

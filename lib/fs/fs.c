@@ -196,8 +196,7 @@ void efs_fs_reply_entry(struct efs_fs_op *op, uint64_t parent, const char *name,
 	struct fuse_entry_param e;
 
 	efs_fs_fill_entry(op->fs, parent, name, len, ino, rec, &e);
-	op->replied = true;
-	if (fuse_reply_entry(op->req, &e) == 0)
+	if (efs_fs_rq_entry(op->rq, &e) == 0)
 		efs_fs_inode_ref_kernel(op->fs, ino);
 }
 
@@ -206,31 +205,54 @@ void efs_fs_reply_attr(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *r
 	struct stat st;
 
 	efs_meta_inode_to_stat(rec, ino, op->fs->blksize, &st);
-	op->replied = true;
-	fuse_reply_attr(op->req, &st, efs_fs_attr_timeout(op->fs, ino));
+	efs_fs_rq_attr(op->rq, &st, efs_fs_attr_timeout(op->fs, ino));
 }
 
 /* ---- Operation records ---- */
 
-struct efs_fs_op *efs_fs_op_new(struct efs_fs *fs, fuse_req_t req, const struct efs_fs_opdesc *d)
+static struct efs_fs_op *op_alloc(struct efs_fs *fs, struct efs_fs_rq *rq,
+				   const struct efs_fs_opdesc *d)
 {
 	struct efs_fs_op *op = efs_mem_calloc(1, sizeof(*op));
 
 	if (!op)
 		return NULL;
 	op->fs = fs;
-	op->req = req;
+	op->rq = rq ? rq : &op->own_rq;
 	op->d = d;
-	op->start_ns = efs_clock_mono_ns();
 	fs->inflight++;
-	if (req) {
-		const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	return op;
+}
+
+static void op_caller(struct efs_fs_op *op)
+{
+	if (op->rq->req) {
+		const struct fuse_ctx *ctx = fuse_req_ctx(op->rq->req);
 
 		op->uid = ctx->uid;
 		op->gid = ctx->gid;
 		op->umask = ctx->umask;
 	}
-	efs_counter_inc(fs->m_ops[d->code]);
+}
+
+struct efs_fs_op *efs_fs_op_new(struct efs_fs *fs, fuse_req_t req, const struct efs_fs_opdesc *d)
+{
+	struct efs_fs_op *op = op_alloc(fs, NULL, d);
+
+	if (!op)
+		return NULL;
+	efs_fs_rq_start(&op->own_rq, fs, req, d->code);
+	op_caller(op);
+	return op;
+}
+
+struct efs_fs_op *efs_fs_op_new_for(struct efs_fs *fs, struct efs_fs_rq *rq,
+				    const struct efs_fs_opdesc *d)
+{
+	struct efs_fs_op *op = op_alloc(fs, rq, d);
+
+	if (op)
+		op_caller(op);
 	return op;
 }
 
@@ -240,8 +262,7 @@ struct efs_fs_op *efs_fs_op_start(fuse_req_t req, const struct efs_fs_opdesc *d,
 	struct efs_fs_op *op = efs_fs_op_new(fs, req, d);
 
 	if (!op) {
-		efs_counter_inc(fs->m_errs[d->code]);
-		fuse_reply_err(req, ENOMEM);
+		efs_fs_reply_now(fs, req, d->code, -ENOMEM);
 		return NULL;
 	}
 	op->ino = ino;
@@ -261,8 +282,7 @@ void efs_fs_no_done(struct efs_fs_op *op)
 
 void efs_fs_ok_done(struct efs_fs_op *op)
 {
-	op->replied = true;
-	fuse_reply_err(op->req, 0);
+	efs_fs_rq_err(op->rq, 0);
 }
 
 int efs_fs_plan_shared(struct efs_fs_op *op, const Etcfs__Inode **ret)
@@ -431,14 +451,14 @@ void efs_fs_op_finish(struct efs_fs_op *op, int err)
 {
 	struct efs_fs *fs = op->fs;
 
-	if (op->req && !op->replied) {
+	if (!op->handed_on && op->rq->req && !efs_fs_rq_replied(op->rq)) {
+		/* 0: a path that did not answer (a record that could not be
+		 * decoded): never leave the kernel hanging. */
 		if (err == 0)
-			err = -EIO; /* a path that forgot its reply: never leave the kernel hanging */
-		fuse_reply_err(op->req, -err);
-		op->replied = true;
+			efs_log_warn("fs: %s ended without an answer: EIO",
+				     efs_fs_op_names[op->rq->code]);
+		efs_fs_rq_err(op->rq, err < 0 ? err : -EIO);
 	}
-	if (err < 0 && op->req)
-		efs_counter_inc(fs->m_errs[op->d->code]);
 	if (op->granted) {
 		/* An outcome never settled may have committed the holder key:
 		 * keep the lock held then (a lock on an inode that may not exist
@@ -473,7 +493,6 @@ void efs_fs_op_finish(struct efs_fs_op *op, int err)
 	if (op->priv_free)
 		op->priv_free(op);
 	efs_mem_free(op->priv);
-	efs_histogram_observe_ns(fs->m_lat[op->d->code], efs_clock_mono_ns() - op->start_ns);
 	count_lock_txns(fs);
 	fs->inflight--;
 	efs_mem_free(op);
@@ -1928,6 +1947,7 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 	efs_list_init(&fs->ino_waiters);
 	efs_list_init(&fs->count_waiters);
 	efs_list_init(&fs->dinvals);
+	efs_list_init(&fs->handles);
 	fs->loop = loop;
 	fs->c = c;
 	fs->s = s;
@@ -2124,8 +2144,8 @@ struct efs_fs *efs_fs_free(struct efs_fs *fs)
 	if (!fs)
 		return NULL;
 	kernel_gone(fs);
-	while (fs->handles)
-		efs_fs_handle_free(fs, fs->handles);
+	while (fs->handles.next && !efs_list_empty(&fs->handles))
+		efs_fs_handle_free(fs, efs_list_entry(fs->handles.next, struct efs_fs_handle, link));
 	if (fs->alloc)
 		efs_fs_reclaim_done(fs);
 	if (fs->data_priv)

@@ -322,18 +322,23 @@ static void forget_one(struct efs_fs *fs, uint64_t ino, uint64_t n)
 void efs_fs_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
 	struct efs_fs *fs = fuse_req_userdata(req);
+	struct efs_fs_rq rq;
 
-	efs_counter_inc(fs->m_ops[EFS_FS_OP_FORGET]);
+	efs_fs_rq_start(&rq, fs, req, EFS_FS_OP_FORGET);
 	forget_one(fs, ino, nlookup);
-	fuse_reply_none(req);
+	efs_fs_rq_none(&rq);
 }
 
 void efs_fs_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
 {
 	struct efs_fs *fs = fuse_req_userdata(req);
+	struct efs_fs_rq rq;
 
-	efs_counter_add(fs->m_ops[EFS_FS_OP_FORGET], count);
+	/* One request, counted as the |count| forgets it carries. */
+	efs_fs_rq_start(&rq, fs, req, EFS_FS_OP_FORGET);
+	if (count > 1)
+		efs_counter_add(fs->m_ops[EFS_FS_OP_FORGET], count - 1);
 	for (size_t i = 0; i < count; i++)
 		forget_one(fs, forgets[i].ino, forgets[i].nlookup);
-	fuse_reply_none(req);
+	efs_fs_rq_none(&rq);
 }

@@ -360,12 +360,12 @@ bool efs_fs_fault_release(fuse_req_t req, uint64_t ino, const char *name, const 
 	else if (size == 1 && value[0] == '1')
 		to = EFS_LOCK_SHARED;
 	else {
-		fuse_reply_err(req, EINVAL);
+		efs_fs_reply_now(fs, req, EFS_FS_OP_SETXATTR, -EINVAL);
 		return true;
 	}
 	/* Answered first: the kernel holds the inode's lock until then,
 	 * and the release's invalidations may need it. */
-	fuse_reply_err(req, 0);
+	efs_fs_reply_now(fs, req, EFS_FS_OP_SETXATTR, 0);
 	r = efs_lock_release_now(fs->lc, ino, to, fault_release_done, (void *)(uintptr_t)ino);
 	if (r < 0)
 		efs_log_warn("fault injection: forced release of inode %" PRIu64 ": %s", ino,

@@ -244,8 +244,7 @@ negative: {
 
 	memset(&e, 0, sizeof(e));
 	e.entry_timeout = efs_fs_entry_timeout(fs, op->ino, op->name, op->name_len);
-	op->replied = true;
-	fuse_reply_entry(op->req, &e);
+	efs_fs_rq_entry(op->rq, &e);
 	return EFS_FS_DONE;
 }
 }
@@ -458,8 +457,7 @@ static void mk_done(struct efs_fs_op *op)
 	if (!in || !in->rec) {
 		/* Committed, yet the record did not decode into the cache
 		 * (ENOMEM): the kernel will look the name up again. */
-		op->replied = true;
-		fuse_reply_err(op->req, ENOMEM);
+		efs_fs_rq_err(op->rq, -ENOMEM);
 		return;
 	}
 	if (op->d->code != EFS_FS_OP_CREATE) {
@@ -470,15 +468,13 @@ static void mk_done(struct efs_fs_op *op)
 		int r = efs_fs_data_open_handle(fs, op->new_ino, &op->fi, true);
 
 		if (r < 0) {
-			op->replied = true;
-			fuse_reply_err(op->req, -r);
+			efs_fs_rq_err(op->rq, r);
 			return;
 		}
 		h = (struct efs_fs_handle *)(uintptr_t)op->fi.fh;
 	}
 	efs_fs_fill_entry(fs, op->ino, op->name, op->name_len, op->new_ino, in->rec, &e);
-	op->replied = true;
-	if (fuse_reply_create(op->req, &e, &op->fi) == 0)
+	if (efs_fs_rq_create(op->rq, &e, &op->fi) == 0)
 		efs_fs_inode_ref_kernel(fs, op->new_ino);
 	else
 		efs_fs_handle_free(fs, h);
@@ -569,9 +565,7 @@ void efs_fs_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mo
 	default: {
 		struct efs_fs *fs = fuse_req_userdata(req);
 
-		efs_counter_inc(fs->m_ops[EFS_FS_OP_MKNOD]);
-		efs_counter_inc(fs->m_errs[EFS_FS_OP_MKNOD]);
-		fuse_reply_err(req, EINVAL);
+		efs_fs_reply_now(fs, req, EFS_FS_OP_MKNOD, -EINVAL);
 		return;
 	}
 	}
@@ -926,8 +920,7 @@ static int rn_plan(struct efs_fs_op *op)
 		return -EEXIST;
 	if (op->child2 == op->child) {
 		/* Two names of one inode (or one name): POSIX says do nothing. */
-		op->replied = true;
-		fuse_reply_err(op->req, 0);
+		efs_fs_rq_err(op->rq, 0);
 		return EFS_FS_DONE;
 	}
 	if (!exch && op->child2) {

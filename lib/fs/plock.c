@@ -55,10 +55,9 @@ struct plk;
 struct plk_req {
 	struct plk *p; /* NULL once detached by efs_fs_plock_done */
 	struct efs_fs *fs;
-	struct plk_req *next, *prev;
-	fuse_req_t req; /* NULL: internal (drop) */
+	struct efs_list link; /* p->reqs */
+	struct efs_fs_rq base; /* req NULL: internal (drop) */
 	enum plk_kind kind;
-	enum efs_fs_opcode code;
 	uint64_t ino, owner;
 	struct efs_fs_handle *h;
 	bool flock_ns; /* the flock namespace (else fcntl) */
@@ -84,7 +83,7 @@ struct plk_req {
 struct plk {
 	struct efs_fs *fs;
 	struct plk_owner *owners;
-	struct plk_req *reqs;
+	struct efs_list reqs; /* plk_req.link */
 	struct efs_etcd_watch_stream *ws;
 };
 
@@ -102,6 +101,7 @@ int efs_fs_plock_init(struct efs_fs *fs)
 	if (!p)
 		return -ENOMEM;
 	p->fs = fs;
+	efs_list_init(&p->reqs);
 	fs->plock_priv = p;
 	return 0;
 }
@@ -180,15 +180,10 @@ static struct plk_req *req_new(struct plk *p, fuse_req_t req, enum plk_kind kind
 		return NULL;
 	rq->p = p;
 	rq->fs = p->fs;
-	rq->req = req;
+	efs_fs_rq_start(&rq->base, p->fs, req, code);
 	rq->kind = kind;
-	rq->code = code;
 	rq->ino = ino;
-	rq->start_ns = efs_clock_mono_ns();
-	rq->next = p->reqs;
-	if (p->reqs)
-		p->reqs->prev = rq;
-	p->reqs = rq;
+	efs_list_add_head(&p->reqs, &rq->link);
 	return rq;
 }
 
@@ -198,13 +193,7 @@ static void req_unlink(struct plk_req *rq)
 
 	if (!p)
 		return;
-	if (rq->prev)
-		rq->prev->next = rq->next;
-	else
-		p->reqs = rq->next;
-	if (rq->next)
-		rq->next->prev = rq->prev;
-	rq->next = rq->prev = NULL;
+	efs_list_del(&rq->link);
 	rq->p = NULL;
 }
 
@@ -237,14 +226,9 @@ static void req_finish(struct plk_req *rq, int err)
 		efs_session_wait_cancel(fs->s, &rq->sw);
 		rq->in_sw = false;
 	}
-	if (rq->req) {
-		if (err < 0)
-			efs_counter_inc(fs->m_errs[rq->code]);
-		if (err <= 0)
-			fuse_reply_err(rq->req, -err);
-		efs_histogram_observe_ns(fs->m_lat[rq->code], efs_clock_mono_ns() - rq->start_ns);
-		rq->req = NULL;
-	}
+	/* |err| > 0: answered already. */
+	if (err <= 0)
+		efs_fs_rq_err(&rq->base, err);
 	if (rq->join) {
 		fs->inflight--;
 		join_one(rq->join, err < 0 ? err : 0);
@@ -439,9 +423,7 @@ static void reply_getlk(struct plk_req *rq, const struct efs_plock *c, bool ours
 		fl.l_start = (off_t)rq->start;
 		fl.l_len = (off_t)efs_plock_len(rq->start, rq->end);
 	}
-	fuse_reply_lock(rq->req, &fl);
-	rq->req = NULL;
-	efs_histogram_observe_ns(rq->fs->m_lat[rq->code], efs_clock_mono_ns() - rq->start_ns);
+	efs_fs_rq_lock(&rq->base, &fl);
 	req_finish(rq, 1);
 }
 
@@ -788,14 +770,12 @@ static struct plk_req *start(fuse_req_t req, fuse_ino_t ino, struct fuse_file_in
 	struct plk_req *rq;
 	int err = 0;
 
-	efs_counter_inc(fs->m_ops[code]);
 	if (h && efs_fs_handle_check(fs, h) < 0)
 		err = -EIO;
 	else if (!(p = plk_get(fs)) || !(rq = req_new(p, req, kind, code, ino)))
 		err = -ENOMEM;
 	if (err < 0) {
-		efs_counter_inc(fs->m_errs[code]);
-		fuse_reply_err(req, -err);
+		efs_fs_reply_now(fs, req, code, err);
 		return NULL;
 	}
 	rq->h = h;
@@ -854,7 +834,7 @@ static void lock_go(struct plk_req *rq, bool sleep)
 		return;
 	}
 	if (rq->sleep)
-		fuse_req_interrupt_func(rq->req, on_interrupt, rq);
+		fuse_req_interrupt_func(rq->base.req, on_interrupt, rq);
 	req_attempt(rq);
 }
 
@@ -963,6 +943,7 @@ int efs_fs_plock_release(struct efs_fs *fs, struct efs_fs_handle *h, uint64_t lo
 {
 	struct plk *p = fs->plock_priv;
 	struct plk_join *j;
+	struct efs_list *n;
 	int r = 0, started = 0;
 
 	if (!p || !h)
@@ -991,7 +972,9 @@ int efs_fs_plock_release(struct efs_fs *fs, struct efs_fs_handle *h, uint64_t lo
 	}
 	/* Requests issued in flight (a lock being taken through |h| when the
 	 * release arrives) must not keep a pointer to it either. */
-	for (struct plk_req *rq = p->reqs; rq; rq = rq->next) {
+	efs_list_for_each(n, &p->reqs) {
+		struct plk_req *rq = efs_list_entry(n, struct plk_req, link);
+
 		if (rq->h == h)
 			rq->h = NULL;
 	}
@@ -1010,13 +993,14 @@ int efs_fs_plock_release(struct efs_fs *fs, struct efs_fs_handle *h, uint64_t lo
 void efs_fs_plock_session_lost(struct efs_fs *fs)
 {
 	struct plk *p = fs->plock_priv;
-	struct plk_req *rq, *next;
+	struct efs_list *n, *tmp;
 
 	if (!p)
 		return;
 	owners_clear(p);
-	for (rq = p->reqs; rq; rq = next) {
-		next = rq->next;
+	efs_list_for_each_safe(n, tmp, &p->reqs) {
+		struct plk_req *rq = efs_list_entry(n, struct plk_req, link);
+
 		if (rq->busy || rq->in_sw) {
 			rq->lost = true;
 			continue;
@@ -1030,14 +1014,16 @@ void efs_fs_plock_done(struct efs_fs *fs)
 {
 	struct plk *p = fs->plock_priv;
 	struct plk_req *rq;
+	struct efs_list *n;
 
 	if (!p)
 		return;
 	/* The stream frees its watchers without callbacks. */
-	for (rq = p->reqs; rq; rq = rq->next)
-		rq->w = NULL;
+	efs_list_for_each(n, &p->reqs)
+		efs_list_entry(n, struct plk_req, link)->w = NULL;
 	p->ws = efs_etcd_watch_stream_free(p->ws);
-	while ((rq = p->reqs)) {
+	while (!efs_list_empty(&p->reqs)) {
+		rq = efs_list_entry(p->reqs.next, struct plk_req, link);
 		if (rq->in_sw) {
 			efs_session_wait_cancel(fs->s, &rq->sw);
 			rq->in_sw = false;

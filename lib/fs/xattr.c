@@ -373,14 +373,12 @@ void efs_fs_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 static int reply_sized(struct efs_fs_op *op, const void *buf, size_t len)
 {
 	if (op->size == 0) {
-		op->replied = true;
-		fuse_reply_xattr(op->req, len);
+		efs_fs_rq_xattr(op->rq, len);
 		return EFS_FS_DONE;
 	}
 	if (len > op->size)
 		return -ERANGE;
-	op->replied = true;
-	fuse_reply_buf(op->req, buf, len);
+	efs_fs_rq_buf(op->rq, buf, len);
 	return EFS_FS_DONE;
 }
 

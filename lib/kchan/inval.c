@@ -20,7 +20,7 @@ struct worker_arg {
 
 struct inval_class {
 	pthread_cond_t cond;		   /* signalled when |head| grows or on stop */
-	struct efs_inval_req *head, *tail; /* protected by efs_inval.mu */
+	struct efs_list queue; /* of requests (link); protected by efs_inval.mu */
 	pthread_t *threads;
 	struct worker_arg *args;
 	unsigned nthreads; /* started */
@@ -31,7 +31,7 @@ struct efs_inval {
 	uv_loop_t *loop;
 	pthread_mutex_t mu;
 	struct inval_class cls[NCLASSES];
-	struct efs_inval_req *done_head, *done_tail; /* protected by mu */
+	struct efs_list done;			     /* protected by mu */
 	struct fuse_session *se;		     /* protected by mu */
 	bool stopping;				     /* protected by mu */
 	unsigned live;				     /* threads running; protected by mu */
@@ -73,12 +73,7 @@ static int issue(struct fuse_session *se, struct efs_inval_req *req)
 
 static void push_done_locked(struct efs_inval *iv, struct efs_inval_req *req)
 {
-	req->next = NULL;
-	if (iv->done_tail)
-		iv->done_tail->next = req;
-	else
-		iv->done_head = req;
-	iv->done_tail = req;
+	efs_list_add_tail(&iv->done, &req->link);
 }
 
 static void *worker(void *p)
@@ -90,14 +85,11 @@ static void *worker(void *p)
 
 	pthread_mutex_lock(&iv->mu);
 	for (;;) {
-		while (!iv->stopping && !c->head)
+		while (!iv->stopping && efs_list_empty(&c->queue))
 			pthread_cond_wait(&c->cond, &iv->mu);
 		if (iv->stopping)
 			break;
-		req = c->head;
-		c->head = req->next;
-		if (!c->head)
-			c->tail = NULL;
+		req = efs_list_entry(efs_list_pop(&c->queue), struct efs_inval_req, link);
 		se = iv->se;
 		pthread_mutex_unlock(&iv->mu);
 
@@ -169,19 +161,17 @@ static void finish(struct efs_inval *iv, struct efs_inval_req *req)
 static void on_async(uv_async_t *h)
 {
 	struct efs_inval *iv = h->data;
-	struct efs_inval_req *list, *next;
+	struct efs_list list, *n;
 	bool all_exited;
 
+	efs_list_init(&list);
 	pthread_mutex_lock(&iv->mu);
-	list = iv->done_head;
-	iv->done_head = iv->done_tail = NULL;
+	efs_list_splice_tail(&list, &iv->done);
 	all_exited = iv->stopping && iv->live == 0;
 	pthread_mutex_unlock(&iv->mu);
 
-	for (; list; list = next) {
-		next = list->next;
-		finish(iv, list);
-	}
+	while ((n = efs_list_pop(&list)))
+		finish(iv, efs_list_entry(n, struct efs_inval_req, link));
 	if (all_exited && !iv->joined && !iv->closing) {
 		join_all(iv);
 		iv->closing = true;
@@ -238,8 +228,11 @@ int efs_inval_new(struct efs_inval **ret, uv_loop_t *loop, const struct efs_inva
 		return -ENOMEM;
 	iv->loop = loop;
 	pthread_mutex_init(&iv->mu, NULL);
-	for (int k = 0; k < NCLASSES; k++)
+	efs_list_init(&iv->done);
+	for (int k = 0; k < NCLASSES; k++) {
 		pthread_cond_init(&iv->cls[k].cond, NULL);
+		efs_list_init(&iv->cls[k].queue);
+	}
 	r = uv_async_init(loop, &iv->async, on_async);
 	if (r < 0) {
 		release(iv);
@@ -284,7 +277,7 @@ int efs_inval_submit(struct efs_inval *iv, struct efs_inval_req *req)
 		req->name_copy[req->name_len] = '\0';
 	}
 	req->status = 0;
-	req->next = NULL;
+	req->link.next = req->link.prev = NULL;
 	req->submit_ns = efs_clock_mono_ns();
 	c = &iv->cls[req->cls];
 
@@ -292,11 +285,7 @@ int efs_inval_submit(struct efs_inval *iv, struct efs_inval_req *req)
 	if (iv->stopping) {
 		r = -ESHUTDOWN;
 	} else {
-		if (c->tail)
-			c->tail->next = req;
-		else
-			c->head = req;
-		c->tail = req;
+		efs_list_add_tail(&c->queue, &req->link);
 		pthread_cond_signal(&c->cond);
 	}
 	pthread_mutex_unlock(&iv->mu);
@@ -315,14 +304,14 @@ static void cancel_queued_locked(struct efs_inval *iv)
 {
 	for (int k = 0; k < NCLASSES; k++) {
 		struct inval_class *c = &iv->cls[k];
-		struct efs_inval_req *req, *next;
+		struct efs_list *n;
 
-		for (req = c->head; req; req = next) {
-			next = req->next;
+		while ((n = efs_list_pop(&c->queue))) {
+			struct efs_inval_req *req = efs_list_entry(n, struct efs_inval_req, link);
+
 			req->status = -ECANCELED;
 			push_done_locked(iv, req);
 		}
-		c->head = c->tail = NULL;
 	}
 }
 
@@ -349,7 +338,7 @@ void efs_inval_stop(struct efs_inval *iv, void (*done)(void *arg), void *arg)
 
 struct efs_inval *efs_inval_free(struct efs_inval *iv)
 {
-	struct efs_inval_req *req, *next;
+	struct efs_list *n;
 
 	if (!iv)
 		return NULL;
@@ -362,12 +351,12 @@ struct efs_inval *efs_inval_free(struct efs_inval *iv)
 	if (!iv->joined)
 		join_all(iv);
 	pthread_mutex_lock(&iv->mu);
-	for (req = iv->done_head; req; req = next) {
-		next = req->next;
+	while ((n = efs_list_pop(&iv->done))) {
+		struct efs_inval_req *req = efs_list_entry(n, struct efs_inval_req, link);
+
 		efs_mem_free(req->name_copy);
 		req->name_copy = NULL;
 	}
-	iv->done_head = iv->done_tail = NULL;
 	pthread_mutex_unlock(&iv->mu);
 	iv->stop_done = NULL;
 	iv->free_on_close = true;

@@ -31,6 +31,8 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "util/list.h"
+
 #ifndef FUSE_USE_VERSION
 #define FUSE_USE_VERSION 312
 #endif
@@ -74,7 +76,7 @@ struct efs_inval_req {
 	efs_inval_cb cb;
 	void *arg;
 	/* private */
-	struct efs_inval_req *next;
+	struct efs_list link;
 	char *name_copy;
 	int status;
 	uint64_t submit_ns;

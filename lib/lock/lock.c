@@ -119,7 +119,7 @@ enum acq_wait {
 struct acq {
 	struct efs_lock_req *req;
 	struct efs_lockcache *lc;
-	struct acq *next, *prev; /* lc->acqs */
+	struct efs_list link; /* lc->acqs */
 	enum acq_wait wait;
 	bool cancelled;
 	bool batch_tried;
@@ -217,7 +217,7 @@ struct efs_lockcache {
 
 	struct efs_locktab tab;
 	uint64_t gen; /* session generation the table belongs to */
-	struct acq acqs; /* list head */
+	struct efs_list acqs; /* acquisitions (acq.link) */
 	uv_timer_t *tick;
 	uv_timer_t *kick;
 	uv_timer_t *retry;
@@ -235,6 +235,11 @@ struct efs_lockcache {
 	void *release_all_arg;
 	struct efs_lockcache_stats stats;
 };
+
+static struct acq *acq_of(struct efs_list *n)
+{
+	return efs_list_entry(n, struct acq, link);
+}
 
 static void kick_soon(struct efs_lockcache *lc);
 static void release_start(struct efs_lockcache *lc);
@@ -376,7 +381,11 @@ static void release_kick(struct efs_lockcache *lc)
 /* Acquisitions blocked on |e| (or on anything, e == NULL) run again. */
 static void entry_changed(struct efs_lockcache *lc, const struct efs_locktab_entry *e)
 {
-	for (struct acq *a = lc->acqs.next; a != &lc->acqs; a = a->next) {
+	struct efs_list *n;
+
+	efs_list_for_each(n, &lc->acqs) {
+		struct acq *a = acq_of(n);
+
 		if (a->wait == AW_ENTRY && (!e || a->blocked_on == e)) {
 			a->blocked_on = NULL;
 			a->wait = AW_KICK;
@@ -459,13 +468,6 @@ static int watch_range(struct acq *a, const struct efs_meta_range *rg, int64_t f
 }
 
 /* ---- Finishing ---- */
-
-static void acq_unlink(struct acq *a)
-{
-	a->prev->next = a->next;
-	a->next->prev = a->prev;
-	a->next = a->prev = a;
-}
 
 static void acq_release_resources(struct acq *a, bool unpin)
 {
@@ -586,7 +588,7 @@ static bool acq_finish(struct acq *a, int status)
 		recall_drop(a);
 		revert_busy(a);
 		acq_release_resources(a, true);
-		acq_unlink(a);
+		efs_list_del(&a->link);
 		efs_mem_free(a);
 		req->priv = NULL;
 	} else {
@@ -1086,6 +1088,7 @@ static bool acq_step(struct acq *a)
 static void kick_cb(uv_timer_t *t)
 {
 	struct efs_lockcache *lc = t->data;
+	struct efs_list *n;
 	struct lref *ref;
 
 	if (!lc)
@@ -1094,16 +1097,19 @@ static void kick_cb(uv_timer_t *t)
 	/* Only those queued before this pass run now; a step that queues
 	 * itself again runs at the next pass (no busy loop). */
 	lc->pass++;
-	for (struct acq *a = lc->acqs.next; a != &lc->acqs; a = a->next)
-		if (a->wait == AW_KICK)
-			a->pass = lc->pass;
+	efs_list_for_each(n, &lc->acqs)
+		if (acq_of(n)->wait == AW_KICK)
+			acq_of(n)->pass = lc->pass;
 	for (;;) {
-		struct acq *a;
+		struct acq *a = NULL;
 
-		for (a = lc->acqs.next; a != &lc->acqs; a = a->next)
-			if (a->wait == AW_KICK && a->pass == lc->pass)
+		efs_list_for_each(n, &lc->acqs) {
+			if (acq_of(n)->wait == AW_KICK && acq_of(n)->pass == lc->pass) {
+				a = acq_of(n);
 				break;
-		if (a == &lc->acqs)
+			}
+		}
+		if (!a)
 			break;
 		a->pass = 0;
 		if (!acq_step(a) || !ref->lc)
@@ -1121,13 +1127,14 @@ static void kick_soon(struct efs_lockcache *lc)
 static void retry_cb(uv_timer_t *t)
 {
 	struct efs_lockcache *lc = t->data;
+	struct efs_list *n;
 	struct lcall *k;
 
 	if (!lc)
 		return;
-	for (struct acq *a = lc->acqs.next; a != &lc->acqs; a = a->next)
-		if (a->wait == AW_BACKOFF)
-			a->wait = AW_KICK;
+	efs_list_for_each(n, &lc->acqs)
+		if (acq_of(n)->wait == AW_BACKOFF)
+			acq_of(n)->wait = AW_KICK;
 	kick_soon(lc);
 	/* One waiting cleanup at a time (a retry may end one and change the
 	 * list); one that waits again is left for the next timer. */
@@ -1976,6 +1983,7 @@ static void release_start(struct efs_lockcache *lc)
 static void tick_cb(uv_timer_t *t)
 {
 	struct efs_lockcache *lc = t->data;
+	struct efs_list *n;
 	uint64_t now;
 	struct lref *ref;
 
@@ -1983,7 +1991,9 @@ static void tick_cb(uv_timer_t *t)
 		return;
 	now = now_ns();
 	ref = lref_get(lc->ref);
-	for (struct acq *a = lc->acqs.next; a != &lc->acqs && ref->lc; a = a->next) {
+	for (n = lc->acqs.next; n != &lc->acqs && ref->lc; n = n->next) {
+		struct acq *a = acq_of(n);
+
 		if (a->wait == AW_WATCH && a->wait_deadline_ns && now >= a->wait_deadline_ns) {
 			watchers_free(a);
 			a->wait = AW_KICK;
@@ -1992,8 +2002,8 @@ static void tick_cb(uv_timer_t *t)
 		}
 	}
 	/* Blocked upgrades whose shared hold can now be given up. */
-	for (struct acq *a = lc->acqs.next; a != &lc->acqs && ref->lc && lc->n_draining;
-	     a = a->next) {
+	for (n = lc->acqs.next; n != &lc->acqs && ref->lc && lc->n_draining; n = n->next) {
+		struct acq *a = acq_of(n);
 		struct efs_locktab_entry *e;
 
 		if (a->wait != AW_WATCH || !a->up_blocked || a->yielding || a->cur >= a->req->n)
@@ -2034,7 +2044,7 @@ int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_et
 	if (lc->release_batch > EFS_ETCD_TXN_MAX_OPS - 2)
 		lc->release_batch = EFS_ETCD_TXN_MAX_OPS - 2;
 	lc->wait_timeout_ms = o->wait_timeout_ms;
-	lc->acqs.next = lc->acqs.prev = &lc->acqs;
+	efs_list_init(&lc->acqs);
 	lc->gen = efs_session_generation(s);
 	r = efs_locktab_init(&lc->tab, lc->max_cached);
 	if (r < 0)
@@ -2082,6 +2092,8 @@ int efs_lockcache_release_all(struct efs_lockcache *lc, void (*done)(int status,
 
 void efs_lockcache_forget_all(struct efs_lockcache *lc)
 {
+	struct efs_list *n;
+
 	if (!lc)
 		return;
 	efs_locktab_remove_all(&lc->tab);
@@ -2090,7 +2102,9 @@ void efs_lockcache_forget_all(struct efs_lockcache *lc)
 	for (struct rwait *w = lc->rwaiters; w; w = w->next)
 		w->status = -EIO;
 	rwake_soon(lc);
-	for (struct acq *a = lc->acqs.next; a != &lc->acqs; a = a->next) {
+	efs_list_for_each(n, &lc->acqs) {
+		struct acq *a = acq_of(n);
+
 		if (a->wait == AW_WATCH) {
 			/* Our recall key went with the lease. */
 			watchers_free(a);
@@ -2107,12 +2121,12 @@ struct efs_lockcache *efs_lockcache_free(struct efs_lockcache *lc)
 {
 	if (!lc)
 		return NULL;
-	while (lc->acqs.next && lc->acqs.next != &lc->acqs) {
-		struct acq *a = lc->acqs.next;
+	while (lc->acqs.next && !efs_list_empty(&lc->acqs)) {
+		struct acq *a = acq_of(lc->acqs.next);
 
 		acq_release_resources(a, false);
 		a->req->priv = NULL;
-		acq_unlink(a);
+		efs_list_del(&a->link);
 		efs_mem_free(a);
 	}
 	if (lc->rel_retry)
@@ -2201,10 +2215,7 @@ int efs_lock_acquire(struct efs_lockcache *lc, struct efs_lock_req *req)
 		if (a->want[i] > a->want[first])
 			a->want[first] = a->want[i];
 	}
-	a->next = lc->acqs.next;
-	a->prev = &lc->acqs;
-	lc->acqs.next->prev = a;
-	lc->acqs.next = a;
+	efs_list_add_head(&lc->acqs, &a->link);
 	req->priv = a;
 
 	if (efs_session_is_active(lc->s)) {
@@ -2271,7 +2282,7 @@ void efs_lock_put(struct efs_lockcache *lc, struct efs_lock_req *req)
 	if (!lc || !a || a->wait != AW_DONE)
 		return;
 	acq_release_resources(a, true);
-	acq_unlink(a);
+	efs_list_del(&a->link);
 	efs_mem_free(a);
 	req->priv = NULL;
 	if (lc->rwaiters || lc->n_draining)

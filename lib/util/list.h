@@ -98,3 +98,6 @@ static inline void efs_list_splice_tail(struct efs_list *to, struct efs_list *fr
  * off (not others) during the walk. */
 #define efs_list_for_each_safe(n, tmp, head)                                                       \
 	for ((n) = (head)->next, (tmp) = (n)->next; (n) != (head); (n) = (tmp), (tmp) = (n)->next)
+
+/* Walks |head| with |n| (no node may be taken off during the walk). */
+#define efs_list_for_each(n, head) for ((n) = (head)->next; (n) != (head); (n) = (n)->next)

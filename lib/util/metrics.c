@@ -64,10 +64,11 @@ struct efs_gauge {
 
 struct efs_histogram {
 	struct metric base;
-	/* Loop thread only. buckets[i] counts observations in (bound i-1, bound i]. */
-	uint64_t buckets[NBOUNDS + 1];
-	uint64_t count;
-	uint64_t sum_ns;
+	/* Observed from any thread (relaxed atomics): buckets[i] counts
+	 * observations in (bound i-1, bound i]. */
+	_Atomic uint64_t buckets[NBOUNDS + 1];
+	_Atomic uint64_t count;
+	_Atomic uint64_t sum_ns;
 };
 
 struct family {
@@ -368,14 +369,15 @@ void efs_histogram_observe_ns(struct efs_histogram *h, uint64_t ns)
 		else
 			lo = mid + 1;
 	}
-	h->buckets[lo]++;
-	h->count++;
-	h->sum_ns += ns;
+	atomic_fetch_add_explicit(&h->buckets[lo], 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&h->sum_ns, ns, memory_order_relaxed);
 }
 
 uint64_t efs_histogram_count(const struct efs_histogram *h)
 {
-	return h ? h->count : 0;
+	return h ? atomic_load_explicit(&((struct efs_histogram *)h)->count, memory_order_relaxed)
+		 : 0;
 }
 
 /* A growing render buffer; |err| sticks once an allocation failed. */
@@ -507,24 +509,29 @@ static void buf_put_series(struct buf *b, const struct family *f, const char *su
 static void render_histogram(struct buf *b, const struct family *f,
 			     const struct efs_histogram *h)
 {
-	uint64_t cum = 0;
+	struct efs_histogram *w = (struct efs_histogram *)h;
+	uint64_t cum = 0, sum = atomic_load_explicit(&w->sum_ns, memory_order_relaxed);
 
+	/* Observers may run meanwhile: the count is the buckets' total as
+	 * read, so the series stay consistent (+Inf == _count >= every
+	 * bucket). */
 	for (unsigned i = 0; i < NBOUNDS; i++) {
-		cum += h->buckets[i];
+		cum += atomic_load_explicit(&w->buckets[i], memory_order_relaxed);
 		buf_put_series(b, f, "_bucket", &h->base, bounds_text[i]);
 		buf_put_u64(b, cum);
 		buf_put(b, "\n", 1);
 	}
+	cum += atomic_load_explicit(&w->buckets[NBOUNDS], memory_order_relaxed);
 	buf_put_series(b, f, "_bucket", &h->base, "+Inf");
-	buf_put_u64(b, h->count);
+	buf_put_u64(b, cum);
 	buf_put(b, "\n", 1);
 	/* The sum in seconds, exactly: whole seconds, then nine decimals. */
 	buf_put_series(b, f, "_sum", &h->base, NULL);
-	buf_put_u64(b, h->sum_ns / UINT64_C(1000000000));
-	buf_put_frac9(b, h->sum_ns % UINT64_C(1000000000));
+	buf_put_u64(b, sum / UINT64_C(1000000000));
+	buf_put_frac9(b, sum % UINT64_C(1000000000));
 	buf_put(b, "\n", 1);
 	buf_put_series(b, f, "_count", &h->base, NULL);
-	buf_put_u64(b, h->count);
+	buf_put_u64(b, cum);
 	buf_put(b, "\n", 1);
 }
 

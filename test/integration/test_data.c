@@ -35,6 +35,8 @@
 #include <linux/falloc.h>
 #include <stdatomic.h>
 #include <sys/xattr.h>
+#include <dirent.h>
+#include <sys/statvfs.h>
 
 #define MiB (1024u * 1024u)
 #define BLK 4096u
@@ -1212,6 +1214,111 @@ Test(data, atime_holder)
 	IO_EQ(stat(path, &st), 0);
 	cr_assert_eq(st.st_atim.tv_sec, 1000000000, "a read under a shared lock wrote atime "
 		     "(%jd)", (intmax_t)st.st_atim.tv_sec);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+#endif
+
+/* ==== every request counted once, answered once ==== */
+
+#ifndef DATA_LOCAL
+static double metric_of(const char *family, const char *op)
+{
+	char sample[128];
+
+	snprintf(sample, sizeof(sample), "%s{op=\"%s\"}", family, op);
+	return efs_test_fs_metric(&env.f, sample);
+}
+
+/*
+ * Each kernel request is counted once when it arrives and its latency once
+ * when it is answered, through the one reply place: after a workload that
+ * takes the fast paths, the engine, the data path handing requests to the
+ * engine, multi-step truncates and refused requests, every operation's
+ * request count equals its latency count, and internal operations (the
+ * publisher, atime, reclaim) count as no FUSE request at all.
+ */
+Test(data, every_request_counted_and_answered_once)
+{
+	static const char *const ops[] = {
+		"lookup", "getattr", "setattr", "open", "read", "write", "flush", "release",
+		"fsync", "create", "unlink", "mkdir", "rmdir", "opendir", "releasedir",
+		"fallocate", "lseek", "copy_file_range", "statfs", "setxattr", "getxattr",
+	};
+	static const char *const internal[] = {"publish", "atime", "reclaim"};
+	char path[PATH_MAX], path2[PATH_MAX], dir[PATH_MAX], buf[8192];
+	struct statvfs sv;
+	struct stat st;
+	uint64_t end;
+	bool equal = false;
+	int fd, fd2, ro;
+
+	env_start(0, NULL);
+	env_path(path, sizeof(path), "f");
+	env_path(path2, sizeof(path2), "g");
+	env_path(dir, sizeof(dir), "d");
+	IO_EQ(mkdir(dir, 0755), 0);
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	cr_assert_geq(fd, 0, "create: %s", strerror(errno));
+	memset(buf, 'x', sizeof(buf));
+	for (int i = 0; i < 64; i++)
+		IO_EQ(pwrite(fd, buf, sizeof(buf), (off_t)i * 65536), (ssize_t)sizeof(buf));
+	IO_EQ(fsync(fd), 0);
+	IO_EQ(ftruncate(fd, 3 * 65536 + 100), 0); /* a truncate in steps */
+	IO_EQ(fallocate(fd, 0, 0, 1 << 20), 0);
+	IO_EQ(lseek(fd, 0, SEEK_DATA), 0);
+	IO_EQ(pread(fd, buf, sizeof(buf), 0), (ssize_t)sizeof(buf));
+	fd2 = open(path2, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	cr_assert_geq(fd2, 0, "create: %s", strerror(errno));
+	IO_EQ(copy_file_range(fd, NULL, fd2, NULL, 65536, 0), 65536);
+	IO_EQ(fstat(fd, &st), 0);
+	IO_EQ(fchmod(fd, 0600), 0);
+	IO_EQ(setxattr(path, "user.k", "v", 1, 0), 0);
+	IO_EQ(getxattr(path, "user.k", buf, sizeof(buf)), 1);
+	IO_EQ(statvfs(path, &sv), 0);
+	/* Failed requests, counted as errors: one the data path answers,
+	 * one the engine does. */
+	ro = open(path, O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(ro, 0);
+	cr_assert(lseek(ro, 100 << 20, SEEK_DATA) < 0 && errno == ENXIO);
+	cr_assert(getxattr(path, "user.none", buf, sizeof(buf)) < 0 && errno == ENODATA);
+	cr_assert(stat(dir, &st) == 0 && rmdir(dir) == 0);
+	cr_assert(stat(dir, &st) < 0 && errno == ENOENT);
+	IO_EQ(close(ro), 0);
+	IO_EQ(close(fd2), 0);
+	IO_EQ(close(fd), 0);
+	IO_EQ(unlink(path2), 0);
+	{
+		DIR *dp = opendir(env.root);
+
+		cr_assert_not_null(dp);
+		while (readdir(dp))
+			;
+		closedir(dp);
+	}
+	/* Releases are answered after close returns: wait for the counts. */
+	end = mono_ms() + 5000;
+	while (!equal && mono_ms() < end) {
+		equal = true;
+		for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]) && equal; i++)
+			equal = metric_of("etcfs_fuse_ops_total", ops[i]) ==
+				metric_of("etcfs_fuse_op_seconds_count", ops[i]);
+		if (!equal)
+			nap_ms(50);
+	}
+	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+		double n = metric_of("etcfs_fuse_ops_total", ops[i]);
+		double t = metric_of("etcfs_fuse_op_seconds_count", ops[i]);
+
+		cr_assert_gt(n, 0, "no %s request was counted", ops[i]);
+		cr_assert_eq(n, t, "%s: %.0f requests counted, %.0f latencies recorded", ops[i], n,
+			     t);
+	}
+	cr_assert_geq(metric_of("etcfs_fuse_errors_total", "lseek"), 1);
+	cr_assert_geq(metric_of("etcfs_fuse_errors_total", "getxattr"), 1);
+	for (size_t i = 0; i < sizeof(internal) / sizeof(internal[0]); i++)
+		cr_assert_eq(metric_of("etcfs_fuse_ops_total", internal[i]), 0,
+			     "internal %s operations counted as FUSE requests", internal[i]);
 	env_stop();
 	efs_test_assert_no_leaks();
 }

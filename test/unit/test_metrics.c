@@ -537,6 +537,54 @@ Test(metrics, histogram_buckets_are_inclusive_cumulative_and_exact)
 	efs_test_assert_no_leaks();
 }
 
+/* Observers on several threads (a read answered from an I/O worker): no
+ * observation is lost, and a render meanwhile stays consistent. */
+#define HOBS 200000
+
+static void *observe_main(void *arg)
+{
+	struct efs_histogram *h = arg;
+
+	for (int i = 0; i < HOBS; i++)
+		efs_histogram_observe_ns(h, (uint64_t)(i % 7) * 1000000);
+	return NULL;
+}
+
+Test(metrics, histogram_observations_from_many_threads_are_all_counted)
+{
+	struct efs_metrics *m = registry();
+	struct efs_histogram *h = efs_metrics_histogram(m, "mt_seconds", "Latency.", NULL);
+	pthread_t th[4];
+	char *text, want[64];
+
+	cr_assert_not_null(h);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(pthread_create(&th[i], NULL, observe_main, h), 0);
+	for (int k = 0; k < 20; k++) {
+		/* +Inf and _count are the same total while observers run. */
+		unsigned long long inf = 0, count = 1;
+		const char *p, *q;
+
+		text = render(m);
+		p = strstr(text, "mt_seconds_bucket{le=\"+Inf\"} ");
+		q = strstr(text, "mt_seconds_count ");
+		cr_assert(p && q);
+		sscanf(p + strlen("mt_seconds_bucket{le=\"+Inf\"} "), "%llu", &inf);
+		sscanf(q + strlen("mt_seconds_count "), "%llu", &count);
+		cr_assert_eq(inf, count, "+Inf %llu, _count %llu", inf, count);
+		efs_mem_free(text);
+	}
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(pthread_join(th[i], NULL), 0);
+	cr_assert_eq(efs_histogram_count(h), 4ull * HOBS);
+	text = render(m);
+	snprintf(want, sizeof(want), "mt_seconds_count %llu\n", 4ull * HOBS);
+	cr_assert_not_null(strstr(text, want), "%s", text);
+	efs_mem_free(text);
+	efs_metrics_free(m);
+	efs_test_assert_no_leaks();
+}
+
 Test(metrics, histogram_labels_come_before_le)
 {
 	struct efs_metrics *m = registry();

@@ -174,7 +174,7 @@ struct dctl {
 	 * they publish is then covered by that sync. */
 	int hold;
 	struct wb *held;
-	struct dreq *bp_head, *bp_tail; /* writes waiting on buffer limits */
+	struct efs_list bp_waiters; /* writes waiting on buffer limits (dreq.bp_link) */
 	void (*sync_cb)(int status, void *arg);
 	void *sync_arg;
 	int sync_err;
@@ -237,18 +237,12 @@ enum rkind {
 
 struct dreq {
 	struct efs_fs *fs;
-	fuse_req_t req;
+	/* The kernel request (counted when the record is made, answered
+	 * once, by this record or by an engine operation preparing it). */
+	struct efs_fs_rq rq;
 	enum rkind kind;
-	enum efs_fs_opcode code;
-	uint64_t start_ns;
-	bool replied;
-	bool handed; /* the prepare operation handed the request over */
-	/* Metrics are counted once per request: |counted| once m_ops[code]
-	 * is (by the fast path or an engine operation of that code),
-	 * |timed| once an engine operation of that code records the
-	 * latency (fs.c observes it when the operation is freed), so that
-	 * efs_file_dreq_end does not observe it again. */
-	bool counted, timed;
+	bool handed;  /* the prepare operation handed the request over */
+	bool tr_more; /* truncate: a step was published already */
 	/* Current inode being prepared / worked on. */
 	uint64_t ino;
 	enum efs_lock_mode mode;
@@ -258,7 +252,7 @@ struct dreq {
 	bool pinned;
 	unsigned lock_flags; /* EFS_LOCK_F_WRITEBACK, _PAGES (lock.h) */
 	void (*cont)(struct dreq *r);
-	struct dreq *bp_next;
+	struct efs_list bp_link; /* on the ctl's bp_waiters */
 	/* Arguments. */
 	size_t size;
 	off_t off;

@@ -79,8 +79,7 @@ static void open_cont(struct dreq *r)
 	}
 	handle_setup(fs, r->d, h, &r->fi, false);
 	r->fi.fh = (uint64_t)(uintptr_t)h;
-	r->replied = true;
-	if (fuse_reply_open(r->req, &r->fi) != 0)
+	if (efs_fs_rq_open(&r->rq, &r->fi) != 0)
 		efs_fs_handle_free(fs, h);
 	efs_file_dreq_end(r, 0);
 }
@@ -93,9 +92,7 @@ void efs_fs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	struct dreq *r;
 
 	if (wr && (fs->read_only || !fs->alloc)) {
-		efs_counter_inc(fs->m_ops[EFS_FS_OP_OPEN]);
-		efs_counter_inc(fs->m_errs[EFS_FS_OP_OPEN]);
-		fuse_reply_err(req, EROFS);
+		efs_fs_reply_now(fs, req, EFS_FS_OP_OPEN, -EROFS);
 		return;
 	}
 	r = efs_file_dreq_new(req, RK_OPEN, EFS_FS_OP_OPEN, ino);
@@ -199,8 +196,7 @@ static void read_io_done(void *arg, int err)
 		efs_file_dreq_end(r, err);
 		return;
 	}
-	r->replied = true;
-	fuse_reply_buf(r->req, (const char *)r->buf + (uint64_t)r->off % bs, r->wbytes);
+	efs_fs_rq_buf(&r->rq, (const char *)r->buf + (uint64_t)r->off % bs, r->wbytes);
 	if (r->d && r->d->in && r->d->in->rec) {
 		struct efs_fs_data *d = r->d;
 
@@ -232,8 +228,7 @@ static void read_cont(struct dreq *r)
 		return;
 	}
 	if ((uint64_t)r->off >= size || r->size == 0) {
-		r->replied = true;
-		fuse_reply_buf(r->req, NULL, 0);
+		efs_fs_rq_buf(&r->rq, NULL, 0);
 		efs_file_dreq_end(r, 0);
 		return;
 	}
@@ -263,9 +258,7 @@ void efs_fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	int e = efs_file_handle_ok(fs, efs_file_fh_of(fi));
 
 	if (e < 0 || !fs->pool) {
-		efs_counter_inc(fs->m_ops[EFS_FS_OP_READ]);
-		efs_counter_inc(fs->m_errs[EFS_FS_OP_READ]);
-		fuse_reply_err(req, e < 0 ? -e : EIO);
+		efs_fs_reply_now(fs, req, EFS_FS_OP_READ, e < 0 ? e : -EIO);
 		return;
 	}
 	r = efs_file_dreq_new(req, RK_READ, EFS_FS_OP_READ, ino);
@@ -302,12 +295,7 @@ static void bp_wait(struct dreq *r)
 {
 	struct dctl *c = efs_file_ctl_of(r->fs);
 
-	r->bp_next = NULL;
-	if (c->bp_tail)
-		c->bp_tail->bp_next = r;
-	else
-		c->bp_head = r;
-	c->bp_tail = r;
+	efs_list_add_tail(&c->bp_waiters, &r->bp_link);
 	if (r->d)
 		r->d->urgent = true;
 	efs_file_pub_kick(r->fs);
@@ -316,14 +304,14 @@ static void bp_wait(struct dreq *r)
 void efs_file_bp_resume(struct efs_fs *fs)
 {
 	struct dctl *c = efs_file_ctl_of(fs);
-	struct dreq *list = c->bp_head;
+	struct efs_list list, *n;
 
-	c->bp_head = c->bp_tail = NULL;
-	while (list) {
-		struct dreq *r = list;
+	/* Only those waiting now: one that waits again runs next time. */
+	efs_list_init(&list);
+	efs_list_splice_tail(&list, &c->bp_waiters);
+	while ((n = efs_list_pop(&list))) {
+		struct dreq *r = efs_list_entry(n, struct dreq, bp_link);
 
-		list = r->bp_next;
-		r->bp_next = NULL;
 		/* Prepared again: the state may have changed meanwhile. */
 		r->cont(r);
 	}
@@ -536,7 +524,7 @@ static void wr_written(void *arg, int err)
 		/* A write by anyone but root clears set-user-ID, and
 		 * set-group-ID when it means setgid (group-executable). */
 		if ((rec->mode & S_ISUID) || ((rec->mode & S_ISGID) && (rec->mode & S_IXGRP))) {
-			const struct fuse_ctx *ctx = r->req ? fuse_req_ctx(r->req) : NULL;
+			const struct fuse_ctx *ctx = r->rq.req ? fuse_req_ctx(r->rq.req) : NULL;
 
 			if (ctx && ctx->uid != 0) {
 				rec->mode &= ~(uint32_t)S_ISUID;
@@ -590,8 +578,7 @@ static void write_finish(struct dreq *r)
 		efs_file_cfr_next(r);
 		return;
 	}
-	r->replied = true;
-	fuse_reply_write(r->req, r->total);
+	efs_fs_rq_write(&r->rq, r->total);
 	efs_file_dreq_end(r, 0);
 }
 
@@ -650,13 +637,7 @@ void efs_fs_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
 	if (e == 0 && (uint64_t)off + size > (uint64_t)INT64_MAX)
 		e = -EFBIG;
 	if (e < 0 || size == 0) {
-		efs_counter_inc(fs->m_ops[EFS_FS_OP_WRITE]);
-		if (e < 0) {
-			efs_counter_inc(fs->m_errs[EFS_FS_OP_WRITE]);
-			fuse_reply_err(req, -e);
-		} else {
-			fuse_reply_write(req, 0);
-		}
+		efs_fs_reply_write_now(fs, req, EFS_FS_OP_WRITE, e);
 		return;
 	}
 	r = efs_file_dreq_new(req, RK_WRITE, EFS_FS_OP_WRITE, ino);
@@ -748,8 +729,7 @@ void efs_file_fsync_done(void *arg, int err)
 		efs_file_dreq_end(r, err);
 		return;
 	}
-	r->replied = true;
-	fuse_reply_err(r->req, 0);
+	efs_fs_rq_err(&r->rq, 0);
 	efs_file_dreq_end(r, 0);
 }
 
@@ -779,14 +759,11 @@ void efs_fs_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file
 		       (!in->data->broken && !efs_file_state_dirty(in->data) && !in->data->snap &&
 			!in->data->err))) {
 		/* Nothing of ours to publish. */
-		efs_counter_inc(fs->m_ops[EFS_FS_OP_FSYNC]);
-		fuse_reply_err(req, 0);
+		efs_fs_reply_now(fs, req, EFS_FS_OP_FSYNC, 0);
 		return;
 	}
 	if (e < 0) {
-		efs_counter_inc(fs->m_ops[EFS_FS_OP_FSYNC]);
-		efs_counter_inc(fs->m_errs[EFS_FS_OP_FSYNC]);
-		fuse_reply_err(req, -e);
+		efs_fs_reply_now(fs, req, EFS_FS_OP_FSYNC, e);
 		return;
 	}
 	r = efs_file_dreq_new(req, RK_FSYNC, EFS_FS_OP_FSYNC, ino);
@@ -798,33 +775,39 @@ void efs_fs_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file
 
 /* ---- flush, release ---- */
 
+struct flush_ctx {
+	struct efs_fs_rq rq;
+};
+
 static void flush_plock_cb(int status, void *arg)
 {
-	fuse_req_t req = arg;
+	struct flush_ctx *x = arg;
 
-	fuse_reply_err(req, status < 0 ? -status : 0);
+	efs_fs_rq_err(&x->rq, status < 0 ? status : 0);
+	efs_mem_free(x);
 }
 
 void efs_fs_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct efs_fs *fs = fuse_req_userdata(req);
+	struct flush_ctx *x = efs_mem_malloc(sizeof(*x));
 	int r;
 
-	efs_counter_inc(fs->m_ops[EFS_FS_OP_FLUSH]);
-	r = efs_fs_plock_flush(fs, ino, fi->lock_owner, flush_plock_cb, req);
-	if (r == 0)
-		return;
-	if (r < 0) {
-		efs_counter_inc(fs->m_errs[EFS_FS_OP_FLUSH]);
-		fuse_reply_err(req, -r);
+	if (!x) {
+		efs_fs_reply_now(fs, req, EFS_FS_OP_FLUSH, -ENOMEM);
 		return;
 	}
-	fuse_reply_err(req, 0);
+	efs_fs_rq_start(&x->rq, fs, req, EFS_FS_OP_FLUSH);
+	r = efs_fs_plock_flush(fs, ino, fi->lock_owner, flush_plock_cb, x);
+	if (r == 0)
+		return;
+	efs_fs_rq_err(&x->rq, r < 0 ? r : 0);
+	efs_mem_free(x);
 }
 
 struct rel_ctx {
 	struct efs_fs *fs;
-	fuse_req_t req;
+	struct efs_fs_rq rq;
 	struct efs_fs_handle *h;
 	uint64_t ino;
 };
@@ -839,7 +822,7 @@ static void release_finish(struct rel_ctx *x)
 	reclaim = in && in->opens == 1 && in->rec && !in->gone && in->rec->nlink == 0 &&
 		  h->epoch == fs->epoch;
 	efs_fs_handle_free(fs, h);
-	fuse_reply_err(x->req, 0);
+	efs_fs_rq_err(&x->rq, 0);
 	if (reclaim)
 		efs_fs_reclaim(fs, x->ino);
 	efs_mem_free(x);
@@ -857,20 +840,19 @@ void efs_fs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	struct efs_fs_handle *h = efs_file_fh_of(fi);
 	struct rel_ctx *x;
 
-	efs_counter_inc(fs->m_ops[EFS_FS_OP_RELEASE]);
 	if (!h) {
-		fuse_reply_err(req, 0);
+		efs_fs_reply_now(fs, req, EFS_FS_OP_RELEASE, 0);
 		return;
 	}
 	x = efs_mem_calloc(1, sizeof(*x));
 	if (!x) {
 		/* Release cannot fail: free the handle, no reclaim (fsck's). */
 		efs_fs_handle_free(fs, h);
-		fuse_reply_err(req, 0);
+		efs_fs_reply_now(fs, req, EFS_FS_OP_RELEASE, 0);
 		return;
 	}
 	x->fs = fs;
-	x->req = req;
+	efs_fs_rq_start(&x->rq, fs, req, EFS_FS_OP_RELEASE);
 	x->h = h;
 	x->ino = ino;
 	if (efs_fs_plock_release(fs, h, fi->flock_release ? fi->lock_owner : 0, release_plock_cb,
@@ -912,8 +894,7 @@ static void lseek_cont(struct dreq *r)
 		if (res > size)
 			res = size;
 	}
-	r->replied = true;
-	fuse_reply_lseek(r->req, (off_t)res);
+	efs_fs_rq_lseek(&r->rq, (off_t)res);
 	efs_file_dreq_end(r, 0);
 }
 
@@ -929,9 +910,7 @@ void efs_fs_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 	if (e == 0 && !fs->alloc)
 		e = -EIO;
 	if (e < 0) {
-		efs_counter_inc(fs->m_ops[EFS_FS_OP_LSEEK]);
-		efs_counter_inc(fs->m_errs[EFS_FS_OP_LSEEK]);
-		fuse_reply_err(req, -e);
+		efs_fs_reply_now(fs, req, EFS_FS_OP_LSEEK, e);
 		return;
 	}
 	r = efs_file_dreq_new(req, RK_LSEEK, EFS_FS_OP_LSEEK, ino);

@@ -851,7 +851,7 @@ idle:
 static void pub_next_cb(uv_timer_t *t)
 {
 	struct dctl *c = t->data;
-	bool more = c->again || c->sync_cb || c->bp_head || c->ndirty > KICK_INODES ||
+	bool more = c->again || c->sync_cb || !efs_list_empty(&c->bp_waiters) || c->ndirty > KICK_INODES ||
 		    c->nchunks >= KICK_NODE_CHUNKS;
 
 	if (c->stalled)
@@ -934,6 +934,7 @@ int efs_fs_data_init(struct efs_fs *fs)
 		return -ENOMEM;
 	c->fs = fs;
 	efs_list_init(&c->linvals);
+	efs_list_init(&c->bp_waiters);
 	c->sweep = efs_mem_calloc(1, sizeof(*c->sweep));
 	c->kick = efs_mem_calloc(1, sizeof(*c->kick));
 	if (!c->sweep || !c->kick) {

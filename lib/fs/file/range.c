@@ -239,8 +239,7 @@ static void fa_finish(struct dreq *r)
 			efs_file_dreq_end(r, e);
 		return;
 	}
-	r->replied = true;
-	fuse_reply_err(r->req, 0);
+	efs_fs_rq_err(&r->rq, 0);
 	efs_file_dreq_end(r, 0);
 }
 
@@ -267,9 +266,7 @@ void efs_fs_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, of
 	if (e == 0 && (!fs->alloc || fs->read_only))
 		e = -EROFS;
 	if (e < 0) {
-		efs_counter_inc(fs->m_ops[EFS_FS_OP_FALLOCATE]);
-		efs_counter_inc(fs->m_errs[EFS_FS_OP_FALLOCATE]);
-		fuse_reply_err(req, -e);
+		efs_fs_reply_now(fs, req, EFS_FS_OP_FALLOCATE, e);
 		return;
 	}
 	r = efs_file_dreq_new(req, RK_FALLOC, EFS_FS_OP_FALLOCATE, ino);
@@ -316,18 +313,15 @@ void efs_file_cfr_next(struct dreq *r)
 	efs_mem_free(r->data);
 	r->data = NULL;
 	if (r->d->broken || src->broken || !src->in || !src->in->rec) {
-		if (r->total) {
-			r->replied = true;
-			fuse_reply_write(r->req, r->total);
-		}
+		if (r->total)
+			efs_fs_rq_write(&r->rq, r->total);
 		efs_file_dreq_end(r, r->total ? 0 : -EIO);
 		return;
 	}
 	size = src->in->rec->size;
 	off = (uint64_t)r->off_in + r->total;
 	if (r->total >= r->size || off >= size || !efs_file_map_valid(fs, src)) {
-		r->replied = true;
-		fuse_reply_write(r->req, r->total);
+		efs_fs_rq_write(&r->rq, r->total);
 		efs_file_dreq_end(r, 0);
 		return;
 	}
@@ -400,13 +394,7 @@ void efs_fs_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 	if (e == 0 && ho->append)
 		e = -EBADF;
 	if (e < 0 || len == 0) {
-		efs_counter_inc(fs->m_ops[EFS_FS_OP_COPY_FILE_RANGE]);
-		if (e < 0) {
-			efs_counter_inc(fs->m_errs[EFS_FS_OP_COPY_FILE_RANGE]);
-			fuse_reply_err(req, -e);
-		} else {
-			fuse_reply_write(req, 0);
-		}
+		efs_fs_reply_write_now(fs, req, EFS_FS_OP_COPY_FILE_RANGE, e);
 		return;
 	}
 	r = efs_file_dreq_new(req, RK_CFR, EFS_FS_OP_COPY_FILE_RANGE, ino_in);

@@ -32,17 +32,13 @@ struct dreq *efs_file_dreq_new(fuse_req_t req, enum rkind kind, enum efs_fs_opco
 	struct dreq *r = efs_mem_calloc(1, sizeof(*r));
 
 	if (!r) {
-		efs_counter_inc(fs->m_ops[code]);
-		efs_counter_inc(fs->m_errs[code]);
-		fuse_reply_err(req, ENOMEM);
+		efs_fs_reply_now(fs, req, code, -ENOMEM);
 		return NULL;
 	}
 	r->fs = fs;
-	r->req = req;
+	efs_fs_rq_start(&r->rq, fs, req, code);
 	r->kind = kind;
-	r->code = code;
 	r->ino = ino;
-	r->start_ns = efs_clock_mono_ns();
 	fs->inflight++;
 	return r;
 }
@@ -65,16 +61,14 @@ void efs_file_dreq_end(struct dreq *r, int err)
 {
 	struct efs_fs *fs = r->fs;
 
-	if (!r->replied && r->req) {
-		fuse_reply_err(r->req, err < 0 ? -err : EIO);
-		r->replied = true;
+	if (r->rq.req && !efs_fs_rq_replied(&r->rq)) {
+		/* 0: a path that did not answer: never leave the kernel
+		 * hanging. */
 		if (err == 0)
-			err = -EIO;
+			efs_log_warn("data: %s ended without an answer: EIO",
+				     efs_fs_op_names[r->rq.code]);
+		efs_fs_rq_err(&r->rq, err < 0 ? err : -EIO);
 	}
-	if (err < 0)
-		efs_counter_inc(fs->m_errs[r->code]);
-	if (!r->timed)
-		efs_histogram_observe_ns(fs->m_lat[r->code], efs_clock_mono_ns() - r->start_ns);
 	dreq_unpin(r);
 	if (r->rl.held && r->d)
 		efs_rangelock_drop(&r->d->ranges, &r->rl);
@@ -199,9 +193,6 @@ void efs_file_prep(struct dreq *r, enum efs_lock_mode mode, void (*cont)(struct 
 	e = efs_lock_acquire(fs->lc, lr);
 	if (e == 1) {
 		*pinned = true;
-		if (!r->counted)
-			efs_counter_inc(fs->m_ops[r->code]);
-		r->counted = true;
 		prep_go(r);
 		return;
 	}
@@ -279,7 +270,7 @@ static int prep_build(struct efs_fs_op *op)
 		*pinned = true;
 	}
 	r->handed = true;
-	op->replied = true;
+	op->handed_on = true;
 	op->priv = NULL; /* the request may end inside its continuation */
 	prep_go(r);
 	return EFS_FS_DONE;
@@ -291,9 +282,8 @@ static void prep_free(struct efs_fs_op *op)
 
 	op->priv = NULL;
 	if (r && !r->handed) {
-		/* The engine answered the error (and counted it). */
-		r->replied = true;
-		efs_file_dreq_end(r, 0);
+		/* The engine answered the error through the request's base. */
+		efs_file_dreq_end(r, -EIO);
 	}
 }
 
@@ -329,15 +319,12 @@ static const struct efs_fs_opdesc *const prep_descs[RK_NKINDS] = {
 
 void efs_file_prep_engine(struct dreq *r)
 {
-	struct efs_fs_op *op = efs_fs_op_new(r->fs, r->req, prep_descs[r->kind]);
+	struct efs_fs_op *op = efs_fs_op_new_for(r->fs, &r->rq, prep_descs[r->kind]);
 
 	if (!op) {
 		efs_file_dreq_end(r, -ENOMEM);
 		return;
 	}
-	/* The engine counts the operation and records its latency. */
-	r->counted = true;
-	r->timed = true;
 	op->lock_flags = efs_file_lock_flags(r);
 	op->ino = r->ino;
 	op->priv = r;

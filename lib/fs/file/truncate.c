@@ -255,7 +255,7 @@ static void tr_next(struct efs_fs_op *op)
 	if (!r)
 		return;
 	x->r = NULL;
-	op->replied = true; /* the request goes on, or is answered here */
+	op->handed_on = true; /* the request goes on, or is answered here */
 	if (r->rl.held && r->d)
 		efs_rangelock_drop(&r->d->ranges, &r->rl);
 	if (!x->final || (P && P->left_partial)) {
@@ -269,10 +269,9 @@ static void tr_next(struct efs_fs_op *op)
 		struct stat st;
 
 		efs_meta_inode_to_stat(in->rec, r->ino, r->fs->blksize, &st);
-		r->replied = true;
-		fuse_reply_attr(r->req, &st, efs_fs_attr_timeout(r->fs, r->ino));
+		efs_fs_rq_attr(&r->rq, &st, efs_fs_attr_timeout(r->fs, r->ino));
 	}
-	efs_file_dreq_end(r, 0);
+	efs_file_dreq_end(r, in && in->rec ? 0 : -EIO);
 }
 
 static void tr_done(struct efs_fs_op *op)
@@ -300,12 +299,8 @@ static void tr_free(struct efs_fs_op *op)
 			     (unsigned long long)d->ino);
 		efs_file_state_discard(d);
 	}
-	/* The engine answered the error, and counted it under setattr only
-	 * when this is the first operation of the request. */
-	if (op->d->code != r->code)
-		efs_counter_inc(r->fs->m_errs[r->code]);
-	r->replied = true;
-	efs_file_dreq_end(r, 0);
+	/* The engine answered the error through the request's base. */
+	efs_file_dreq_end(r, -EIO);
 }
 
 static const struct efs_fs_opdesc tr_desc = {
@@ -337,7 +332,7 @@ static const struct efs_fs_opdesc tr_more_desc = {
 
 static void tr_start(struct dreq *r)
 {
-	struct efs_fs_op *op = efs_fs_op_new(r->fs, r->req, r->counted ? &tr_more_desc : &tr_desc);
+	struct efs_fs_op *op = efs_fs_op_new_for(r->fs, &r->rq, r->tr_more ? &tr_more_desc : &tr_desc);
 	struct dpub *P;
 	struct tr *x;
 
@@ -345,15 +340,13 @@ static void tr_start(struct dreq *r)
 		efs_file_dreq_end(r, -ENOMEM);
 		return;
 	}
-	/* The first operation counts the request and records its latency. */
-	r->counted = true;
-	r->timed = true;
+	r->tr_more = true;
 	P = efs_mem_calloc(1, sizeof(*P));
 	x = efs_mem_calloc(1, sizeof(*x));
 	if (!P || !x) {
 		efs_mem_free(P);
 		efs_mem_free(x);
-		op->replied = true;
+		op->handed_on = true;
 		efs_fs_op_finish(op, 0);
 		efs_file_dreq_end(r, -ENOMEM);
 		return;
@@ -403,8 +396,7 @@ static void defer_cont(struct dreq *r)
 		efs_file_dreq_end(r, e);
 		return;
 	}
-	r->replied = true;
-	fuse_reply_attr(r->req, &st, efs_fs_attr_timeout(r->fs, r->ino));
+	efs_fs_rq_attr(&r->rq, &st, efs_fs_attr_timeout(r->fs, r->ino));
 	efs_file_dreq_end(r, 0);
 }
 
@@ -423,22 +415,12 @@ bool efs_fs_data_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int 
 
 		if (in && in->rec && !in->gone && !S_ISREG(in->rec->mode))
 			return false;
+		if (e == 0 && fs->read_only)
+			e = -EROFS;
+		if (e == 0 && attr->st_size < 0)
+			e = -EINVAL;
 		if (e < 0) {
-			efs_counter_inc(fs->m_ops[EFS_FS_OP_SETATTR]);
-			efs_counter_inc(fs->m_errs[EFS_FS_OP_SETATTR]);
-			fuse_reply_err(req, -e);
-			return true;
-		}
-		if (fs->read_only) {
-			efs_counter_inc(fs->m_ops[EFS_FS_OP_SETATTR]);
-			efs_counter_inc(fs->m_errs[EFS_FS_OP_SETATTR]);
-			fuse_reply_err(req, EROFS);
-			return true;
-		}
-		if (attr->st_size < 0) {
-			efs_counter_inc(fs->m_ops[EFS_FS_OP_SETATTR]);
-			efs_counter_inc(fs->m_errs[EFS_FS_OP_SETATTR]);
-			fuse_reply_err(req, EINVAL);
+			efs_fs_reply_now(fs, req, EFS_FS_OP_SETATTR, e);
 			return true;
 		}
 		r = efs_file_dreq_new(req, RK_SETATTR, EFS_FS_OP_SETATTR, ino);
@@ -476,17 +458,16 @@ bool efs_fs_data_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int 
 		return true;
 	}
 	{
+		struct efs_fs_rq rq;
 		struct stat st;
 		int e;
 
-		efs_counter_inc(fs->m_ops[EFS_FS_OP_SETATTR]);
+		efs_fs_rq_start(&rq, fs, req, EFS_FS_OP_SETATTR);
 		e = defer_apply(d, attr, to_set, &st);
-		if (e < 0) {
-			efs_counter_inc(fs->m_errs[EFS_FS_OP_SETATTR]);
-			fuse_reply_err(req, -e);
-			return true;
-		}
-		fuse_reply_attr(req, &st, efs_fs_attr_timeout(fs, ino));
+		if (e < 0)
+			efs_fs_rq_err(&rq, e);
+		else
+			efs_fs_rq_attr(&rq, &st, efs_fs_attr_timeout(fs, ino));
 	}
 	return true;
 }
