@@ -2315,10 +2315,13 @@ bool efs_lock_may_cache(const struct efs_lockcache *lc, uint64_t ino)
 {
 	const struct efs_locktab_entry *e = usable_entry(lc, ino);
 
-	if (!e || e->mode == EFS_LOCK_NONE || e->recalled || e->prep)
+	if (!e || e->mode == EFS_LOCK_NONE || e->recalled)
 		return false;
-	/* A preparation that still holds counts as a release under way. */
-	return !(e->prepared && (e->pin_seq == e->prep_seq || e->prep_keeps));
+	/* A preparation that pins do not void runs its invalidation once:
+	 * nothing may be cached under it from then on. Other preparations
+	 * are voided by the pin of the request asking (and invalidate
+	 * again while the kernel may cache), so caching under them stays. */
+	return !(e->prep_keeps && (e->prep || e->prepared));
 }
 
 uint64_t efs_lock_grant(const struct efs_lockcache *lc, uint64_t ino)

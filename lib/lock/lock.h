@@ -258,8 +258,9 @@ bool efs_lock_touch(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_mode m
  * must get zero timeouts). */
 enum efs_lock_mode efs_lock_held(const struct efs_lockcache *lc, uint64_t ino);
 /* Whether the kernel may be handed nonzero timeouts under the lock of
- * |ino| now: it is held and no release of it is being prepared (or is
- * prepared, asked for or about to be sent). */
+ * |ino| now: it is held, no forced release of it is asked for, and no
+ * release whose preparation pins do not void (serve_while_invalidating)
+ * is being prepared or prepared. */
 bool efs_lock_may_cache(const struct efs_lockcache *lc, uint64_t ino);
 
 /* The grant id under which this node holds |ino| now; 0 when
