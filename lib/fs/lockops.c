@@ -52,7 +52,8 @@ struct efs_fs_kname {
 
 struct efs_fs_knames {
 	size_t n, nbuckets;
-	uint64_t until_ns; /* the latest of all */
+	uint64_t until_ns;  /* the latest of all */
+	uint64_t oldest_ns; /* no name times out before (as of the last prune) */
 	struct efs_fs_kname **b;
 };
 
@@ -89,6 +90,7 @@ void efs_fs_knames_clear(struct efs_fs_inode *dir)
 /* Drops the names whose timeout has passed. */
 static void knames_prune(struct efs_fs_knames *kn, uint64_t now)
 {
+	kn->oldest_ns = UINT64_MAX;
 	for (size_t i = 0; i < kn->nbuckets; i++) {
 		struct efs_fs_kname **pp = &kn->b[i];
 
@@ -96,6 +98,8 @@ static void knames_prune(struct efs_fs_knames *kn, uint64_t now)
 			struct efs_fs_kname *k = *pp;
 
 			if (k->until_ns > now) {
+				if (k->until_ns < kn->oldest_ns)
+					kn->oldest_ns = k->until_ns;
 				pp = &k->next;
 				continue;
 			}
@@ -139,6 +143,10 @@ static bool knames_note(struct efs_fs_inode *dir, const char *name, size_t len, 
 		}
 	}
 	if (kn->n >= EFS_FS_KNAMES_MAX) {
+		/* Full: a walk frees something only once the oldest name
+		 * timed out, so a lookup storm does not walk every time. */
+		if (kn->oldest_ns > now)
+			return false;
 		knames_prune(kn, now);
 		if (kn->n >= EFS_FS_KNAMES_MAX)
 			return false;
@@ -174,6 +182,8 @@ static bool knames_note(struct efs_fs_inode *dir, const char *name, size_t len, 
 	k->next = *slot;
 	*slot = k;
 	kn->n++;
+	if (until < kn->oldest_ns)
+		kn->oldest_ns = until;
 noted:
 	if (kn->until_ns < until)
 		kn->until_ns = until;
@@ -246,11 +256,7 @@ static void dinval_one_done(struct efs_inval_req *req, int status)
 {
 	struct efs_fs_dinval *v = req->arg;
 
-	/* A kernel connection that is gone or never had notifications
-	 * caches nothing that could go stale. */
-	if (status == -ENODEV || status == -EBADF || status == -ENOTCONN ||
-	    status == -ECANCELED || status == -ENOSYS)
-		status = 0;
+	status = efs_inval_release_status(status);
 	if (status < 0 && v->status == 0) {
 		efs_log_warn("fs: invalidating the kernel's entries of directory %" PRIu64 ": %s",
 			     req->ino, strerror(-status));

@@ -259,6 +259,14 @@ void efs_inval_set_session(struct efs_inval *iv, struct fuse_session *se)
 	pthread_mutex_unlock(&iv->mu);
 }
 
+int efs_inval_release_status(int status)
+{
+	if (status == -ENODEV || status == -EBADF || status == -ENOTCONN ||
+	    status == -ECANCELED || status == -ENOSYS)
+		return 0;
+	return status;
+}
+
 int efs_inval_submit(struct efs_inval *iv, struct efs_inval_req *req)
 {
 	struct inval_class *c;

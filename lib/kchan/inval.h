@@ -112,6 +112,10 @@ void efs_inval_set_session(struct efs_inval *iv, struct fuse_session *se);
  * -ESHUTDOWN (stopping), -ENOMEM; the callback never runs then.
  */
 int efs_inval_submit(struct efs_inval *iv, struct efs_inval_req *req);
+/* A completion status as a lock release sees it: a kernel connection
+ * that is gone (unmounted, stopping, cancelled) or never had
+ * notifications caches nothing that could go stale, so those are 0. */
+int efs_inval_release_status(int status);
 
 /*
  * Stops: requests still queued complete with -ECANCELED, the ones being

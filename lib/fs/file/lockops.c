@@ -68,11 +68,7 @@ static void linval_done(struct efs_inval_req *req, int status)
 
 	efs_list_del(&v->link);
 	efs_mem_free(v);
-	/* A kernel connection that is gone (unmounted, stopping) or never
-	 * had notifications caches nothing that could go stale. */
-	if (status == -ENODEV || status == -EBADF || status == -ENOTCONN ||
-	    status == -ECANCELED || status == -ENOSYS)
-		status = 0;
+	status = efs_inval_release_status(status);
 	if (status < 0)
 		efs_log_warn("data: invalidating the kernel's cache of inode %" PRIu64 ": %s",
 			     req->ino, strerror(-status));
