@@ -14,18 +14,20 @@
  * efs_etcd_call() callback. Calling each callback through its own type
  * (rather than casting function pointers) keeps this well-defined C.
  */
+union kv_cb {
+	efs_etcd_range_cb range;
+	efs_etcd_put_cb put;
+	efs_etcd_delete_cb del;
+	efs_etcd_txn_cb txn;
+	efs_etcd_compact_cb compact;
+	efs_etcd_status_cb status;
+	efs_etcd_member_list_cb member_list;
+	efs_etcd_authenticate_cb authenticate;
+};
+
 struct kv_call {
 	enum efs_etcd_method method;
-	union {
-		efs_etcd_range_cb range;
-		efs_etcd_put_cb put;
-		efs_etcd_delete_cb del;
-		efs_etcd_txn_cb txn;
-		efs_etcd_compact_cb compact;
-		efs_etcd_status_cb status;
-		efs_etcd_member_list_cb member_list;
-		efs_etcd_authenticate_cb authenticate;
-	} cb;
+	union kv_cb cb; /* the member that |method| names */
 	void *arg;
 };
 
@@ -66,26 +68,26 @@ static void kv_call_done(struct efs_etcd_result *r, void *arg)
 	}
 }
 
-/* Starts |method| with a typed callback already stored in |k| (taken). */
+/*
+ * Starts |method| with |req|; |cb| is the member of the union that |method|
+ * names, and it runs with |arg| unless this returns an error (-ENOMEM, or
+ * efs_etcd_call()'s).
+ */
 static int kv_start(struct efs_etcd *c, enum efs_etcd_method method, const ProtobufCMessage *req,
-		    const struct efs_etcd_callopts *co, struct kv_call *k)
+		    const struct efs_etcd_callopts *co, union kv_cb cb, void *arg)
 {
+	struct kv_call *k = efs_mem_calloc(1, sizeof(*k));
 	int r;
 
+	if (!k)
+		return -ENOMEM;
 	k->method = method;
+	k->cb = cb;
+	k->arg = arg;
 	r = efs_etcd_call(c, method, req, co, kv_call_done, k, NULL);
 	if (r < 0)
 		efs_mem_free(k);
 	return r;
-}
-
-static struct kv_call *kv_call_new(void *arg)
-{
-	struct kv_call *k = efs_mem_calloc(1, sizeof(*k));
-
-	if (k)
-		k->arg = arg;
-	return k;
 }
 
 static int range_bounds(const void *key, size_t keylen, bool prefix, const void *range_end,
@@ -142,7 +144,6 @@ int efs_etcd_range(struct efs_etcd *c, const void *key, size_t keylen,
 {
 	Etcdserverpb__RangeRequest req = ETCDSERVERPB__RANGE_REQUEST__INIT;
 	uint8_t *pbuf = NULL;
-	struct kv_call *k;
 	int r;
 
 	if (!cb || !key || keylen == 0)
@@ -155,12 +156,7 @@ int efs_etcd_range(struct efs_etcd *c, const void *key, size_t keylen,
 	r = efs_etcd_range_fill(&req, key, keylen, o, pbuf);
 	if (r < 0)
 		goto out_free_pbuf;
-	r = -ENOMEM;
-	k = kv_call_new(arg);
-	if (!k)
-		goto out_free_pbuf;
-	k->cb.range = cb;
-	r = kv_start(c, EFS_ETCD_RANGE, &req.base, co, k);
+	r = kv_start(c, EFS_ETCD_RANGE, &req.base, co, (union kv_cb){.range = cb}, arg);
 out_free_pbuf:
 	efs_mem_free(pbuf);
 	return r;
@@ -171,7 +167,6 @@ int efs_etcd_put(struct efs_etcd *c, const void *key, size_t keylen, const void 
 		 const struct efs_etcd_callopts *co, efs_etcd_put_cb cb, void *arg)
 {
 	Etcdserverpb__PutRequest req = ETCDSERVERPB__PUT_REQUEST__INIT;
-	struct kv_call *k;
 
 	if (!cb || !key || keylen == 0 || (vallen && !value))
 		return -EINVAL;
@@ -185,11 +180,7 @@ int efs_etcd_put(struct efs_etcd *c, const void *key, size_t keylen, const void 
 		req.ignore_value = o->ignore_value;
 		req.ignore_lease = o->ignore_lease;
 	}
-	k = kv_call_new(arg);
-	if (!k)
-		return -ENOMEM;
-	k->cb.put = cb;
-	return kv_start(c, EFS_ETCD_PUT, &req.base, co, k);
+	return kv_start(c, EFS_ETCD_PUT, &req.base, co, (union kv_cb){.put = cb}, arg);
 }
 
 int efs_etcd_delete(struct efs_etcd *c, const void *key, size_t keylen,
@@ -198,7 +189,6 @@ int efs_etcd_delete(struct efs_etcd *c, const void *key, size_t keylen,
 {
 	Etcdserverpb__DeleteRangeRequest req = ETCDSERVERPB__DELETE_RANGE_REQUEST__INIT;
 	uint8_t *pbuf = NULL;
-	struct kv_call *k;
 	int r;
 
 	if (!cb || !key || keylen == 0)
@@ -215,12 +205,7 @@ int efs_etcd_delete(struct efs_etcd *c, const void *key, size_t keylen,
 	req.key.data = (uint8_t *)key;
 	req.key.len = keylen;
 	req.prev_kv = o && o->prev_kv;
-	r = -ENOMEM;
-	k = kv_call_new(arg);
-	if (!k)
-		goto out_free_pbuf;
-	k->cb.del = cb;
-	r = kv_start(c, EFS_ETCD_DELETE_RANGE, &req.base, co, k);
+	r = kv_start(c, EFS_ETCD_DELETE_RANGE, &req.base, co, (union kv_cb){.del = cb}, arg);
 out_free_pbuf:
 	efs_mem_free(pbuf);
 	return r;
@@ -229,62 +214,43 @@ out_free_pbuf:
 int efs_etcd_txn(struct efs_etcd *c, const Etcdserverpb__TxnRequest *req,
 		 const struct efs_etcd_callopts *co, efs_etcd_txn_cb cb, void *arg)
 {
-	struct kv_call *k;
 
 	if (!cb || !req)
 		return -EINVAL;
-	k = kv_call_new(arg);
-	if (!k)
-		return -ENOMEM;
-	k->cb.txn = cb;
-	return kv_start(c, EFS_ETCD_TXN, &req->base, co, k);
+	return kv_start(c, EFS_ETCD_TXN, &req->base, co, (union kv_cb){.txn = cb}, arg);
 }
 
 int efs_etcd_compact(struct efs_etcd *c, int64_t revision, bool physical,
 		     const struct efs_etcd_callopts *co, efs_etcd_compact_cb cb, void *arg)
 {
 	Etcdserverpb__CompactionRequest req = ETCDSERVERPB__COMPACTION_REQUEST__INIT;
-	struct kv_call *k;
 
 	if (!cb || revision <= 0)
 		return -EINVAL;
 	req.revision = revision;
 	req.physical = physical;
-	k = kv_call_new(arg);
-	if (!k)
-		return -ENOMEM;
-	k->cb.compact = cb;
-	return kv_start(c, EFS_ETCD_COMPACT, &req.base, co, k);
+	return kv_start(c, EFS_ETCD_COMPACT, &req.base, co, (union kv_cb){.compact = cb}, arg);
 }
 
 int efs_etcd_status(struct efs_etcd *c, const struct efs_etcd_callopts *co,
 		    efs_etcd_status_cb cb, void *arg)
 {
 	Etcdserverpb__StatusRequest req = ETCDSERVERPB__STATUS_REQUEST__INIT;
-	struct kv_call *k;
 
 	if (!cb)
 		return -EINVAL;
-	k = kv_call_new(arg);
-	if (!k)
-		return -ENOMEM;
-	k->cb.status = cb;
-	return kv_start(c, EFS_ETCD_STATUS, &req.base, co, k);
+	return kv_start(c, EFS_ETCD_STATUS, &req.base, co, (union kv_cb){.status = cb}, arg);
 }
 
 int efs_etcd_member_list(struct efs_etcd *c, const struct efs_etcd_callopts *co,
 			 efs_etcd_member_list_cb cb, void *arg)
 {
 	Etcdserverpb__MemberListRequest req = ETCDSERVERPB__MEMBER_LIST_REQUEST__INIT;
-	struct kv_call *k;
 
 	if (!cb)
 		return -EINVAL;
-	k = kv_call_new(arg);
-	if (!k)
-		return -ENOMEM;
-	k->cb.member_list = cb;
-	return kv_start(c, EFS_ETCD_MEMBER_LIST, &req.base, co, k);
+	return kv_start(c, EFS_ETCD_MEMBER_LIST, &req.base, co, (union kv_cb){.member_list = cb},
+			arg);
 }
 
 int efs_etcd_authenticate(struct efs_etcd *c, const char *name, const char *password,
@@ -292,17 +258,13 @@ int efs_etcd_authenticate(struct efs_etcd *c, const char *name, const char *pass
 			  void *arg)
 {
 	Etcdserverpb__AuthenticateRequest req = ETCDSERVERPB__AUTHENTICATE_REQUEST__INIT;
-	struct kv_call *k;
 
 	if (!cb || !name || !password)
 		return -EINVAL;
 	req.name = (char *)name;
 	req.password = (char *)password;
-	k = kv_call_new(arg);
-	if (!k)
-		return -ENOMEM;
-	k->cb.authenticate = cb;
-	return kv_start(c, EFS_ETCD_AUTHENTICATE, &req.base, co, k);
+	return kv_start(c, EFS_ETCD_AUTHENTICATE, &req.base, co,
+			(union kv_cb){.authenticate = cb}, arg);
 }
 
 /* ---- Paged range ---- */
