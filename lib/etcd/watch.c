@@ -199,6 +199,40 @@ static void ready_push(struct efs_etcd_watch_stream *ws, struct wait_req *wr, in
 	kick_defer(ws, 0);
 }
 
+/* Readies |wr| now when |w| has delivered past wr->rev, else parks it on
+ * |w| until check_waits() sees that happen. */
+static void wait_on_rev(struct efs_etcd_watcher *w, struct wait_req *wr)
+{
+	if (w->next_rev > wr->rev) {
+		ready_push(w->ws, wr, 0);
+	} else {
+		wr->next = w->waits;
+		w->waits = wr;
+	}
+}
+
+/*
+ * A new wait on |w| that will call |cb| with |arg|, in |*ret|. -ECANCELED
+ * once |w| is done (nothing can satisfy a wait any more), -ENOMEM.
+ */
+static int wait_req_new(struct efs_etcd_watcher *w, efs_etcd_watch_wait_cb cb, void *arg,
+			struct wait_req **ret)
+{
+	struct wait_req *wr;
+
+	if (w->state == W_DONE)
+		return -ECANCELED;
+	wr = efs_mem_calloc(1, sizeof(*wr));
+	if (!wr)
+		return -ENOMEM;
+	wr->w = w;
+	wr->ws = w->ws;
+	wr->cb = cb;
+	wr->arg = arg;
+	*ret = wr;
+	return 0;
+}
+
 /* Moves the waits |w| has satisfied (or all of them, with |status|, when
  * |all|) to the ready list. */
 static void check_waits(struct efs_etcd_watcher *w, bool all, int status)
@@ -911,25 +945,15 @@ int efs_etcd_watch_wait_rev(struct efs_etcd_watcher *w, int64_t rev, efs_etcd_wa
 			    void *arg)
 {
 	struct wait_req *wr;
+	int r;
 
 	if (!w || !cb || rev < 0)
 		return -EINVAL;
-	if (w->state == W_DONE)
-		return -ECANCELED;
-	wr = efs_mem_calloc(1, sizeof(*wr));
-	if (!wr)
-		return -ENOMEM;
-	wr->w = w;
-	wr->ws = w->ws;
+	r = wait_req_new(w, cb, arg, &wr);
+	if (r < 0)
+		return r;
 	wr->rev = rev;
-	wr->cb = cb;
-	wr->arg = arg;
-	if (w->next_rev > rev) {
-		ready_push(w->ws, wr, 0);
-	} else {
-		wr->next = w->waits;
-		w->waits = wr;
-	}
+	wait_on_rev(w, wr);
 	return 0;
 }
 
@@ -958,12 +982,7 @@ static void barrier_put_done(struct efs_etcd_result *r, void *arg)
 		ready_push(ws, wr, -ECANCELED);
 	} else {
 		wr->rev = resp->header ? resp->header->revision : 0;
-		if (w->next_rev > wr->rev) {
-			ready_push(ws, wr, 0);
-		} else {
-			wr->next = w->waits;
-			w->waits = wr;
-		}
+		wait_on_rev(w, wr);
 	}
 }
 
@@ -976,15 +995,9 @@ int efs_etcd_watch_barrier(struct efs_etcd_watcher *w, const void *key, size_t k
 
 	if (!w || !key || !key_len || !cb || w->no_put)
 		return -EINVAL;
-	if (w->state == W_DONE)
-		return -ECANCELED;
-	wr = efs_mem_calloc(1, sizeof(*wr));
-	if (!wr)
-		return -ENOMEM;
-	wr->w = w;
-	wr->ws = w->ws;
-	wr->cb = cb;
-	wr->arg = arg;
+	r = wait_req_new(w, cb, arg, &wr);
+	if (r < 0)
+		return r;
 	req.key.data = (uint8_t *)key;
 	req.key.len = key_len;
 	r = efs_etcd_call(w->ws->c, EFS_ETCD_PUT, &req.base, NULL, barrier_put_done, wr, &wr->put);
