@@ -105,38 +105,12 @@ static int chunk_reserve(struct chunk *ch, size_t n)
 
 static int ptrs_reserve(struct efs_extmap *m, size_t n)
 {
-	struct chunk **c;
-	size_t cap;
-
-	if (n <= m->cap)
-		return 0;
-	cap = m->cap ? m->cap * 2 : 8;
-	while (cap < n)
-		cap *= 2;
-	c = efs_mem_realloc(m->c, cap * sizeof(*c));
-	if (!c)
-		return -ENOMEM;
-	m->c = c;
-	m->cap = cap;
-	return 0;
+	return efs_mem_reserve(&m->c, &m->cap, n, sizeof(*m->c));
 }
 
 static int dels_reserve(struct efs_extmap *m, size_t n)
 {
-	struct del *d;
-	size_t cap;
-
-	if (n <= m->dcap)
-		return 0;
-	cap = m->dcap ? m->dcap * 2 : 8;
-	while (cap < n)
-		cap *= 2;
-	d = efs_mem_realloc(m->d, cap * sizeof(*d));
-	if (!d)
-		return -ENOMEM;
-	m->d = d;
-	m->dcap = cap;
-	return 0;
+	return efs_mem_reserve(&m->d, &m->dcap, n, sizeof(*m->d));
 }
 
 static int runs_room(struct efs_runs *r, size_t n)

@@ -8,28 +8,6 @@
 #include "meta/records.h"
 #include "util/mem.h"
 
-/* Room for |n| runs in |r|: efs_runs keeps its growth private, so this one
- * grows the public fields the same way. 0 or -ENOMEM (|r| unchanged). */
-static int reserve(struct efs_runs *r, size_t n)
-{
-	struct efs_run *v;
-	size_t cap;
-
-	if (n <= r->cap)
-		return 0;
-	cap = r->cap ? r->cap * 2 : 8;
-	while (cap < n)
-		cap *= 2;
-	if (cap > SIZE_MAX / sizeof(*v))
-		return -ENOMEM;
-	v = efs_mem_realloc(r->v, cap * sizeof(*v));
-	if (!v)
-		return -ENOMEM;
-	r->v = v;
-	r->cap = cap;
-	return 0;
-}
-
 /* True when [start, start + len) is a non-empty run inside the group. */
 static bool in_group(const struct efs_freemap *fm, uint64_t start, uint64_t len)
 {
@@ -55,7 +33,7 @@ int efs_freemap_copy(struct efs_freemap *dst, const struct efs_freemap *src)
 {
 	struct efs_runs r = {0};
 
-	if (reserve(&r, src->free.n) < 0)
+	if (efs_runs_reserve(&r, src->free.n) < 0)
 		return -ENOMEM;
 	if (src->free.n)
 		memcpy(r.v, src->free.v, src->free.n * sizeof(*r.v));
@@ -85,7 +63,7 @@ int efs_freemap_from_msg(struct efs_freemap *fm, const Etcfs__AgMap *msg)
 		prev_end = x->start + x->len;
 		nfree += x->len;
 	}
-	if (reserve(&r, msg->n_free) < 0)
+	if (efs_runs_reserve(&r, msg->n_free) < 0)
 		return -ENOMEM;
 	for (size_t i = 0; i < msg->n_free; i++) {
 		r.v[i].start = msg->free[i]->start;
@@ -139,7 +117,7 @@ static int cut(struct efs_freemap *fm, size_t i, uint64_t start, uint64_t len)
 	uint64_t xe = x->start + x->len, end = start + len;
 
 	if (x->start < start && end < xe) {
-		if (reserve(r, r->n + 1) < 0)
+		if (efs_runs_reserve(r, r->n + 1) < 0)
 			return -ENOMEM;
 		x = &r->v[i];
 		memmove(&r->v[i + 2], &r->v[i + 1], (r->n - i - 1) * sizeof(*x));
@@ -262,7 +240,7 @@ int efs_freemap_put(struct efs_freemap *fm, uint64_t start, uint64_t len)
 		r->v[i].start = start;
 		r->v[i].len += len;
 	} else {
-		if (reserve(r, r->n + 1) < 0)
+		if (efs_runs_reserve(r, r->n + 1) < 0)
 			return -ENOMEM;
 		memmove(&r->v[i + 1], &r->v[i], (r->n - i) * sizeof(*r->v));
 		r->v[i].start = start;
@@ -343,7 +321,7 @@ int64_t efs_freemap_fold(struct efs_freemap *fm, const struct efs_run *runs, siz
 	 * Every run gives at most one piece inside and one outside the group,
 	 * and at most one repeat; the already-free pieces are bounded below.
 	 */
-	if (reserve(&in, n) < 0 || reserve(&dbl, 3 * n + old->n + 1) < 0)
+	if (efs_runs_reserve(&in, n) < 0 || efs_runs_reserve(&dbl, 3 * n + old->n + 1) < 0)
 		goto out;
 	for (size_t i = 0; i < n; i++) {
 		uint64_t s = runs[i].start, len = runs[i].len, e;
@@ -358,7 +336,7 @@ int64_t efs_freemap_fold(struct efs_freemap *fm, const struct efs_run *runs, siz
 	}
 	if (in.n > 1)
 		qsort(in.v, in.n, sizeof(*in.v), run_cmp);
-	if (reserve(&uni, in.n) < 0)
+	if (efs_runs_reserve(&uni, in.n) < 0)
 		goto out;
 	for (size_t i = 0; i < in.n; i++) {
 		uint64_t s = in.v[i].start, e = s + in.v[i].len;
@@ -376,8 +354,8 @@ int64_t efs_freemap_fold(struct efs_freemap *fm, const struct efs_run *runs, siz
 	 * A union run overlapping k free runs leaves at most k + 1 used pieces,
 	 * and there are at most uni.n + old->n overlapping pairs.
 	 */
-	if (reserve(&freed, 2 * uni.n + old->n + 1) < 0 ||
-	    reserve(&nf, 2 * uni.n + 2 * old->n + 1) < 0)
+	if (efs_runs_reserve(&freed, 2 * uni.n + old->n + 1) < 0 ||
+	    efs_runs_reserve(&nf, 2 * uni.n + 2 * old->n + 1) < 0)
 		goto out;
 	j = 0;
 	for (size_t i = 0; i < uni.n; i++) {
@@ -394,7 +372,7 @@ int64_t efs_freemap_fold(struct efs_freemap *fm, const struct efs_run *runs, siz
 		}
 		push(&freed, s, e);
 	}
-	if (dbl.n && reserve(double_freed, double_freed->n + dbl.n) < 0)
+	if (dbl.n && efs_runs_reserve(double_freed, double_freed->n + dbl.n) < 0)
 		goto out;
 	/* Merge the old free runs and the freed ones (disjoint, both sorted). */
 	j = 0;

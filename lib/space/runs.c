@@ -15,20 +15,7 @@ void efs_runs_done(struct efs_runs *r)
 
 int efs_runs_reserve(struct efs_runs *r, size_t n)
 {
-	struct efs_run *v;
-	size_t cap;
-
-	if (n <= r->cap)
-		return 0;
-	cap = r->cap ? r->cap * 2 : 8;
-	while (cap < n)
-		cap *= 2;
-	v = efs_mem_realloc(r->v, cap * sizeof(*v));
-	if (!v)
-		return -ENOMEM;
-	r->v = v;
-	r->cap = cap;
-	return 0;
+	return efs_mem_reserve(&r->v, &r->cap, n, sizeof(*r->v));
 }
 
 int efs_runs_add(struct efs_runs *r, uint64_t start, uint64_t len)

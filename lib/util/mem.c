@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "mem.h"
 
-#include <stdlib.h>
+#include <errno.h>
 #include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A counter rather than a flag so that a sweep can fail each allocation of a
@@ -88,6 +90,28 @@ void *efs_mem_memdup(const void *p, size_t n)
 	if (q && n)
 		memcpy(q, p, n);
 	return q;
+}
+
+int efs_mem_reserve(void *arrp, size_t *cap, size_t n, size_t size)
+{
+	size_t max = SIZE_MAX / size, ncap;
+	void *arr, *p;
+
+	if (n <= *cap)
+		return 0;
+	if (n > max)
+		return -ENOMEM;
+	ncap = *cap ? *cap : 8;
+	while (ncap < n)
+		ncap = ncap <= max / 2 ? ncap * 2 : max;
+	/* Through memcpy, since |arrp| is not a void ** but a T **. */
+	memcpy(&arr, arrp, sizeof(arr));
+	p = efs_mem_realloc(arr, ncap * size);
+	if (!p)
+		return -ENOMEM;
+	memcpy(arrp, &p, sizeof(p));
+	*cap = ncap;
+	return 0;
 }
 
 char *efs_mem_strndup(const char *s, size_t n)

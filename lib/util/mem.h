@@ -18,6 +18,15 @@ void efs_mem_free(void *ptr);
 char *efs_mem_strdup(const char *s);
 char *efs_mem_strndup(const char *s, size_t n);
 void *efs_mem_memdup(const void *p, size_t n);
+/*
+ * Makes room for |n| elements of |size| bytes in a growable heap array:
+ * |arrp| points to the array's pointer (of any object pointer type, NULL
+ * while empty) and |cap| to its capacity in elements. The capacity doubles,
+ * from 8, until it holds |n|, so that appending one at a time costs O(1)
+ * amortised. 0 (also when there is room already) or -ENOMEM (out of
+ * memory, or |n| elements overflow size_t), the array and |cap| untouched.
+ */
+int efs_mem_reserve(void *arrp, size_t *cap, size_t n, size_t size);
 
 /*
  * Failure injection. After efs_mem_fail_after(n), the allocation with index

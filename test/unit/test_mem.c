@@ -1,4 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+#include <errno.h>
+#include <stdint.h>
 #include <string.h>
 
 #include <criterion/criterion.h>
@@ -53,5 +55,33 @@ Test(mem, protobuf_and_nghttp2_tables_route_through_the_counter)
 	p = pa->alloc(pa->allocator_data, 8);
 	cr_assert_not_null(p);
 	pa->free(pa->allocator_data, p);
+	efs_test_assert_no_leaks();
+}
+
+Test(mem, reserve_doubles_from_eight_and_keeps_the_array_on_failure)
+{
+	uint32_t *v = NULL;
+	size_t cap = 0;
+
+	cr_assert_eq(efs_mem_reserve(&v, &cap, 0, sizeof(*v)), 0);
+	cr_assert_null(v);
+	cr_assert_eq(efs_mem_reserve(&v, &cap, 1, sizeof(*v)), 0);
+	cr_assert_eq(cap, 8);
+	v[0] = 7;
+	cr_assert_eq(efs_mem_reserve(&v, &cap, 8, sizeof(*v)), 0);
+	cr_assert_eq(cap, 8);
+	cr_assert_eq(efs_mem_reserve(&v, &cap, 9, sizeof(*v)), 0);
+	cr_assert_eq(cap, 16);
+	cr_assert_eq(efs_mem_reserve(&v, &cap, 100, sizeof(*v)), 0);
+	cr_assert_eq(cap, 128);
+	cr_assert_eq(v[0], 7);
+	efs_mem_fail_after(0);
+	cr_assert_eq(efs_mem_reserve(&v, &cap, 129, sizeof(*v)), -ENOMEM);
+	efs_mem_fail_reset();
+	cr_assert_eq(cap, 128);
+	cr_assert_eq(v[0], 7);
+	cr_assert_eq(efs_mem_reserve(&v, &cap, SIZE_MAX / 2, sizeof(*v)), -ENOMEM);
+	cr_assert_eq(cap, 128);
+	efs_mem_free(v);
 	efs_test_assert_no_leaks();
 }
