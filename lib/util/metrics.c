@@ -258,19 +258,30 @@ static struct metric *family_add(struct efs_metrics *m, struct family *f, bool c
 	return x;
 }
 
-struct efs_counter *efs_metrics_counter(struct efs_metrics *m, const char *name,
-					const char *help, const char *labels)
+/*
+ * The |type| metric |name| with |labels|: the registered one, else a new
+ * zeroed one of |size| bytes (a struct that starts with struct metric).
+ * NULL for an invalid name or labels, a name registered with another type,
+ * or -ENOMEM.
+ */
+static struct metric *metric_get(struct efs_metrics *m, const char *name, const char *help,
+				 enum metric_type type, const char *labels, size_t size)
 {
 	struct metric *found;
 	struct family *f;
 	bool created;
 
-	f = family_get(m, name, help, TYPE_COUNTER, labels, &found, &created);
+	f = family_get(m, name, help, type, labels, &found, &created);
 	if (!f || found)
-		return (struct efs_counter *)found;
-	return (struct efs_counter *)family_add(m, f, created,
-						efs_mem_calloc(1, sizeof(struct efs_counter)),
-						labels);
+		return found;
+	return family_add(m, f, created, efs_mem_calloc(1, size), labels);
+}
+
+struct efs_counter *efs_metrics_counter(struct efs_metrics *m, const char *name,
+					const char *help, const char *labels)
+{
+	return (struct efs_counter *)metric_get(m, name, help, TYPE_COUNTER, labels,
+						sizeof(struct efs_counter));
 }
 
 void efs_counter_add(struct efs_counter *c, uint64_t v)
@@ -344,15 +355,8 @@ double efs_gauge_get(const struct efs_gauge *g)
 struct efs_histogram *efs_metrics_histogram(struct efs_metrics *m, const char *name,
 					    const char *help, const char *labels)
 {
-	struct metric *found;
-	struct family *f;
-	bool created;
-
-	f = family_get(m, name, help, TYPE_HISTOGRAM, labels, &found, &created);
-	if (!f || found)
-		return (struct efs_histogram *)found;
-	return (struct efs_histogram *)family_add(
-		m, f, created, efs_mem_calloc(1, sizeof(struct efs_histogram)), labels);
+	return (struct efs_histogram *)metric_get(m, name, help, TYPE_HISTOGRAM, labels,
+						  sizeof(struct efs_histogram));
 }
 
 void efs_histogram_observe_ns(struct efs_histogram *h, uint64_t ns)
