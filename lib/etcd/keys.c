@@ -78,38 +78,42 @@ int efs_etcd_key_cmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t ble
 
 /* ---- Big-endian integers ---- */
 
-void efs_etcd_be32_put(uint8_t out[4], uint32_t v)
+/* |n| bytes of |v|, most significant first: the one byte order of keys. */
+static void be_put(uint8_t *out, uint64_t v, int n)
 {
-	for (int i = 3; i >= 0; i--) {
+	for (int i = n - 1; i >= 0; i--) {
 		out[i] = (uint8_t)v;
 		v >>= 8;
 	}
+}
+
+static uint64_t be_get(const uint8_t *in, int n)
+{
+	uint64_t v = 0;
+
+	for (int i = 0; i < n; i++)
+		v = v << 8 | in[i];
+	return v;
+}
+
+void efs_etcd_be32_put(uint8_t out[4], uint32_t v)
+{
+	be_put(out, v, 4);
 }
 
 uint32_t efs_etcd_be32_get(const uint8_t in[4])
 {
-	uint32_t v = 0;
-
-	for (int i = 0; i < 4; i++)
-		v = v << 8 | in[i];
-	return v;
+	return (uint32_t)be_get(in, 4);
 }
 
 void efs_etcd_be64_put(uint8_t out[8], uint64_t v)
 {
-	for (int i = 7; i >= 0; i--) {
-		out[i] = (uint8_t)v;
-		v >>= 8;
-	}
+	be_put(out, v, 8);
 }
 
 uint64_t efs_etcd_be64_get(const uint8_t in[8])
 {
-	uint64_t v = 0;
-
-	for (int i = 0; i < 8; i++)
-		v = v << 8 | in[i];
-	return v;
+	return be_get(in, 8);
 }
 
 /* Two's complement with the sign bit flipped is offset binary, whose
