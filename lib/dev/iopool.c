@@ -275,6 +275,17 @@ static ssize_t run_io(struct efs_iopool *p, struct efs_io *io)
 	return res;
 }
 
+/* Appends |io| (next already NULL) to the FIFO |*head| .. |*tail|; the
+ * caller holds the FIFO's mutex. */
+static void fifo_push(struct efs_io **head, struct efs_io **tail, struct efs_io *io)
+{
+	if (*tail)
+		(*tail)->next = io;
+	else
+		*head = io;
+	*tail = io;
+}
+
 static void *worker(void *arg)
 {
 	struct efs_iopool *p = arg;
@@ -301,11 +312,7 @@ static void *worker(void *arg)
 		io->start_ns = efs_clock_mono_ns() - io->start_ns;
 
 		pthread_mutex_lock(&p->done_mu);
-		if (p->dtail)
-			p->dtail->next = io;
-		else
-			p->dhead = io;
-		p->dtail = io;
+		fifo_push(&p->dhead, &p->dtail, io);
 		pthread_mutex_unlock(&p->done_mu);
 		uv_async_send(p->async);
 	}
@@ -521,11 +528,7 @@ int efs_iopool_submit(struct efs_iopool *p, struct efs_io *io)
 	efs_gauge_set(p->g_inflight, (double)p->inflight);
 
 	pthread_mutex_lock(&p->mu);
-	if (p->qtail)
-		p->qtail->next = io;
-	else
-		p->qhead = io;
-	p->qtail = io;
+	fifo_push(&p->qhead, &p->qtail, io);
 	pthread_cond_signal(&p->cv);
 	pthread_mutex_unlock(&p->mu);
 	return 0;
