@@ -166,6 +166,9 @@ typedef struct efs_check_state_priv state_t;
 
 /* state.c: the state read, lookups and descriptions. */
 
+/* |arr|, holding |n| elements of |size| bytes in a capacity of *|cap|, with
+ * room for one more (efs_mem_reserve()'s growth): itself or its new address.
+ * NULL on -ENOMEM, |arr| and *|cap| untouched. */
 void *efs_check__grow(void *arr, size_t *cap, size_t n, size_t size);
 __attribute__((format(printf, 1, 0))) char *efs_check__vfmt(const char *fmt, va_list ap);
 void efs_check__key_text(const state_t *st, const uint8_t *key, size_t len, char *buf, size_t size);

@@ -19,17 +19,9 @@
 
 void *efs_check__grow(void *arr, size_t *cap, size_t n, size_t size)
 {
-	size_t ncap;
-	void *p;
-
-	if (n < *cap)
-		return arr;
-	ncap = *cap ? *cap * 2 : 64;
-	p = efs_mem_realloc(arr, ncap * size);
-	if (!p)
+	if (efs_mem_reserve(&arr, cap, n + 1, size) < 0)
 		return NULL;
-	*cap = ncap;
-	return p;
+	return arr;
 }
 
 __attribute__((format(printf, 1, 0))) char *efs_check__vfmt(const char *fmt, va_list ap)
