@@ -204,6 +204,9 @@ struct efs_check_op *efs_check__op_put(state_t *st, struct efs_check_finding *f,
 void efs_check__op_patch(state_t *st, struct efs_check_finding *f, struct ino_ent *e,
 			 bool set_nlink, uint32_t nlink, bool set_parent, uint64_t parent);
 void efs_check__op_require(state_t *st, struct efs_check_finding *f, uint64_t ino);
+/* Adds to |f| the op that sets the inode counter to |next|, and makes |next|
+ * the counter the later stages see (st->hyp_counter). */
+void efs_check__op_counter(state_t *st, struct efs_check_finding *f, uint64_t next);
 
 /* load.c: reading the keyspace. */
 

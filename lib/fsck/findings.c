@@ -110,6 +110,18 @@ void efs_check__op_del_dirent(state_t *st, struct efs_check_finding *f, size_t d
 		efs_check__op_del(st, f, k.buf, k.len, d->mod);
 }
 
+void efs_check__op_counter(state_t *st, struct efs_check_finding *f, uint64_t next)
+{
+	struct efs_check_op *op = efs_check__add_op(st, f, OP_COUNTER);
+
+	if (op) {
+		if (efs_meta_key_ino_counter(&st->ns, &op->key) < 0)
+			st->err = -EINVAL;
+		op->counter = next;
+	}
+	st->hyp_counter = next;
+}
+
 /* Puts a packed |msg| at |key|, which must have |mod| (0: must not exist). */
 struct efs_check_op *efs_check__op_put(state_t *st, struct efs_check_finding *f,
 				       const struct efs_meta_key *key, const ProtobufCMessage *msg,

@@ -387,13 +387,7 @@ void efs_check__stage_lost_found(state_t *st)
 		op = efs_check__op_put(st, f, &key, &de.base, 0);
 		if (op)
 			op->de = di;
-		op = efs_check__add_op(st, f, OP_COUNTER);
-		if (op) {
-			if (efs_meta_key_ino_counter(&st->ns, &op->key) < 0)
-				st->err = -EINVAL;
-			op->counter = ino + 1;
-		}
-		st->hyp_counter = ino + 1;
+		efs_check__op_counter(st, f, ino + 1);
 		st->counter_bad = false;
 		st->counter_present = true;
 		st->max_ino = ino;

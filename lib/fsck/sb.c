@@ -14,7 +14,6 @@
 void efs_check__stage_counter(state_t *st)
 {
 	struct efs_check_finding *f;
-	struct efs_check_op *op;
 	uint64_t max = 0;
 
 	for (size_t i = 0; i < st->n_inos; i++)
@@ -39,13 +38,7 @@ void efs_check__stage_counter(state_t *st)
 				       " exists: new files would reuse numbers",
 				       st->hyp_counter, max);
 	efs_check__set_repair(st, f, "set it to %" PRIu64, max + 1);
-	op = efs_check__add_op(st, f, OP_COUNTER);
-	if (op) {
-		if (efs_meta_key_ino_counter(&st->ns, &op->key) < 0)
-			st->err = -EINVAL;
-		op->counter = max + 1;
-	}
-	st->hyp_counter = max + 1;
+	efs_check__op_counter(st, f, max + 1);
 }
 
 void efs_check__stage_sb(state_t *st)
