@@ -170,6 +170,9 @@ typedef struct efs_check_state_priv state_t;
  * room for one more (efs_mem_reserve()'s growth): itself or its new address.
  * NULL on -ENOMEM, |arr| and *|cap| untouched. */
 void *efs_check__grow(void *arr, size_t *cap, size_t n, size_t size);
+/* A zeroed element |n| (the caller counts it) of the array that |arrp|
+ * points to, grown like efs_mem_reserve() does. NULL with st->err = -ENOMEM. */
+void *efs_check__slot(state_t *st, void *arrp, size_t *cap, size_t n, size_t size);
 __attribute__((format(printf, 1, 0))) char *efs_check__vfmt(const char *fmt, va_list ap);
 void efs_check__key_text(const state_t *st, const uint8_t *key, size_t len, char *buf, size_t size);
 struct ino_ent *efs_check__find_ino(state_t *st, uint64_t ino);

@@ -17,19 +17,14 @@ efs_check__finding(state_t *st, enum efs_check_inv inv, enum efs_check_severity 
 		   const char *fmt, ...)
 {
 	struct efs_check_report *rep = st->rep;
-	struct efs_check_finding *f, *arr;
+	struct efs_check_finding *f;
 	va_list ap;
 
 	if (st->err)
 		return NULL;
-	arr = efs_check__grow(rep->findings, &st->cap_findings, rep->n_findings, sizeof(*arr));
-	if (!arr) {
-		st->err = -ENOMEM;
+	f = efs_check__slot(st, &rep->findings, &st->cap_findings, rep->n_findings, sizeof(*f));
+	if (!f)
 		return NULL;
-	}
-	rep->findings = arr;
-	f = &rep->findings[rep->n_findings];
-	memset(f, 0, sizeof(*f));
 	f->inv = inv;
 	f->severity = sev;
 	va_start(ap, fmt);

@@ -30,16 +30,11 @@
 static struct key_ent *add_key(state_t *st, const Mvccpb__KeyValue *kv,
 			       const struct efs_meta_key_info *ki)
 {
-	struct key_ent *arr, *k;
+	struct key_ent *k;
 
-	arr = efs_check__grow(st->keys, &st->cap_keys, st->n_keys, sizeof(*arr));
-	if (!arr) {
-		st->err = -ENOMEM;
+	k = efs_check__slot(st, &st->keys, &st->cap_keys, st->n_keys, sizeof(*k));
+	if (!k)
 		return NULL;
-	}
-	st->keys = arr;
-	k = &arr[st->n_keys];
-	memset(k, 0, sizeof(*k));
 	k->key = efs_mem_memdup(kv->key.data, kv->key.len);
 	if (!k->key) {
 		st->err = -ENOMEM;

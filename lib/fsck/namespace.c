@@ -360,7 +360,7 @@ void efs_check__stage_lost_found(state_t *st)
 		Etcfs__Dirent de = ETCFS__DIRENT__INIT;
 		struct efs_meta_key ikey;
 		struct efs_check_op *op;
-		struct ino_ent *arr, *e;
+		struct ino_ent *e;
 		uint64_t ino = st->max_ino + 1;
 		size_t di;
 
@@ -391,14 +391,10 @@ void efs_check__stage_lost_found(state_t *st)
 		st->counter_bad = false;
 		st->counter_present = true;
 		st->max_ino = ino;
-		arr = efs_check__grow(st->inos, &st->cap_inos, st->n_inos, sizeof(*arr));
-		if (!arr) {
-			st->err = -ENOMEM;
+		e = efs_check__slot(st, &st->inos, &st->cap_inos, st->n_inos, sizeof(*e));
+		if (!e)
 			return;
-		}
-		st->inos = arr;
-		e = &arr[st->n_inos++];
-		memset(e, 0, sizeof(*e));
+		st->n_inos++;
 		e->ino = ino;
 		e->mode = in.mode;
 		e->nlink = e->hyp_nlink = 2;

@@ -24,6 +24,19 @@ void *efs_check__grow(void *arr, size_t *cap, size_t n, size_t size)
 	return arr;
 }
 
+void *efs_check__slot(state_t *st, void *arrp, size_t *cap, size_t n, size_t size)
+{
+	char *arr;
+
+	if (efs_mem_reserve(arrp, cap, n + 1, size) < 0) {
+		st->err = -ENOMEM;
+		return NULL;
+	}
+	memcpy(&arr, arrp, sizeof(arr));
+	memset(arr + n * size, 0, size);
+	return arr + n * size;
+}
+
 __attribute__((format(printf, 1, 0))) char *efs_check__vfmt(const char *fmt, va_list ap)
 {
 	va_list aq;
@@ -189,16 +202,11 @@ void efs_check__de_desc(state_t *st, const struct de_ent *d, char *buf, size_t s
 size_t efs_check__add_de(state_t *st, uint64_t parent, const char *name, size_t len, uint64_t ino,
 			 uint32_t type, int64_t mod)
 {
-	struct de_ent *arr, *d;
+	struct de_ent *d;
 
-	arr = efs_check__grow(st->des, &st->cap_des, st->n_des, sizeof(*arr));
-	if (!arr) {
-		st->err = -ENOMEM;
+	d = efs_check__slot(st, &st->des, &st->cap_des, st->n_des, sizeof(*d));
+	if (!d)
 		return NONE;
-	}
-	st->des = arr;
-	d = &arr[st->n_des];
-	memset(d, 0, sizeof(*d));
 	d->name = efs_mem_strndup(name, len);
 	if (!d->name) {
 		st->err = -ENOMEM;
