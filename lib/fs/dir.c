@@ -41,7 +41,7 @@ struct dir_state {
 	size_t prep_to;	   /* readdirplus: entries below it were prepared by this op */
 	struct efs_fs_inode **pins; /* refs held on the prepared entries until the op ends */
 	size_t npins;
-	bool in_build; /* plus_lock_page() runs inside dir_build(): no resume from there */
+	bool in_list; /* plus_lock_page() runs inside dir_list(): no resume from there */
 	bool reread;   /* readdirplus: stale names were read again once by this op */
 	struct plus_lock **locks;
 	size_t nlocks, pending;
@@ -136,7 +136,7 @@ static int ents_add(struct efs_fs_handle *h, const uint8_t *name, size_t len, ui
 }
 
 static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg);
-static int dir_build(struct efs_fs_op *op);
+static int dir_list(struct efs_fs_op *op);
 static int fetch_attrs(struct efs_fs_op *op);
 
 /* Reads the attributes of entries [attr_from, attr_to) for readdirplus. */
@@ -176,7 +176,7 @@ static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *r
 			efs_counter_inc(op->fs->m_retries);
 			return;
 		}
-		efs_fs_op_resume_build(op, -EIO);
+		efs_fs_op_resume_prepare(op, -EIO);
 		return;
 	}
 	for (size_t j = 0; j < resp->n_responses && i < st->attr_to; j++, i++) {
@@ -209,20 +209,20 @@ static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *r
 		int e = fetch_attrs(op);
 
 		if (e < 0)
-			efs_fs_op_resume_build(op, -EIO);
+			efs_fs_op_resume_prepare(op, -EIO);
 		return;
 	}
-	efs_fs_op_resume_build(op, 0);
+	efs_fs_op_resume_prepare(op, 0);
 }
 
 static void plus_locks_done(struct efs_fs_op *op)
 {
 	struct dir_state *st = op->priv;
 
-	if (st->pending || st->in_build)
+	if (st->pending || st->in_list)
 		return;
 	if (fetch_attrs(op) < 0)
-		efs_fs_op_resume_build(op, -EIO);
+		efs_fs_op_resume_prepare(op, -EIO);
 }
 
 static void plus_lock_cb(struct efs_lock_req *req, int status)
@@ -336,7 +336,7 @@ static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 	int e;
 
 	if (r->err) {
-		efs_fs_op_resume_build(op, -EIO);
+		efs_fs_op_resume_prepare(op, -EIO);
 		return;
 	}
 	for (size_t i = 0; i < resp->n_kvs; i++) {
@@ -356,7 +356,7 @@ static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 		e = ents_add(h, info.name, info.name_len, de->ino, de->type);
 		efs_meta_record_free(de);
 		if (e < 0) {
-			efs_fs_op_resume_build(op, e);
+			efs_fs_op_resume_prepare(op, e);
 			return;
 		}
 		h->ents[h->nents - 1].dir_mseq = st->fetch_mseq;
@@ -365,7 +365,7 @@ static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 	if (!resp->more || resp->n_kvs == 0)
 		h->complete = true;
 	/* readdirplus prepares the entries when it is about to emit them. */
-	efs_fs_op_resume_build(op, 0);
+	efs_fs_op_resume_prepare(op, 0);
 }
 
 static int fetch_page(struct efs_fs_op *op)
@@ -519,7 +519,7 @@ static bool needs_prep(struct efs_fs_op *op, size_t i)
  * operation, takes the shared locks not held yet and reads their records,
  * so that each goes out with a cacheable dentry. Entries prepared by
  * an earlier reply lost their inodes when it ended, hence once per reply.
- * Returns 1 when the build resumes later, 0 when nothing needs doing.
+ * Returns 1 when the listing resumes later, 0 when nothing needs doing.
  */
 static int prep_entries(struct efs_fs_op *op, size_t i)
 {
@@ -556,9 +556,9 @@ static int prep_entries(struct efs_fs_op *op, size_t i)
 	st->page_first = i;
 	st->attr_from = i;
 	st->attr_to = end;
-	st->in_build = true;
+	st->in_list = true;
 	plus_lock_page(op);
-	st->in_build = false;
+	st->in_list = false;
 	/* Locks all cached already: read the records now. Should the read not
 	 * go out, the entries go out uncached. */
 	if (st->pending == 0 && fetch_attrs(op) < 0)
@@ -566,7 +566,9 @@ static int prep_entries(struct efs_fs_op *op, size_t i)
 	return 1;
 }
 
-static int dir_build(struct efs_fs_op *op)
+/* The listing is the prepare step: it waits for pages of names and for
+ * the locks and records of the entries readdirplus sends, and answers. */
+static int dir_list(struct efs_fs_op *op)
 {
 	struct dir_state *st = op->priv;
 	struct efs_fs_handle *h = op->h;
@@ -660,14 +662,16 @@ static void readdir_done(struct efs_fs_op *op)
 static const struct efs_fs_opdesc readdir_desc = {
 	.code = EFS_FS_OP_READDIR,
 	.plan = readdir_plan,
-	.build = dir_build,
+	.prepare = dir_list,
+	.build = efs_fs_no_build, /* the listing answers */
 	.done = readdir_done,
 };
 
 static const struct efs_fs_opdesc readdirplus_desc = {
 	.code = EFS_FS_OP_READDIRPLUS,
 	.plan = readdir_plan,
-	.build = dir_build,
+	.prepare = dir_list,
+	.build = efs_fs_no_build, /* the listing answers */
 	.done = readdir_done,
 };
 

@@ -496,11 +496,17 @@ struct efs_fs_op {
  * What an operation plugs into the engine. |plan| fills slots and kv
  * (efs_fs_want, efs_fs_want_kv) and may answer now (EFS_FS_DONE after
  * replying, or a negative errno); it runs before the first load and after
- * every load. |build| adds the operation's part of the transaction (the
- * engine adds the guards and the inode writes of op->out) or answers
- * (EFS_FS_DONE) for read-only operations, or waits (EFS_FS_WAIT: it resumes
- * with efs_fs_op_resume_build). |done| replies after a commit (the cache
- * already holds op->out).
+ * every load. |prepare| (optional) runs once the locks are held and the
+ * records loaded, before every build (again before each rebuild): the one
+ * step that may wait (EFS_FS_WAIT, resumed with efs_fs_op_resume_prepare)
+ * for what the build needs and the plan cannot read (the map token, a
+ * device fdatasync, a range lock, an extent map, an ancestor walk, a
+ * listing's pages); EFS_FS_CONT goes on to build, EFS_FS_DONE (after
+ * replying) or a negative errno ends the operation. |build| never waits:
+ * it adds the operation's part of the transaction (the engine adds the
+ * guards and the inode writes of op->out) and returns EFS_FS_CONT, or
+ * answers (EFS_FS_DONE) for read-only operations, or fails. |done|
+ * replies after a commit (the cache already holds op->out).
  */
 /*
  * What the inode cache tells its clients (the data path registers them):
@@ -533,6 +539,7 @@ struct efs_fs_opdesc {
 	 * decides between delete and orphan from the open count). */
 	bool mx_all;
 	int (*plan)(struct efs_fs_op *op);
+	int (*prepare)(struct efs_fs_op *op);
 	int (*build)(struct efs_fs_op *op);
 	void (*done)(struct efs_fs_op *op);
 	/* Optional. Each commit attempt's outcome: COMMITTED (|rev| the
@@ -570,9 +577,10 @@ void efs_fs_op_run(struct efs_fs_op *op);
 /* Replies |err| (a negative errno; 0: the operation replied already) if no
  * reply was sent, releases everything and frees |op|. */
 void efs_fs_op_finish(struct efs_fs_op *op, int err);
-/* Resumes an operation whose build returned EFS_FS_WAIT: |err| < 0 ends it. */
-void efs_fs_op_resume_build(struct efs_fs_op *op, int err);
-/* Instead of resuming a waiting build: starts over from the session step
+/* Resumes an operation whose prepare returned EFS_FS_WAIT: prepare runs
+ * again; |err| < 0 ends the operation with that error instead. */
+void efs_fs_op_resume_prepare(struct efs_fs_op *op, int err);
+/* Instead of resuming a waiting prepare: starts over from the session step
  * with every record reloaded and planned again (what a compare failure
  * does), as a retry; -EIO once the retries are spent. */
 void efs_fs_op_restart(struct efs_fs_op *op);

@@ -97,6 +97,7 @@ static void step_acquire(struct efs_fs_op *op);
 static void step_load(struct efs_fs_op *op);
 static void step_loaded(struct efs_fs_op *op);
 static void step_prepare(struct efs_fs_op *op);
+static void step_op_prepare(struct efs_fs_op *op);
 static void step_build(struct efs_fs_op *op);
 
 /* ---- Small helpers ---- */
@@ -1484,6 +1485,10 @@ static void step_prepare(struct efs_fs_op *op)
 		efs_fs_op_finish(op, op->wait_err);
 		return;
 	}
+	if (op->d->mutates && op->fs->read_only) {
+		efs_fs_op_finish(op, -EROFS);
+		return;
+	}
 	if (op->d->grows && efs_capacity_check_growth(op->fs->cap) < 0) {
 		efs_fs_op_finish(op, -ENOSPC);
 		return;
@@ -1513,16 +1518,33 @@ static void step_prepare(struct efs_fs_op *op)
 		}
 		op->newin->refs++;
 	}
+	step_op_prepare(op);
+}
+
+/* The descriptor's own prepare, then the build. */
+static void step_op_prepare(struct efs_fs_op *op)
+{
+	int r;
+
+	if (op->d->prepare) {
+		r = op->d->prepare(op);
+		if (r == EFS_FS_WAIT)
+			return;
+		if (r < 0 || r == EFS_FS_DONE) {
+			efs_fs_op_finish(op, r < 0 ? r : 0);
+			return;
+		}
+	}
 	step_build(op);
 }
 
-void efs_fs_op_resume_build(struct efs_fs_op *op, int err)
+void efs_fs_op_resume_prepare(struct efs_fs_op *op, int err)
 {
 	if (err < 0) {
 		efs_fs_op_finish(op, err);
 		return;
 	}
-	step_build(op);
+	step_op_prepare(op);
 }
 
 void efs_fs_op_restart(struct efs_fs_op *op)
@@ -1664,10 +1686,6 @@ static void step_build(struct efs_fs_op *op)
 	int r;
 
 	reset_out(op);
-	if (op->d->mutates && fs->read_only) {
-		efs_fs_op_finish(op, -EROFS);
-		return;
-	}
 	if (op->d->mutates) {
 		r = ensure_txn(op);
 		if (r < 0) {
@@ -1676,8 +1694,14 @@ static void step_build(struct efs_fs_op *op)
 		}
 	}
 	r = op->d->build(op);
-	if (r == EFS_FS_WAIT)
-		return;
+	if (r == EFS_FS_WAIT) {
+		/* A build never waits (prepare does). */
+		efs_log_err("fs: %s: build asked to wait", efs_fs_op_names[op->d->code]);
+#if EFS_FAULT_HOOKS
+		abort(); /* test builds: a bug to find, not to survive */
+#endif
+		r = -EIO;
+	}
 	if (r < 0 || r == EFS_FS_DONE) {
 		efs_fs_op_finish(op, r < 0 ? r : 0);
 		return;

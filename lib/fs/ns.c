@@ -979,7 +979,7 @@ static void walk_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 	Etcfs__Inode *rec = NULL;
 
 	if (r->err) {
-		efs_fs_op_resume_build(op, -EIO);
+		efs_fs_op_resume_prepare(op, -EIO);
 		return;
 	}
 	if (resp->n_kvs == 0 ||
@@ -1028,7 +1028,7 @@ static void walk_step(struct efs_fs_op *op)
 		uint64_t par;
 
 		if (p->cur == target) {
-			efs_fs_op_resume_build(op, -EINVAL);
+			efs_fs_op_resume_prepare(op, -EINVAL);
 			return;
 		}
 		if (p->cur == EFS_META_ROOT_INO || p->cur == 0) {
@@ -1039,11 +1039,11 @@ static void walk_step(struct efs_fs_op *op)
 				continue;
 			}
 			p->walked = true;
-			efs_fs_op_resume_build(op, 0);
+			efs_fs_op_resume_prepare(op, 0);
 			return;
 		}
 		if (++p->depth > WALK_MAX) {
-			efs_fs_op_resume_build(op, -ELOOP);
+			efs_fs_op_resume_prepare(op, -ELOOP);
 			return;
 		}
 		par = walk_parent_cached(op, p->cur, &found);
@@ -1055,7 +1055,7 @@ static void walk_step(struct efs_fs_op *op)
 	if (r == 0)
 		r = efs_etcd_range(op->fs->c, k.buf, k.len, NULL, NULL, walk_cb, op);
 	if (r < 0)
-		efs_fs_op_resume_build(op, -EIO);
+		efs_fs_op_resume_prepare(op, -EIO);
 }
 
 /* One modified copy per distinct inode of the rename. */
@@ -1079,15 +1079,11 @@ static Etcfs__Inode *rn_get(struct efs_fs_op *op, struct rn_recs *rs, uint64_t i
 	return rs->rec[rs->n++];
 }
 
-static int rn_build(struct efs_fs_op *op)
+/* The growth guard for a new name, and the ancestor walk. */
+static int rn_prepare(struct efs_fs_op *op)
 {
 	struct rn_priv *p = op->priv;
 	bool exch = op->flags & RENAME_EXCHANGE;
-	bool cross = op->ino != op->ino2;
-	struct rn_recs rs = {0};
-	Etcfs__Inode *pr, *npr, *sr, *tr = NULL;
-	int64_t now = efs_fs_now();
-	int r = -ENOMEM;
 
 	if (!exch && !op->kv[1].found && efs_capacity_check_growth(op->fs->cap) < 0)
 		return -ENOSPC; /* a new name: metadata growth */
@@ -1100,6 +1096,19 @@ static int rn_build(struct efs_fs_op *op)
 		walk_step(op);
 		return EFS_FS_WAIT;
 	}
+	return EFS_FS_CONT;
+}
+
+static int rn_build(struct efs_fs_op *op)
+{
+	struct rn_priv *p = op->priv;
+	bool exch = op->flags & RENAME_EXCHANGE;
+	bool cross = op->ino != op->ino2;
+	struct rn_recs rs = {0};
+	Etcfs__Inode *pr, *npr, *sr, *tr = NULL;
+	int64_t now = efs_fs_now();
+	int r = -ENOMEM;
+
 	pr = rn_get(op, &rs, op->ino);
 	npr = rn_get(op, &rs, op->ino2);
 	sr = rn_get(op, &rs, op->child);
@@ -1211,6 +1220,7 @@ static const struct efs_fs_opdesc rename_desc = {
 	.origin = EFS_FS_ORIG_RENAME,
 	.mutates = true,
 	.plan = rn_plan,
+	.prepare = rn_prepare,
 	.build = rn_build,
 	.done = efs_fs_ok_done,
 };

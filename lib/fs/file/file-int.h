@@ -365,7 +365,12 @@ void efs_file_fsync_done(void *arg, int err);
 
 /* ---- The publisher (publish.c) ---- */
 
-int efs_file_pub_common(struct efs_fs_op *op, struct dpub *P);
+/* The two halves of a publication's engine steps (an operation whose
+ * hook_state is |P|): prepare takes the map token and fdatasyncs the
+ * device, waiting as needed; build snapshots the inodes and adds them
+ * and the allocator's contribution to the transaction, without waiting. */
+int efs_file_pub_prepare(struct efs_fs_op *op, struct dpub *P);
+int efs_file_pub_build(struct efs_fs_op *op, struct dpub *P);
 /* The outcome and release hooks of every publishing descriptor. */
 void efs_file_pub_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t rev);
 void efs_file_pub_release(struct efs_fs_op *op);

@@ -392,7 +392,7 @@ static void pub_sync_cb(struct efs_io *io, ssize_t res)
 		efs_log_warn("data: fdatasync of the device failed: %s", strerror((int)-res));
 		P->dev_err = true;
 		efs_file_wb_release_held(c, P);
-		efs_fs_op_resume_build(op, -EIO);
+		efs_fs_op_resume_prepare(op, -EIO);
 		return;
 	}
 	/* Writes that completed while the sync ran may not be covered by it:
@@ -407,7 +407,7 @@ static void pub_sync_cb(struct efs_io *io, ssize_t res)
 			c->hold++;
 		}
 	}
-	efs_fs_op_resume_build(op, 0);
+	efs_fs_op_resume_prepare(op, 0);
 }
 
 static void pub_begin_cb(int status, void *arg)
@@ -417,7 +417,7 @@ static void pub_begin_cb(int status, void *arg)
 
 	if (status < 0 && P)
 		P->dev_err = true;
-	efs_fs_op_resume_build(op, status < 0 ? -EIO : 0);
+	efs_fs_op_resume_prepare(op, status < 0 ? -EIO : 0);
 }
 
 #if EFS_FAULT_HOOKS
@@ -470,16 +470,15 @@ static void fault_arm(struct efs_fs *fs, struct dctl *c, struct dpub *P)
 #endif
 
 /*
- * The publication part of a build: token, fdatasync, snapshots of the
- * op's inodes, the allocator's contribution. EFS_FS_CONT (commit),
- * EFS_FS_WAIT, EFS_FS_DONE (nothing to publish) or a negative errno.
+ * What a publication waits for before its build: the map token, then an
+ * fdatasync of the device that covers every write completed so far.
+ * EFS_FS_CONT, EFS_FS_WAIT (resumed through the engine) or a negative
+ * errno.
  */
-int efs_file_pub_common(struct efs_fs_op *op, struct dpub *P)
+int efs_file_pub_prepare(struct efs_fs_op *op, struct dpub *P)
 {
 	struct efs_fs *fs = op->fs;
 	struct dctl *c = efs_file_ctl_of(fs);
-	struct budget b = {0};
-	size_t added = 0;
 	int e;
 
 	if (!P->t) {
@@ -508,6 +507,22 @@ int efs_file_pub_common(struct efs_fs_op *op, struct dpub *P)
 		P->syncing = true;
 		return EFS_FS_WAIT;
 	}
+	return EFS_FS_CONT;
+}
+
+/*
+ * The publication part of a build, once prepared: snapshots of the op's
+ * inodes and the allocator's contribution. EFS_FS_CONT (commit),
+ * EFS_FS_DONE (nothing to publish) or a negative errno.
+ */
+int efs_file_pub_build(struct efs_fs_op *op, struct dpub *P)
+{
+	struct efs_fs *fs = op->fs;
+	struct dctl *c = efs_file_ctl_of(fs);
+	struct budget b = {0};
+	size_t added = 0;
+	int e;
+
 	b.cmps = 2 + op->nslots; /* session guard, lock guards */
 	for (size_t i = 0; i < P->n; i++) {
 		struct dsnap *s = &P->s[i];
@@ -759,9 +774,14 @@ static int pub_plan(struct efs_fs_op *op)
 	return EFS_FS_CONT;
 }
 
+static int pub_prepare(struct efs_fs_op *op)
+{
+	return efs_file_pub_prepare(op, op->hook_state);
+}
+
 static int pub_build(struct efs_fs_op *op)
 {
-	return efs_file_pub_common(op, op->hook_state);
+	return efs_file_pub_build(op, op->hook_state);
 }
 
 static void pub_done(struct efs_fs_op *op)
@@ -774,6 +794,7 @@ static const struct efs_fs_opdesc pub_desc = {
 	.origin = EFS_FS_ORIG_PUBLISH,
 	.mutates = true,
 	.plan = pub_plan,
+	.prepare = pub_prepare,
 	.build = pub_build,
 	.done = pub_done,
 	.outcome = efs_file_pub_outcome,

@@ -226,32 +226,41 @@ static int prep_plan(struct efs_fs_op *op)
 	return efs_file_plan_regular(op, r->ino, r->mode);
 }
 
-static int prep_build(struct efs_fs_op *op)
+/* The in-core state and a map valid under the grant held. */
+static int prep_prepare(struct efs_fs_op *op)
 {
 	struct dreq *r = op->priv;
 	struct efs_fs *fs = op->fs;
 	struct efs_fs_inode *in = efs_fs_ifind(fs, r->ino);
-	struct efs_lock_req *lr = r->kind == RK_CFR && r->phase == 0 ? &r->lr_in : &r->lr;
-	bool *pinned = r->kind == RK_CFR && r->phase == 0 ? &r->pinned_in : &r->pinned;
 	struct efs_fs_data *d;
-	int e;
 
 	if (!in || !in->rec)
 		return -ENOENT;
 	d = efs_file_state_get(fs, in);
 	if (!d)
 		return -ENOMEM;
-	if (!efs_file_map_valid(fs, d)) {
-		if (efs_file_state_dirty(d)) {
-			/* Cannot be: a release publishes the state first
-			 * (lockops.c) and every change is made under a pin. */
-			efs_log_warn("data: inode %llu: dirty state lost its lock",
-				     (unsigned long long)r->ino);
-			d->broken = true;
-			return -EIO;
-		}
-		return efs_file_map_load(op, d);
+	if (efs_file_map_valid(fs, d))
+		return EFS_FS_CONT;
+	if (efs_file_state_dirty(d)) {
+		/* Cannot be: a release publishes the state first
+		 * (lockops.c) and every change is made under a pin. */
+		efs_log_warn("data: inode %llu: dirty state lost its lock",
+			     (unsigned long long)r->ino);
+		d->broken = true;
+		return -EIO;
 	}
+	return efs_file_map_load(op, d);
+}
+
+/* Pins the lock for the request and hands the request over. */
+static int prep_build(struct efs_fs_op *op)
+{
+	struct dreq *r = op->priv;
+	struct efs_fs *fs = op->fs;
+	struct efs_lock_req *lr = r->kind == RK_CFR && r->phase == 0 ? &r->lr_in : &r->lr;
+	bool *pinned = r->kind == RK_CFR && r->phase == 0 ? &r->pinned_in : &r->pinned;
+	int e;
+
 	if (!*pinned) {
 		memset(lr, 0, sizeof(*lr));
 		lr->n = 1;
@@ -297,6 +306,7 @@ static void prep_done(struct efs_fs_op *op)
 		.code = opcode,                                                             \
 		.mx_all = mx,                                                               \
 		.plan = prep_plan,                                                          \
+		.prepare = prep_prepare,                                                    \
 		.build = prep_build,                                                        \
 		.done = prep_done,                                                          \
 	}

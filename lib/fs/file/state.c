@@ -402,7 +402,7 @@ static void mload_done(struct efs_etcd_result *res, Etcdserverpb__RangeResponse 
 	while (w) {
 		struct lwait *n = w->next;
 
-		efs_fs_op_resume_build(w->op, err);
+		efs_fs_op_resume_prepare(w->op, err);
 		efs_mem_free(w);
 		w = n;
 	}
@@ -410,8 +410,8 @@ static void mload_done(struct efs_etcd_result *res, Etcdserverpb__RangeResponse 
 	efs_file_state_maybe_free(d);
 }
 
-/* Loads |d|'s map for |op| (which holds the lock): EFS_FS_WAIT (resumed
- * later) or a negative errno. */
+/* Loads |d|'s map for |op| (which holds the lock), from its prepare:
+ * EFS_FS_WAIT (the prepare is resumed) or a negative errno. */
 int efs_file_map_load(struct efs_fs_op *op, struct efs_fs_data *d)
 {
 	struct efs_fs *fs = d->fs;

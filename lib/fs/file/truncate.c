@@ -86,7 +86,7 @@ static uint64_t tr_step_size(struct efs_fs_data *d, uint64_t want, bool *final)
 
 static void tr_resume(struct tr *x, int err)
 {
-	efs_fs_op_resume_build(x->op, err);
+	efs_fs_op_resume_prepare(x->op, err);
 }
 
 static void tr_locked_cb(void *arg)
@@ -186,7 +186,8 @@ static int tr_apply(struct tr *x)
 	return 0;
 }
 
-static int tr_build(struct efs_fs_op *op)
+/* Map, range lock, tail block, cut, then the publication's own waits. */
+static int tr_prepare(struct efs_fs_op *op)
 {
 	struct dpub *P = op->hook_state;
 	struct tr *x = op->priv;
@@ -239,7 +240,17 @@ static int tr_build(struct efs_fs_op *op)
 			return e;
 		x->step = 3;
 	}
-	return efs_file_pub_common(op, P);
+	return efs_file_pub_prepare(op, P);
+}
+
+static int tr_build(struct efs_fs_op *op)
+{
+	struct tr *x = op->priv;
+	struct efs_fs_data *d = x->r->d;
+
+	if (x->step != 3 || !d || d->broken || d->dropped)
+		return -EIO;
+	return efs_file_pub_build(op, op->hook_state);
 }
 
 static void tr_start(struct dreq *r);
@@ -308,6 +319,7 @@ static const struct efs_fs_opdesc tr_desc = {
 	.origin = EFS_FS_ORIG_TRUNCATE,
 	.mutates = true,
 	.plan = tr_plan,
+	.prepare = tr_prepare,
 	.build = tr_build,
 	.done = tr_done,
 	.outcome = efs_file_pub_outcome,
@@ -324,6 +336,7 @@ static const struct efs_fs_opdesc tr_more_desc = {
 	.origin = EFS_FS_ORIG_TRUNCATE,
 	.mutates = true,
 	.plan = tr_plan,
+	.prepare = tr_prepare,
 	.build = tr_build,
 	.done = tr_done,
 	.outcome = efs_file_pub_outcome,
