@@ -171,8 +171,22 @@ int efs_fs_setattr_apply(Etcfs__Inode *rec, const struct stat *attr, int to_set,
 
 #define ACL_ACCESS "system.posix_acl_access"
 
+/* A setattr's record (one that neither truncates nor is deferred by the
+ * data path): the engine's base (op.ino the inode) and the attributes. */
+struct setattr_op {
+	struct efs_fs_op op;
+	struct stat attr;
+	int to_set; /* FUSE_SET_ATTR_* */
+};
+
+static struct setattr_op *sop_of(struct efs_fs_op *op)
+{
+	return (struct setattr_op *)op; /* op is the first member */
+}
+
 static int setattr_plan(struct efs_fs_op *op)
 {
+	struct setattr_op *sop = sop_of(op);
 	const Etcfs__Inode *rec;
 	struct efs_fs_kv *kv;
 
@@ -182,7 +196,7 @@ static int setattr_plan(struct efs_fs_op *op)
 	if (!rec)
 		return -ENOENT;
 	/* chmod rewrites the access ACL's mask (or group) entry too. */
-	if ((op->to_set & FUSE_SET_ATTR_MODE) && op->fs->posix_acl && rec->xattr_count > 0 &&
+	if ((sop->to_set & FUSE_SET_ATTR_MODE) && op->fs->posix_acl && rec->xattr_count > 0 &&
 	    op->nkv == 0) {
 		kv = efs_fs_want_kv(op);
 		if (!kv)
@@ -195,6 +209,7 @@ static int setattr_plan(struct efs_fs_op *op)
 
 static int setattr_build(struct efs_fs_op *op)
 {
+	struct setattr_op *sop = sop_of(op);
 	const Etcfs__Inode *cur = efs_fs_rec(op, op->ino);
 	Etcfs__Inode *rec;
 	int r;
@@ -204,7 +219,7 @@ static int setattr_build(struct efs_fs_op *op)
 	rec = efs_fs_rec_dup(cur);
 	if (!rec)
 		return -ENOMEM;
-	r = efs_fs_setattr_apply(rec, &op->attr, op->to_set, efs_fs_now());
+	r = efs_fs_setattr_apply(rec, &sop->attr, sop->to_set, efs_fs_now());
 	if (r == 0)
 		r = efs_fs_put_inode(op, op->ino, rec, false);
 	if (r == 0 && op->nkv && op->nkv_loaded && op->kv[0].found) {
@@ -239,6 +254,7 @@ static void setattr_done(struct efs_fs_op *op)
 
 static const struct efs_fs_opdesc setattr_desc = {
 	.code = EFS_FS_OP_SETATTR,
+	.size = sizeof(struct setattr_op),
 	.origin = EFS_FS_ORIG_SETATTR,
 	.mutates = true,
 	.plan = setattr_plan,
@@ -261,8 +277,8 @@ void efs_fs_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_se
 		efs_fs_op_finish(op, -EIO);
 		return;
 	}
-	op->attr = *attr;
-	op->to_set = to_set;
+	sop_of(op)->attr = *attr;
+	sop_of(op)->to_set = to_set;
 	efs_fs_op_run(op);
 }
 

@@ -48,6 +48,23 @@ struct dir_state {
 	uint64_t fetch_mseq, fetch_gen; /* the directory's when the page read left */
 };
 
+/* A directory operation's record (opendir, readdir, readdirplus): the
+ * engine's base (op.ino the directory), the open handle, and what the
+ * caller asked. */
+struct dir_op {
+	struct efs_fs_op op;
+	struct efs_fs_handle *h;
+	size_t size;		  /* the reply buffer */
+	off_t off;		  /* the listing position */
+	struct fuse_file_info fi; /* opendir: the handle to reply with */
+	struct dir_state st;	  /* readdir, readdirplus */
+};
+
+static struct dir_op *dop_of(struct efs_fs_op *op)
+{
+	return (struct dir_op *)op; /* op is the first member */
+}
+
 long efs_fs_dir_index(off_t off, size_t nents)
 {
 	(void)nents;
@@ -62,6 +79,7 @@ long efs_fs_dir_index(off_t off, size_t nents)
 
 static int opendir_plan(struct efs_fs_op *op)
 {
+	struct dir_op *dop = dop_of(op);
 	const Etcfs__Inode *rec;
 	struct efs_fs_handle *h;
 	int r;
@@ -79,16 +97,17 @@ static int opendir_plan(struct efs_fs_op *op)
 	if (!h)
 		return -ENOMEM;
 	h->parent = rec->parent ? rec->parent : EFS_META_ROOT_INO;
-	op->fi.fh = (uint64_t)(uintptr_t)h;
-	op->fi.keep_cache = 0;
-	op->fi.cache_readdir = 0;
-	if (efs_fs_rq_open(op->rq, &op->fi) != 0)
+	dop->fi.fh = (uint64_t)(uintptr_t)h;
+	dop->fi.keep_cache = 0;
+	dop->fi.cache_readdir = 0;
+	if (efs_fs_rq_open(op->rq, &dop->fi) != 0)
 		efs_fs_handle_free(op->fs, h);
 	return EFS_FS_DONE;
 }
 
 static const struct efs_fs_opdesc opendir_desc = {
 	.code = EFS_FS_OP_OPENDIR,
+	.size = sizeof(struct dir_op),
 	.plan = opendir_plan,
 	.build = efs_fs_no_build,
 	.done = efs_fs_no_done,
@@ -98,13 +117,14 @@ void efs_fs_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct efs_fs *fs = fuse_req_userdata(req);
 	struct efs_fs_op *op = efs_fs_op_new(fs, req, &opendir_desc);
+	struct dir_op *dop = dop_of(op);
 
 	if (!op) {
 		efs_fs_reply_now(fs, req, EFS_FS_OP_OPENDIR, -ENOMEM);
 		return;
 	}
 	op->ino = ino;
-	op->fi = *fi;
+	dop->fi = *fi;
 	efs_fs_op_run(op);
 }
 
@@ -142,8 +162,9 @@ static int fetch_attrs(struct efs_fs_op *op);
 /* Reads the attributes of entries [attr_from, attr_to) for readdirplus. */
 static int fetch_attrs(struct efs_fs_op *op)
 {
-	struct dir_state *st = op->priv;
-	struct efs_fs_handle *h = op->h;
+	struct dir_op *dop = dop_of(op);
+	struct dir_state *st = &dop_of(op)->st;
+	struct efs_fs_handle *h = dop->h;
 	struct efs_etcd_txn *t = NULL;
 	int r;
 
@@ -165,8 +186,9 @@ static int fetch_attrs(struct efs_fs_op *op)
 static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
 {
 	struct efs_fs_op *op = arg;
-	struct dir_state *st = op->priv;
-	struct efs_fs_handle *h = op->h;
+	struct dir_op *dop = dop_of(op);
+	struct dir_state *st = &dop_of(op)->st;
+	struct efs_fs_handle *h = dop->h;
 	size_t i = st->attr_from;
 
 	if (r->err) {
@@ -217,7 +239,7 @@ static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *r
 
 static void plus_locks_done(struct efs_fs_op *op)
 {
-	struct dir_state *st = op->priv;
+	struct dir_state *st = &dop_of(op)->st;
 
 	if (st->pending || st->in_list)
 		return;
@@ -229,7 +251,7 @@ static void plus_lock_cb(struct efs_lock_req *req, int status)
 {
 	struct plus_lock *pl = req->arg;
 	struct efs_fs_op *op = pl->op;
-	struct dir_state *st = op->priv;
+	struct dir_state *st = &dop_of(op)->st;
 
 	/* Without the locks the entries simply go out uncached. */
 	pl->pinned = status == 0;
@@ -250,8 +272,9 @@ static void plus_lock_cb(struct efs_lock_req *req, int status)
  * then reads their records (fetch_attrs). */
 static void plus_lock_page(struct efs_fs_op *op)
 {
-	struct dir_state *st = op->priv;
-	struct efs_fs_handle *h = op->h;
+	struct dir_op *dop = dop_of(op);
+	struct dir_state *st = &dop_of(op)->st;
+	struct efs_fs_handle *h = dop->h;
 	struct efs_fs *fs = op->fs;
 	struct plus_lock *pl = NULL;
 
@@ -312,7 +335,7 @@ static void plus_lock_page(struct efs_fs_op *op)
 /* Unpins the page locks (they stay cached) and drops the entry refs. */
 static void plus_unlock(struct efs_fs_op *op)
 {
-	struct dir_state *st = op->priv;
+	struct dir_state *st = &dop_of(op)->st;
 
 	for (size_t i = 0; i < st->nlocks; i++) {
 		struct plus_lock *pl = st->locks[i];
@@ -331,8 +354,9 @@ static void plus_unlock(struct efs_fs_op *op)
 static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
 {
 	struct efs_fs_op *op = arg;
-	struct dir_state *st = op->priv;
-	struct efs_fs_handle *h = op->h;
+	struct dir_op *dop = dop_of(op);
+	struct dir_state *st = &dop_of(op)->st;
+	struct efs_fs_handle *h = dop->h;
 	int e;
 
 	if (r->err) {
@@ -370,8 +394,9 @@ static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 
 static int fetch_page(struct efs_fs_op *op)
 {
-	struct dir_state *st = op->priv;
-	struct efs_fs_handle *h = op->h;
+	struct dir_op *dop = dop_of(op);
+	struct dir_state *st = &dop_of(op)->st;
+	struct efs_fs_handle *h = dop->h;
 	struct efs_fs_inode *din = efs_fs_ifind(op->fs, h->ino);
 	struct efs_meta_range rg;
 	struct efs_etcd_range_opts o = {0};
@@ -413,9 +438,10 @@ static bool entry_current(struct efs_fs *fs, const struct efs_fs_handle *h,
 static bool emit(struct efs_fs_op *op, const char *name, uint64_t ino, uint32_t type,
 		 const struct efs_fs_dirent_ent *ent, bool dot)
 {
-	struct dir_state *st = op->priv;
+	struct dir_op *dop = dop_of(op);
+	struct dir_state *st = &dop_of(op)->st;
 	struct efs_fs *fs = op->fs;
-	size_t room = op->size - st->used, need;
+	size_t room = dop->size - st->used, need;
 
 	if (!st->plus) {
 		struct stat s;
@@ -431,7 +457,7 @@ static bool emit(struct efs_fs_op *op, const char *name, uint64_t ino, uint32_t 
 		struct efs_fs_inode *in = dot ? NULL : efs_fs_ifind(fs, ino);
 
 		memset(&e, 0, sizeof(e));
-		if (ent && !entry_current(fs, op->h, ent)) {
+		if (ent && !entry_current(fs, dop->h, ent)) {
 			/* The name may be gone (this node renamed or unlinked it,
 			 * or the lock was let go since the page was read): list
 			 * it, but give the kernel no dentry to cache. */
@@ -471,15 +497,16 @@ static bool emit(struct efs_fs_op *op, const char *name, uint64_t ino, uint32_t 
  */
 static bool needs_reread(struct efs_fs_op *op, size_t i)
 {
-	struct dir_state *st = op->priv;
-	const struct efs_fs_dirent_ent *ent = &op->h->ents[i];
-	const struct efs_fs_inode *din = efs_fs_ifind(op->fs, op->h->ino);
+	struct dir_op *dop = dop_of(op);
+	struct dir_state *st = &dop_of(op)->st;
+	const struct efs_fs_dirent_ent *ent = &dop->h->ents[i];
+	const struct efs_fs_inode *din = efs_fs_ifind(op->fs, dop->h->ino);
 
-	if (!st->plus || st->reread || entry_current(op->fs, op->h, ent))
+	if (!st->plus || st->reread || entry_current(op->fs, dop->h, ent))
 		return false;
 	/* A seek past unsent names (lseek of the directory) may have sent later ones. */
-	for (size_t k = i; k < op->h->nents; k++) {
-		if (op->h->ents[k].sent)
+	for (size_t k = i; k < dop->h->nents; k++) {
+		if (dop->h->ents[k].sent)
 			return false;
 	}
 	return din && !din->mx_owner && efs_fs_inode_valid(op->fs, din);
@@ -489,8 +516,9 @@ static bool needs_reread(struct efs_fs_op *op, size_t i)
  * after entry i - 1 with the directory's current mseq and lock grant. */
 static void drop_from(struct efs_fs_op *op, size_t i)
 {
-	struct dir_state *st = op->priv;
-	struct efs_fs_handle *h = op->h;
+	struct dir_op *dop = dop_of(op);
+	struct dir_state *st = &dop_of(op)->st;
+	struct efs_fs_handle *h = dop->h;
 
 	for (size_t k = i; k < h->nents; k++)
 		efs_mem_free(h->ents[k].name);
@@ -505,10 +533,11 @@ static void drop_from(struct efs_fs_op *op, size_t i)
  * it may be given a dentry but its record is not cached under a lock. */
 static bool needs_prep(struct efs_fs_op *op, size_t i)
 {
-	const struct efs_fs_dirent_ent *ent = &op->h->ents[i];
+	struct dir_op *dop = dop_of(op);
+	const struct efs_fs_dirent_ent *ent = &dop->h->ents[i];
 	const struct efs_fs_inode *in = efs_fs_ifind(op->fs, ent->ino);
 
-	if (!entry_current(op->fs, op->h, ent) || ent->ino == op->h->ino)
+	if (!entry_current(op->fs, dop->h, ent) || ent->ino == dop->h->ino)
 		return false;
 	return !(in && efs_fs_inode_valid(op->fs, in) && in->rec);
 }
@@ -523,8 +552,9 @@ static bool needs_prep(struct efs_fs_op *op, size_t i)
  */
 static int prep_entries(struct efs_fs_op *op, size_t i)
 {
-	struct dir_state *st = op->priv;
-	struct efs_fs_handle *h = op->h;
+	struct dir_op *dop = dop_of(op);
+	struct dir_state *st = &dop_of(op)->st;
+	struct efs_fs_handle *h = dop->h;
 	struct efs_fs_inode **np;
 	struct fuse_entry_param dummy;
 	size_t end = i, used = st->used;
@@ -533,7 +563,7 @@ static int prep_entries(struct efs_fs_op *op, size_t i)
 	while (end < h->nents && end - i < EFS_FS_PLUS_BATCH) {
 		size_t need = fuse_add_direntry_plus(op->rq->req, NULL, 0, h->ents[end].name, &dummy, 0);
 
-		if (used + need > op->size)
+		if (used + need > dop->size)
 			break;
 		used += need;
 		end++;
@@ -570,8 +600,9 @@ static int prep_entries(struct efs_fs_op *op, size_t i)
  * the locks and records of the entries readdirplus sends, and answers. */
 static int dir_list(struct efs_fs_op *op)
 {
-	struct dir_state *st = op->priv;
-	struct efs_fs_handle *h = op->h;
+	struct dir_op *dop = dop_of(op);
+	struct dir_state *st = &dop_of(op)->st;
+	struct efs_fs_handle *h = dop->h;
 	bool at_end = false;
 	int r;
 
@@ -579,14 +610,14 @@ static int dir_list(struct efs_fs_op *op)
 		return -EIO;
 	if (!st->started) {
 		st->started = true;
-		if (op->off == 0) {
+		if (dop->off == 0) {
 			for (size_t i = 0; i < h->nents; i++)
 				efs_mem_free(h->ents[i].name);
 			h->nents = 0;
 			h->complete = false;
 		}
-		st->pos = op->off;
-		st->buf = efs_mem_malloc(op->size ? op->size : 1);
+		st->pos = dop->off;
+		st->buf = efs_mem_malloc(dop->size ? dop->size : 1);
 		if (!st->buf)
 			return -ENOMEM;
 	}
@@ -635,7 +666,9 @@ static int dir_list(struct efs_fs_op *op)
 
 static int readdir_plan(struct efs_fs_op *op)
 {
-	if (efs_fs_handle_check(op->fs, op->h) < 0)
+	struct dir_op *dop = dop_of(op);
+
+	if (efs_fs_handle_check(op->fs, dop->h) < 0)
 		return -EIO;
 	if (op->loads_done == 0)
 		return efs_fs_want(op, op->ino, EFS_LOCK_SHARED);
@@ -644,15 +677,13 @@ static int readdir_plan(struct efs_fs_op *op)
 
 static void dir_state_free(struct efs_fs_op *op)
 {
-	struct dir_state *st = op->priv;
+	struct dir_state *st = &dop_of(op)->st;
 
-	if (st) {
-		plus_unlock(op);
-		for (size_t i = 0; i < st->npins; i++)
-			efs_fs_iput(op->fs, st->pins[i]);
-		efs_mem_free(st->pins);
-		efs_mem_free(st->buf);
-	}
+	plus_unlock(op);
+	for (size_t i = 0; i < st->npins; i++)
+		efs_fs_iput(op->fs, st->pins[i]);
+	efs_mem_free(st->pins);
+	efs_mem_free(st->buf);
 }
 
 static void readdir_done(struct efs_fs_op *op)
@@ -661,18 +692,22 @@ static void readdir_done(struct efs_fs_op *op)
 
 static const struct efs_fs_opdesc readdir_desc = {
 	.code = EFS_FS_OP_READDIR,
+	.size = sizeof(struct dir_op),
 	.plan = readdir_plan,
 	.prepare = dir_list,
 	.build = efs_fs_no_build, /* the listing answers */
 	.done = readdir_done,
+	.release = dir_state_free,
 };
 
 static const struct efs_fs_opdesc readdirplus_desc = {
 	.code = EFS_FS_OP_READDIRPLUS,
+	.size = sizeof(struct dir_op),
 	.plan = readdir_plan,
 	.prepare = dir_list,
 	.build = efs_fs_no_build, /* the listing answers */
 	.done = readdir_done,
+	.release = dir_state_free,
 };
 
 static void readdir_start(fuse_req_t req, const struct efs_fs_opdesc *d, fuse_ino_t ino,
@@ -680,25 +715,21 @@ static void readdir_start(fuse_req_t req, const struct efs_fs_opdesc *d, fuse_in
 {
 	struct efs_fs *fs = fuse_req_userdata(req);
 	struct efs_fs_op *op = efs_fs_op_new(fs, req, d);
-	struct dir_state *st;
+	struct dir_op *dop = dop_of(op);
 
 	if (!op) {
 		efs_fs_reply_now(fs, req, d->code, -ENOMEM);
 		return;
 	}
 	op->ino = ino;
-	op->h = efs_fs_fh_of(fi);
-	op->size = size;
-	op->off = off;
-	st = efs_mem_calloc(1, sizeof(*st));
-	if (!st || !op->h) {
-		efs_mem_free(st);
-		efs_fs_op_finish(op, st ? -EBADF : -ENOMEM);
+	dop->h = efs_fs_fh_of(fi);
+	dop->size = size;
+	dop->off = off;
+	if (!dop->h) {
+		efs_fs_op_finish(op, -EBADF);
 		return;
 	}
-	st->plus = plus;
-	op->priv = st;
-	op->priv_free = dir_state_free;
+	dop->st.plus = plus;
 	efs_fs_op_run(op);
 }
 

@@ -451,42 +451,19 @@ struct efs_fs_op {
 	struct efs_fs_inode *mx_wait; /* inode waited on */
 	struct efs_list qlink;	      /* the ready list or an ino/count wait */
 
-	/* Arguments (by operation). */
-	uint64_t ino;	 /* target inode or parent */
-	uint64_t ino2;	 /* new parent (rename, link) */
-	char name[EFS_META_NAME_MAX + 1];
-	size_t name_len;
-	char name2[EFS_META_NAME_MAX + 1];
-	size_t name2_len;
-	mode_t mode;
-	dev_t rdev;
-	unsigned flags;
+	/* The inode the operation is about (the parent for namespace
+	 * operations); the rest of an operation's arguments live in its own
+	 * record (efs_fs_opdesc's size). */
+	uint64_t ino;
+	/* The caller's credentials (none for internal operations). */
 	uid_t uid;
 	gid_t gid;
 	mode_t umask;
-	char *link; /* symlink target (efs_mem) */
-	size_t link_len;
-	struct stat attr;
-	int to_set;
-	size_t size;
-	off_t off;
-	uint8_t *value; /* xattr value (efs_mem) */
-	size_t value_len;
-	struct fuse_file_info fi;
-	bool has_fi;
-	struct efs_fs_handle *h;
 
-	/* Results. */
-	uint64_t child;	    /* inode found under |name| */
-	uint64_t child2;    /* inode found under |name2| */
-	uint32_t child_type, child2_type;
-	uint64_t new_ino;   /* create-like operations */
+	/* Create-like operations: the engine reserves the inode number. */
+	uint64_t new_ino;
 	struct efs_fs_inode *newin; /* its cache entry (ref held) */
 	Etcfs__Inode *newrec; /* the new inode's record as written (owned) */
-	int64_t seq_mod_rev; /* renameseq (cross-directory directory rename) */
-	uint64_t seq_val;
-	uint64_t walk;	     /* rename: ancestor being read */
-	int walk_depth;
 	void *priv;	     /* per-operation scratch (efs_mem) */
 	void *hook_state;    /* state of the descriptor's hooks (the publisher's) */
 	void (*priv_free)(struct efs_fs_op *op); /* frees what |priv| points to */
@@ -530,6 +507,10 @@ enum efs_fs_commit {
 
 struct efs_fs_opdesc {
 	enum efs_fs_opcode code;
+	/* The size of the operation's record: a struct that begins with
+	 * struct efs_fs_op and carries the operation's own arguments and
+	 * results (libuv's request pattern); 0 for the base alone. */
+	size_t size;
 	enum efs_fs_origin origin;
 	bool mutates;
 	bool new_inode; /* reserves an inode number and checks the limit */

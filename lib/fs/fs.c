@@ -214,7 +214,7 @@ void efs_fs_reply_attr(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *r
 static struct efs_fs_op *op_alloc(struct efs_fs *fs, struct efs_fs_rq *rq,
 				   const struct efs_fs_opdesc *d)
 {
-	struct efs_fs_op *op = efs_mem_calloc(1, sizeof(*op));
+	struct efs_fs_op *op = efs_mem_calloc(1, d->size > sizeof(*op) ? d->size : sizeof(*op));
 
 	if (!op)
 		return NULL;
@@ -489,8 +489,6 @@ void efs_fs_op_finish(struct efs_fs_op *op, int err)
 	free_rresp(op);
 	if (op->newrec)
 		protobuf_c_message_free_unpacked(&op->newrec->base, efs_mem_protobuf());
-	efs_mem_free(op->link);
-	efs_mem_free(op->value);
 	if (op->priv_free)
 		op->priv_free(op);
 	efs_mem_free(op->priv);
@@ -1170,20 +1168,6 @@ static void op_done(struct efs_fs_op *op, int64_t rev)
 	op->committed = true;
 	report_outcome(op, EFS_FS_COMMITTED, rev);
 	apply_out(op, rev);
-	/* Names this operation changed (xattr names land here too: a harmless
-	 * miss at worst). */
-	if (op->name_len)
-		efs_fs_dcache_forget(op->fs, op->ino, op->name, op->name_len);
-	if (op->name2_len)
-		efs_fs_dcache_forget(op->fs, op->ino2, op->name2, op->name2_len);
-	for (int i = 0; i < 2 && op->d->mutates && op->d->origin <= EFS_FS_ORIG_RENAME; i++) {
-		/* Namespace operations only: a relatime update or an xattr of
-		 * the directory changes none of its names. */
-		struct efs_fs_inode *d = efs_fs_ifind(op->fs, i ? op->ino2 : op->ino);
-
-		if (d)
-			d->mseq++;
-	}
 	if (op->granted) {
 		efs_lock_grant_committed(op->fs->lc, op->new_ino, true);
 		op->granted = false;

@@ -29,19 +29,104 @@
 /* Longest ancestor chain a directory rename walks before giving up. */
 #define WALK_MAX 4096
 
+/* What each kind of namespace operation keeps between its steps. */
+struct mk_priv {
+	int dirent_kv; /* 1-based index of the dirent read after a conflict */
+	int acl_kv;    /* 1-based index of the parent's default ACL */
+};
+
+struct rm_priv {
+	int empty_kv; /* 1-based: the child directory's first dirent */
+};
+
+struct rn_priv {
+	int seq_kv;    /* 1-based: renameseq */
+	int empty_kv;  /* 1-based: the replaced directory's first dirent */
+	bool walk;     /* a cross-directory directory move: walk ancestors */
+	bool walked;   /* the walk found no cycle */
+	uint64_t cur;  /* walk position */
+	int phase;     /* 0: S against ino2's chain; 1: T against ino's */
+	int depth;
+};
+
+/* A namespace operation's record: the engine's base (op.ino is the parent,
+ * or the inode a link names), then the names, what the plan found under
+ * them, and the arguments of the create-like operations. */
+struct ns_op {
+	struct efs_fs_op op;
+	uint64_t ino2; /* the new parent (rename, link) */
+	char name[EFS_META_NAME_MAX + 1];
+	size_t name_len;
+	char name2[EFS_META_NAME_MAX + 1];
+	size_t name2_len;
+	mode_t mode;
+	dev_t rdev;
+	unsigned flags;		/* open flags (create), RENAME_* (rename) */
+	char *link;		/* symlink target (efs_mem) */
+	size_t link_len;
+	struct fuse_file_info fi; /* create */
+	uint64_t child;		  /* inode found under |name| */
+	uint64_t child2;	  /* inode found under |name2| */
+	uint32_t child_type, child2_type;
+	union {
+		struct mk_priv mk; /* create-like operations, link */
+		struct rm_priv rm;
+		struct rn_priv rn;
+	} u;
+};
+
+static struct ns_op *nop_of(struct efs_fs_op *op)
+{
+	return (struct ns_op *)op; /* op is the first member */
+}
+
+/*
+ * After a commit, before the reply: the names changed leave the node's
+ * name cache, and each parent's listing sequence moves on, so that
+ * listings and lookups cached before the change are read again.
+ */
+static void ns_committed(struct efs_fs_op *op)
+{
+	struct ns_op *nop = nop_of(op);
+
+	if (nop->name_len)
+		efs_fs_dcache_forget(op->fs, op->ino, nop->name, nop->name_len);
+	if (nop->name2_len)
+		efs_fs_dcache_forget(op->fs, nop->ino2, nop->name2, nop->name2_len);
+	for (int i = 0; i < 2; i++) {
+		struct efs_fs_inode *d = efs_fs_ifind(op->fs, i ? nop->ino2 : op->ino);
+
+		if (d)
+			d->mseq++;
+	}
+}
+
+static void ns_release(struct efs_fs_op *op)
+{
+	efs_mem_free(nop_of(op)->link);
+}
+
+/* The |done| of operations that reply success without data. */
+static void ns_ok_done(struct efs_fs_op *op)
+{
+	ns_committed(op);
+	efs_fs_ok_done(op);
+}
+
 static int set_name(struct efs_fs_op *op, const char *name, bool second)
 {
+	struct ns_op *nop = nop_of(op);
 	size_t len = strlen(name);
 	int r = efs_meta_name_check(name, len);
 
 	if (r < 0)
 		return r;
 	if (second) {
-		memcpy(op->name2, name, len + 1);
-		op->name2_len = len;
+		memcpy(nop->name2, name, len + 1);
+		nop->name2_len = len;
 	} else {
-		memcpy(op->name, name, len + 1);
-		op->name_len = len;
+		memcpy(nop->name, name, len + 1);
+		nop->name_len = len;
 	}
 	return 0;
 }
@@ -170,6 +255,7 @@ static struct efs_fs_inode *slot_inode(struct efs_fs_op *op, uint64_t ino)
 
 static int lookup_plan(struct efs_fs_op *op)
 {
+	struct ns_op *nop = nop_of(op);
 	struct efs_fs *fs = op->fs;
 	struct efs_fs_inode *pin;
 	const Etcfs__Inode *prec, *crec;
@@ -186,16 +272,16 @@ static int lookup_plan(struct efs_fs_op *op)
 	if (!S_ISDIR(prec->mode))
 		return -ENOTDIR;
 	pin = slot_inode(op, op->ino);
-	if (!op->child && op->nkv == 0) {
+	if (!nop->child && op->nkv == 0) {
 		/* The name cache first; a miss reads the dirent. */
-		if (pin && efs_fs_dcache_get(fs, pin, op->name, op->name_len, &op->child, &type)) {
-			if (!op->child)
+		if (pin && efs_fs_dcache_get(fs, pin, nop->name, nop->name_len, &nop->child, &type)) {
+			if (!nop->child)
 				goto negative;
 		} else {
 			kv = efs_fs_want_kv(op);
 			if (!kv)
 				return -E2BIG;
-			r = efs_meta_key_dirent(&fs->ns, op->ino, op->name, op->name_len,
+			r = efs_meta_key_dirent(&fs->ns, op->ino, nop->name, nop->name_len,
 						&kv->key);
 			op->dc_mseq = pin ? pin->mseq : 0;
 			return r < 0 ? r : EFS_FS_CONT;
@@ -207,7 +293,7 @@ static int lookup_plan(struct efs_fs_op *op)
 		cacheable = pin && !pin->mx_owner && pin->mseq == op->dc_mseq;
 		if (!kv->found) {
 			if (cacheable)
-				efs_fs_dcache_put(fs, pin, op->name, op->name_len, 0, 0);
+				efs_fs_dcache_put(fs, pin, nop->name, nop->name_len, 0, 0);
 			goto negative;
 		}
 		Etcfs__Dirent *de = NULL;
@@ -215,27 +301,27 @@ static int lookup_plan(struct efs_fs_op *op)
 		r = efs_meta_dirent_decode(kv->val, kv->val_len, &de, NULL);
 		if (r < 0)
 			return -EIO;
-		op->child = de->ino;
+		nop->child = de->ino;
 		type = de->type;
 		efs_meta_record_free(de);
 		if (cacheable)
-			efs_fs_dcache_put(fs, pin, op->name, op->name_len, op->child, type);
+			efs_fs_dcache_put(fs, pin, nop->name, nop->name_len, nop->child, type);
 	}
-	r = efs_fs_want(op, op->child, EFS_LOCK_SHARED);
+	r = efs_fs_want(op, nop->child, EFS_LOCK_SHARED);
 	if (r < 0)
 		return r;
 	for (size_t i = 0; i < op->nslots; i++) {
-		if (op->slots[i].ino != op->child || !op->slots[i].in ||
+		if (op->slots[i].ino != nop->child || !op->slots[i].in ||
 		    op->slots[i].locked < EFS_LOCK_SHARED)
 			continue;
-		crec = efs_fs_rec(op, op->child);
+		crec = efs_fs_rec(op, nop->child);
 		if (!crec) {
-			efs_log_debug("fs: dirent %s in %llu names missing inode %llu", op->name,
-				      (unsigned long long)op->ino, (unsigned long long)op->child);
-			efs_fs_dcache_forget(fs, op->ino, op->name, op->name_len);
+			efs_log_debug("fs: dirent %s in %llu names missing inode %llu", nop->name,
+				      (unsigned long long)op->ino, (unsigned long long)nop->child);
+			efs_fs_dcache_forget(fs, op->ino, nop->name, nop->name_len);
 			return -ENOENT;
 		}
-		efs_fs_reply_entry(op, op->ino, op->name, op->name_len, op->child, crec);
+		efs_fs_reply_entry(op, op->ino, nop->name, nop->name_len, nop->child, crec);
 		return EFS_FS_DONE;
 	}
 	return EFS_FS_CONT;
@@ -243,7 +329,7 @@ negative: {
 	struct fuse_entry_param e;
 
 	memset(&e, 0, sizeof(e));
-	e.entry_timeout = efs_fs_entry_timeout(fs, op->ino, op->name, op->name_len);
+	e.entry_timeout = efs_fs_entry_timeout(fs, op->ino, nop->name, nop->name_len);
 	efs_fs_rq_entry(op->rq, &e);
 	return EFS_FS_DONE;
 }
@@ -251,6 +337,8 @@ negative: {
 
 static const struct efs_fs_opdesc lookup_desc = {
 	.code = EFS_FS_OP_LOOKUP,
+	.size = sizeof(struct ns_op),
+	.release = ns_release,
 	.plan = lookup_plan,
 	.build = efs_fs_no_build,
 	.done = efs_fs_no_done,
@@ -271,17 +359,12 @@ void efs_fs_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 		efs_fs_op_finish(op, r);
 		return;
 	}
-	memcpy(op->name, name, len + 1);
-	op->name_len = len;
+	memcpy(nop_of(op)->name, name, len + 1);
+	nop_of(op)->name_len = len;
 	efs_fs_op_run(op);
 }
 
 /* ---- Create-like operations ---- */
-
-struct mk_priv {
-	int dirent_kv; /* 1-based index of the dirent read after a conflict */
-	int acl_kv;    /* 1-based index of the parent's default ACL */
-};
 
 #define ACL_ACCESS  "system.posix_acl_access"
 #define ACL_DEFAULT "system.posix_acl_default"
@@ -320,7 +403,8 @@ void efs_fs_new_owner(const Etcfs__Inode *parent, uid_t uid, gid_t gid, mode_t m
 
 static int mk_plan(struct efs_fs_op *op)
 {
-	struct mk_priv *p = op->priv;
+	struct ns_op *nop = nop_of(op);
+	struct mk_priv *p = &nop_of(op)->u.mk;
 	const Etcfs__Inode *prec;
 	int r;
 
@@ -331,7 +415,7 @@ static int mk_plan(struct efs_fs_op *op)
 	if (r < 0)
 		return r;
 	if (op->fs->posix_acl && prec->xattr_count > 0 && !p->acl_kv &&
-	    ((uint32_t)op->mode & S_IFMT) != S_IFLNK) {
+	    ((uint32_t)nop->mode & S_IFMT) != S_IFLNK) {
 		struct efs_fs_kv *kv = efs_fs_want_kv(op);
 
 		if (!kv)
@@ -348,7 +432,7 @@ static int mk_plan(struct efs_fs_op *op)
 
 		if (!kv)
 			return -E2BIG;
-		r = efs_meta_key_dirent(&op->fs->ns, op->ino, op->name, op->name_len, &kv->key);
+		r = efs_meta_key_dirent(&op->fs->ns, op->ino, nop->name, nop->name_len, &kv->key);
 		if (r < 0)
 			return r;
 		p->dirent_kv = (int)op->nkv;
@@ -362,16 +446,17 @@ static int mk_plan(struct efs_fs_op *op)
 
 static int mk_build(struct efs_fs_op *op)
 {
+	struct ns_op *nop = nop_of(op);
 	struct efs_fs *fs = op->fs;
 	const Etcfs__Inode *prec = efs_fs_rec(op, op->ino);
 	Etcfs__Inode *pr = NULL;
 	Etcfs__Inode nr = ETCFS__INODE__INIT;
-	uint32_t type = (uint32_t)op->mode & S_IFMT;
+	uint32_t type = (uint32_t)nop->mode & S_IFMT;
 	bool dir = type == S_IFDIR;
 	int64_t now = efs_fs_now();
 	int r;
 
-	struct mk_priv *p = op->priv;
+	struct mk_priv *p = &nop_of(op)->u.mk;
 	const struct efs_fs_kv *akv = NULL;
 	uint8_t *acc = NULL;
 	bool store_acc = false;
@@ -385,7 +470,7 @@ static int mk_build(struct efs_fs_op *op)
 	    type != S_IFLNK)
 		akv = &op->kv[p->acl_kv - 1];
 	/* With a default ACL the umask does not apply (POSIX 1003.1e). */
-	efs_fs_new_owner(prec, op->uid, op->gid, op->mode, op->umask, !akv, &nr.mode, &nr.uid,
+	efs_fs_new_owner(prec, op->uid, op->gid, nop->mode, op->umask, !akv, &nr.mode, &nr.uid,
 			 &nr.gid);
 	if (akv) {
 		acc = efs_mem_memdup(akv->val, akv->val_len);
@@ -416,12 +501,12 @@ static int mk_build(struct efs_fs_op *op)
 	if (dir)
 		nr.parent = op->ino;
 	if (type == S_IFLNK) {
-		nr.symlink.data = (uint8_t *)op->link;
-		nr.symlink.len = op->link_len;
-		nr.size = op->link_len;
+		nr.symlink.data = (uint8_t *)nop->link;
+		nr.symlink.len = nop->link_len;
+		nr.size = nop->link_len;
 	}
 	if (type == S_IFCHR || type == S_IFBLK)
-		nr.rdev = op->rdev;
+		nr.rdev = nop->rdev;
 
 	pr = efs_fs_rec_dup(prec);
 	if (!pr) {
@@ -435,7 +520,7 @@ static int mk_build(struct efs_fs_op *op)
 	if (r == 0)
 		r = efs_fs_put_inode(op, op->new_ino, &nr, true);
 	if (r == 0)
-		r = efs_fs_put_dirent(op, op->ino, op->name, op->name_len, op->new_ino,
+		r = efs_fs_put_dirent(op, op->ino, nop->name, nop->name_len, op->new_ino,
 				      efs_meta_dt_from_mode(nr.mode), true, 0);
 	if (r == 0 && store_acc)
 		r = put_xattr(op, op->new_ino, ACL_ACCESS, acc, akv->val_len);
@@ -449,11 +534,13 @@ static int mk_build(struct efs_fs_op *op)
 
 static void mk_done(struct efs_fs_op *op)
 {
+	struct ns_op *nop = nop_of(op);
 	struct efs_fs *fs = op->fs;
 	struct efs_fs_inode *in = efs_fs_ifind(fs, op->new_ino);
 	struct efs_fs_handle *h;
 	struct fuse_entry_param e;
 
+	ns_committed(op);
 	if (!in || !in->rec) {
 		/* Committed, yet the record did not decode into the cache
 		 * (ENOMEM): the kernel will look the name up again. */
@@ -461,20 +548,20 @@ static void mk_done(struct efs_fs_op *op)
 		return;
 	}
 	if (op->d->code != EFS_FS_OP_CREATE) {
-		efs_fs_reply_entry(op, op->ino, op->name, op->name_len, op->new_ino, in->rec);
+		efs_fs_reply_entry(op, op->ino, nop->name, nop->name_len, op->new_ino, in->rec);
 		return;
 	}
 	{
-		int r = efs_fs_data_open_handle(fs, op->new_ino, &op->fi, true);
+		int r = efs_fs_data_open_handle(fs, op->new_ino, &nop->fi, true);
 
 		if (r < 0) {
 			efs_fs_rq_err(op->rq, r);
 			return;
 		}
-		h = (struct efs_fs_handle *)(uintptr_t)op->fi.fh;
+		h = (struct efs_fs_handle *)(uintptr_t)nop->fi.fh;
 	}
-	efs_fs_fill_entry(fs, op->ino, op->name, op->name_len, op->new_ino, in->rec, &e);
-	if (efs_fs_rq_create(op->rq, &e, &op->fi) == 0)
+	efs_fs_fill_entry(fs, op->ino, nop->name, nop->name_len, op->new_ino, in->rec, &e);
+	if (efs_fs_rq_create(op->rq, &e, &nop->fi) == 0)
 		efs_fs_inode_ref_kernel(fs, op->new_ino);
 	else
 		efs_fs_handle_free(fs, h);
@@ -483,6 +570,8 @@ static void mk_done(struct efs_fs_op *op)
 #define MK_DESC(var, opcode, orig)                                                                 \
 	static const struct efs_fs_opdesc var = {                                                  \
 		.code = opcode,                                                                    \
+		.size = sizeof(struct ns_op),                                                      \
+		.release = ns_release,                                                             \
 		.origin = orig,                                                                    \
 		.mutates = true,                                                                   \
 		.new_inode = true,                                                                 \
@@ -502,6 +591,7 @@ static void mk_start(fuse_req_t req, const struct efs_fs_opdesc *d, fuse_ino_t p
 		     struct fuse_file_info *fi)
 {
 	struct efs_fs_op *op = efs_fs_op_start(req, d, parent);
+	struct ns_op *nop = nop_of(op);
 	int r;
 
 	if (!op)
@@ -509,27 +599,22 @@ static void mk_start(fuse_req_t req, const struct efs_fs_opdesc *d, fuse_ino_t p
 	r = set_name(op, name, false);
 	if (r < 0)
 		goto fail;
-	op->mode = mode;
-	op->rdev = rdev;
+	nop->mode = mode;
+	nop->rdev = rdev;
 	if (fi)
-		op->fi = *fi;
-	op->priv = efs_mem_calloc(1, sizeof(struct mk_priv));
-	if (!op->priv) {
-		r = -ENOMEM;
-		goto fail;
-	}
+		nop->fi = *fi;
 	if (link) {
-		op->link_len = strlen(link);
-		if (op->link_len == 0) {
+		nop->link_len = strlen(link);
+		if (nop->link_len == 0) {
 			r = -ENOENT;
 			goto fail;
 		}
-		if (op->link_len > EFS_META_SYMLINK_MAX) {
+		if (nop->link_len > EFS_META_SYMLINK_MAX) {
 			r = -ENAMETOOLONG;
 			goto fail;
 		}
-		op->link = efs_mem_strdup(link);
-		if (!op->link) {
+		nop->link = efs_mem_strdup(link);
+		if (!nop->link) {
 			r = -ENOMEM;
 			goto fail;
 		}
@@ -586,18 +671,19 @@ void efs_fs_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const c
 
 static int link_plan(struct efs_fs_op *op)
 {
-	struct mk_priv *p = op->priv;
+	struct ns_op *nop = nop_of(op);
+	struct mk_priv *p = &nop_of(op)->u.mk;
 	const Etcfs__Inode *rec, *prec;
 	int r;
 
 	if (op->loads_done == 0) {
-		r = efs_fs_want(op, op->ino2, EFS_LOCK_EXCLUSIVE);
+		r = efs_fs_want(op, nop->ino2, EFS_LOCK_EXCLUSIVE);
 		if (r == 0)
 			r = efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
 		return r;
 	}
 	rec = efs_fs_rec(op, op->ino);
-	prec = efs_fs_rec(op, op->ino2);
+	prec = efs_fs_rec(op, nop->ino2);
 	if (!rec || rec->nlink == 0)
 		return -ENOENT;
 	if (S_ISDIR(rec->mode))
@@ -612,7 +698,7 @@ static int link_plan(struct efs_fs_op *op)
 
 		if (!kv)
 			return -E2BIG;
-		r = efs_meta_key_dirent(&op->fs->ns, op->ino2, op->name2, op->name2_len,
+		r = efs_meta_key_dirent(&op->fs->ns, nop->ino2, nop->name2, nop->name2_len,
 					&kv->key);
 		if (r < 0)
 			return r;
@@ -627,22 +713,23 @@ static int link_plan(struct efs_fs_op *op)
 
 static int link_build(struct efs_fs_op *op)
 {
+	struct ns_op *nop = nop_of(op);
 	Etcfs__Inode *pr = NULL, *ir = NULL;
 	int64_t now = efs_fs_now();
 	int r = -ENOMEM;
 
-	pr = efs_fs_rec_dup(efs_fs_rec(op, op->ino2));
+	pr = efs_fs_rec_dup(efs_fs_rec(op, nop->ino2));
 	ir = efs_fs_rec_dup(efs_fs_rec(op, op->ino));
 	if (!pr || !ir)
 		goto out;
 	pr->mtime_ns = pr->ctime_ns = now;
 	ir->nlink++;
 	ir->ctime_ns = now;
-	r = efs_fs_put_inode(op, op->ino2, pr, false);
+	r = efs_fs_put_inode(op, nop->ino2, pr, false);
 	if (r == 0)
 		r = efs_fs_put_inode(op, op->ino, ir, false);
 	if (r == 0)
-		r = efs_fs_put_dirent(op, op->ino2, op->name2, op->name2_len, op->ino,
+		r = efs_fs_put_dirent(op, nop->ino2, nop->name2, nop->name2_len, op->ino,
 				      efs_meta_dt_from_mode(ir->mode), true, 0);
 out:
 	if (pr)
@@ -654,14 +741,18 @@ out:
 
 static void link_done(struct efs_fs_op *op)
 {
+	struct ns_op *nop = nop_of(op);
 	struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
 
+	ns_committed(op);
 	if (in && in->rec)
-		efs_fs_reply_entry(op, op->ino2, op->name2, op->name2_len, op->ino, in->rec);
+		efs_fs_reply_entry(op, nop->ino2, nop->name2, nop->name2_len, op->ino, in->rec);
 }
 
 static const struct efs_fs_opdesc link_desc = {
 	.code = EFS_FS_OP_LINK,
+	.size = sizeof(struct ns_op),
+	.release = ns_release,
 	.origin = EFS_FS_ORIG_LINK,
 	.mutates = true,
 	.grows = true,
@@ -673,17 +764,13 @@ static const struct efs_fs_opdesc link_desc = {
 void efs_fs_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
 {
 	struct efs_fs_op *op = efs_fs_op_start(req, &link_desc, ino);
+	struct ns_op *nop = nop_of(op);
 	int r;
 
 	if (!op)
 		return;
-	op->ino2 = newparent;
+	nop->ino2 = newparent;
 	r = set_name(op, newname, true);
-	if (r == 0) {
-		op->priv = efs_mem_calloc(1, sizeof(struct mk_priv));
-		if (!op->priv)
-			r = -ENOMEM;
-	}
 	if (r < 0) {
 		efs_fs_op_finish(op, r);
 		return;
@@ -693,14 +780,11 @@ void efs_fs_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const cha
 
 /* ---- unlink and rmdir ---- */
 
-struct rm_priv {
-	int empty_kv; /* 1-based: the child directory's first dirent */
-};
-
 static int rm_plan(struct efs_fs_op *op)
 {
+	struct ns_op *nop = nop_of(op);
 	bool rmdir = op->d->code == EFS_FS_OP_RMDIR;
-	struct rm_priv *p = op->priv;
+	struct rm_priv *p = &nop_of(op)->u.rm;
 	const Etcfs__Inode *crec;
 	struct efs_fs_kv *kv;
 	int r;
@@ -710,33 +794,33 @@ static int rm_plan(struct efs_fs_op *op)
 		if (r < 0)
 			return r;
 		kv = efs_fs_want_kv(op);
-		return efs_meta_key_dirent(&op->fs->ns, op->ino, op->name, op->name_len, &kv->key);
+		return efs_meta_key_dirent(&op->fs->ns, op->ino, nop->name, nop->name_len, &kv->key);
 	}
 	r = dir_check(efs_fs_rec(op, op->ino));
 	if (r < 0)
 		return r;
 	if (!op->kv[0].found)
 		return -ENOENT;
-	r = decode_dirent(&op->kv[0], &op->child, &op->child_type);
+	r = decode_dirent(&op->kv[0], &nop->child, &nop->child_type);
 	if (r < 0)
 		return r;
-	if (!rmdir && op->child_type == DT_DIR)
+	if (!rmdir && nop->child_type == DT_DIR)
 		return -EISDIR;
-	if (rmdir && op->child_type != DT_DIR)
+	if (rmdir && nop->child_type != DT_DIR)
 		return -ENOTDIR;
-	if (op->child == EFS_META_ROOT_INO)
+	if (nop->child == EFS_META_ROOT_INO)
 		return -EBUSY;
-	r = efs_fs_want(op, op->child, EFS_LOCK_EXCLUSIVE);
+	r = efs_fs_want(op, nop->child, EFS_LOCK_EXCLUSIVE);
 	if (r < 0)
 		return r;
 	if (rmdir) {
-		r = want_empty_kv(op, op->child, &p->empty_kv);
+		r = want_empty_kv(op, nop->child, &p->empty_kv);
 		if (r < 0)
 			return r;
 	}
-	if (!slot_ready(op, op->child) || op->nkv_loaded < op->nkv)
+	if (!slot_ready(op, nop->child) || op->nkv_loaded < op->nkv)
 		return EFS_FS_CONT;
-	crec = efs_fs_rec(op, op->child);
+	crec = efs_fs_rec(op, nop->child);
 	if (crec && rmdir && !S_ISDIR(crec->mode))
 		return -ENOTDIR;
 	if (crec && !rmdir && S_ISDIR(crec->mode))
@@ -748,8 +832,9 @@ static int rm_plan(struct efs_fs_op *op)
 
 static int rm_build(struct efs_fs_op *op)
 {
+	struct ns_op *nop = nop_of(op);
 	bool rmdir = op->d->code == EFS_FS_OP_RMDIR;
-	const Etcfs__Inode *crec = efs_fs_rec(op, op->child);
+	const Etcfs__Inode *crec = efs_fs_rec(op, nop->child);
 	Etcfs__Inode *pr = NULL, *cr = NULL;
 	int64_t now = efs_fs_now();
 	int r = -ENOMEM;
@@ -762,7 +847,7 @@ static int rm_build(struct efs_fs_op *op)
 		pr->nlink--;
 	r = efs_fs_put_inode(op, op->ino, pr, false);
 	if (r == 0)
-		r = efs_fs_del_dirent(op, op->ino, op->name, op->name_len, op->kv[0].mod_rev);
+		r = efs_fs_del_dirent(op, op->ino, nop->name, nop->name_len, op->kv[0].mod_rev);
 	if (r < 0 || !crec)
 		goto out; /* a dangling name: removing it is all there is to do */
 	r = -ENOMEM;
@@ -772,7 +857,7 @@ static int rm_build(struct efs_fs_op *op)
 	cr->ctime_ns = now;
 	if (rmdir) {
 		cr->nlink = 0;
-		r = cmp_empty(op, op->child);
+		r = cmp_empty(op, nop->child);
 	} else {
 		cr->nlink = cr->nlink ? cr->nlink - 1 : 0;
 		r = 0;
@@ -780,9 +865,9 @@ static int rm_build(struct efs_fs_op *op)
 	if (r < 0)
 		goto out;
 	if (cr->nlink == 0)
-		r = drop_or_orphan(op, op->child, cr);
+		r = drop_or_orphan(op, nop->child, cr);
 	else
-		r = efs_fs_put_inode(op, op->child, cr, false);
+		r = efs_fs_put_inode(op, nop->child, cr, false);
 out:
 	if (pr)
 		protobuf_c_message_free_unpacked(&pr->base, efs_mem_protobuf());
@@ -793,32 +878,30 @@ out:
 
 static const struct efs_fs_opdesc unlink_desc = {
 	.code = EFS_FS_OP_UNLINK,
+	.size = sizeof(struct ns_op),
+	.release = ns_release,
 	.origin = EFS_FS_ORIG_UNLINK,
 	.mutates = true,
 	.plan = rm_plan,
 	.build = rm_build,
-	.done = efs_fs_ok_done,
+	.done = ns_ok_done,
 };
 
 static const struct efs_fs_opdesc rmdir_desc = {
 	.code = EFS_FS_OP_RMDIR,
+	.size = sizeof(struct ns_op),
+	.release = ns_release,
 	.origin = EFS_FS_ORIG_RMDIR,
 	.mutates = true,
 	.plan = rm_plan,
 	.build = rm_build,
-	.done = efs_fs_ok_done,
+	.done = ns_ok_done,
 };
 
-/* Runs |op| once its arguments checked out (|r| == 0), with a zeroed
- * op->priv of |priv_size| bytes and the filesystem writable; else ends it
- * with the first error. */
-static void run_writer(struct efs_fs_op *op, int r, size_t priv_size)
+/* Runs |op| once its arguments checked out (|r| == 0) and the filesystem
+ * is writable; else ends it with the first error. */
+static void run_writer(struct efs_fs_op *op, int r)
 {
-	if (r == 0) {
-		op->priv = efs_mem_calloc(1, priv_size);
-		if (!op->priv)
-			r = -ENOMEM;
-	}
 	if (r == 0 && op->fs->read_only)
 		r = -EROFS;
 	if (r < 0) {
@@ -841,7 +924,7 @@ static void rm_start(fuse_req_t req, const struct efs_fs_opdesc *d, fuse_ino_t p
 		r = -EINVAL;
 	else if (r == -EINVAL && strcmp(name, "..") == 0)
 		r = -ENOTEMPTY;
-	run_writer(op, r, sizeof(struct rm_priv));
+	run_writer(op, r);
 }
 
 void efs_fs_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -856,29 +939,22 @@ void efs_fs_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 
 /* ---- rename ---- */
 
-struct rn_priv {
-	int seq_kv;    /* 1-based: renameseq */
-	int empty_kv;  /* 1-based: the replaced directory's first dirent */
-	bool walk;     /* a cross-directory directory move: walk ancestors */
-	bool walked;   /* the walk found no cycle */
-	uint64_t cur;  /* walk position */
-	int phase;     /* 0: S against ino2's chain; 1: T against ino's */
-	int depth;
-};
-
-static bool rn_cross_dir(const struct efs_fs_op *op)
+static bool rn_cross_dir(struct efs_fs_op *op)
 {
-	if (op->ino == op->ino2)
+	struct ns_op *nop = nop_of(op);
+
+	if (op->ino == nop->ino2)
 		return false;
-	if (op->child_type == DT_DIR)
+	if (nop->child_type == DT_DIR)
 		return true;
-	return (op->flags & RENAME_EXCHANGE) && op->child2 && op->child2_type == DT_DIR;
+	return (nop->flags & RENAME_EXCHANGE) && nop->child2 && nop->child2_type == DT_DIR;
 }
 
 static int rn_plan(struct efs_fs_op *op)
 {
-	struct rn_priv *p = op->priv;
-	bool exch = op->flags & RENAME_EXCHANGE;
+	struct ns_op *nop = nop_of(op);
+	struct rn_priv *p = &nop_of(op)->u.rn;
+	bool exch = nop->flags & RENAME_EXCHANGE;
 	const Etcfs__Inode *srec, *trec;
 	struct efs_fs_kv *kv;
 	int r;
@@ -886,58 +962,58 @@ static int rn_plan(struct efs_fs_op *op)
 	if (op->loads_done == 0) {
 		r = efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
 		if (r == 0)
-			r = efs_fs_want(op, op->ino2, EFS_LOCK_EXCLUSIVE);
+			r = efs_fs_want(op, nop->ino2, EFS_LOCK_EXCLUSIVE);
 		if (r < 0)
 			return r;
 		kv = efs_fs_want_kv(op);
-		r = efs_meta_key_dirent(&op->fs->ns, op->ino, op->name, op->name_len, &kv->key);
+		r = efs_meta_key_dirent(&op->fs->ns, op->ino, nop->name, nop->name_len, &kv->key);
 		if (r < 0)
 			return r;
 		kv = efs_fs_want_kv(op);
-		return efs_meta_key_dirent(&op->fs->ns, op->ino2, op->name2, op->name2_len,
+		return efs_meta_key_dirent(&op->fs->ns, nop->ino2, nop->name2, nop->name2_len,
 					   &kv->key);
 	}
 	r = dir_check(efs_fs_rec(op, op->ino));
 	if (r == 0)
-		r = dir_check(efs_fs_rec(op, op->ino2));
+		r = dir_check(efs_fs_rec(op, nop->ino2));
 	if (r < 0)
 		return r;
 	if (!op->kv[0].found)
 		return -ENOENT;
-	r = decode_dirent(&op->kv[0], &op->child, &op->child_type);
+	r = decode_dirent(&op->kv[0], &nop->child, &nop->child_type);
 	if (r < 0)
 		return r;
-	op->child2 = 0;
-	op->child2_type = 0;
+	nop->child2 = 0;
+	nop->child2_type = 0;
 	if (op->kv[1].found) {
-		r = decode_dirent(&op->kv[1], &op->child2, &op->child2_type);
+		r = decode_dirent(&op->kv[1], &nop->child2, &nop->child2_type);
 		if (r < 0)
 			return r;
 	}
-	if (exch && !op->child2)
+	if (exch && !nop->child2)
 		return -ENOENT;
-	if ((op->flags & RENAME_NOREPLACE) && op->child2)
+	if ((nop->flags & RENAME_NOREPLACE) && nop->child2)
 		return -EEXIST;
-	if (op->child2 == op->child) {
+	if (nop->child2 == nop->child) {
 		/* Two names of one inode (or one name): POSIX says do nothing. */
 		efs_fs_rq_err(op->rq, 0);
 		return EFS_FS_DONE;
 	}
-	if (!exch && op->child2) {
-		if (op->child_type == DT_DIR && op->child2_type != DT_DIR)
+	if (!exch && nop->child2) {
+		if (nop->child_type == DT_DIR && nop->child2_type != DT_DIR)
 			return -ENOTDIR;
-		if (op->child_type != DT_DIR && op->child2_type == DT_DIR)
+		if (nop->child_type != DT_DIR && nop->child2_type == DT_DIR)
 			return -EISDIR;
 	}
-	if (op->child == EFS_META_ROOT_INO || op->child2 == EFS_META_ROOT_INO)
+	if (nop->child == EFS_META_ROOT_INO || nop->child2 == EFS_META_ROOT_INO)
 		return -EBUSY;
-	r = efs_fs_want(op, op->child, EFS_LOCK_EXCLUSIVE);
-	if (r == 0 && op->child2)
-		r = efs_fs_want(op, op->child2, EFS_LOCK_EXCLUSIVE);
+	r = efs_fs_want(op, nop->child, EFS_LOCK_EXCLUSIVE);
+	if (r == 0 && nop->child2)
+		r = efs_fs_want(op, nop->child2, EFS_LOCK_EXCLUSIVE);
 	if (r < 0)
 		return r;
-	if (!exch && op->child2 && op->child2_type == DT_DIR) {
-		r = want_empty_kv(op, op->child2, &p->empty_kv);
+	if (!exch && nop->child2 && nop->child2_type == DT_DIR) {
+		r = want_empty_kv(op, nop->child2, &p->empty_kv);
 		if (r < 0)
 			return r;
 	}
@@ -951,14 +1027,14 @@ static int rn_plan(struct efs_fs_op *op)
 		p->seq_kv = (int)op->nkv;
 		p->walked = false;
 	}
-	if (!slot_ready(op, op->child) || (op->child2 && !slot_ready(op, op->child2)) ||
+	if (!slot_ready(op, nop->child) || (nop->child2 && !slot_ready(op, nop->child2)) ||
 	    op->nkv_loaded < op->nkv)
 		return EFS_FS_CONT;
-	srec = efs_fs_rec(op, op->child);
-	trec = op->child2 ? efs_fs_rec(op, op->child2) : NULL;
+	srec = efs_fs_rec(op, nop->child);
+	trec = nop->child2 ? efs_fs_rec(op, nop->child2) : NULL;
 	if (!srec)
 		return -ENOENT;
-	if (op->child2 && !trec && exch)
+	if (nop->child2 && !trec && exch)
 		return -ENOENT;
 	if (p->empty_kv && op->kv[p->empty_kv - 1].found)
 		return -ENOTEMPTY;
@@ -975,7 +1051,7 @@ static void walk_step(struct efs_fs_op *op);
 static void walk_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
 {
 	struct efs_fs_op *op = arg;
-	struct rn_priv *p = op->priv;
+	struct rn_priv *p = &nop_of(op)->u.rn;
 	Etcfs__Inode *rec = NULL;
 
 	if (r->err) {
@@ -1017,14 +1093,15 @@ static uint64_t walk_parent_cached(struct efs_fs_op *op, uint64_t ino, bool *fou
 
 static void walk_step(struct efs_fs_op *op)
 {
-	struct rn_priv *p = op->priv;
-	bool exch = op->flags & RENAME_EXCHANGE;
+	struct ns_op *nop = nop_of(op);
+	struct rn_priv *p = &nop_of(op)->u.rn;
+	bool exch = nop->flags & RENAME_EXCHANGE;
 	struct efs_meta_key k;
 	bool found;
 	int r;
 
 	for (;;) {
-		uint64_t target = p->phase == 0 ? op->child : op->child2;
+		uint64_t target = p->phase == 0 ? nop->child : nop->child2;
 		uint64_t par;
 
 		if (p->cur == target) {
@@ -1032,7 +1109,7 @@ static void walk_step(struct efs_fs_op *op)
 			return;
 		}
 		if (p->cur == EFS_META_ROOT_INO || p->cur == 0) {
-			if (p->phase == 0 && exch && op->child2_type == DT_DIR) {
+			if (p->phase == 0 && exch && nop->child2_type == DT_DIR) {
 				p->phase = 1;
 				p->cur = op->ino;
 				p->depth = 0;
@@ -1082,16 +1159,17 @@ static Etcfs__Inode *rn_get(struct efs_fs_op *op, struct rn_recs *rs, uint64_t i
 /* The growth guard for a new name, and the ancestor walk. */
 static int rn_prepare(struct efs_fs_op *op)
 {
-	struct rn_priv *p = op->priv;
-	bool exch = op->flags & RENAME_EXCHANGE;
+	struct ns_op *nop = nop_of(op);
+	struct rn_priv *p = &nop_of(op)->u.rn;
+	bool exch = nop->flags & RENAME_EXCHANGE;
 
 	if (!exch && !op->kv[1].found && efs_capacity_check_growth(op->fs->cap) < 0)
 		return -ENOSPC; /* a new name: metadata growth */
 	if (p->walk && !p->walked) {
 		/* S moves under ino2: S may not be ino2 or above it; for an
 		 * exchange, T moves under ino likewise. */
-		p->phase = op->child_type == DT_DIR ? 0 : 1;
-		p->cur = p->phase == 0 ? op->ino2 : op->ino;
+		p->phase = nop->child_type == DT_DIR ? 0 : 1;
+		p->cur = p->phase == 0 ? nop->ino2 : op->ino;
 		p->depth = 0;
 		walk_step(op);
 		return EFS_FS_WAIT;
@@ -1101,20 +1179,21 @@ static int rn_prepare(struct efs_fs_op *op)
 
 static int rn_build(struct efs_fs_op *op)
 {
-	struct rn_priv *p = op->priv;
-	bool exch = op->flags & RENAME_EXCHANGE;
-	bool cross = op->ino != op->ino2;
+	struct ns_op *nop = nop_of(op);
+	struct rn_priv *p = &nop_of(op)->u.rn;
+	bool exch = nop->flags & RENAME_EXCHANGE;
+	bool cross = op->ino != nop->ino2;
 	struct rn_recs rs = {0};
 	Etcfs__Inode *pr, *npr, *sr, *tr = NULL;
 	int64_t now = efs_fs_now();
 	int r = -ENOMEM;
 
 	pr = rn_get(op, &rs, op->ino);
-	npr = rn_get(op, &rs, op->ino2);
-	sr = rn_get(op, &rs, op->child);
-	if (op->child2 && efs_fs_rec(op, op->child2))
-		tr = rn_get(op, &rs, op->child2);
-	if (!pr || !npr || !sr || (op->child2 && efs_fs_rec(op, op->child2) && !tr))
+	npr = rn_get(op, &rs, nop->ino2);
+	sr = rn_get(op, &rs, nop->child);
+	if (nop->child2 && efs_fs_rec(op, nop->child2))
+		tr = rn_get(op, &rs, nop->child2);
+	if (!pr || !npr || !sr || (nop->child2 && efs_fs_rec(op, nop->child2) && !tr))
 		goto out;
 	pr->mtime_ns = pr->ctime_ns = now;
 	npr->mtime_ns = npr->ctime_ns = now;
@@ -1123,7 +1202,7 @@ static int rn_build(struct efs_fs_op *op)
 		if (tr)
 			tr->ctime_ns = now;
 		if (cross && S_ISDIR(sr->mode)) {
-			sr->parent = op->ino2;
+			sr->parent = nop->ino2;
 			pr->nlink--;
 			npr->nlink++;
 		}
@@ -1132,14 +1211,14 @@ static int rn_build(struct efs_fs_op *op)
 			npr->nlink--;
 			pr->nlink++;
 		}
-		r = efs_fs_put_dirent(op, op->ino, op->name, op->name_len, op->child2,
-				      op->child2_type, false, op->kv[0].mod_rev);
+		r = efs_fs_put_dirent(op, op->ino, nop->name, nop->name_len, nop->child2,
+				      nop->child2_type, false, op->kv[0].mod_rev);
 		if (r == 0)
-			r = efs_fs_put_dirent(op, op->ino2, op->name2, op->name2_len, op->child,
-					      op->child_type, false, op->kv[1].mod_rev);
+			r = efs_fs_put_dirent(op, nop->ino2, nop->name2, nop->name2_len, nop->child,
+					      nop->child_type, false, op->kv[1].mod_rev);
 	} else {
 		if (cross && S_ISDIR(sr->mode)) {
-			sr->parent = op->ino2;
+			sr->parent = nop->ino2;
 			pr->nlink--;
 			npr->nlink++;
 		}
@@ -1148,7 +1227,7 @@ static int rn_build(struct efs_fs_op *op)
 			if (S_ISDIR(tr->mode)) {
 				tr->nlink = 0;
 				npr->nlink--;
-				r = cmp_empty(op, op->child2);
+				r = cmp_empty(op, nop->child2);
 				if (r < 0)
 					goto out;
 			} else if (tr->nlink) {
@@ -1159,10 +1238,10 @@ static int rn_build(struct efs_fs_op *op)
 			r = -EMLINK;
 			goto out;
 		}
-		r = efs_fs_del_dirent(op, op->ino, op->name, op->name_len, op->kv[0].mod_rev);
+		r = efs_fs_del_dirent(op, op->ino, nop->name, nop->name_len, op->kv[0].mod_rev);
 		if (r == 0)
-			r = efs_fs_put_dirent(op, op->ino2, op->name2, op->name2_len, op->child,
-					      op->child_type, !op->kv[1].found, op->kv[1].mod_rev);
+			r = efs_fs_put_dirent(op, nop->ino2, nop->name2, nop->name2_len, nop->child,
+					      nop->child_type, !op->kv[1].found, op->kv[1].mod_rev);
 	}
 	if (r < 0)
 		goto out;
@@ -1173,14 +1252,14 @@ static int rn_build(struct efs_fs_op *op)
 	/* Inode writes, the source parent first (its op_id tells "applied"). */
 	r = efs_fs_put_inode(op, op->ino, pr, false);
 	if (r == 0 && cross)
-		r = efs_fs_put_inode(op, op->ino2, npr, false);
-	if (r == 0 && op->child != op->ino && op->child != op->ino2)
-		r = efs_fs_put_inode(op, op->child, sr, false);
-	if (r == 0 && tr && op->child2 != op->ino && op->child2 != op->ino2) {
+		r = efs_fs_put_inode(op, nop->ino2, npr, false);
+	if (r == 0 && nop->child != op->ino && nop->child != nop->ino2)
+		r = efs_fs_put_inode(op, nop->child, sr, false);
+	if (r == 0 && tr && nop->child2 != op->ino && nop->child2 != nop->ino2) {
 		if (tr->nlink == 0)
-			r = drop_or_orphan(op, op->child2, tr);
+			r = drop_or_orphan(op, nop->child2, tr);
 		else
-			r = efs_fs_put_inode(op, op->child2, tr, false);
+			r = efs_fs_put_inode(op, nop->child2, tr, false);
 	}
 	if (r == 0 && p->walk) {
 		struct efs_fs_kv *kv = &op->kv[p->seq_kv - 1];
@@ -1217,24 +1296,27 @@ out:
 
 static const struct efs_fs_opdesc rename_desc = {
 	.code = EFS_FS_OP_RENAME,
+	.size = sizeof(struct ns_op),
+	.release = ns_release,
 	.origin = EFS_FS_ORIG_RENAME,
 	.mutates = true,
 	.plan = rn_plan,
 	.prepare = rn_prepare,
 	.build = rn_build,
-	.done = efs_fs_ok_done,
+	.done = ns_ok_done,
 };
 
 void efs_fs_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
 		   const char *newname, unsigned int flags)
 {
 	struct efs_fs_op *op = efs_fs_op_start(req, &rename_desc, parent);
+	struct ns_op *nop = nop_of(op);
 	int r;
 
 	if (!op)
 		return;
-	op->ino2 = newparent;
-	op->flags = flags;
+	nop->ino2 = newparent;
+	nop->flags = flags;
 	r = set_name(op, name, false);
 	if (r == 0)
 		r = set_name(op, newname, true);
@@ -1242,5 +1324,5 @@ void efs_fs_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
 		r = -EINVAL;
 	if (r == 0 && (flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE))
 		r = -EINVAL;
-	run_writer(op, r, sizeof(struct rn_priv));
+	run_writer(op, r);
 }

@@ -17,6 +17,28 @@
 #include "config.h"
 #include "util/mem.h"
 
+/* An xattr operation's record: the engine's base (op.ino the inode), the
+ * name, and setxattr's value and flags or the reply size asked. */
+struct xattr_op {
+	struct efs_fs_op op;
+	char name[EFS_META_XATTR_NAME_MAX + 1];
+	size_t name_len;
+	unsigned flags;	 /* XATTR_CREATE, XATTR_REPLACE */
+	uint8_t *value;	 /* efs_mem */
+	size_t value_len;
+	size_t size;	 /* getxattr, listxattr: the caller's buffer */
+};
+
+static struct xattr_op *xop_of(struct efs_fs_op *op)
+{
+	return (struct xattr_op *)op; /* op is the first member */
+}
+
+static void xattr_release(struct efs_fs_op *op)
+{
+	efs_mem_free(xop_of(op)->value);
+}
+
 #define P_USER	   "user."
 #define P_TRUSTED  "trusted."
 #define P_SECURITY "security."
@@ -198,6 +220,7 @@ static struct efs_fs_op *op_start(fuse_req_t req, const struct efs_fs_opdesc *d,
 				  const char *name, size_t value_len, bool write)
 {
 	struct efs_fs_op *op = efs_fs_op_start(req, d, ino);
+	struct xattr_op *xop = xop_of(op);
 	int r;
 
 	if (!op)
@@ -210,25 +233,27 @@ static struct efs_fs_op *op_start(fuse_req_t req, const struct efs_fs_opdesc *d,
 			efs_fs_op_finish(op, r);
 			return NULL;
 		}
-		op->name_len = strlen(name);
-		memcpy(op->name, name, op->name_len + 1);
+		xop->name_len = strlen(name);
+		memcpy(xop->name, name, xop->name_len + 1);
 	}
 	return op;
 }
 
 static int want_xattr_kv(struct efs_fs_op *op)
 {
+	struct xattr_op *xop = xop_of(op);
 	struct efs_fs_kv *kv = efs_fs_want_kv(op);
 
 	if (!kv)
 		return -E2BIG;
-	return efs_meta_key_xattr(&op->fs->ns, op->ino, op->name, op->name_len, &kv->key);
+	return efs_meta_key_xattr(&op->fs->ns, op->ino, xop->name, xop->name_len, &kv->key);
 }
 
 /* ---- setxattr / removexattr ---- */
 
 static int set_plan(struct efs_fs_op *op)
 {
+	struct xattr_op *xop = xop_of(op);
 	bool remove = op->d->code == EFS_FS_OP_REMOVEXATTR;
 	bool found;
 	int r;
@@ -242,20 +267,21 @@ static int set_plan(struct efs_fs_op *op)
 	found = op->kv[0].found;
 	if (remove && !found)
 		return -ENODATA;
-	if (!remove && (op->flags & XATTR_CREATE) && found)
+	if (!remove && (xop->flags & XATTR_CREATE) && found)
 		return -EEXIST;
-	if (!remove && (op->flags & XATTR_REPLACE) && !found)
+	if (!remove && (xop->flags & XATTR_REPLACE) && !found)
 		return -ENODATA;
 	return EFS_FS_CONT;
 }
 
 static int set_build(struct efs_fs_op *op)
 {
+	struct xattr_op *xop = xop_of(op);
 	bool remove = op->d->code == EFS_FS_OP_REMOVEXATTR;
 	const struct efs_fs_kv *kv = &op->kv[0];
 	Etcfs__Inode *rec;
 	struct efs_meta_key k;
-	uint64_t old = kv->found ? op->name_len + kv->val_len : 0;
+	uint64_t old = kv->found ? xop->name_len + kv->val_len : 0;
 	int r;
 
 	if (!remove && efs_capacity_check_growth(op->fs->cap) < 0)
@@ -263,13 +289,13 @@ static int set_build(struct efs_fs_op *op)
 	rec = efs_fs_rec_dup(efs_fs_rec(op, op->ino));
 	if (!rec)
 		return -ENOMEM;
-	if (!remove && strcmp(op->name, "system.posix_acl_access") == 0) {
+	if (!remove && strcmp(xop->name, "system.posix_acl_access") == 0) {
 		/* The mode follows the ACL (the daemon's job since Linux 6.2),
 		 * and an ACL the mode says all of is not stored. */
 		uint32_t perm;
 		bool minimal;
 
-		r = efs_fs_acl_to_mode(op->value, op->value_len, &perm, &minimal);
+		r = efs_fs_acl_to_mode(xop->value, xop->value_len, &perm, &minimal);
 		if (r < 0) {
 			protobuf_c_message_free_unpacked(&rec->base, efs_mem_protobuf());
 			return -EINVAL;
@@ -290,7 +316,7 @@ static int set_build(struct efs_fs_op *op)
 	rec->xattr_bytes = rec->xattr_bytes > old ? rec->xattr_bytes - old : 0;
 	if (!remove) {
 		rec->xattr_count++;
-		rec->xattr_bytes += op->name_len + op->value_len;
+		rec->xattr_bytes += xop->name_len + xop->value_len;
 	}
 	if (rec->xattr_count == 0)
 		rec->xattr_bytes = 0;
@@ -298,7 +324,7 @@ static int set_build(struct efs_fs_op *op)
 	r = efs_fs_put_inode(op, op->ino, rec, false);
 	protobuf_c_message_free_unpacked(&rec->base, efs_mem_protobuf());
 	if (r == 0)
-		r = efs_meta_key_xattr(&op->fs->ns, op->ino, op->name, op->name_len, &k);
+		r = efs_meta_key_xattr(&op->fs->ns, op->ino, xop->name, xop->name_len, &k);
 	if (r < 0)
 		return r;
 	if (kv->found)
@@ -312,12 +338,14 @@ static int set_build(struct efs_fs_op *op)
 	if (remove)
 		return efs_etcd_txn_delete(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0,
 					   false);
-	return efs_etcd_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, op->value,
-				op->value_len, 0);
+	return efs_etcd_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, xop->value,
+				xop->value_len, 0);
 }
 
 static const struct efs_fs_opdesc setxattr_desc = {
 	.code = EFS_FS_OP_SETXATTR,
+	.size = sizeof(struct xattr_op),
+	.release = xattr_release,
 	.origin = EFS_FS_ORIG_XATTR,
 	.mutates = true,
 	.plan = set_plan,
@@ -327,6 +355,8 @@ static const struct efs_fs_opdesc setxattr_desc = {
 
 static const struct efs_fs_opdesc removexattr_desc = {
 	.code = EFS_FS_OP_REMOVEXATTR,
+	.size = sizeof(struct xattr_op),
+	.release = xattr_release,
 	.origin = EFS_FS_ORIG_XATTR,
 	.mutates = true,
 	.plan = set_plan,
@@ -338,6 +368,7 @@ void efs_fs_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const cha
 		     size_t size, int flags)
 {
 	struct efs_fs_op *op;
+	struct xattr_op *xop;
 
 #if EFS_FAULT_HOOKS
 	if (efs_fs_fault_release(req, ino, name, value, size))
@@ -350,13 +381,14 @@ void efs_fs_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const cha
 		efs_fs_op_finish(op, -EINVAL);
 		return;
 	}
-	op->flags = (unsigned)flags;
-	op->value = efs_mem_memdup(size ? value : "", size ? size : 1);
-	if (!op->value) {
+	xop = xop_of(op);
+	xop->flags = (unsigned)flags;
+	xop->value = efs_mem_memdup(size ? value : "", size ? size : 1);
+	if (!xop->value) {
 		efs_fs_op_finish(op, -ENOMEM);
 		return;
 	}
-	op->value_len = size;
+	xop->value_len = size;
 	efs_fs_op_run(op);
 }
 
@@ -372,11 +404,13 @@ void efs_fs_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 
 static int reply_sized(struct efs_fs_op *op, const void *buf, size_t len)
 {
-	if (op->size == 0) {
+	struct xattr_op *xop = xop_of(op);
+
+	if (xop->size == 0) {
 		efs_fs_rq_xattr(op->rq, len);
 		return EFS_FS_DONE;
 	}
-	if (len > op->size)
+	if (len > xop->size)
 		return -ERANGE;
 	efs_fs_rq_buf(op->rq, buf, len);
 	return EFS_FS_DONE;
@@ -404,6 +438,8 @@ static int get_plan(struct efs_fs_op *op)
 
 static const struct efs_fs_opdesc getxattr_desc = {
 	.code = EFS_FS_OP_GETXATTR,
+	.size = sizeof(struct xattr_op),
+	.release = xattr_release,
 	.plan = get_plan,
 	.build = efs_fs_no_build, /* plan answers */
 	.done = efs_fs_ok_done,
@@ -412,10 +448,11 @@ static const struct efs_fs_opdesc getxattr_desc = {
 void efs_fs_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
 	struct efs_fs_op *op = op_start(req, &getxattr_desc, ino, name, 0, false);
+	struct xattr_op *xop = xop_of(op);
 
 	if (!op)
 		return;
-	op->size = size;
+	xop->size = size;
 	efs_fs_op_run(op);
 }
 
@@ -472,6 +509,8 @@ static int list_plan(struct efs_fs_op *op)
 
 static const struct efs_fs_opdesc listxattr_desc = {
 	.code = EFS_FS_OP_LISTXATTR,
+	.size = sizeof(struct xattr_op),
+	.release = xattr_release,
 	.plan = list_plan,
 	.build = efs_fs_no_build,
 	.done = efs_fs_ok_done,
@@ -480,9 +519,10 @@ static const struct efs_fs_opdesc listxattr_desc = {
 void efs_fs_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
 	struct efs_fs_op *op = op_start(req, &listxattr_desc, ino, NULL, 0, false);
+	struct xattr_op *xop = xop_of(op);
 
 	if (!op)
 		return;
-	op->size = size;
+	xop->size = size;
 	efs_fs_op_run(op);
 }
