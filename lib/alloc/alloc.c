@@ -360,18 +360,6 @@ static int send_txn(struct efs_alloc *a, struct efs_etcd_txn *t, acall_fn fn, ui
 	return 0;
 }
 
-static int put_msg(struct efs_etcd_txn *t, const struct efs_meta_key *k, const ProtobufCMessage *m,
-		   int64_t lease)
-{
-	ProtobufCBinaryData b;
-	int r = efs_meta_pack(m, &b);
-
-	if (r < 0)
-		return r;
-	r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, k->buf, k->len, b.data, b.len, lease);
-	efs_mem_free(b.data);
-	return r;
-}
 
 /* Counts one of this module's mutating transactions under origin "space". */
 static void count_txn(struct efs_alloc *a, const struct efs_etcd_result *r,
@@ -423,7 +411,7 @@ static int put_map(struct efs_alloc *a, struct efs_etcd_txn *t, uint32_t gi,
 	af.free_blocks = fm->nfree;
 	r = efs_meta_key_ag(&a->ns, gi, EFS_META_K_AG_FREE, &k);
 	if (r == 0)
-		r = put_msg(t, &k, &af.base, 0);
+		r = efs_meta_txn_put(t, EFS_ETCD_TXN_SUCCESS, &k, &af.base, 0);
 	return r;
 }
 
@@ -946,7 +934,7 @@ static void claim_next(struct efs_alloc *a)
 	ow.session_generation = efs_session_generation(a->s);
 	ow.lease_id = efs_session_lease_id(a->s);
 	if (r == 0)
-		r = put_msg(t, &k, &ow.base, ow.lease_id);
+		r = efs_meta_txn_put(t, EFS_ETCD_TXN_SUCCESS, &k, &ow.base, ow.lease_id);
 	if (r < 0) {
 		efs_etcd_txn_free(t);
 		claim_done(a, r);
@@ -1626,7 +1614,7 @@ static void drain_next(struct efs_alloc *a)
 		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_VERSION, EFS_ETCD_CMP_GREATER,
 					 in->key.buf, in->key.len, 0);
 	if (r == 0)
-		r = put_msg(t, &in->key, &fi.base, 0);
+		r = efs_meta_txn_put(t, EFS_ETCD_TXN_SUCCESS, &in->key, &fi.base, 0);
 	efs_mem_free(rv);
 	efs_mem_free(rp);
 	if (r == 0) {
@@ -2111,7 +2099,7 @@ static int build_intent(struct efs_alloc_txn *t, struct tgrp *tg, struct efs_etc
 			r = efs_etcd_txn_compare(txn, EFS_ETCD_CMP_CREATE, EFS_ETCD_CMP_EQUAL,
 						 k.buf, k.len, 0);
 		if (r == 0)
-			r = put_msg(txn, &k, &fi.base, 0);
+			r = efs_meta_txn_put(txn, EFS_ETCD_TXN_SUCCESS, &k, &fi.base, 0);
 	}
 	efs_mem_free(rv);
 	efs_mem_free(rp);

@@ -552,9 +552,7 @@ static void statfs_next(struct efs_fs_op *op)
 		if (r == 0)
 			r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0);
 	}
-	if (r == 0)
-		r = efs_fs_read_txn(fs, t, statfs_ag_cb, op);
-	efs_etcd_txn_free(t);
+	r = efs_fs_read_txn(fs, t, r, statfs_ag_cb, op);
 	if (r < 0)
 		efs_fs_op_finish(op, r == -ENOMEM ? -ENOMEM : -EIO);
 }

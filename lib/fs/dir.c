@@ -170,17 +170,9 @@ static int fetch_attrs(struct efs_fs_op *op)
 
 	r = efs_etcd_txn_new(&t, 0);
 	for (size_t i = st->attr_from;
-	     r == 0 && i < st->attr_to && i < st->attr_from + EFS_FS_PLUS_BATCH; i++) {
-		struct efs_meta_key k;
-
-		r = efs_meta_key_inode(&op->fs->ns, h->ents[i].ino, &k);
-		if (r == 0)
-			r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0);
-	}
-	if (r == 0)
-		r = efs_fs_read_txn(op->fs, t, page_attr_cb, op);
-	efs_etcd_txn_free(t);
-	return r;
+	     r == 0 && i < st->attr_to && i < st->attr_from + EFS_FS_PLUS_BATCH; i++)
+		r = efs_fs_txn_read_inode(op->fs, t, h->ents[i].ino);
+	return efs_fs_read_txn(op->fs, t, r, page_attr_cb, op);
 }
 
 static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
@@ -690,25 +682,20 @@ static void readdir_done(struct efs_fs_op *op)
 {
 }
 
-static const struct efs_fs_opdesc readdir_desc = {
-	.code = EFS_FS_OP_READDIR,
-	.size = sizeof(struct dir_op),
-	.plan = readdir_plan,
-	.prepare = dir_list,
-	.build = efs_fs_no_build, /* the listing answers */
-	.done = readdir_done,
-	.release = dir_state_free,
-};
+/* The listing is all prepare: it answers from there. */
+#define LIST_DESC(var, opcode)                                                                     \
+	static const struct efs_fs_opdesc var = {                                                  \
+		.code = opcode,                                                                    \
+		.size = sizeof(struct dir_op),                                                     \
+		.plan = readdir_plan,                                                              \
+		.prepare = dir_list,                                                               \
+		.build = efs_fs_no_build,                                                          \
+		.done = readdir_done,                                                              \
+		.release = dir_state_free,                                                         \
+	}
 
-static const struct efs_fs_opdesc readdirplus_desc = {
-	.code = EFS_FS_OP_READDIRPLUS,
-	.size = sizeof(struct dir_op),
-	.plan = readdir_plan,
-	.prepare = dir_list,
-	.build = efs_fs_no_build, /* the listing answers */
-	.done = readdir_done,
-	.release = dir_state_free,
-};
+LIST_DESC(readdir_desc, EFS_FS_OP_READDIR);
+LIST_DESC(readdirplus_desc, EFS_FS_OP_READDIRPLUS);
 
 static void readdir_start(fuse_req_t req, const struct efs_fs_opdesc *d, fuse_ino_t ino,
 			  size_t size, off_t off, struct fuse_file_info *fi, bool plus)

@@ -415,6 +415,7 @@ struct efs_fs_op {
 	size_t nkv_loaded; /* kv entries the last load covered */
 
 	struct efs_session_waiter sw;
+	void (*after_session)(struct efs_fs_op *op); /* the step |sw| resumes */
 	struct efs_lock_req lr;
 	unsigned lock_flags; /* EFS_LOCK_F_* of its lock requests */
 	enum efs_lock_mode held_before[EFS_LOCK_REQ_MAX];
@@ -570,6 +571,11 @@ void efs_fs_op_restart(struct efs_fs_op *op);
  * mode wins), and a key to read. -E2BIG beyond the bounds. */
 int efs_fs_want(struct efs_fs_op *op, uint64_t ino, enum efs_lock_mode mode);
 struct efs_fs_kv *efs_fs_want_kv(struct efs_fs_op *op);
+/* Reads the keys of |family| under inode |ino| (names only), at most
+ * |limit| (0: all): the read's 1-based index in op->kv, or a negative
+ * errno (-E2BIG beyond the bound). */
+int efs_fs_want_keys(struct efs_fs_op *op, enum efs_meta_family family, uint64_t ino,
+		     int64_t limit);
 /* The cached record of a planned inode (NULL: it does not exist). */
 const Etcfs__Inode *efs_fs_rec(const struct efs_fs_op *op, uint64_t ino);
 int64_t efs_fs_rec_rev(const struct efs_fs_op *op, uint64_t ino);
@@ -603,13 +609,22 @@ int64_t efs_fs_now(void);
 Etcfs__Inode *efs_fs_rec_dup(const Etcfs__Inode *rec);
 /* Counts one transaction of |origin| with outcome |oc|. */
 void efs_fs_count_txn(struct efs_fs *fs, enum efs_fs_origin origin, enum efs_fs_outcome oc);
+/* A mutation's reply (|r|, |resp| when there was no error), classified
+ * and counted under |origin|: an error whose outcome is unknown (a lost
+ * reply, a timeout) is UNKNOWN, any other error ERROR, failed compares
+ * CONFLICT. */
+enum efs_fs_outcome efs_fs_txn_outcome(struct efs_fs *fs, enum efs_fs_origin origin,
+				       const struct efs_etcd_result *r,
+				       const Etcdserverpb__TxnResponse *resp);
 /* Counts the inode records (count-only range over i/). */
 int efs_fs_count_inodes(struct efs_fs *fs, efs_etcd_range_cb cb, void *arg);
-/* Sends the read-only transaction |t| (ranges only; serialised before
- * this returns, so |t| may be freed) and calls |cb| once, as
- * efs_etcd_txn does: for dir.c and attr.c reads outside the plan/load
- * cycle. */
-int efs_fs_read_txn(struct efs_fs *fs, struct efs_etcd_txn *t, efs_etcd_txn_cb cb, void *arg);
+/* Sends the read-only transaction |t| (ranges only) unless |r|, the
+ * result of building it, is an error, and frees |t|; |cb| runs once, as
+ * for efs_etcd_txn, when it went out. Returns |r| or the send's error. */
+int efs_fs_read_txn(struct efs_fs *fs, struct efs_etcd_txn *t, int r, efs_etcd_txn_cb cb,
+		    void *arg);
+/* Adds a read of inode |ino|'s record to |t|. */
+int efs_fs_txn_read_inode(struct efs_fs *fs, struct efs_etcd_txn *t, uint64_t ino);
 
 /* ---- Inode cache (inode.c) ---- */
 

@@ -124,6 +124,21 @@ void efs_fs_count_txn(struct efs_fs *fs, enum efs_fs_origin origin, enum efs_fs_
 	efs_counter_inc(fs->m_txns[origin][oc]);
 }
 
+enum efs_fs_outcome efs_fs_txn_outcome(struct efs_fs *fs, enum efs_fs_origin origin,
+				       const struct efs_etcd_result *r,
+				       const Etcdserverpb__TxnResponse *resp)
+{
+	enum efs_fs_outcome oc;
+
+	if (r->err)
+		oc = r->outcome_unknown || r->err == -ETIMEDOUT ? EFS_FS_TXN_UNKNOWN
+								 : EFS_FS_TXN_ERROR;
+	else
+		oc = resp->succeeded ? EFS_FS_TXN_OK : EFS_FS_TXN_CONFLICT;
+	efs_fs_count_txn(fs, origin, oc);
+	return oc;
+}
+
 static void count_lock_txns(struct efs_fs *fs)
 {
 	struct efs_lockcache_stats st;
@@ -146,9 +161,23 @@ static void count_lock_txns(struct efs_fs *fs)
 	}
 }
 
-int efs_fs_read_txn(struct efs_fs *fs, struct efs_etcd_txn *t, efs_etcd_txn_cb cb, void *arg)
+int efs_fs_read_txn(struct efs_fs *fs, struct efs_etcd_txn *t, int r, efs_etcd_txn_cb cb,
+		    void *arg)
 {
-	return efs_etcd_txn(fs->c, efs_etcd_txn_request(t), NULL, cb, arg);
+	if (r == 0)
+		r = efs_etcd_txn(fs->c, efs_etcd_txn_request(t), NULL, cb, arg);
+	efs_etcd_txn_free(t);
+	return r;
+}
+
+int efs_fs_txn_read_inode(struct efs_fs *fs, struct efs_etcd_txn *t, uint64_t ino)
+{
+	struct efs_meta_key k;
+	int r = efs_meta_key_inode(&fs->ns, ino, &k);
+
+	if (r == 0)
+		r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0);
+	return r;
 }
 
 /* ---- Reply helpers ---- */
@@ -535,6 +564,26 @@ struct efs_fs_kv *efs_fs_want_kv(struct efs_fs_op *op)
 	return kv;
 }
 
+int efs_fs_want_keys(struct efs_fs_op *op, enum efs_meta_family family, uint64_t ino,
+		     int64_t limit)
+{
+	struct efs_meta_range rg;
+	struct efs_fs_kv *kv;
+	int r;
+
+	r = efs_meta_range_ino(&op->fs->ns, family, ino, &rg);
+	if (r < 0)
+		return r;
+	kv = efs_fs_want_kv(op);
+	if (!kv)
+		return -E2BIG;
+	kv->key = rg.key;
+	kv->end = rg.end;
+	kv->limit = limit;
+	kv->keys_only = true;
+	return (int)op->nkv;
+}
+
 const Etcfs__Inode *efs_fs_rec(const struct efs_fs_op *op, uint64_t ino)
 {
 	for (size_t i = 0; i < op->nslots; i++)
@@ -760,20 +809,28 @@ static void session_cb(struct efs_session_waiter *w, int status, bool generation
 		efs_fs_op_finish(op, -EIO);
 		return;
 	}
-	session_ready(op);
+	op->after_session(op);
+}
+
+/* Goes on with |then| once the session is ACTIVE (now, when it is): 0, or
+ * -EIO when it cannot be waited for. */
+static int session_then(struct efs_fs_op *op, void (*then)(struct efs_fs_op *op))
+{
+	int r;
+
+	op->after_session = then;
+	r = efs_session_wait(op->fs->s, &op->sw, session_cb, op);
+	if (r < 0)
+		return -EIO;
+	if (r == 1)
+		then(op);
+	return 0;
 }
 
 static void step_session(struct efs_fs_op *op)
 {
-	int r;
-
-	r = efs_session_wait(op->fs->s, &op->sw, session_cb, op);
-	if (r < 0) {
+	if (session_then(op, session_ready) < 0)
 		efs_fs_op_finish(op, -EIO);
-		return;
-	}
-	if (r == 1)
-		session_ready(op);
 }
 
 static void lock_cb(struct efs_lock_req *req, int status);
@@ -967,18 +1024,10 @@ static void step_load(struct efs_fs_op *op)
 		fill_range(&rq, &op->kv[i]);
 		r = efs_etcd_txn_range_req(t, EFS_ETCD_TXN_SUCCESS, &rq);
 	}
-	for (size_t i = 0; r == 0 && i < op->nslots; i++) {
-		struct efs_meta_key k;
-
-		if (!op->slots[i].loading)
-			continue;
-		r = efs_meta_key_inode(&fs->ns, op->slots[i].ino, &k);
-		if (r == 0)
-			r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0);
-	}
-	if (r == 0)
-		r = efs_fs_read_txn(fs, t, load_cb, op);
-	efs_etcd_txn_free(t);
+	for (size_t i = 0; r == 0 && i < op->nslots; i++)
+		if (op->slots[i].loading)
+			r = efs_fs_txn_read_inode(fs, t, op->slots[i].ino);
+	r = efs_fs_read_txn(fs, t, r, load_cb, op);
 	if (r < 0)
 		efs_fs_op_finish(op, r == -ENOMEM ? -ENOMEM : -EIO);
 }
@@ -1053,18 +1102,6 @@ bad:
 	efs_fs_op_finish(op, -EIO);
 }
 
-static void reload_session_cb(struct efs_session_waiter *w, int status, bool generation_changed)
-{
-	struct efs_fs_op *op = w->arg;
-
-	(void)generation_changed;
-	if (status < 0) {
-		efs_fs_op_finish(op, -EIO);
-		return;
-	}
-	step_load(op);
-}
-
 /*
  * A read that failed for a transient reason is sent again — but while the
  * session is not ACTIVE (etcd unreachable, a quorum loss) the retry first
@@ -1074,8 +1111,6 @@ static void reload_session_cb(struct efs_session_waiter *w, int status, bool gen
  */
 static bool read_retry(struct efs_fs_op *op, const struct efs_etcd_result *r)
 {
-	int w;
-
 	if (!(r->outcome_unknown || r->err == -ETIMEDOUT || r->err == -ECONNRESET ||
 	      r->err == -EAGAIN || r->err == -ENOTCONN))
 		return false;
@@ -1084,11 +1119,18 @@ static bool read_retry(struct efs_fs_op *op, const struct efs_etcd_result *r)
 	efs_counter_inc(op->fs->m_retries);
 	efs_log_debug("fs: %s: read failed (%s), again", efs_fs_op_names[op->d->code],
 		      r->message);
-	w = efs_session_wait(op->fs->s, &op->sw, reload_session_cb, op);
-	if (w < 0)
+	return session_then(op, step_load) == 0;
+}
+
+/* A load that failed is sent again or ends the operation: true then. */
+static bool load_failed(struct efs_fs_op *op, const struct efs_etcd_result *r)
+{
+	if (!r->err)
 		return false;
-	if (w == 1)
-		step_load(op);
+	if (read_retry(op, r))
+		return true;
+	efs_log_debug("fs: %s: read failed: %s", efs_fs_op_names[op->d->code], r->message);
+	efs_fs_op_finish(op, -EIO);
 	return true;
 }
 
@@ -1096,13 +1138,8 @@ static void load1_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *res
 {
 	struct efs_fs_op *op = arg;
 
-	if (r->err) {
-		if (read_retry(op, r))
-			return;
-		efs_log_debug("fs: %s: read failed: %s", efs_fs_op_names[op->d->code], r->message);
-		efs_fs_op_finish(op, -EIO);
+	if (load_failed(op, r))
 		return;
-	}
 	r->resp = NULL;
 	op->rresp1 = resp;
 	load_parse(op, &resp, 1, resp->header ? resp->header->revision : 0);
@@ -1114,13 +1151,8 @@ static void load_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, 
 	Etcdserverpb__RangeResponse *rrs[EFS_FS_KV_MAX + EFS_LOCK_REQ_MAX];
 	size_t n = 0;
 
-	if (r->err) {
-		if (read_retry(op, r))
-			return;
-		efs_log_debug("fs: %s: read failed: %s", efs_fs_op_names[op->d->code], r->message);
-		efs_fs_op_finish(op, -EIO);
+	if (load_failed(op, r))
 		return;
-	}
 	r->resp = NULL;
 	op->rresp = resp;
 	for (size_t i = 0; i < resp->n_responses && n < EFS_FS_KV_MAX + EFS_LOCK_REQ_MAX; i++) {
@@ -1285,10 +1317,9 @@ static void ino_txn_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *res
 {
 	struct ino_reserve *ir = arg;
 	struct efs_fs *fs = ir->fs;
+	enum efs_fs_outcome oc = efs_fs_txn_outcome(fs, EFS_FS_ORIG_INO, r, resp);
 
 	if (r->err) {
-		efs_fs_count_txn(fs, EFS_FS_ORIG_INO,
-				 r->outcome_unknown ? EFS_FS_TXN_UNKNOWN : EFS_FS_TXN_ERROR);
 		/* After an unknown outcome the block may be ours or not: numbers
 		 * are never reused, so simply reserve again. */
 		if (r->outcome_unknown && ++ir->tries < EFS_FS_RETRY_MAX) {
@@ -1298,15 +1329,13 @@ static void ino_txn_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *res
 		}
 		goto fail;
 	}
-	if (!resp->succeeded) {
-		efs_fs_count_txn(fs, EFS_FS_ORIG_INO, EFS_FS_TXN_CONFLICT);
+	if (oc == EFS_FS_TXN_CONFLICT) {
 		if (++ir->tries < EFS_FS_RETRY_MAX) {
 			ino_read(ir);
 			return;
 		}
 		goto fail;
 	}
-	efs_fs_count_txn(fs, EFS_FS_ORIG_INO, EFS_FS_TXN_OK);
 	fs->ino_next = ir->next;
 	fs->ino_end = ir->next + fs->ino_batch;
 	ino_finish(ir, 0);
@@ -1323,7 +1352,6 @@ static void ino_read_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *
 	Etcfs__InoCounter nc = ETCFS__INO_COUNTER__INIT;
 	struct efs_etcd_txn *t = NULL;
 	struct efs_meta_key k;
-	ProtobufCBinaryData b = {0};
 	int64_t rev;
 	int e;
 
@@ -1345,12 +1373,9 @@ static void ino_read_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *
 		e = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, k.buf, k.len,
 					 rev);
 	if (e == 0)
-		e = efs_meta_pack(&nc.base, &b);
-	if (e == 0)
-		e = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, b.data, b.len, 0);
+		e = efs_meta_txn_put(t, EFS_ETCD_TXN_SUCCESS, &k, &nc.base, 0);
 	if (e == 0)
 		e = efs_etcd_txn(fs->c, efs_etcd_txn_request(t), NULL, ino_txn_cb, ir);
-	efs_mem_free(b.data);
 	efs_etcd_txn_free(t);
 	if (e < 0)
 		goto fail;
@@ -1552,12 +1577,11 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 {
 	struct efs_fs_op *op = arg;
 	struct efs_fs *fs = op->fs;
-	enum efs_fs_origin orig = op->d->origin;
+	enum efs_fs_outcome oc = efs_fs_txn_outcome(fs, op->d->origin, r, resp);
 
 	if (r->err) {
 		efs_capacity_note_error(fs->cap, r->err);
-		if (r->outcome_unknown || r->err == -ETIMEDOUT) {
-			efs_fs_count_txn(fs, orig, EFS_FS_TXN_UNKNOWN);
+		if (oc == EFS_FS_TXN_UNKNOWN) {
 			efs_counter_inc(fs->m_retries);
 			op->unsettled = true;
 			report_outcome(op, EFS_FS_UNKNOWN, 0);
@@ -1578,7 +1602,6 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 			step_session(op);
 			return;
 		}
-		efs_fs_count_txn(fs, orig, EFS_FS_TXN_ERROR);
 		efs_log_debug("fs: %s: transaction failed: %s", efs_fs_op_names[op->d->code],
 			      r->message);
 		report_outcome(op, EFS_FS_FAILED, 0);
@@ -1596,8 +1619,7 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 		efs_fs_op_finish(op, r->err == -ENOSPC ? -ENOSPC : -EIO);
 		return;
 	}
-	if (!resp->succeeded) {
-		efs_fs_count_txn(fs, orig, EFS_FS_TXN_CONFLICT);
+	if (oc == EFS_FS_TXN_CONFLICT) {
 		efs_counter_inc(fs->m_retries);
 		report_outcome(op, EFS_FS_FAILED, 0);
 		if (op->granted) {
@@ -1612,7 +1634,6 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 		step_session(op);
 		return;
 	}
-	efs_fs_count_txn(fs, orig, EFS_FS_TXN_OK);
 	op_done(op, resp->header ? resp->header->revision : 0);
 }
 

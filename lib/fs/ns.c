@@ -106,6 +106,26 @@ static void ns_release(struct efs_fs_op *op)
 	efs_mem_free(nop_of(op)->link);
 }
 
+/*
+ * A namespace descriptor: its record (struct ns_op, freed by ns_release),
+ * opcode, origin, flags (mutates, reserves a new inode, grows the
+ * metadata) and steps.
+ */
+#define NS_DESC(var, opc, orig, mut, newi, grow, plan_, prepare_, build_, done_)                    \
+	static const struct efs_fs_opdesc var = {                                                  \
+		.code = opc,                                                                       \
+		.size = sizeof(struct ns_op),                                                      \
+		.origin = orig,                                                                    \
+		.mutates = mut,                                                                    \
+		.new_inode = newi,                                                                 \
+		.grows = grow,                                                                     \
+		.plan = plan_,                                                                     \
+		.prepare = prepare_,                                                               \
+		.build = build_,                                                                   \
+		.done = done_,                                                                     \
+		.release = ns_release,                                                             \
+	}
+
 /* The |done| of operations that reply success without data. */
 static void ns_ok_done(struct efs_fs_op *op)
 {
@@ -165,7 +185,6 @@ static int put_orphan(struct efs_fs_op *op, uint64_t ino)
 {
 	Etcfs__Orphan o = ETCFS__ORPHAN__INIT;
 	struct efs_meta_key k;
-	ProtobufCBinaryData b;
 	int r;
 
 	o.since_ns = efs_fs_now();
@@ -174,12 +193,7 @@ static int put_orphan(struct efs_fs_op *op, uint64_t ino)
 	r = efs_meta_key_orphan(&op->fs->ns, ino, &k);
 	if (r < 0)
 		return r;
-	r = efs_meta_pack(&o.base, &b);
-	if (r < 0)
-		return r;
-	r = efs_etcd_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, b.data, b.len, 0);
-	efs_mem_free(b.data);
-	return r;
+	return efs_meta_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, &k, &o.base, 0);
 }
 
 /* The last link of |ino| (record |rec|, nlink already 0) goes: delete it,
@@ -223,23 +237,14 @@ static int cmp_empty(struct efs_fs_op *op, uint64_t ino)
 
 static int want_empty_kv(struct efs_fs_op *op, uint64_t ino, int *idx)
 {
-	struct efs_fs_kv *kv;
-	struct efs_meta_range rg;
 	int r;
 
 	if (*idx)
 		return 0;
-	r = efs_meta_range_ino(&op->fs->ns, EFS_META_K_DIRENT, ino, &rg);
+	r = efs_fs_want_keys(op, EFS_META_K_DIRENT, ino, 1);
 	if (r < 0)
 		return r;
-	kv = efs_fs_want_kv(op);
-	if (!kv)
-		return -E2BIG;
-	kv->key = rg.key;
-	kv->end = rg.end;
-	kv->limit = 1;
-	kv->keys_only = true;
-	*idx = (int)op->nkv; /* 1-based */
+	*idx = r; /* 1-based */
 	return 0;
 }
 
@@ -335,14 +340,8 @@ negative: {
 }
 }
 
-static const struct efs_fs_opdesc lookup_desc = {
-	.code = EFS_FS_OP_LOOKUP,
-	.size = sizeof(struct ns_op),
-	.release = ns_release,
-	.plan = lookup_plan,
-	.build = efs_fs_no_build,
-	.done = efs_fs_no_done,
-};
+NS_DESC(lookup_desc, EFS_FS_OP_LOOKUP, 0, false, false, false, lookup_plan, NULL,
+	efs_fs_no_build, efs_fs_no_done);
 
 void efs_fs_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
@@ -567,19 +566,7 @@ static void mk_done(struct efs_fs_op *op)
 		efs_fs_handle_free(fs, h);
 }
 
-#define MK_DESC(var, opcode, orig)                                                                 \
-	static const struct efs_fs_opdesc var = {                                                  \
-		.code = opcode,                                                                    \
-		.size = sizeof(struct ns_op),                                                      \
-		.release = ns_release,                                                             \
-		.origin = orig,                                                                    \
-		.mutates = true,                                                                   \
-		.new_inode = true,                                                                 \
-		.grows = true,                                                                     \
-		.plan = mk_plan,                                                                   \
-		.build = mk_build,                                                                 \
-		.done = mk_done,                                                                   \
-	}
+#define MK_DESC(var, opc, orig) NS_DESC(var, opc, orig, true, true, true, mk_plan, NULL, mk_build, mk_done)
 
 MK_DESC(create_desc, EFS_FS_OP_CREATE, EFS_FS_ORIG_CREATE);
 MK_DESC(mknod_desc, EFS_FS_OP_MKNOD, EFS_FS_ORIG_MKNOD);
@@ -749,17 +736,8 @@ static void link_done(struct efs_fs_op *op)
 		efs_fs_reply_entry(op, nop->ino2, nop->name2, nop->name2_len, op->ino, in->rec);
 }
 
-static const struct efs_fs_opdesc link_desc = {
-	.code = EFS_FS_OP_LINK,
-	.size = sizeof(struct ns_op),
-	.release = ns_release,
-	.origin = EFS_FS_ORIG_LINK,
-	.mutates = true,
-	.grows = true,
-	.plan = link_plan,
-	.build = link_build,
-	.done = link_done,
-};
+NS_DESC(link_desc, EFS_FS_OP_LINK, EFS_FS_ORIG_LINK, true, false, true, link_plan, NULL, link_build,
+	link_done);
 
 void efs_fs_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
 {
@@ -876,27 +854,10 @@ out:
 	return r;
 }
 
-static const struct efs_fs_opdesc unlink_desc = {
-	.code = EFS_FS_OP_UNLINK,
-	.size = sizeof(struct ns_op),
-	.release = ns_release,
-	.origin = EFS_FS_ORIG_UNLINK,
-	.mutates = true,
-	.plan = rm_plan,
-	.build = rm_build,
-	.done = ns_ok_done,
-};
-
-static const struct efs_fs_opdesc rmdir_desc = {
-	.code = EFS_FS_OP_RMDIR,
-	.size = sizeof(struct ns_op),
-	.release = ns_release,
-	.origin = EFS_FS_ORIG_RMDIR,
-	.mutates = true,
-	.plan = rm_plan,
-	.build = rm_build,
-	.done = ns_ok_done,
-};
+NS_DESC(unlink_desc, EFS_FS_OP_UNLINK, EFS_FS_ORIG_UNLINK, true, false, false, rm_plan, NULL, rm_build,
+	ns_ok_done);
+NS_DESC(rmdir_desc, EFS_FS_OP_RMDIR, EFS_FS_ORIG_RMDIR, true, false, false, rm_plan, NULL, rm_build,
+	ns_ok_done);
 
 /* Runs |op| once its arguments checked out (|r| == 0) and the filesystem
  * is writable; else ends it with the first error. */
@@ -1266,7 +1227,6 @@ static int rn_build(struct efs_fs_op *op)
 		Etcfs__RenameSeq *seq = NULL;
 		Etcfs__RenameSeq ns = ETCFS__RENAME_SEQ__INIT;
 		struct efs_meta_key k;
-		ProtobufCBinaryData b;
 
 		if (kv->found &&
 		    efs_meta_renameseq_decode(kv->val, kv->val_len, &seq, NULL) == 0) {
@@ -1280,12 +1240,7 @@ static int rn_build(struct efs_fs_op *op)
 			r = efs_etcd_txn_compare(op->txn, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL,
 						 k.buf, k.len, kv->found ? kv->mod_rev : 0);
 		if (r == 0)
-			r = efs_meta_pack(&ns.base, &b);
-		if (r == 0) {
-			r = efs_etcd_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, b.data,
-					     b.len, 0);
-			efs_mem_free(b.data);
-		}
+			r = efs_meta_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, &k, &ns.base, 0);
 		p->walked = false; /* a retry walks again */
 	}
 out:
@@ -1294,17 +1249,8 @@ out:
 	return r;
 }
 
-static const struct efs_fs_opdesc rename_desc = {
-	.code = EFS_FS_OP_RENAME,
-	.size = sizeof(struct ns_op),
-	.release = ns_release,
-	.origin = EFS_FS_ORIG_RENAME,
-	.mutates = true,
-	.plan = rn_plan,
-	.prepare = rn_prepare,
-	.build = rn_build,
-	.done = ns_ok_done,
-};
+NS_DESC(rename_desc, EFS_FS_OP_RENAME, EFS_FS_ORIG_RENAME, true, false, false, rn_plan, rn_prepare,
+	rn_build, ns_ok_done);
 
 void efs_fs_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
 		   const char *newname, unsigned int flags)

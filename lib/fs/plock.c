@@ -50,6 +50,20 @@ struct plk_join {
 	void *arg;
 };
 
+/* A join for |cb|, held (pending 1) until every drop it waits for has
+ * started: the starter ends its hold with join_one. */
+static struct plk_join *join_new(void (*cb)(int status, void *arg), void *arg)
+{
+	struct plk_join *j = efs_mem_calloc(1, sizeof(*j));
+
+	if (!j)
+		return NULL;
+	j->cb = cb;
+	j->arg = arg;
+	j->pending = 1;
+	return j;
+}
+
 struct plk;
 
 struct plk_req {
@@ -440,20 +454,12 @@ static void commit_done(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *re
 	if (!req_back(rq))
 		return;
 	p = rq->p;
-	if (r->err < 0) {
-		efs_fs_count_txn(fs, EFS_FS_ORIG_PLOCK,
-				 r->outcome_unknown ? EFS_FS_TXN_UNKNOWN : EFS_FS_TXN_ERROR);
+	if (efs_fs_txn_outcome(fs, EFS_FS_ORIG_PLOCK, r, resp) != EFS_FS_TXN_OK) {
 		/* Retrying is safe: applying the request again to what is
 		 * stored gives the same state. */
 		req_retry(rq);
 		return;
 	}
-	if (!resp->succeeded) {
-		efs_fs_count_txn(fs, EFS_FS_ORIG_PLOCK, EFS_FS_TXN_CONFLICT);
-		req_retry(rq);
-		return;
-	}
-	efs_fs_count_txn(fs, EFS_FS_ORIG_PLOCK, EFS_FS_TXN_OK);
 	rev = resp->header ? resp->header->revision : 0;
 	o = owner_live(p, rq->ino, rq->owner);
 	if (o && o->rev > rev) {
@@ -923,12 +929,9 @@ int efs_fs_plock_flush(struct efs_fs *fs, uint64_t ino, uint64_t lock_owner,
 	o = owner_live(p, ino, lock_owner);
 	if (!o || o->posix.n == 0)
 		return 1;
-	j = efs_mem_calloc(1, sizeof(*j));
+	j = join_new(cb, arg);
 	if (!j)
 		return -ENOMEM;
-	j->cb = cb;
-	j->arg = arg;
-	j->pending = 1; /* held until every drop started */
 	r = drop_start(p, j, ino, lock_owner, true, false);
 	if (r < 0) {
 		efs_mem_free(j);
@@ -948,12 +951,9 @@ int efs_fs_plock_release(struct efs_fs *fs, struct efs_fs_handle *h, uint64_t lo
 
 	if (!p || !h)
 		return 1;
-	j = efs_mem_calloc(1, sizeof(*j));
+	j = join_new(cb, arg);
 	if (!j)
 		return -ENOMEM;
-	j->cb = cb;
-	j->arg = arg;
-	j->pending = 1;
 	for (struct plk_owner *o = p->owners; o; o = o->next) {
 		bool by_owner = lock_owner != 0 && o->ino == h->ino && o->owner == lock_owner;
 		bool by_handle = o->h == h && o->posix.n > 0;

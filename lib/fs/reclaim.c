@@ -140,7 +140,6 @@ int efs_fs_reclaim_put(struct efs_fs_op *op, uint64_t ino)
 	Etcfs__Reclaim rec = ETCFS__RECLAIM__INIT;
 	const Etcfs__Inode *in = efs_fs_rec(op, ino);
 	struct efs_meta_key k;
-	ProtobufCBinaryData b;
 	int r;
 
 	if (!op->txn)
@@ -152,12 +151,7 @@ int efs_fs_reclaim_put(struct efs_fs_op *op, uint64_t ino)
 	r = efs_meta_key_reclaim(&op->fs->ns, ino, &k);
 	if (r < 0)
 		return r;
-	r = efs_meta_pack(&rec.base, &b);
-	if (r < 0)
-		return r;
-	r = efs_etcd_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, b.data, b.len, 0);
-	efs_mem_free(b.data);
-	return r;
+	return efs_meta_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, &k, &rec.base, 0);
 }
 
 /* ---- Pass ---- */
@@ -285,21 +279,35 @@ static void scan_orphans(struct rc *rc)
 	}
 }
 
+/* The first range of a read's reply, the reply kept in *|keep|; NULL
+ * after a failed read, which ends the pass. */
+static Etcdserverpb__RangeResponse *read_result(struct rc *rc, struct efs_etcd_result *r,
+						Etcdserverpb__TxnResponse *resp,
+						Etcdserverpb__TxnResponse **keep, const char *what)
+{
+	Etcdserverpb__RangeResponse *rr = NULL;
+
+	if (r->err < 0 || efs_etcd_txn_resp_range(resp, 0, &rr) < 0) {
+		efs_log_warn("reclaim: reading %s failed: %s", what, r->message);
+		pass_end(rc, true);
+		return NULL;
+	}
+	*keep = resp;
+	r->resp = NULL;
+	return rr;
+}
+
 static void list_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
 {
 	struct rc *rc = call_end(arg);
-	Etcdserverpb__RangeResponse *rr = NULL;
+	Etcdserverpb__RangeResponse *rr;
 	const char *me;
 
 	if (!rc)
 		return;
-	if (r->err < 0 || efs_etcd_txn_resp_range(resp, 0, &rr) < 0) {
-		efs_log_warn("reclaim: reading reclaim records failed: %s", r->message);
-		pass_end(rc, true);
+	rr = read_result(rc, r, resp, &rc->list, "reclaim records");
+	if (!rr)
 		return;
-	}
-	rc->list = resp;
-	r->resp = NULL;
 	me = efs_session_node(rc->fs->s);
 	rc->recs = efs_mem_calloc(rr->n_kvs ? rr->n_kvs : 1, sizeof(*rc->recs));
 	if (!rc->recs) {
@@ -426,60 +434,70 @@ static void batch_applied(struct rc *rc, int64_t rev)
 	batch_read(rc);
 }
 
+/* The batch's allocator contribution ends with |oc| (|rev|: the commit's
+ * revision): the batch no longer holds it nor the map token. */
+static void batch_settle(struct rc *rc, enum efs_alloc_outcome oc, int64_t rev)
+{
+	struct efs_alloc_txn *at = rc->at;
+
+	rc->at = NULL;
+	rc->at_granted = false;
+	efs_alloc_txn_end(at, oc, rev);
+}
+
+/* The batch did not apply (or cannot be known to have): its contribution
+ * ends as FAILED, which makes the allocator re-read its maps (a freed
+ * block then stays used until fsck: no corruption), and the pass ends. */
+static void batch_failed(struct rc *rc)
+{
+	batch_settle(rc, EFS_ALLOC_FAILED, 0);
+	pass_end(rc, true);
+}
+
 static void verify_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
 {
 	struct rc *rc = call_end(arg);
 	Etcdserverpb__RangeResponse *rr = NULL;
-	struct efs_alloc_txn *at;
 
 	if (!rc)
 		return;
-	at = rc->at;
 	if (r->err < 0 || efs_etcd_txn_resp_range(resp, 0, &rr) < 0) {
 		/* Still unknown: leave the contribution unsettled is not allowed;
 		 * re-reading later is done by a new verify. */
 		efs_log_warn("reclaim: verifying a batch failed: %s", r->message);
-		rc->at = NULL;
-		rc->at_granted = false;
-		efs_alloc_txn_end(at, EFS_ALLOC_FAILED, 0);
-		pass_end(rc, true);
+		batch_failed(rc);
 		return;
 	}
-	rc->at = NULL;
-	rc->at_granted = false;
-	if (rr->n_kvs == 0) {
-		efs_alloc_txn_end(at, EFS_ALLOC_COMMITTED,
-				  resp->header ? resp->header->revision : 0);
-		/* The record's mod_revision is unknown: start a fresh pass. */
-		rc->freed += efs_runs_total(&rc->runs);
-		pass_end(rc, false);
-		rc->again = false;
-		uv_timer_start(rc->timer, timer_cb, 0, 0);
+	if (rr->n_kvs != 0) {
+		batch_failed(rc);
 		return;
 	}
-	efs_alloc_txn_end(at, EFS_ALLOC_FAILED, 0);
-	pass_end(rc, true);
+	batch_settle(rc, EFS_ALLOC_COMMITTED, resp->header ? resp->header->revision : 0);
+	/* The record's mod_revision is unknown: start a fresh pass. */
+	rc->freed += efs_runs_total(&rc->runs);
+	pass_end(rc, false);
+	rc->again = false;
+	uv_timer_start(rc->timer, timer_cb, 0, 0);
 }
 
 static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
 {
 	struct rc *rc = call_end(arg);
+	enum efs_fs_outcome oc;
 	struct efs_fs *fs;
-	struct efs_alloc_txn *at;
 
 	if (!rc)
 		return;
 	fs = rc->fs;
-	at = rc->at;
-	if (r->err < 0 && (r->outcome_unknown || r->err == -ETIMEDOUT)) {
+	oc = efs_fs_txn_outcome(fs, EFS_FS_ORIG_RECLAIM, r, resp);
+	if (oc == EFS_FS_TXN_UNKNOWN) {
 		struct efs_etcd_txn *t = NULL;
 		struct efs_meta_key k;
 		const uint8_t *vk;
 		size_t vlen;
 		int e = 0;
 
-		efs_fs_count_txn(fs, EFS_FS_ORIG_RECLAIM, EFS_FS_TXN_UNKNOWN);
-		efs_alloc_txn_end(at, EFS_ALLOC_UNKNOWN, 0);
+		efs_alloc_txn_end(rc->at, EFS_ALLOC_UNKNOWN, 0);
 		if (rc->nchunks > 0) {
 			/* The first chunk deleted tells whether it applied. */
 			vk = rc->chunks->kvs[0]->key.data;
@@ -499,35 +517,18 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 			t = NULL;
 		}
 		efs_etcd_txn_free(t);
-		if (e == 0)
-			return;
-		/* Cannot verify now: the allocator re-reads its maps anyway;
-		 * say FAILED (a freed block then stays used until fsck: no
-		 * corruption). */
-		rc->at = NULL;
-		rc->at_granted = false;
-		efs_alloc_txn_end(at, EFS_ALLOC_FAILED, 0);
-		pass_end(rc, true);
+		if (e < 0)
+			batch_failed(rc); /* cannot verify now */
 		return;
 	}
-	rc->at = NULL;
-	rc->at_granted = false;
-	if (r->err < 0) {
-		efs_fs_count_txn(fs, EFS_FS_ORIG_RECLAIM, EFS_FS_TXN_ERROR);
-		efs_log_warn("reclaim: batch of inode %" PRIu64 " failed: %s",
-			     rc->recs[rc->irec].ino, r->message);
-		efs_alloc_txn_end(at, EFS_ALLOC_FAILED, 0);
-		pass_end(rc, true);
+	if (oc != EFS_FS_TXN_OK) {
+		if (oc == EFS_FS_TXN_ERROR)
+			efs_log_warn("reclaim: batch of inode %" PRIu64 " failed: %s",
+				     rc->recs[rc->irec].ino, r->message);
+		batch_failed(rc);
 		return;
 	}
-	if (!resp->succeeded) {
-		efs_fs_count_txn(fs, EFS_FS_ORIG_RECLAIM, EFS_FS_TXN_CONFLICT);
-		efs_alloc_txn_end(at, EFS_ALLOC_FAILED, 0);
-		pass_end(rc, true);
-		return;
-	}
-	efs_fs_count_txn(fs, EFS_FS_ORIG_RECLAIM, EFS_FS_TXN_OK);
-	efs_alloc_txn_end(at, EFS_ALLOC_COMMITTED, resp->header ? resp->header->revision : 0);
+	batch_settle(rc, EFS_ALLOC_COMMITTED, resp->header ? resp->header->revision : 0);
 	batch_applied(rc, resp->header ? resp->header->revision : 0);
 }
 
@@ -562,17 +563,11 @@ static int batch_send(struct rc *rc)
 	} else if (r == 0) {
 		Etcfs__Reclaim nrec = *rr->rec;
 		uint64_t sect = efs_runs_total(&rc->runs) * (fs->blksize / 512);
-		ProtobufCBinaryData b;
 
 		nrec.next_chunk = rc->next_chunk;
 		nrec.node = (char *)efs_session_node(fs->s);
 		nrec.blocks_left = nrec.blocks_left > sect ? nrec.blocks_left - sect : 0;
-		r = efs_meta_pack(&nrec.base, &b);
-		if (r == 0) {
-			r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, b.data, b.len,
-					     0);
-			efs_mem_free(b.data);
-		}
+		r = efs_meta_txn_put(t, EFS_ETCD_TXN_SUCCESS, &k, &nrec.base, 0);
 	}
 	if (r == 0)
 		r = efs_alloc_txn_free(rc->at, &rc->runs, rr->ino);
@@ -641,20 +636,16 @@ static size_t groups_touched(const struct efs_fs *fs, const struct efs_runs *run
 static void chunks_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
 {
 	struct rc *rc = call_end(arg);
-	Etcdserverpb__RangeResponse *rr = NULL;
+	Etcdserverpb__RangeResponse *rr;
 	struct rc_call *bc;
 	size_t n;
 	int e;
 
 	if (!rc)
 		return;
-	if (r->err < 0 || efs_etcd_txn_resp_range(resp, 0, &rr) < 0) {
-		efs_log_warn("reclaim: reading chunks failed: %s", r->message);
-		pass_end(rc, true);
+	rr = read_result(rc, r, resp, &rc->chunks_resp, "chunks");
+	if (!rr)
 		return;
-	}
-	rc->chunks_resp = resp;
-	r->resp = NULL;
 	rc->chunks = rr;
 	/* Take chunks while the transaction stays within budget. */
 	for (n = 0; n < rr->n_kvs; n++) {

@@ -39,6 +39,20 @@ static void xattr_release(struct efs_fs_op *op)
 	efs_mem_free(xop_of(op)->value);
 }
 
+/* An xattr descriptor: its record (struct xattr_op, freed by
+ * xattr_release), opcode, whether it writes, and its steps. */
+#define XATTR_DESC(var, opc, mut, plan_, build_)                                                   \
+	static const struct efs_fs_opdesc var = {                                                  \
+		.code = opc,                                                                       \
+		.size = sizeof(struct xattr_op),                                                   \
+		.origin = EFS_FS_ORIG_XATTR,                                                       \
+		.mutates = mut,                                                                    \
+		.plan = plan_,                                                                     \
+		.build = build_,                                                                   \
+		.done = efs_fs_ok_done,                                                            \
+		.release = xattr_release,                                                          \
+	}
+
 #define P_USER	   "user."
 #define P_TRUSTED  "trusted."
 #define P_SECURITY "security."
@@ -342,27 +356,8 @@ static int set_build(struct efs_fs_op *op)
 				xop->value_len, 0);
 }
 
-static const struct efs_fs_opdesc setxattr_desc = {
-	.code = EFS_FS_OP_SETXATTR,
-	.size = sizeof(struct xattr_op),
-	.release = xattr_release,
-	.origin = EFS_FS_ORIG_XATTR,
-	.mutates = true,
-	.plan = set_plan,
-	.build = set_build,
-	.done = efs_fs_ok_done,
-};
-
-static const struct efs_fs_opdesc removexattr_desc = {
-	.code = EFS_FS_OP_REMOVEXATTR,
-	.size = sizeof(struct xattr_op),
-	.release = xattr_release,
-	.origin = EFS_FS_ORIG_XATTR,
-	.mutates = true,
-	.plan = set_plan,
-	.build = set_build,
-	.done = efs_fs_ok_done,
-};
+XATTR_DESC(setxattr_desc, EFS_FS_OP_SETXATTR, true, set_plan, set_build);
+XATTR_DESC(removexattr_desc, EFS_FS_OP_REMOVEXATTR, true, set_plan, set_build);
 
 void efs_fs_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
 		     size_t size, int flags)
@@ -416,75 +411,55 @@ static int reply_sized(struct efs_fs_op *op, const void *buf, size_t len)
 	return EFS_FS_DONE;
 }
 
-static int get_plan(struct efs_fs_op *op)
+/*
+ * The plan of getxattr and listxattr: a shared lock, then the read |want|
+ * adds, then |answer| once it is loaded; an inode without xattrs is
+ * answered at once (|none| true).
+ */
+static int read_plan(struct efs_fs_op *op, int (*want)(struct efs_fs_op *op),
+		     int (*answer)(struct efs_fs_op *op, bool none))
 {
 	const Etcfs__Inode *rec = NULL;
-	int r;
+	int r = efs_fs_plan_shared(op, &rec);
 
-	r = efs_fs_plan_shared(op, &rec);
 	if (r <= 0)
 		return r;
-	if (op->nkv == 0) {
-		if (rec->xattr_count == 0)
-			return -ENODATA;
-		return want_xattr_kv(op); /* the engine reads it, then plans again */
-	}
+	if (op->nkv == 0)
+		return rec->xattr_count == 0 ? answer(op, true) : want(op);
 	if (op->nkv_loaded < op->nkv)
 		return EFS_FS_CONT;
-	if (!op->kv[0].found)
+	return answer(op, false);
+}
+
+static int get_answer(struct efs_fs_op *op, bool none)
+{
+	if (none || !op->kv[0].found)
 		return -ENODATA;
 	return reply_sized(op, op->kv[0].val, op->kv[0].val_len);
 }
 
-static const struct efs_fs_opdesc getxattr_desc = {
-	.code = EFS_FS_OP_GETXATTR,
-	.size = sizeof(struct xattr_op),
-	.release = xattr_release,
-	.plan = get_plan,
-	.build = efs_fs_no_build, /* plan answers */
-	.done = efs_fs_ok_done,
-};
-
-void efs_fs_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+static int get_plan(struct efs_fs_op *op)
 {
-	struct efs_fs_op *op = op_start(req, &getxattr_desc, ino, name, 0, false);
-	struct xattr_op *xop = xop_of(op);
-
-	if (!op)
-		return;
-	xop->size = size;
-	efs_fs_op_run(op);
+	return read_plan(op, want_xattr_kv, get_answer);
 }
 
-static int list_plan(struct efs_fs_op *op)
+/* Every xattr key of the inode, names only. */
+static int want_names(struct efs_fs_op *op)
 {
-	const Etcfs__Inode *rec = NULL;
-	struct efs_fs_kv *kv;
-	struct efs_meta_range rg;
-	char *buf;
+	int r = efs_fs_want_keys(op, EFS_META_K_XATTR, op->ino, 0);
+
+	return r < 0 ? r : EFS_FS_CONT;
+}
+
+static int list_answer(struct efs_fs_op *op, bool none)
+{
+	struct efs_fs_kv *kv = &op->kv[0];
 	size_t total = 0;
+	char *buf;
 	int r;
 
-	r = efs_fs_plan_shared(op, &rec);
-	if (r <= 0)
-		return r;
-	if (op->nkv == 0) {
-		if (rec->xattr_count == 0)
-			return reply_sized(op, "", 0);
-		r = efs_meta_range_ino(&op->fs->ns, EFS_META_K_XATTR, op->ino, &rg);
-		if (r < 0)
-			return r;
-		kv = efs_fs_want_kv(op);
-		if (!kv)
-			return -E2BIG;
-		kv->key = rg.key;
-		kv->end = rg.end;
-		kv->keys_only = true;
-		return EFS_FS_CONT;
-	}
-	if (op->nkv_loaded < op->nkv)
-		return EFS_FS_CONT;
-	kv = &op->kv[0];
+	if (none)
+		return reply_sized(op, "", 0);
 	buf = efs_mem_malloc(kv->nkvs * (EFS_META_XATTR_NAME_MAX + 1) + 1);
 	if (!buf)
 		return -ENOMEM;
@@ -507,22 +482,33 @@ static int list_plan(struct efs_fs_op *op)
 	return r;
 }
 
-static const struct efs_fs_opdesc listxattr_desc = {
-	.code = EFS_FS_OP_LISTXATTR,
-	.size = sizeof(struct xattr_op),
-	.release = xattr_release,
-	.plan = list_plan,
-	.build = efs_fs_no_build,
-	.done = efs_fs_ok_done,
-};
-
-void efs_fs_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+static int list_plan(struct efs_fs_op *op)
 {
-	struct efs_fs_op *op = op_start(req, &listxattr_desc, ino, NULL, 0, false);
-	struct xattr_op *xop = xop_of(op);
+	return read_plan(op, want_names, list_answer);
+}
+
+/* The plans answer. */
+XATTR_DESC(getxattr_desc, EFS_FS_OP_GETXATTR, false, get_plan, efs_fs_no_build);
+XATTR_DESC(listxattr_desc, EFS_FS_OP_LISTXATTR, false, list_plan, efs_fs_no_build);
+
+/* getxattr (|name|) and listxattr (NULL) into a buffer of |size|. */
+static void read_start(fuse_req_t req, const struct efs_fs_opdesc *d, fuse_ino_t ino,
+		       const char *name, size_t size)
+{
+	struct efs_fs_op *op = op_start(req, d, ino, name, 0, false);
 
 	if (!op)
 		return;
-	xop->size = size;
+	xop_of(op)->size = size;
 	efs_fs_op_run(op);
+}
+
+void efs_fs_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+{
+	read_start(req, &getxattr_desc, ino, name, size);
+}
+
+void efs_fs_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+	read_start(req, &listxattr_desc, ino, NULL, size);
 }

@@ -611,7 +611,6 @@ static int put_holder(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t
 		      enum efs_lock_mode m, uint64_t *ret_token)
 {
 	Etcfs__LockHolder h = ETCFS__LOCK_HOLDER__INIT;
-	ProtobufCBinaryData v = {0};
 	struct efs_meta_key k;
 	int r;
 
@@ -624,11 +623,7 @@ static int put_holder(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t
 	h.token = (efs_session_generation(lc->s) << 40) ^ ++lc->token_seq;
 	h.lease_id = efs_session_lease_id(lc->s);
 	h.granted_ns = (int64_t)efs_clock_real_ns();
-	r = efs_meta_pack(&h.base, &v);
-	if (r < 0)
-		return r;
-	r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, v.data, v.len, h.lease_id);
-	efs_mem_free(v.data);
+	r = efs_meta_txn_put(t, EFS_ETCD_TXN_SUCCESS, &k, &h.base, h.lease_id);
 	if (r == 0 && ret_token)
 		*ret_token = h.token;
 	return r;
@@ -921,17 +916,12 @@ static int start_single(struct acq *a, size_t i)
 		r = efs_etcd_txn_delete(in, EFS_ETCD_TXN_FAILURE, sk.buf, sk.len, NULL, 0, false);
 	if (r == 0) {
 		Etcfs__LockWaiter w = ETCFS__LOCK_WAITER__INIT;
-		ProtobufCBinaryData v = {0};
 
 		w.node = (char *)node;
 		w.mode = (uint32_t)meta_mode(a->want[i]);
 		w.session_generation = efs_session_generation(lc->s);
 		w.lease_id = efs_session_lease_id(lc->s);
-		r = efs_meta_pack(&w.base, &v);
-		if (r == 0)
-			r = efs_etcd_txn_put(in, EFS_ETCD_TXN_FAILURE, wk.buf, wk.len, v.data,
-					     v.len, w.lease_id);
-		efs_mem_free(v.data);
+		r = efs_meta_txn_put(in, EFS_ETCD_TXN_FAILURE, &wk, &w.base, w.lease_id);
 	}
 	if (r == 0)
 		r = efs_meta_range_ino(&lc->ns, EFS_META_K_HOLDER, ino, &hr);

@@ -191,6 +191,20 @@ static void status_done(struct efs_etcd_result *r, Etcdserverpb__StatusResponse 
 	schedule_next(mt);
 }
 
+/* After sending the call |what| for |p| (|r| its result; NULL |p|: no
+ * memory): the call is in flight (0), or |p| is freed and the error noted
+ * (the negative errno). */
+static int in_flight(struct efs_maint *mt, struct pending *p, int r, const char *what)
+{
+	if (r == 0) {
+		mt->inflight = p;
+		return 0;
+	}
+	efs_mem_free(p);
+	note_error(mt, r, what, NULL);
+	return r;
+}
+
 /* The holder's last part of a step: the sizes, then the next step. */
 static void check_sizes(struct efs_maint *mt)
 {
@@ -205,21 +219,10 @@ static void check_sizes(struct efs_maint *mt)
 		schedule_next(mt);
 		return;
 	}
-	r = -ENOMEM;
 	p = pending_new(mt);
-	if (!p)
-		goto out_fail;
-	r = efs_etcd_status(mt->c, NULL, status_done, p);
-	if (r < 0)
-		goto out_free;
-	mt->inflight = p;
-	return;
-
-out_free:
-	efs_mem_free(p);
-out_fail:
-	note_error(mt, r, "Status", NULL);
-	schedule_next(mt);
+	r = p ? efs_etcd_status(mt->c, NULL, status_done, p) : -ENOMEM;
+	if (in_flight(mt, p, r, "Status") < 0)
+		schedule_next(mt);
 }
 
 /* ---- Compaction ---- */
@@ -259,22 +262,12 @@ static void compact(struct efs_maint *mt, int64_t target)
 	struct pending *p;
 	int r;
 
-	r = -ENOMEM;
 	p = pending_new(mt);
-	if (!p)
-		goto out_fail;
-	p->target = target;
-	r = efs_etcd_compact(mt->c, target, true, &co, compact_done, p);
-	if (r < 0)
-		goto out_free;
-	mt->inflight = p;
-	return;
-
-out_free:
-	efs_mem_free(p);
-out_fail:
-	note_error(mt, r, "Compact", NULL);
-	check_sizes(mt);
+	if (p)
+		p->target = target;
+	r = p ? efs_etcd_compact(mt->c, target, true, &co, compact_done, p) : -ENOMEM;
+	if (in_flight(mt, p, r, "Compact") < 0)
+		check_sizes(mt);
 }
 
 /* The smallest pinned revision in |pins| into *|ret| (0: no pin). */
@@ -444,28 +437,16 @@ static void timer_cb(uv_timer_t *tm)
 		set_leader(mt, 0);
 	holder = mt->lease != 0;
 	r = build_txn(mt, holder, lease, &t);
-	if (r < 0)
-		goto out_fail;
-	r = -ENOMEM;
-	p = pending_new(mt);
-	if (!p)
-		goto out_free_txn;
-	p->holder_txn = holder;
-	r = efs_etcd_txn(mt->c, efs_etcd_txn_request(t), NULL, txn_done, p);
-	if (r < 0)
-		goto out_free_p;
-	mt->inflight = p;
+	p = r == 0 ? pending_new(mt) : NULL;
+	if (p)
+		p->holder_txn = holder;
+	if (r == 0)
+		r = p ? efs_etcd_txn(mt->c, efs_etcd_txn_request(t), NULL, txn_done, p) : -ENOMEM;
 	efs_etcd_txn_free(t);
-	return;
-
-out_free_p:
-	efs_mem_free(p);
-out_free_txn:
-	efs_etcd_txn_free(t);
-out_fail:
-	note_error(mt, r, holder ? "holder check" : "election", NULL);
-	set_leader(mt, 0);
-	uv_timer_start(mt->timer, timer_cb, mt->elect_ms, 0);
+	if (in_flight(mt, p, r, holder ? "holder check" : "election") < 0) {
+		set_leader(mt, 0);
+		uv_timer_start(mt->timer, timer_cb, mt->elect_ms, 0);
+	}
 }
 
 /* ---- Lifecycle ---- */

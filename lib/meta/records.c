@@ -23,6 +23,19 @@ int efs_meta_pack(const ProtobufCMessage *msg, ProtobufCBinaryData *ret)
 	return 0;
 }
 
+int efs_meta_txn_put(struct efs_etcd_txn *t, enum efs_etcd_txn_branch branch,
+		     const struct efs_meta_key *k, const ProtobufCMessage *msg, int64_t lease)
+{
+	ProtobufCBinaryData b;
+	int r = efs_meta_pack(msg, &b);
+
+	if (r < 0)
+		return r;
+	r = efs_etcd_txn_put(t, branch, k->buf, k->len, b.data, b.len, lease);
+	efs_mem_free(b.data);
+	return r;
+}
+
 void efs_meta_record_free(void *msg)
 {
 	if (msg)

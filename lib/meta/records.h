@@ -23,6 +23,8 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "etcfs.pb-c.h"
+#include "etcd/txn.h"
+#include "meta/keys.h"
 
 /* Largest link count (link(2) and mkdir(2) answer EMLINK beyond it). */
 #define EFS_META_LINK_MAX 65000
@@ -46,6 +48,11 @@
  * -ENOMEM; |ret| untouched on failure.
  */
 int efs_meta_pack(const ProtobufCMessage *msg, ProtobufCBinaryData *ret);
+
+/* Adds to |branch| of |t| a put of key |k| = |msg| packed, attached to
+ * |lease| (0: none). -ENOMEM, or efs_etcd_txn_put's errors. */
+int efs_meta_txn_put(struct efs_etcd_txn *t, enum efs_etcd_txn_branch branch,
+		     const struct efs_meta_key *k, const ProtobufCMessage *msg, int64_t lease);
 
 /* Frees a message returned by a decoder. Accepts NULL. */
 void efs_meta_record_free(void *msg);

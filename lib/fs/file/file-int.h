@@ -332,6 +332,10 @@ int efs_file_write_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint
 
 struct dreq *efs_file_dreq_new(fuse_req_t req, enum rkind kind, enum efs_fs_opcode code,
 			       uint64_t ino);
+/* efs_file_dreq_new once the handler checked its arguments: |err| < 0
+ * answers |req| with it instead (NULL, as on ENOMEM). */
+struct dreq *efs_file_dreq_checked(fuse_req_t req, int err, enum rkind kind,
+				   enum efs_fs_opcode code, uint64_t ino);
 void efs_file_dreq_end(struct dreq *r, int err);
 bool efs_file_state_ready(struct efs_fs *fs, uint64_t ino, enum efs_lock_mode mode);
 void efs_file_prep(struct dreq *r, enum efs_lock_mode mode, void (*cont)(struct dreq *r));

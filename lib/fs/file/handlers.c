@@ -762,11 +762,7 @@ void efs_fs_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file
 		efs_fs_reply_now(fs, req, EFS_FS_OP_FSYNC, 0);
 		return;
 	}
-	if (e < 0) {
-		efs_fs_reply_now(fs, req, EFS_FS_OP_FSYNC, e);
-		return;
-	}
-	r = efs_file_dreq_new(req, RK_FSYNC, EFS_FS_OP_FSYNC, ino);
+	r = efs_file_dreq_checked(req, e, RK_FSYNC, EFS_FS_OP_FSYNC, ino);
 	if (!r)
 		return;
 	r->h = efs_file_fh_of(fi);
@@ -909,11 +905,7 @@ void efs_fs_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 		e = -EINVAL; /* the kernel does the others */
 	if (e == 0 && !fs->alloc)
 		e = -EIO;
-	if (e < 0) {
-		efs_fs_reply_now(fs, req, EFS_FS_OP_LSEEK, e);
-		return;
-	}
-	r = efs_file_dreq_new(req, RK_LSEEK, EFS_FS_OP_LSEEK, ino);
+	r = efs_file_dreq_checked(req, e, RK_LSEEK, EFS_FS_OP_LSEEK, ino);
 	if (!r)
 		return;
 	r->off = off;

@@ -265,11 +265,7 @@ void efs_fs_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, of
 		e = -EBADF;
 	if (e == 0 && (!fs->alloc || fs->read_only))
 		e = -EROFS;
-	if (e < 0) {
-		efs_fs_reply_now(fs, req, EFS_FS_OP_FALLOCATE, e);
-		return;
-	}
-	r = efs_file_dreq_new(req, RK_FALLOC, EFS_FS_OP_FALLOCATE, ino);
+	r = efs_file_dreq_checked(req, e, RK_FALLOC, EFS_FS_OP_FALLOCATE, ino);
 	if (!r)
 		return;
 	r->h = h;

@@ -43,6 +43,16 @@ struct dreq *efs_file_dreq_new(fuse_req_t req, enum rkind kind, enum efs_fs_opco
 	return r;
 }
 
+struct dreq *efs_file_dreq_checked(fuse_req_t req, int err, enum rkind kind,
+				   enum efs_fs_opcode code, uint64_t ino)
+{
+	if (err < 0) {
+		efs_fs_reply_now(fuse_req_userdata(req), req, code, err);
+		return NULL;
+	}
+	return efs_file_dreq_new(req, kind, code, ino);
+}
+
 static void dreq_unpin(struct dreq *r)
 {
 	if (r->pinned) {

@@ -314,34 +314,24 @@ static void tr_free(struct efs_fs_op *op)
 	efs_file_dreq_end(r, -EIO);
 }
 
-static const struct efs_fs_opdesc tr_desc = {
-	.code = EFS_FS_OP_SETATTR,
-	.origin = EFS_FS_ORIG_TRUNCATE,
-	.mutates = true,
-	.plan = tr_plan,
-	.prepare = tr_prepare,
-	.build = tr_build,
-	.done = tr_done,
-	.outcome = efs_file_pub_outcome,
-	.release = efs_file_pub_release,
-};
+#define TR_DESC(var, opcode)                                                                       \
+	static const struct efs_fs_opdesc var = {                                                  \
+		.code = opcode,                                                                    \
+		.origin = EFS_FS_ORIG_TRUNCATE,                                                    \
+		.mutates = true,                                                                   \
+		.plan = tr_plan,                                                                   \
+		.prepare = tr_prepare,                                                             \
+		.build = tr_build,                                                                 \
+		.done = tr_done,                                                                   \
+		.outcome = efs_file_pub_outcome,                                                   \
+		.release = efs_file_pub_release,                                                   \
+	}
 
-/*
- * The steps after the first of a truncate cut in several publications:
+TR_DESC(tr_desc, EFS_FS_OP_SETATTR);
+/* The steps after the first of a truncate cut in several publications:
  * publications of the rest of the cut, counted as such, so that the
- * request is counted once under setattr (by its first operation).
- */
-static const struct efs_fs_opdesc tr_more_desc = {
-	.code = EFS_FS_OP_PUBLISH,
-	.origin = EFS_FS_ORIG_TRUNCATE,
-	.mutates = true,
-	.plan = tr_plan,
-	.prepare = tr_prepare,
-	.build = tr_build,
-	.done = tr_done,
-	.outcome = efs_file_pub_outcome,
-	.release = efs_file_pub_release,
-};
+ * request is counted once under setattr (by its first operation). */
+TR_DESC(tr_more_desc, EFS_FS_OP_PUBLISH);
 
 static void tr_start(struct dreq *r)
 {
@@ -432,11 +422,7 @@ bool efs_fs_data_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int 
 			e = -EROFS;
 		if (e == 0 && attr->st_size < 0)
 			e = -EINVAL;
-		if (e < 0) {
-			efs_fs_reply_now(fs, req, EFS_FS_OP_SETATTR, e);
-			return true;
-		}
-		r = efs_file_dreq_new(req, RK_SETATTR, EFS_FS_OP_SETATTR, ino);
+		r = efs_file_dreq_checked(req, e, RK_SETATTR, EFS_FS_OP_SETATTR, ino);
 		if (!r)
 			return true;
 		r->attr = *attr;
