@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "config.h"
 #include "etcd/kv.h"
 #include "etcd/txn.h"
 #include "etcd/watch.h"
@@ -55,11 +56,10 @@
  * waits for a higher inode delays recalls of the lower one only until
  * that wait ends.
  *
- * Recall: peers ask for a lock by putting a recall key; the holder is to
- * watch w/<I> of every inode it holds and, when a key of another node
- * appears, call efs_lock_release_now (see release_start), which waits for
- * the pins, runs the lock's ops and releases. That watch is the hook
- * point marked RECALL below; a single node never recalls from itself.
+ * Recall: peers ask for a lock by putting a recall key; every node watches
+ * w/ and, when a key of another node asks for a lock it holds, calls
+ * efs_lock_release_now (see "Recall" below), which waits for the pins,
+ * runs the lock's ops and releases; a node never recalls from itself.
  *
  * Upgrades: an upgrade S -> X is first tried in place (the S key deleted
  * and the X key put in one transaction). When another holder blocks it,
@@ -234,6 +234,12 @@ struct efs_lockcache {
 	void (*release_all_done)(int status, void *arg);
 	void *release_all_arg;
 	struct efs_lockcache_stats stats;
+	/* Recall keys of other nodes (struct recall), kept current by one
+	 * prefix watch on w/ (|rw|) after one listing (|rw_listing|). */
+	struct efs_list recalls;
+	struct efs_etcd_watcher *rw;
+	bool rw_listing;
+	bool recall_off; /* test switch: recall keys are not answered */
 };
 
 static struct acq *acq_of(struct efs_list *n)
@@ -249,6 +255,8 @@ static void cleanup_start(struct efs_lockcache *lc, struct lcall *k);
 static void cleanup_retry(struct efs_lockcache *lc, struct lcall *k);
 static int put_holder(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino,
 		      enum efs_lock_mode m, uint64_t *ret_token);
+static void recall_apply(struct efs_lockcache *lc, uint64_t ino);
+static void recall_watch_start(struct efs_lockcache *lc);
 
 /* ---- Small helpers ---- */
 
@@ -1175,8 +1183,8 @@ static void granted(struct acq *a, size_t i, enum efs_lock_mode mode,
 	pin_for(a, i, e);
 	a->req->recs[i] = rec && rec->n_kvs > 0 ? rec->kvs[0] : NULL;
 	entry_changed(lc, e);
-	/* RECALL: the cluster issue starts watching w/<ino> for this lock
-	 * here (a recall key of another node means: release it). */
+	/* A recall key of another node that came while we were acquiring. */
+	recall_apply(lc, e->ino);
 }
 
 /* Finds our own holder key of |ino| in |hold| (a failure branch's range). */
@@ -1979,6 +1987,7 @@ static void tick_cb(uv_timer_t *t)
 
 	if (!lc)
 		return;
+	recall_watch_start(lc);
 	now = now_ns();
 	ref = lref_get(lc->ref);
 	for (n = lc->acqs.next; n != &lc->acqs && ref->lc; n = n->next) {
@@ -2010,6 +2019,217 @@ static void tick_cb(uv_timer_t *t)
 	lref_put(ref);
 }
 
+/* ---- Recall: answering the recall keys of other nodes ---- */
+
+/*
+ * Every recall key of another node is kept here while it exists: a
+ * listing of w/ when the watch starts, then one prefix watch on w/ for
+ * puts and deletes, resumed by the stream after a reconnect, and listed
+ * again after a compaction or a failed watch. A lock this node holds in a
+ * mode that a recall key's waiter cannot share is released (or, for a
+ * shared waiter, downgraded) through efs_lock_release_now, when the key
+ * appears and whenever the lock is granted while keys for it exist: the
+ * forced release then drains the lock, runs its ops and deletes the holder
+ * key. Our own recall keys are never answered.
+ */
+struct recall {
+	struct efs_list link;
+	uint64_t ino;
+	uint64_t seq;
+	char node[EFS_META_NODE_MAX + 1];
+	enum efs_lock_mode want;
+};
+
+static struct recall *recall_find(struct efs_lockcache *lc, const struct efs_meta_key_info *ki)
+{
+	struct efs_list *n;
+
+	efs_list_for_each (n, &lc->recalls) {
+		struct recall *rc = efs_list_entry(n, struct recall, link);
+
+		if (rc->ino == ki->ino && rc->seq == ki->num && strcmp(rc->node, ki->node) == 0)
+			return rc;
+	}
+	return NULL;
+}
+
+static void recalls_clear(struct efs_lockcache *lc)
+{
+	struct efs_list *n;
+
+	while ((n = efs_list_pop(&lc->recalls)))
+		efs_mem_free(efs_list_entry(n, struct recall, link));
+}
+
+static void recall_done(void *arg, int status)
+{
+	(void)arg;
+	(void)status;
+}
+
+/* Releases or downgrades |ino|'s lock when a recall key asks for it. */
+static void recall_apply(struct efs_lockcache *lc, uint64_t ino)
+{
+	enum efs_lock_mode to = EFS_LOCK_EXCLUSIVE;
+	const struct efs_locktab_entry *e;
+	struct efs_list *n;
+
+	if (lc->recall_off)
+		return;
+	e = efs_locktab_find(&lc->tab, ino);
+	if (!e || e->mode == EFS_LOCK_NONE)
+		return;
+	efs_list_for_each (n, &lc->recalls) {
+		struct recall *rc = efs_list_entry(n, struct recall, link);
+
+		if (rc->ino != ino)
+			continue;
+		if (rc->want == EFS_LOCK_EXCLUSIVE)
+			to = EFS_LOCK_NONE;
+		else if (to == EFS_LOCK_EXCLUSIVE)
+			to = EFS_LOCK_SHARED;
+	}
+	if (e->mode <= (int)to)
+		return;
+	for (const struct rwait *w = lc->rwaiters; w; w = w->next)
+		if (w->ino == ino && w->to <= to)
+			return; /* asked already */
+	lc->stats.recalls++;
+	if (efs_lock_release_now(lc, ino, to, recall_done, NULL) < 0)
+		efs_log_warn("lock: inode %" PRIu64 ": no memory to answer a recall", ino);
+}
+
+/* A put (|put|) or delete of key |kv| under w/. */
+static void recall_event(struct efs_lockcache *lc, const Mvccpb__KeyValue *kv, bool put)
+{
+	struct efs_meta_key_info ki;
+	Etcfs__LockWaiter *w = NULL;
+	struct recall *rc;
+
+	if (efs_meta_key_parse(&lc->ns, kv->key.data, kv->key.len, &ki) < 0 ||
+	    ki.family != EFS_META_K_RECALL || strcmp(ki.node, efs_session_node(lc->s)) == 0)
+		return;
+	rc = recall_find(lc, &ki);
+	if (!put) {
+		if (rc) {
+			efs_list_del(&rc->link);
+			efs_mem_free(rc);
+		}
+		return;
+	}
+	if (!rc) {
+		rc = efs_mem_calloc(1, sizeof(*rc));
+		if (!rc) {
+			efs_log_warn("lock: no memory to note a recall of inode %" PRIu64, ki.ino);
+			return;
+		}
+		rc->ino = ki.ino;
+		rc->seq = ki.num;
+		memcpy(rc->node, ki.node, sizeof(rc->node));
+		efs_list_add_tail(&lc->recalls, &rc->link);
+	}
+	/* A waiter record that does not decode asks for everything. */
+	rc->want = EFS_LOCK_EXCLUSIVE;
+	if (efs_meta_waiter_decode(kv->value.data, kv->value.len, &w, NULL) == 0 &&
+	    w->mode == EFS_META_LOCK_SHARED)
+		rc->want = EFS_LOCK_SHARED;
+	efs_meta_record_free(w);
+	recall_apply(lc, ki.ino);
+}
+
+static void recall_watch_cb(struct efs_etcd_watcher *w, int status,
+			    const struct efs_etcd_watch_update *u, void *arg)
+{
+	struct efs_lockcache *lc = arg;
+
+	(void)w;
+	if (u->kind == EFS_ETCD_WATCH_EVENTS) {
+		for (size_t i = 0; i < u->n_events; i++) {
+			const Mvccpb__Event *ev = u->events[i];
+
+			if (ev->kv)
+				recall_event(lc, ev->kv, ev->type == MVCCPB__EVENT__EVENT_TYPE__PUT);
+		}
+		return;
+	}
+	if (u->kind != EFS_ETCD_WATCH_COMPACTED && u->kind != EFS_ETCD_WATCH_CANCELED)
+		return;
+	/* Events were lost (or the watch ended): list again from the tick. */
+	efs_log_debug("lock: the recall watch ended (%d): listing recall keys again", status);
+	lc->rw = efs_etcd_watcher_free(lc->rw);
+	recalls_clear(lc);
+}
+
+static void recall_list_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp,
+			   void *arg)
+{
+	struct lcall *k = arg;
+	struct efs_lockcache *lc = lcall_end(k);
+	struct efs_etcd_watch_opts o = {0};
+	struct efs_meta_range rg;
+	int e;
+
+	if (!lc)
+		return;
+	lc->rw_listing = false;
+	if (r->err < 0) {
+		efs_log_debug("lock: listing recall keys: %s", r->message);
+		return; /* the tick tries again */
+	}
+	recalls_clear(lc);
+	for (size_t i = 0; i < resp->n_kvs; i++)
+		recall_event(lc, resp->kvs[i], true);
+	e = efs_meta_range_family(&lc->ns, EFS_META_K_RECALL, &rg);
+	if (e == 0 && !lc->ws)
+		e = efs_etcd_watch_stream_new(&lc->ws, lc->c, EFS_ETCD_CH_PRIO);
+	if (e == 0) {
+		o.key = rg.key.buf;
+		o.key_len = rg.key.len;
+		o.range_end = rg.end.buf;
+		o.range_end_len = rg.end.len;
+		o.start_revision = resp->header ? resp->header->revision + 1 : 0;
+		e = efs_etcd_watcher_new(&lc->rw, lc->ws, &o, recall_watch_cb, lc);
+	}
+	if (e < 0) {
+		efs_log_warn("lock: cannot watch recall keys: %s", strerror(-e));
+		recalls_clear(lc);
+	}
+}
+
+/* Lists the recall keys and starts the watch, unless it runs. */
+static void recall_watch_start(struct efs_lockcache *lc)
+{
+	struct efs_meta_range rg;
+	struct efs_etcd_range_opts o = {0};
+	struct efs_etcd_callopts co = {.channel = EFS_ETCD_CH_PRIO};
+	struct lcall *k;
+	int r;
+
+	if (lc->rw || lc->rw_listing || !efs_session_is_active(lc->s))
+		return;
+	r = efs_meta_range_family(&lc->ns, EFS_META_K_RECALL, &rg);
+	if (r < 0)
+		return;
+	k = lcall_new(lc, NULL, 0);
+	if (!k)
+		return;
+	o.range_end = rg.end.buf;
+	o.range_end_len = rg.end.len;
+	r = efs_etcd_range(lc->c, rg.key.buf, rg.key.len, &o, &co, recall_list_cb, k);
+	if (r < 0) {
+		lcall_end(k);
+		return;
+	}
+	lc->rw_listing = true;
+}
+
+#if EFS_FAULT_HOOKS
+void efs_lockcache_fault_no_recall(struct efs_lockcache *lc, bool off)
+{
+	lc->recall_off = off;
+}
+#endif
+
 /* ---- Public ---- */
 
 int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_etcd *c,
@@ -2035,6 +2255,7 @@ int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_et
 		lc->release_batch = EFS_ETCD_TXN_MAX_OPS - 2;
 	lc->wait_timeout_ms = o->wait_timeout_ms;
 	efs_list_init(&lc->acqs);
+	efs_list_init(&lc->recalls);
 	lc->gen = efs_session_generation(s);
 	r = efs_locktab_init(&lc->tab, lc->max_cached);
 	if (r < 0)
@@ -2129,6 +2350,8 @@ struct efs_lockcache *efs_lockcache_free(struct efs_lockcache *lc)
 		if (k->waiting)
 			lcall_end(k);
 	}
+	lc->rw = efs_etcd_watcher_free(lc->rw);
+	recalls_clear(lc);
 	lc->ws = efs_etcd_watch_stream_free(lc->ws);
 	lc->tick = efs_timer_free(lc->tick);
 	lc->kick = efs_timer_free(lc->kick);

@@ -334,5 +334,10 @@ struct efs_lockcache_stats {
 	uint64_t forced;	/* forced releases and downgrades completed */
 	uint64_t preps;		/* ops preparations run (invalidate + sync) */
 	uint64_t upgrade_yields; /* upgrades that gave their shared hold up */
+	uint64_t recalls;	/* recall keys of other nodes answered (forced releases asked) */
 };
 void efs_lockcache_get_stats(const struct efs_lockcache *lc, struct efs_lockcache_stats *ret);
+
+/* Fault hook (EFS_FAULT_HOOKS; negative controls in tests): while |off|,
+ * recall keys of other nodes are noted but never answered. */
+void efs_lockcache_fault_no_recall(struct efs_lockcache *lc, bool off);

@@ -1194,3 +1194,102 @@ Test(lock, two_nodes_upgrading_a_shared_lock_never_deadlock)
 	finish(lc1);
 	efs_test_assert_no_leaks();
 }
+
+/* Waits (bounded) until |lc| holds |ino| in exactly |m|. */
+static bool run_until_mode(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_mode m,
+			   uint64_t ms)
+{
+	uint64_t end = efs_test_now_ms() + ms;
+
+	while (efs_lock_held(lc, ino) != m && efs_test_now_ms() < end)
+		efs_test_run_for(10);
+	return efs_lock_held(lc, ino) == m;
+}
+
+Test(lock, a_recall_key_of_another_node_releases_an_idle_lock)
+{
+	struct efs_lockcache *lc1, *lc2;
+	struct lres a1, a2;
+	uint64_t t0;
+
+	c2 = efs_test_client_new(efs_harness_endpoints(h));
+	s2 = start_session(c2, "node2");
+	/* Idle locks stay cached for a minute: only a recall gives them up
+	 * within the bounds below. */
+	lc1 = new_lc(s, c, 0, 60000, 0, 0);
+	lc2 = new_lc(s2, c2, 0, 60000, 0, 20000);
+	take(lc1, &a1, 230, EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(lc1, &a1.req);
+	t0 = efs_test_now_ms();
+	cr_assert_eq(acquire1(lc2, &a2, 230, EFS_LOCK_EXCLUSIVE), 0);
+	cr_assert(efs_test_run_until(&a2.done, 10000), "the recall was not answered");
+	cr_assert_eq(a2.status, 0);
+	cr_assert_lt(efs_test_now_ms() - t0, 10000);
+	cr_assert_eq(efs_lock_held(lc1, 230), EFS_LOCK_NONE);
+	cr_assert_geq(lstats(lc1).recalls, 1);
+	cr_assert_eq(lstats(lc2).recalls, 0, "a node answered its own recall key");
+	/* And back: node1's recall key makes node2 give it up while node2's
+	 * own operation still pins it, once the pin goes. */
+	cr_assert_eq(acquire1(lc1, &a1, 230, EFS_LOCK_EXCLUSIVE), 0);
+	efs_test_run_for(300);
+	cr_assert_not(a1.done, "granted while the other node pinned the lock");
+	efs_lock_put(lc2, &a2.req);
+	cr_assert(efs_test_run_until(&a1.done, 10000), "the recall was not answered after the pin");
+	cr_assert_eq(a1.status, 0);
+	efs_lock_put(lc1, &a1.req);
+	cr_assert(run_until_mode(lc2, 230, EFS_LOCK_NONE, 3000));
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, 230), 1);
+	cr_assert(run_until_keys(EFS_META_K_RECALL, 230, 0, 3000), "recall keys left behind");
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, a_shared_recall_downgrades_an_exclusive_holder)
+{
+	struct efs_lockcache *lc1, *lc2;
+	struct lres a1, a2;
+
+	c2 = efs_test_client_new(efs_harness_endpoints(h));
+	s2 = start_session(c2, "node2");
+	lc1 = new_lc(s, c, 0, 60000, 0, 0);
+	lc2 = new_lc(s2, c2, 0, 60000, 0, 20000);
+	take(lc1, &a1, 231, EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(lc1, &a1.req);
+	cr_assert_eq(acquire1(lc2, &a2, 231, EFS_LOCK_SHARED), 0);
+	cr_assert(efs_test_run_until(&a2.done, 10000), "the shared recall was not answered");
+	cr_assert_eq(a2.status, 0);
+	/* Downgraded, not released: both read under a shared lock. */
+	cr_assert_eq(efs_lock_held(lc1, 231), EFS_LOCK_SHARED);
+	cr_assert_eq(efs_lock_held(lc2, 231), EFS_LOCK_SHARED);
+	efs_lock_put(lc2, &a2.req);
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}
+
+#if EFS_FAULT_HOOKS
+/* The negative control of the two tests above: with recall handling off
+ * the waiter is not served within its wait bound. */
+Test(lock, without_recall_handling_a_waiter_times_out)
+{
+	struct efs_lockcache *lc1, *lc2;
+	struct lres a1, a2;
+
+	c2 = efs_test_client_new(efs_harness_endpoints(h));
+	s2 = start_session(c2, "node2");
+	lc1 = new_lc(s, c, 0, 60000, 0, 0);
+	lc2 = new_lc(s2, c2, 0, 60000, 0, 1500);
+	efs_lockcache_fault_no_recall(lc1, true);
+	take(lc1, &a1, 232, EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(lc1, &a1.req);
+	cr_assert_eq(acquire1(lc2, &a2, 232, EFS_LOCK_EXCLUSIVE), 0);
+	cr_assert(efs_test_run_until(&a2.done, 10000));
+	cr_assert_eq(a2.status, -ETIMEDOUT);
+	cr_assert_eq(efs_lock_held(lc1, 232), EFS_LOCK_EXCLUSIVE);
+	cr_assert_eq(lstats(lc1).recalls, 0);
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}
+#endif
