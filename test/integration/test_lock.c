@@ -1148,17 +1148,25 @@ Test(lock, idle_release_publishes_through_the_ops_first)
 	efs_test_assert_no_leaks();
 }
 
+/* A second node (session "node2" on its own client) and a lock cache on
+ * each node whose idle locks stay cached for a minute, so that only a
+ * forced release or a recall gives them up; node2 waits at most
+ * |wait2_ms| (0: no bound) for a lock. */
+static void two_nodes(struct efs_lockcache **lc1, struct efs_lockcache **lc2, uint32_t wait2_ms)
+{
+	c2 = efs_test_client_new(efs_harness_endpoints(h));
+	s2 = start_session(c2, "node2");
+	*lc1 = new_lc(s, c, 0, 60000, 0, 0);
+	*lc2 = new_lc(s2, c2, 0, 60000, 0, wait2_ms);
+}
+
 Test(lock, two_nodes_upgrading_a_shared_lock_never_deadlock)
 {
 	struct efs_lockcache *lc1, *lc2;
 	struct lres a1, a2, x1, x2;
 	uint64_t end;
 
-	c2 = efs_test_client_new(efs_harness_endpoints(h));
-	s2 = start_session(c2, "node2");
-	/* Locks stay cached (no idle release) unless given up. */
-	lc1 = new_lc(s, c, 0, 60000, 0, 0);
-	lc2 = new_lc(s2, c2, 0, 60000, 0, 0);
+	two_nodes(&lc1, &lc2, 0);
 	take(lc1, &a1, 220, EFS_LOCK_SHARED);
 	take(lc2, &a2, 220, EFS_LOCK_SHARED);
 	efs_lock_put(lc1, &a1.req);
@@ -1212,12 +1220,7 @@ Test(lock, a_recall_key_of_another_node_releases_an_idle_lock)
 	struct lres a1, a2;
 	uint64_t t0;
 
-	c2 = efs_test_client_new(efs_harness_endpoints(h));
-	s2 = start_session(c2, "node2");
-	/* Idle locks stay cached for a minute: only a recall gives them up
-	 * within the bounds below. */
-	lc1 = new_lc(s, c, 0, 60000, 0, 0);
-	lc2 = new_lc(s2, c2, 0, 60000, 0, 20000);
+	two_nodes(&lc1, &lc2, 20000);
 	take(lc1, &a1, 230, EFS_LOCK_EXCLUSIVE);
 	efs_lock_put(lc1, &a1.req);
 	t0 = efs_test_now_ms();
@@ -1250,10 +1253,7 @@ Test(lock, a_shared_recall_downgrades_an_exclusive_holder)
 	struct efs_lockcache *lc1, *lc2;
 	struct lres a1, a2;
 
-	c2 = efs_test_client_new(efs_harness_endpoints(h));
-	s2 = start_session(c2, "node2");
-	lc1 = new_lc(s, c, 0, 60000, 0, 0);
-	lc2 = new_lc(s2, c2, 0, 60000, 0, 20000);
+	two_nodes(&lc1, &lc2, 20000);
 	take(lc1, &a1, 231, EFS_LOCK_EXCLUSIVE);
 	efs_lock_put(lc1, &a1.req);
 	cr_assert_eq(acquire1(lc2, &a2, 231, EFS_LOCK_SHARED), 0);
@@ -1276,10 +1276,7 @@ Test(lock, without_recall_handling_a_waiter_times_out)
 	struct efs_lockcache *lc1, *lc2;
 	struct lres a1, a2;
 
-	c2 = efs_test_client_new(efs_harness_endpoints(h));
-	s2 = start_session(c2, "node2");
-	lc1 = new_lc(s, c, 0, 60000, 0, 0);
-	lc2 = new_lc(s2, c2, 0, 60000, 0, 1500);
+	two_nodes(&lc1, &lc2, 1500);
 	efs_lockcache_fault_no_recall(lc1, true);
 	take(lc1, &a1, 232, EFS_LOCK_EXCLUSIVE);
 	efs_lock_put(lc1, &a1.req);
