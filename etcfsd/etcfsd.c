@@ -1286,8 +1286,55 @@ static void arm_fault_hooks(struct daemon *d)
 	}
 	efs_log_err("ETCFS_FAULT_DROP_REPLY='%s' ignored: expected Txn:N, Range:N or Put:N", v);
 }
+
+/* Reads a fault-hook variable of the environment as a number from 1 to
+ * |max|; 0 when unset, empty or not such a number (that is logged). */
+static unsigned long fault_env(const char *name, unsigned long max)
+{
+	const char *v = getenv(name);
+	unsigned long n;
+	char *end;
+
+	if (!v || !*v)
+		return 0;
+	errno = 0;
+	n = strtoul(v, &end, 10);
+	if (errno || *end || n == 0 || n > max) {
+		efs_log_err("%s='%s' ignored: expected a number from 1 to %lu", name, v, max);
+		return 0;
+	}
+	return n;
+}
+
+/*
+ * The hooks that must be armed before the lock cache opens its watches
+ * (tests of several nodes):
+ * ETCFS_FAULT_WATCH_DELAY_MS=N holds every watch event N ms before this
+ * node sees it (recalls, holder deletions, lock waits), so that a test
+ * cannot pass on the timing of one node's watch;
+ * ETCFS_FAULT_NO_RECALL=1 leaves other nodes' recall keys unanswered (the
+ * negative control of the recall tests).
+ */
+static void arm_early_fault_hooks(struct daemon *d)
+{
+	unsigned long ms = fault_env("ETCFS_FAULT_WATCH_DELAY_MS", 60000);
+
+	if (ms) {
+		efs_log_warn("fault hook: watch events delayed by %lu ms", ms);
+		efs_etcd_fault_watch_delay(d->etcd, (uint32_t)ms);
+	}
+	if (fault_env("ETCFS_FAULT_NO_RECALL", 1)) {
+		efs_log_warn("fault hook: recall keys of other nodes are not answered");
+		efs_lockcache_fault_no_recall(d->locks, true);
+	}
+}
 #else
 static void arm_fault_hooks(struct daemon *d)
+{
+	(void)d;
+}
+
+static void arm_early_fault_hooks(struct daemon *d)
 {
 	(void)d;
 }
@@ -1448,6 +1495,7 @@ static int mount_fuse(struct daemon *d)
 		report_error(d, "lock cache: %s", strerror(-r));
 		return r;
 	}
+	arm_early_fault_hooks(d);
 	r = efs_fs_new(&d->fs, &d->loop, d->etcd, d->session, d->locks, d->metrics, &fo);
 	if (r < 0) {
 		report_error(d, "filesystem state: %s", strerror(-r));

@@ -222,6 +222,7 @@ struct efs_etcd {
 	enum efs_etcd_method drop_method;
 	unsigned drop_nth;
 	uint32_t stall_ms;
+	uint32_t watch_delay_ms; /* given to every watch stream opened later */
 
 	uint8_t *cap;
 	size_t caplen, capcap;
@@ -2094,7 +2095,22 @@ void efs_etcd_fault_stall_loop(struct efs_etcd *c, uint32_t ms)
 	c->stall_ms = ms;
 	wake(c);
 }
+
+void efs_etcd_fault_watch_delay(struct efs_etcd *c, uint32_t ms)
+{
+	c->watch_delay_ms = ms;
+}
 #endif
+
+uint32_t efs_etcd_watch_delay_ms(const struct efs_etcd *c)
+{
+#if EFS_FAULT_HOOKS
+	return c->watch_delay_ms;
+#else
+	(void)c;
+	return 0;
+#endif
+}
 
 void efs_etcd_channel_failover(struct efs_etcd *c, enum efs_etcd_channel chn)
 {

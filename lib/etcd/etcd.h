@@ -249,9 +249,16 @@ void efs_etcd_get_stats(const struct efs_etcd *c, struct efs_etcd_stats *ret);
  *
  * efs_etcd_fault_stall_loop: at the next loop iteration the loop thread
  * sleeps |ms| milliseconds, as a stuck handler would.
+ *
+ * efs_etcd_fault_watch_delay: every watch stream opened from now on holds
+ * each event batch |ms| milliseconds before delivering it (in order), as
+ * a slow link to etcd would; efs_etcd_watch_delay_ms says what is set (0
+ * in builds without fault hooks).
  */
 void efs_etcd_fault_drop_reply(struct efs_etcd *c, enum efs_etcd_method method, unsigned nth);
 void efs_etcd_fault_stall_loop(struct efs_etcd *c, uint32_t ms);
+void efs_etcd_fault_watch_delay(struct efs_etcd *c, uint32_t ms);
+uint32_t efs_etcd_watch_delay_ms(const struct efs_etcd *c);
 
 /* Name of a method ("Range", "Txn", ...), for logs and metrics. */
 const char *efs_etcd_method_name(enum efs_etcd_method method);

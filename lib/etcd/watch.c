@@ -725,6 +725,7 @@ int efs_etcd_watch_stream_new(struct efs_etcd_watch_stream **ret, struct efs_etc
 	ws->channel = channel;
 	ws->rng = efs_clock_mono_ns() | 1;
 	ws->next_id = 1;
+	ws->delay_ms = efs_etcd_watch_delay_ms(c);
 	r = efs_etcd_stream_open(c, EFS_ETCD_STREAM_WATCH, channel, on_msg, on_close, ws, &ws->s);
 	if (r < 0) {
 		efs_mem_free(ws);
