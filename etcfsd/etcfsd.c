@@ -83,7 +83,7 @@ struct state_gauge {
 };
 
 /* Lock cache counters exported (register_metrics, sync_counters). */
-#define EFS_NLOCK_COUNTERS 9
+#define EFS_NLOCK_COUNTERS 11
 
 struct daemon {
 	/* options */
@@ -833,6 +833,9 @@ static void register_metrics(struct daemon *d)
 		{"etcfs_lock_forced_total", "Forced releases and downgrades completed (recalls)"},
 		{"etcfs_lock_preps_total", "Release preparations run (invalidate, then sync)"},
 		{"etcfs_lock_upgrade_yields_total", "Blocked upgrades that gave their shared hold up"},
+		{"etcfs_lock_recalls_total", "Recall keys of other nodes answered"},
+		{"etcfs_lock_acquire_yields_total",
+		 "Acquisitions that gave their pins up to a recall and started again"},
 	};
 	static const char *const state_labels[6] = {
 		"state=\"starting\"",  "state=\"active\"", "state=\"suspended\"",
@@ -905,6 +908,8 @@ static void sync_counters(struct daemon *d)
 		counter_sync(&d->m_lock[6], l.forced);
 		counter_sync(&d->m_lock[7], l.preps);
 		counter_sync(&d->m_lock[8], l.upgrade_yields);
+		counter_sync(&d->m_lock[9], l.recalls);
+		counter_sync(&d->m_lock[10], l.acq_yields);
 	}
 	if (d->fl) {
 		uint64_t n = efs_fuseloop_requests(d->fl);

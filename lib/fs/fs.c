@@ -884,7 +884,10 @@ static void step_acquire(struct efs_fs_op *op)
 		op->lr.mode[i] = op->slots[i].mode;
 		op->held_before[i] = efs_lock_held(fs->lc, op->slots[i].ino);
 	}
-	op->lr.flags = op->lock_flags;
+	/* A recall of a lock it pinned while it waits for another ends the
+	 * acquisition (-EAGAIN, lock_cb): the release may need a mutex held
+	 * here (a file's publication takes the file's). */
+	op->lr.flags = op->lock_flags | EFS_LOCK_F_RESTART;
 	/* Holding node-local mutexes, it must not wait for a drain: an
 	 * operation pinning the lock may be waiting for one of them (a
 	 * publication the fsync under that pin waits for). */
@@ -906,11 +909,41 @@ static void step_acquire(struct efs_fs_op *op)
 		lock_cb(&op->lr, 0);
 }
 
+static void yield_released(void *arg, int status)
+{
+	(void)status; /* a lost session fails the next acquisition */
+	ready_push(arg, RESUME_ACQUIRE);
+}
+
+/*
+ * The acquisition gave way to a recall of a lock it had pinned: drop the
+ * mutexes too, wait until that release is done (it may publish under one
+ * of them), then plan the acquisition again from the start.
+ */
+static void lock_yield(struct efs_fs_op *op, const struct efs_lock_req *req)
+{
+	struct efs_fs *fs = op->fs;
+	int r;
+
+	mx_release_all(op);
+	for (size_t i = 0; i < op->nslots; i++)
+		op->slots[i].locked = EFS_LOCK_NONE;
+	r = efs_lock_release_now(fs->lc, req->yield_ino, req->yield_to, yield_released, op);
+	if (r == 1)
+		ready_push(op, RESUME_ACQUIRE);
+	else if (r < 0)
+		efs_fs_op_finish(op, -EIO);
+}
+
 static void lock_cb(struct efs_lock_req *req, int status)
 {
 	struct efs_fs_op *op = req->arg;
 	struct efs_fs *fs = op->fs;
 
+	if (status == -EAGAIN) {
+		lock_yield(op, req);
+		return;
+	}
 	if (status < 0) {
 		efs_fs_op_finish(op, status == -EINTR ? -EINTR : -EIO);
 		return;

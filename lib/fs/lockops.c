@@ -237,19 +237,50 @@ struct efs_fs_dinval {
 	void *darg;
 	size_t n, left;
 	int status;
+	bool reported;	  /* |done| ran (the names timed out first) */
+	uv_timer_t *expiry; /* fires when every name submitted has timed out */
 	struct efs_list link; /* fs->dinvals, for a kernel that goes */
 	struct efs_inval_req req[]; /* [0] attributes, then one per name */
 };
 
+static void expiry_closed(uv_handle_t *h)
+{
+	efs_mem_free(h);
+}
+
 static void dinval_finish(struct efs_fs_dinval *v)
 {
-	efs_lock_done_cb done = v->done;
+	efs_lock_done_cb done = v->reported ? NULL : v->done;
 	void *darg = v->darg;
 	int status = v->status;
 
+	if (v->expiry)
+		uv_close((uv_handle_t *)v->expiry, expiry_closed);
 	efs_list_del(&v->link);
 	efs_mem_free(v);
-	done(darg, status);
+	if (done)
+		done(darg, status);
+}
+
+/*
+ * Everything the invalidation drops has timed out in the kernel: the
+ * release no longer needs the kernel's answer. An entry invalidation
+ * waits for the directory's kernel lock, which the kernel holds while a
+ * request on the directory (a rename waiting for a lock this release
+ * frees, perhaps on another node) is in flight: so the release goes on
+ * and the invalidation finishes whenever the kernel lets it.
+ */
+static void dinval_expired(uv_timer_t *t)
+{
+	struct efs_fs_dinval *v = t->data;
+
+	if (v->reported)
+		return;
+	v->reported = true;
+	efs_log_debug("fs: directory %" PRIu64 ": its kernel caches timed out before the "
+		      "kernel dropped them: the release goes on",
+		      v->req[0].ino);
+	v->done(v->darg, 0);
 }
 
 static void dinval_one_done(struct efs_inval_req *req, int status)
@@ -309,6 +340,19 @@ static void dir_invalidate(void *arg, uint64_t ino, enum efs_lock_mode to, efs_l
 		}
 	}
 	efs_list_add_tail(&fs->dinvals, &v->link);
+	/* Whatever the kernel caches under the lock was granted before now
+	 * (replies carry zero timeouts from the recall on) and times out
+	 * within the cache timeout. */
+	v->expiry = efs_mem_calloc(1, sizeof(*v->expiry));
+	{
+		if (v->expiry && uv_timer_init(fs->loop, v->expiry) == 0) {
+			v->expiry->data = v;
+			uv_timer_start(v->expiry, dinval_expired, fs->cache_timeout_ms + 1, 0);
+		} else {
+			efs_mem_free(v->expiry);
+			v->expiry = NULL;
+		}
+	}
 	/* Counted before the first submission: completions never run inline,
 	 * but a failed submission ends its part at once. */
 	v->n = v->left = n + 1;

@@ -214,7 +214,7 @@ static int start_threads(struct efs_inval *iv, struct inval_class *c, unsigned n
 
 int efs_inval_new(struct efs_inval **ret, uv_loop_t *loop, const struct efs_inval_opts *o)
 {
-	unsigned n[NCLASSES] = {2, 1};
+	unsigned n[NCLASSES] = {4, 1};
 	struct efs_inval *iv;
 	int r;
 

@@ -83,7 +83,9 @@ struct efs_inval_req {
 };
 
 struct efs_inval_opts {
-	unsigned gating_threads;      /* 0: 2 */
+	unsigned gating_threads;      /* 0: 4 (an entry invalidation can wait for a
+				       * directory lock the kernel holds across a
+				       * request: room for the others) */
 	unsigned best_effort_threads; /* 0: 1 */
 };
 

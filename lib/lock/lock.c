@@ -144,6 +144,11 @@ struct acq {
 	bool up_blocked; /* the upgrade of |cur| found another holder */
 	bool yielding;	 /* ... and gives our shared hold of |cur| up */
 	struct efs_locktab_entry *blocked_on; /* AW_ENTRY: compared, never used */
+	/* A lock it pinned was recalled while it still waited for another:
+	 * it gives every pin up (yield_asked) and then waits for the release
+	 * of |yield_ino| before it takes that lock again, drain or not. */
+	uint64_t yield_ino;
+	bool yield_asked;
 	/* Per request index: the mode an attempt with an unknown outcome may
 	 * have put a holder key for (NONE: no doubt). */
 	enum efs_lock_mode doubt[EFS_LOCK_REQ_MAX];
@@ -994,6 +999,128 @@ static void pin_for(struct acq *a, size_t i, struct efs_locktab_entry *e)
 	a->pinned[i] = e;
 }
 
+/* The lowest mode a forced release of |ino| asks for (NONE when none). */
+static enum efs_lock_mode forced_to(const struct efs_lockcache *lc, uint64_t ino)
+{
+	enum efs_lock_mode to = EFS_LOCK_EXCLUSIVE;
+
+	for (const struct rwait *w = lc->rwaiters; w; w = w->next)
+		if (w->ino == ino && w->to < to)
+			to = w->to;
+	return to == EFS_LOCK_EXCLUSIVE ? EFS_LOCK_NONE : to;
+}
+
+static int64_t oldest_recall_rev(const struct efs_lockcache *lc, uint64_t ino);
+
+/*
+ * A lock |a| pins that it must give up: a peer recalls it, and that peer
+ * began waiting (its recall key was created) before |a| began waiting for
+ * the lock it wants next. Its inode, or 0. Only the younger of two
+ * waiters gives way, so that two nodes never take turns giving way to
+ * each other.
+ */
+static uint64_t pinned_recalled(const struct acq *a)
+{
+	if (a->recall_rev <= 0)
+		return 0; /* not waiting behind a peer (yet) */
+	for (size_t i = 0; i < a->req->n; i++) {
+		const struct efs_locktab_entry *e = a->pinned[i];
+		int64_t rev;
+
+		if (!e || !e->recalled)
+			continue;
+		rev = oldest_recall_rev(a->lc, e->ino);
+		if (rev > 0 && rev < a->recall_rev)
+			return e->ino;
+	}
+	return 0;
+}
+
+/*
+ * |e| is being recalled: every acquisition still in progress that pins it
+ * gives way at its next step (at once unless a transaction is in flight),
+ * since it may wait for a lock the recalling node holds.
+ */
+static void yield_scan(struct efs_lockcache *lc, const struct efs_locktab_entry *e)
+{
+	struct efs_list *n;
+
+	efs_list_for_each(n, &lc->acqs) {
+		struct acq *a = acq_of(n);
+		bool pins = false;
+
+		if (a->wait == AW_DONE || a->yield_asked)
+			continue;
+		for (size_t i = 0; i < a->req->n; i++)
+			pins = pins || a->pinned[i] == e;
+		if (!pins || pinned_recalled(a) == 0)
+			continue;
+		a->yield_asked = true;
+		switch (a->wait) {
+		case AW_TXN:
+			continue; /* its answer runs the next step */
+		case AW_SESSION:
+			efs_session_wait_cancel(lc->s, &a->sw);
+			break;
+		case AW_WATCH:
+			watchers_free(a);
+			break;
+		case AW_ENTRY:
+			a->blocked_on = NULL;
+			break;
+		default:
+			break;
+		}
+		a->wait = AW_KICK;
+		kick_soon(lc);
+	}
+}
+
+static bool acq_step(struct acq *a);
+
+/*
+ * A lock |a| pins (that of |ino|) is recalled while |a| still waits for
+ * others: it gives every pin and its recall key up, so that the recall is
+ * answered, and starts again in inode order once that release is done
+ * (the lock is then taken anew, drain or not). With EFS_LOCK_F_RESTART it
+ * ends with -EAGAIN instead, for a caller that must drop what it holds
+ * too. Returns false when a callback freed the lock cache.
+ */
+static bool acq_yield(struct acq *a, uint64_t ino)
+{
+	struct efs_lockcache *lc = a->lc;
+	struct efs_lock_req *req = a->req;
+	uint64_t now = now_ns();
+
+	a->yield_asked = false;
+	lc->stats.acq_yields++;
+	efs_log_debug("lock: inode %" PRIu64 ": recalled while its acquisition waits for "
+		      "others: every pin given up",
+		      ino);
+	if (req->flags & EFS_LOCK_F_RESTART) {
+		req->yield_ino = ino;
+		req->yield_to = forced_to(lc, ino);
+		return acq_finish(a, -EAGAIN);
+	}
+	watchers_free(a);
+	recall_drop(a);
+	revert_busy(a);
+	for (size_t i = 0; i < req->n; i++) {
+		if (a->pinned[i])
+			efs_locktab_unpin(&lc->tab, a->pinned[i], now);
+		a->pinned[i] = NULL;
+		req->recs[i] = NULL;
+	}
+	a->cur = SIZE_MAX;
+	a->up_blocked = false;
+	a->yielding = false;
+	a->yield_ino = ino;
+	a->wait = AW_KICK;
+	release_kick(lc);
+	kick_soon(lc);
+	return true;
+}
+
 /*
  * Takes the next step of |a|. Returns false when a callback freed the lock
  * cache. Runs only from the loop (kick, etcd and watch callbacks).
@@ -1036,6 +1163,13 @@ static bool acq_step(struct acq *a)
 			a->doubt[i] = EFS_LOCK_NONE; /* its keys went with the lease */
 		a->gen = lc->gen;
 	}
+	if (a->yield_asked) {
+		uint64_t ino = pinned_recalled(a);
+
+		a->yield_asked = false;
+		if (ino)
+			return acq_yield(a, ino);
+	}
 	for (size_t j = 0; j < a->req->n; j++) {
 		size_t i = a->order[j];
 		struct efs_locktab_entry *e;
@@ -1049,6 +1183,15 @@ static bool acq_step(struct acq *a)
 		if (a->pinned[i])
 			continue;
 		e = efs_locktab_find(&lc->tab, a->req->ino[i]);
+		if (a->yield_ino == a->req->ino[i]) {
+			/* It gave way to this recall: the release goes first. */
+			if (e && e->recalled && e->state == EFS_LOCKTAB_HELD) {
+				a->wait = AW_ENTRY;
+				a->blocked_on = e;
+				return true;
+			}
+			a->yield_ino = 0;
+		}
 		if (e && e->mode >= (int)a->want[i] && hit_ok(a, e)) {
 			pin_for(a, i, e);
 			continue;
@@ -1058,6 +1201,8 @@ static bool acq_step(struct acq *a)
 			   !drain_exempt(a)))) {
 			/* Another local acquisition or a release is on it:
 			 * its end decides (they share the node's lock). */
+			if (pinned_recalled(a))
+				return acq_yield(a, pinned_recalled(a));
 			a->wait = AW_ENTRY;
 			a->blocked_on = e;
 			return true;
@@ -1068,6 +1213,8 @@ static bool acq_step(struct acq *a)
 		recall_drop(a);
 		return acq_finish(a, 0);
 	}
+	if (pinned_recalled(a))
+		return acq_yield(a, pinned_recalled(a));
 	if (n_need > 1 && !a->batch_tried)
 		r = start_batch(a, need, n_need);
 	else
@@ -1278,9 +1425,18 @@ static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *
 	if (!a->counted_wait) {
 		a->counted_wait = true;
 		lc->stats.waits++;
+		efs_log_debug("lock: inode %" PRIu64 ": waiting for another holder (%s%s)",
+			      a->req->ino[i], k->up_plain ? "upgrade, " : "",
+			      a->req->mode[i] == EFS_LOCK_EXCLUSIVE ? "exclusive" : "shared");
 		if (lc->wait_timeout_ms)
 			a->wait_deadline_ns = now_ns() + (uint64_t)lc->wait_timeout_ms *
 								    EFS_NSEC_PER_MSEC;
+	}
+	if (pinned_recalled(a)) {
+		a->wait = AW_KICK;
+		a->yield_asked = true;
+		kick_soon(lc);
+		return true;
 	}
 	if (k->up_plain) {
 		struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, a->req->ino[i]);
@@ -1676,6 +1832,8 @@ static void prep_step(struct prep *p, int status)
 	 * once its pins are gone. */
 	e->prep = false;
 	e->prepared = e->prep_keeps || (e->pins == 0 && e->pin_seq == e->prep_seq);
+	efs_log_debug("lock: inode %" PRIu64 ": release prepared%s", p->ino,
+		      e->prepared ? "" : " but pinned meanwhile: again");
 	release_kick(lc);
 out:
 	lref_put(p->ref);
@@ -1775,6 +1933,7 @@ static void release_txn_done(struct efs_etcd_result *res, Etcdserverpb__TxnRespo
 			new_grant(lc, e);
 			entry_changed(lc, e);
 		} else if (ok) {
+			efs_log_debug("lock: inode %" PRIu64 ": released", e->ino);
 			remove_entry(lc, e);
 			lc->stats.releases++;
 		} else {
@@ -1938,6 +2097,8 @@ static void release_start(struct efs_lockcache *lc)
 			/* Drained from now on (see Forced releases in lock.h). */
 			e->recalled = true;
 		}
+		if (e && e->recalled)
+			yield_scan(lc, e);
 		if (e)
 			release_consider(lc, &b, e, to, true, s.now);
 		/* An op run inline may have freed the cache (and |w|). */
@@ -2038,7 +2199,24 @@ struct recall {
 	uint64_t seq;
 	char node[EFS_META_NODE_MAX + 1];
 	enum efs_lock_mode want;
+	int64_t create_rev; /* orders its waiter among every node's */
 };
+
+/* The create revision of the oldest recall key of a peer on |ino| (0:
+ * none known). */
+static int64_t oldest_recall_rev(const struct efs_lockcache *lc, uint64_t ino)
+{
+	const struct efs_list *n;
+	int64_t best = 0;
+
+	efs_list_for_each(n, &lc->recalls) {
+		const struct recall *rc = efs_list_entry(n, struct recall, link);
+
+		if (rc->ino == ino && rc->create_rev > 0 && (!best || rc->create_rev < best))
+			best = rc->create_rev;
+	}
+	return best;
+}
 
 static struct recall *recall_find(struct efs_lockcache *lc, const struct efs_meta_key_info *ki)
 {
@@ -2095,6 +2273,8 @@ static void recall_apply(struct efs_lockcache *lc, uint64_t ino)
 		if (w->ino == ino && w->to <= to)
 			return; /* asked already */
 	lc->stats.recalls++;
+	efs_log_debug("lock: inode %" PRIu64 ": recalled, %s", ino,
+		      to == EFS_LOCK_NONE ? "releasing" : "downgrading");
 	if (efs_lock_release_now(lc, ino, to, recall_done, NULL) < 0)
 		efs_log_warn("lock: inode %" PRIu64 ": no memory to answer a recall", ino);
 }
@@ -2125,6 +2305,7 @@ static void recall_event(struct efs_lockcache *lc, const Mvccpb__KeyValue *kv, b
 		}
 		rc->ino = ki.ino;
 		rc->seq = ki.num;
+		rc->create_rev = kv->create_revision;
 		memcpy(rc->node, ki.node, sizeof(rc->node));
 		efs_list_add_tail(&lc->recalls, &rc->link);
 	}

@@ -72,6 +72,17 @@
  * as it comes without a gap. A preparation that fails ends the drain until
  * the next attempt.
  *
+ * Acquiring several locks: an acquisition takes its inodes in inode
+ * number order and pins each as it gets it. If a lock it pinned is
+ * recalled while it still waits for a later one, it gives every pin and
+ * its recall key up, waits until that release is done and starts again
+ * (-EAGAIN to the caller with EFS_LOCK_F_RESTART): the node that recalled
+ * may hold the lock it waits for, and a waiting operation never delays a
+ * recall. Ordered pins alone would not do: a peer's cached, unpinned lock
+ * answers a recall only once the kernel lets its invalidation through,
+ * and the kernel may hold a directory's lock across the very request that
+ * waits for us.
+ *
  * Upgrades never deadlock two nodes: an upgrade that finds another holder
  * stops granting new local cache hits on the inode, waits for its pins to
  * go and for the kernel caches granted under the shared hold to expire,
@@ -122,12 +133,21 @@ enum efs_lock_mode {
  * release's |invalidate| waits for those pages, so holding the request
  * back would wait for itself. */
 #define EFS_LOCK_F_PAGES 0x4u
+/* When a lock the acquisition pinned already is recalled while it still
+ * waits for another (see Acquiring several locks above), end it with
+ * -EAGAIN and name that lock in |yield_ino| / |yield_to|, instead of
+ * starting again inside: for a caller that holds something the release
+ * may need (a node-local mutex the release's publication takes). It drops
+ * that, waits for the release (efs_lock_release_now with |yield_to|), and
+ * acquires again. */
+#define EFS_LOCK_F_RESTART 0x8u
 
 struct efs_lock_req;
 /*
  * Acquisition finished: 0 (every inode held, pinned), or -EIO (session
- * lost or not active past the wait bound), -EINTR (cancelled), another
- * negative errno. On error nothing stays pinned. For each inode whose lock
+ * lost or not active past the wait bound), -EINTR (cancelled), -EAGAIN
+ * (EFS_LOCK_F_RESTART: it gave way to a recall), another negative errno.
+ * On error nothing stays pinned. For each inode whose lock
  * was newly taken, |recs[i]| holds the i/<ino> record read in the same
  * transaction (a KeyValue owned by the request until efs_lock_put; NULL
  * when the inode does not exist, or when the lock was already cached).
@@ -147,6 +167,8 @@ struct efs_lock_req {
 	/* results */
 	const Mvccpb__KeyValue *recs[EFS_LOCK_REQ_MAX];
 	uint64_t grant[EFS_LOCK_REQ_MAX];
+	uint64_t yield_ino;	       /* -EAGAIN (EFS_LOCK_F_RESTART): the recalled lock */
+	enum efs_lock_mode yield_to; /* ... and the mode its release goes to */
 	/* private */
 	void *priv;
 };
@@ -335,6 +357,7 @@ struct efs_lockcache_stats {
 	uint64_t preps;		/* ops preparations run (invalidate + sync) */
 	uint64_t upgrade_yields; /* upgrades that gave their shared hold up */
 	uint64_t recalls;	/* recall keys of other nodes answered (forced releases asked) */
+	uint64_t acq_yields;	/* acquisitions that gave their pins up to a recall */
 };
 void efs_lockcache_get_stats(const struct efs_lockcache *lc, struct efs_lockcache_stats *ret);
 
