@@ -6,10 +6,10 @@
  * test (PR_SET_PDEATHSIG: SIGTERM, so that it still leaves cleanly).
  */
 #include "mount.h"
+#include "proc.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <netdb.h>
 #include <poll.h>
@@ -33,44 +33,12 @@
 #define EXIT_WAIT_MS   30000
 #define RUN_TIMEOUT_MS 120000
 
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(unsigned ms)
-{
-	struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
-
-	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-		;
-}
-
 const char *efs_test_build_root(void)
 {
-	static char root[PATH_MAX];
-	const char *env = getenv("ETCFS_BUILD_ROOT");
-	char exe[PATH_MAX];
-	ssize_t n;
+	const char *root = efs_tp_build_root();
 
-	if (env && *env)
-		return env;
-	if (root[0])
-		return root;
-	/* A test binary lives in <build>/test/<suite>/. */
-	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-	cr_assert_gt(n, 0, "mount fixture: ETCFS_BUILD_ROOT is not set and /proc/self/exe unreadable");
-	exe[n] = '\0';
-	for (int i = 0; i < 3; i++) {
-		char *slash = strrchr(exe, '/');
-
-		cr_assert_not_null(slash, "mount fixture: cannot find the build root from %s", exe);
-		*slash = '\0';
-	}
-	snprintf(root, sizeof(root), "%s", exe);
+	cr_assert_not_null(root, "mount fixture: ETCFS_BUILD_ROOT is not set and the build "
+				 "root cannot be found from /proc/self/exe");
 	return root;
 }
 
@@ -80,26 +48,6 @@ const char *efs_test_command_path(const char *cmd, char *buf, size_t size)
 
 	cr_assert(n > 0 && (size_t)n < size, "mount fixture: path of %s too long", cmd);
 	return buf;
-}
-
-/* The last |max| bytes of |path| (for failure messages). */
-static void file_tail(const char *path, char *buf, size_t max)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	off_t size;
-	ssize_t n;
-
-	buf[0] = '\0';
-	if (fd < 0)
-		return;
-	size = lseek(fd, 0, SEEK_END);
-	if (size > (off_t)max - 1)
-		lseek(fd, size - (off_t)max + 1, SEEK_SET);
-	else
-		lseek(fd, 0, SEEK_SET);
-	n = read(fd, buf, max - 1);
-	buf[n > 0 ? n : 0] = '\0';
-	close(fd);
 }
 
 bool efs_test_is_fuse_mount(const char *dir)
@@ -126,56 +74,6 @@ bool efs_test_is_fuse_mount(const char *dir)
 	}
 	fclose(fp);
 	return found;
-}
-
-/* Runs |argv| (no output capture) and returns its exit status or -1. */
-static int run_quiet(const char *const *argv)
-{
-	pid_t pid = fork();
-	int st;
-
-	if (pid < 0)
-		return -1;
-	if (pid == 0) {
-		int null = open("/dev/null", O_RDWR);
-
-		if (null >= 0) {
-			dup2(null, STDIN_FILENO);
-			dup2(null, STDOUT_FILENO);
-			dup2(null, STDERR_FILENO);
-		}
-		execvp(argv[0], (char *const *)argv);
-		_exit(127);
-	}
-	while (waitpid(pid, &st, 0) < 0)
-		if (errno != EINTR)
-			return -1;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static int fusermount(const char *dir, bool lazy)
-{
-	const char *argv[] = {"fusermount3", lazy ? "-uz" : "-u", dir, NULL};
-
-	return run_quiet(argv);
-}
-
-/* Waits up to |ms| for |pid|; 1 when it exited (status in *st), 0 if not. */
-static int wait_pid(pid_t pid, int *st, uint64_t ms)
-{
-	uint64_t end = now_ms() + ms;
-
-	for (;;) {
-		pid_t r = waitpid(pid, st, WNOHANG);
-
-		if (r == pid)
-			return 1;
-		if (r < 0 && errno != EINTR)
-			return -1;
-		if (now_ms() >= end)
-			return 0;
-		sleep_ms(10);
-	}
 }
 
 static off_t file_size(const char *path)
@@ -303,13 +201,13 @@ void efs_test_fs_mount(struct efs_test_fs *f, const char *const *extra_args)
 	close(logfd);
 	f->daemon = pid;
 
-	deadline = now_ms() + MOUNT_WAIT_MS;
+	deadline = efs_tp_now_ms() + MOUNT_WAIT_MS;
 	for (;;) {
 		struct stat sb;
 
 		if (waitpid(pid, &st, WNOHANG) == pid) {
 			f->daemon = 0;
-			file_tail(f->log, tail, sizeof(tail));
+			efs_tp_file_tail(f->log, tail, sizeof(tail));
 			cr_assert_fail("mount fixture: etcfsd exited during mount (%s %d); log:\n%s",
 				 WIFEXITED(st) ? "status" : "signal",
 				 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), tail);
@@ -319,12 +217,12 @@ void efs_test_fs_mount(struct efs_test_fs *f, const char *const *extra_args)
 		    (quiet || logged_ready(f, log_start)) &&
 		    (!f->opts.metrics || find_metrics_addr(f, log_start)))
 			break;
-		if (now_ms() >= deadline) {
-			file_tail(f->log, tail, sizeof(tail));
+		if (efs_tp_now_ms() >= deadline) {
+			efs_tp_file_tail(f->log, tail, sizeof(tail));
 			cr_assert_fail("mount fixture: %s did not answer within %d ms; log:\n%s", f->mnt,
 				 MOUNT_WAIT_MS, tail);
 		}
-		sleep_ms(20);
+		efs_tp_sleep_ms(20);
 	}
 }
 
@@ -334,31 +232,31 @@ void efs_test_fs_unmount(struct efs_test_fs *f)
 	int st, r;
 
 	cr_assert_neq(f->daemon, 0, "mount fixture: no daemon to unmount");
-	r = fusermount(f->mnt, false);
+	r = efs_tp_fusermount(f->mnt, false);
 	if (r != 0) {
 		/* Busy or already dead: do not leave anything behind. */
 		kill(f->daemon, SIGTERM);
-		if (wait_pid(f->daemon, &st, EXIT_WAIT_MS) != 1) {
+		if (efs_tp_wait_pid(f->daemon, &st, EXIT_WAIT_MS) != 1) {
 			kill(f->daemon, SIGKILL);
 			waitpid(f->daemon, &st, 0);
 		}
 		f->daemon = 0;
 		if (efs_test_is_fuse_mount(f->mnt))
-			fusermount(f->mnt, true);
+			efs_tp_fusermount(f->mnt, true);
 		cr_assert_fail("mount fixture: fusermount3 -u %s failed (%d)", f->mnt, r);
 	}
-	r = wait_pid(f->daemon, &st, EXIT_WAIT_MS);
+	r = efs_tp_wait_pid(f->daemon, &st, EXIT_WAIT_MS);
 	if (r != 1) {
 		kill(f->daemon, SIGKILL);
 		waitpid(f->daemon, &st, 0);
 		f->daemon = 0;
-		file_tail(f->log, tail, sizeof(tail));
+		efs_tp_file_tail(f->log, tail, sizeof(tail));
 		cr_assert_fail("mount fixture: etcfsd did not exit within %d ms after unmount; log:\n%s",
 			 EXIT_WAIT_MS, tail);
 	}
 	f->daemon = 0;
 	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-		file_tail(f->log, tail, sizeof(tail));
+		efs_tp_file_tail(f->log, tail, sizeof(tail));
 		cr_assert_fail("mount fixture: etcfsd exited with %s %d after unmount; log:\n%s",
 			 WIFEXITED(st) ? "status" : "signal",
 			 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), tail);
@@ -373,7 +271,7 @@ void efs_test_fs_kill(struct efs_test_fs *f)
 	kill(f->daemon, SIGKILL);
 	waitpid(f->daemon, &st, 0);
 	f->daemon = 0;
-	fusermount(f->mnt, true);
+	efs_tp_fusermount(f->mnt, true);
 	cr_assert(!efs_test_is_fuse_mount(f->mnt), "mount fixture: %s still mounted after kill",
 		  f->mnt);
 }
@@ -423,7 +321,7 @@ static int run_cmd(struct efs_test_fs *f, char *out, size_t out_size, const char
 	 * Read until the command exits, then what it left in the pipe: a
 	 * daemon it started in the background may keep the write end open.
 	 */
-	deadline = now_ms() + RUN_TIMEOUT_MS;
+	deadline = efs_tp_now_ms() + RUN_TIMEOUT_MS;
 	for (;;) {
 		struct pollfd p = {.fd = pfd[0], .events = POLLIN};
 		char buf[4096];
@@ -451,7 +349,7 @@ static int run_cmd(struct efs_test_fs *f, char *out, size_t out_size, const char
 		}
 		if (exited)
 			break;
-		if (now_ms() >= deadline) {
+		if (efs_tp_now_ms() >= deadline) {
 			kill(pid, SIGKILL);
 			waitpid(pid, &st, 0);
 			close(pfd[0]);
@@ -541,13 +439,6 @@ void efs_test_fs_start(struct efs_test_fs *f, const struct efs_test_fs_opts *o)
 		efs_test_fs_mount(f, NULL);
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
-{
-	(void)sb;
-	(void)ftw;
-	return type == FTW_DP ? rmdir(path) : unlink(path);
-}
-
 void efs_test_fs_stop(struct efs_test_fs *f)
 {
 	char problem[512] = "";
@@ -560,11 +451,11 @@ void efs_test_fs_stop(struct efs_test_fs *f)
 				 WIFEXITED(st) ? "status" : "signal",
 				 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
 			f->daemon = 0;
-		} else if (fusermount(f->mnt, false) != 0) {
+		} else if (efs_tp_fusermount(f->mnt, false) != 0) {
 			snprintf(problem, sizeof(problem), "fusermount3 -u %s failed", f->mnt);
 			kill(f->daemon, SIGTERM);
 		}
-		if (f->daemon && wait_pid(f->daemon, &st, EXIT_WAIT_MS) != 1) {
+		if (f->daemon && efs_tp_wait_pid(f->daemon, &st, EXIT_WAIT_MS) != 1) {
 			snprintf(problem, sizeof(problem), "etcfsd did not exit within %d ms",
 				 EXIT_WAIT_MS);
 			kill(f->daemon, SIGKILL);
@@ -574,13 +465,13 @@ void efs_test_fs_stop(struct efs_test_fs *f)
 	}
 	/* A dead daemon, or one a test started itself, may leave a mount. */
 	if (f->mnt[0] && efs_test_is_fuse_mount(f->mnt)) {
-		fusermount(f->mnt, false);
+		efs_tp_fusermount(f->mnt, false);
 		if (efs_test_is_fuse_mount(f->mnt))
-			fusermount(f->mnt, true);
+			efs_tp_fusermount(f->mnt, true);
 	}
 	f->etcd = efs_harness_free(f->etcd);
 	if (f->dir[0]) {
-		nftw(f->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+		efs_tp_rm_tree(f->dir);
 		f->dir[0] = '\0';
 	}
 	if (problem[0])

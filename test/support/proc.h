@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Process and file helpers shared by the test fixtures (the mount fixture
+ * under Criterion, the cluster fixture under TAP): no assertions here, so
+ * that each fixture fails in its own way.
+ */
+#ifndef ETCFS_TEST_SUPPORT_PROC_H
+#define ETCFS_TEST_SUPPORT_PROC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+uint64_t efs_tp_now_ms(void); /* CLOCK_MONOTONIC */
+void efs_tp_sleep_ms(unsigned ms);
+
+/* The build root: $ETCFS_BUILD_ROOT, else three levels above the test
+ * binary (<build>/test/<suite>/<exe>). NULL when neither can be found. */
+const char *efs_tp_build_root(void);
+
+/* The last |max| - 1 bytes of |path| into |buf| (empty if unreadable). */
+void efs_tp_file_tail(const char *path, char *buf, size_t max);
+
+/* Runs |argv| with stdin, stdout and stderr on /dev/null; its exit status,
+ * or -1. */
+int efs_tp_run_quiet(const char *const *argv);
+
+/* fusermount3 -u (or -uz when |lazy|) |dir|: its exit status. */
+int efs_tp_fusermount(const char *dir, bool lazy);
+
+/* Waits up to |ms| for |pid|: 1 when it exited (status in *st), 0 if not,
+ * -1 on error. */
+int efs_tp_wait_pid(pid_t pid, int *st, uint64_t ms);
+
+/* Removes |dir| and everything below it, not crossing mount points. */
+void efs_tp_rm_tree(const char *dir);
+
+#endif
