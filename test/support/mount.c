@@ -281,11 +281,7 @@ static int run_cmd(struct efs_test_fs *f, char *out, size_t out_size, const char
 {
 	char path[PATH_MAX];
 	const char *argv[64];
-	int argc = 0, pfd[2], st;
-	size_t used = 0;
-	uint64_t deadline;
-	bool exited = false;
-	pid_t pid;
+	int argc = 0, r;
 
 	efs_test_command_path(cmd, path, sizeof(path));
 	push(argv, &argc, 64, path);
@@ -297,68 +293,11 @@ static int run_cmd(struct efs_test_fs *f, char *out, size_t out_size, const char
 	for (; *args; args++)
 		push(argv, &argc, 64, *args);
 
-	cr_assert_eq(pipe2(pfd, O_CLOEXEC), 0, "mount fixture: pipe: %s", strerror(errno));
-	pid = fork();
-	cr_assert_geq(pid, 0, "mount fixture: fork: %s", strerror(errno));
-	if (pid == 0) {
-		int null = open("/dev/null", O_RDONLY);
-
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (null >= 0)
-			dup2(null, STDIN_FILENO);
-		dup2(pfd[1], STDOUT_FILENO);
-		dup2(pfd[1], STDERR_FILENO);
-		execv(path, (char *const *)argv);
-		dprintf(pfd[1], "mount fixture: exec %s: %s\n", path, strerror(errno));
-		_exit(127);
-	}
-	close(pfd[1]);
-	fcntl(pfd[0], F_SETFL, O_NONBLOCK);
-	if (out && out_size)
-		out[0] = '\0';
-
-	/*
-	 * Read until the command exits, then what it left in the pipe: a
-	 * daemon it started in the background may keep the write end open.
-	 */
-	deadline = efs_tp_now_ms() + RUN_TIMEOUT_MS;
-	for (;;) {
-		struct pollfd p = {.fd = pfd[0], .events = POLLIN};
-		char buf[4096];
-		ssize_t n;
-
-		if (!exited && waitpid(pid, &st, WNOHANG) == pid)
-			exited = true;
-		if (poll(&p, 1, exited ? 0 : 50) > 0) {
-			n = read(pfd[0], buf, sizeof(buf));
-			if (n > 0) {
-				if (out && out_size > used + 1) {
-					size_t k = (size_t)n < out_size - used - 1 ? (size_t)n
-										    : out_size - used - 1;
-
-					memcpy(out + used, buf, k);
-					used += k;
-					out[used] = '\0';
-				}
-				continue;
-			}
-			if (n == 0 && !exited) {
-				waitpid(pid, &st, 0);
-				exited = true;
-			}
-		}
-		if (exited)
-			break;
-		if (efs_tp_now_ms() >= deadline) {
-			kill(pid, SIGKILL);
-			waitpid(pid, &st, 0);
-			close(pfd[0]);
-			cr_assert_fail("mount fixture: %s did not finish within %d ms; output:\n%s", cmd,
-				 RUN_TIMEOUT_MS, out ? out : "");
-		}
-	}
-	close(pfd[0]);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	argv[argc] = NULL;
+	r = efs_tp_run_capture(path, argv, out, out_size, RUN_TIMEOUT_MS);
+	cr_assert_neq(r, -2, "mount fixture: %s did not finish within %d ms; output:\n%s", cmd,
+		      RUN_TIMEOUT_MS, out ? out : "");
+	return r;
 }
 
 int efs_test_fs_run(struct efs_test_fs *f, char *out, size_t out_size, const char *cmd, ...)

@@ -6,9 +6,12 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -118,6 +121,81 @@ int efs_tp_wait_pid(pid_t pid, int *st, uint64_t ms)
 			return 0;
 		efs_tp_sleep_ms(10);
 	}
+}
+
+int efs_tp_run_capture(const char *path, const char *const *argv, char *out, size_t out_size,
+		       uint64_t timeout_ms)
+{
+	uint64_t deadline;
+	bool exited = false;
+	size_t used = 0;
+	int pfd[2], st = 0;
+	pid_t pid;
+
+	if (out && out_size)
+		out[0] = '\0';
+	if (pipe2(pfd, O_CLOEXEC) < 0)
+		return -1;
+	pid = fork();
+	if (pid < 0) {
+		close(pfd[0]);
+		close(pfd[1]);
+		return -1;
+	}
+	if (pid == 0) {
+		int null = open("/dev/null", O_RDONLY);
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (null >= 0)
+			dup2(null, STDIN_FILENO);
+		dup2(pfd[1], STDOUT_FILENO);
+		dup2(pfd[1], STDERR_FILENO);
+		execv(path, (char *const *)argv);
+		dprintf(pfd[1], "exec %s: %s\n", path, strerror(errno));
+		_exit(127);
+	}
+	close(pfd[1]);
+	fcntl(pfd[0], F_SETFL, O_NONBLOCK);
+	/* Read until the command exits, then what it left in the pipe: a
+	 * daemon it started in the background may keep the write end open. */
+	deadline = efs_tp_now_ms() + timeout_ms;
+	for (;;) {
+		struct pollfd p = {.fd = pfd[0], .events = POLLIN};
+		char buf[4096];
+		ssize_t n;
+
+		if (!exited && waitpid(pid, &st, WNOHANG) == pid)
+			exited = true;
+		if (poll(&p, 1, exited ? 0 : 50) > 0) {
+			n = read(pfd[0], buf, sizeof(buf));
+			if (n > 0) {
+				size_t k = out && out_size > used + 1 ? out_size - used - 1 : 0;
+
+				if (k > (size_t)n)
+					k = (size_t)n;
+				if (k) {
+					memcpy(out + used, buf, k);
+					used += k;
+					out[used] = '\0';
+				}
+				continue;
+			}
+			if (n == 0 && !exited) {
+				waitpid(pid, &st, 0);
+				exited = true;
+			}
+		}
+		if (exited)
+			break;
+		if (efs_tp_now_ms() >= deadline) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &st, 0);
+			close(pfd[0]);
+			return -2;
+		}
+	}
+	close(pfd[0]);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 static int rm_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)

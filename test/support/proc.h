@@ -33,6 +33,14 @@ int efs_tp_fusermount(const char *dir, bool lazy);
  * -1 on error. */
 int efs_tp_wait_pid(pid_t pid, int *st, uint64_t ms);
 
+/* Runs |path| with |argv| (stdin on /dev/null, stdout and stderr into
+ * |out|, NUL-terminated, truncated to fit) and waits for it, at most
+ * |timeout_ms|: its exit status, -1 when it could not run or died of a
+ * signal, -2 when it was killed at the bound. Reads what a background
+ * child left in the pipe after the command exits. */
+int efs_tp_run_capture(const char *path, const char *const *argv, char *out, size_t out_size,
+		       uint64_t timeout_ms);
+
 /* Removes |dir| and everything below it, not crossing mount points. */
 void efs_tp_rm_tree(const char *dir);
 
