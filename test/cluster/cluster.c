@@ -1,0 +1,693 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The cluster fixture of cluster.h. Every process it starts is a child
+ * stopped by PID; each daemon runs in the foreground (-f) with its stderr
+ * in its own log file, and dies with the test program (PR_SET_PDEATHSIG:
+ * SIGTERM, so that it still leaves cleanly).
+ *
+ * The watchdog is a thread that sleeps until the armed bound passes. It
+ * never touches a mount point (a stat of a hung mount hangs too): it
+ * reads the connection's "waiting" count and writes its "abort" file in
+ * the fusectl filesystem, which the fixture mounts when it is not.
+ */
+#include "cluster.h"
+#include "proc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FUSECTL		"/sys/fs/fuse/connections"
+#define MOUNT_WAIT_MS	30000
+#define EXIT_WAIT_MS	30000
+#define RUN_TIMEOUT_MS	120000
+
+jmp_buf *efs_cl_jmp;
+char efs_cl_msg[8192];
+
+struct efs_cl_wd {
+	struct efs_cl *c;
+	pthread_t thread;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	uint64_t deadline_ms; /* 0: disarmed */
+	char what[160];
+	char hung[6144];
+	bool stop;
+};
+
+void efs_cl_fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(efs_cl_msg, sizeof(efs_cl_msg), fmt, ap);
+	va_end(ap);
+	if (!efs_cl_jmp) {
+		fprintf(stderr, "cluster fixture: %s\n", efs_cl_msg);
+		abort();
+	}
+	longjmp(*efs_cl_jmp, 1);
+}
+
+void efs_cl_fail_at(const char *file, int line, const char *cond, const char *fmt, ...)
+{
+	char what[6000];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof(what), fmt, ap);
+	va_end(ap);
+	efs_cl_fail("%s:%d: %s (failed: %s)", file, line, what, cond);
+}
+
+uint64_t efs_cl_now_ms(void)
+{
+	return efs_tp_now_ms();
+}
+
+void efs_cl_sleep_ms(unsigned ms)
+{
+	efs_tp_sleep_ms(ms);
+}
+
+static const char *build_root(void)
+{
+	const char *root = efs_tp_build_root();
+
+	if (!root)
+		efs_cl_fail("ETCFS_BUILD_ROOT is not set and the build root cannot be found "
+			    "from /proc/self/exe");
+	return root;
+}
+
+static void command_path(const char *cmd, char *buf, size_t size)
+{
+	int n = snprintf(buf, size, "%s/etcfsd/%s", build_root(), cmd);
+
+	if (n <= 0 || (size_t)n >= size)
+		efs_cl_fail("path of %s too long", cmd);
+}
+
+void efs_cl_log_tail(struct efs_cl *c, int i, char *buf, size_t max)
+{
+	efs_tp_file_tail(c->node[i].log, buf, max);
+}
+
+/*
+ * The FUSE connection mounted last on |dir| (an absolute path): the minor
+ * number of its device, from /proc/self/mountinfo; 0 when |dir| is not a
+ * FUSE mount. Never touches the mount itself.
+ */
+static unsigned fuse_conn(const char *dir)
+{
+	FILE *fp = fopen("/proc/self/mountinfo", "re");
+	char line[4096];
+	unsigned conn = 0;
+
+	if (!fp)
+		return 0;
+	/* "id parent maj:min root mountpoint opts [optional...] - fstype source superopts" */
+	while (fgets(line, sizeof(line), fp)) {
+		char mp[PATH_MAX], fstype[64], *sep;
+		unsigned maj, min;
+
+		if (sscanf(line, "%*s %*s %u:%u %*s %4095s", &maj, &min, mp) != 3)
+			continue;
+		if (strcmp(mp, dir) != 0)
+			continue;
+		sep = strstr(line, " - ");
+		if (!sep || sscanf(sep + 3, "%63s", fstype) != 1)
+			continue;
+		conn = strncmp(fstype, "fuse", 4) == 0 ? min : 0;
+	}
+	fclose(fp);
+	return conn;
+}
+
+static bool fusectl_is_mounted(void)
+{
+	FILE *fp = fopen("/proc/self/mountinfo", "re");
+	char line[4096];
+	bool found = false;
+
+	if (!fp)
+		return false;
+	while (!found && fgets(line, sizeof(line), fp))
+		found = strstr(line, " " FUSECTL " ") && strstr(line, " - fusectl ");
+	fclose(fp);
+	return found;
+}
+
+/* Writes "1" to the abort file of connection |conn|; its waiting count
+ * before, or -1 when the connection is not there. */
+static int abort_conn(unsigned conn, bool only_waiting)
+{
+	char path[128], buf[32];
+	int fd, waiting = -1;
+	ssize_t n;
+
+	snprintf(path, sizeof(path), FUSECTL "/%u/waiting", conn);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n > 0) {
+		buf[n] = '\0';
+		waiting = atoi(buf);
+	}
+	if (only_waiting && waiting <= 0)
+		return waiting;
+	snprintf(path, sizeof(path), FUSECTL "/%u/abort", conn);
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		if (write(fd, "1", 1) != 1)
+			waiting = -1;
+		close(fd);
+	}
+	return waiting;
+}
+
+/* The lock holder (l/) and recall (w/) keys in etcd, into |keys|:
+ * runs etcdctl through popen, as the watchdog cannot fail the check. */
+static void dump_locks(struct efs_cl_wd *wd, char *keys, size_t size)
+{
+	char cmd[768], line[512];
+	size_t used;
+	FILE *f;
+
+	keys[0] = '\0';
+
+	snprintf(cmd, sizeof(cmd),
+		 "timeout 10 etcdctl --endpoints=%s get '' --from-key --keys-only 2>&1 | "
+		 "grep -E '/(l|w)/' | head -40",
+		 wd->c->endpoints);
+	f = popen(cmd, "r");
+	if (!f)
+		return;
+	snprintf(keys, size, "\nlock keys in etcd then:\n");
+	while (fgets(line, sizeof(line), f)) {
+		used = strlen(keys);
+		if (line[0] != '\n')
+			snprintf(keys + used, size - used, "  %s", line);
+	}
+	pclose(f);
+}
+
+/* The watchdog: aborts the connections with requests waiting once the
+ * deadline passes, and says which. */
+static void *wd_main(void *arg)
+{
+	struct efs_cl_wd *wd = arg;
+	static char keys[4096];
+
+	pthread_mutex_lock(&wd->mu);
+	while (!wd->stop) {
+		uint64_t now = efs_cl_now_ms();
+
+		if (!wd->deadline_ms || now < wd->deadline_ms) {
+			struct timespec ts;
+			uint64_t wait = wd->deadline_ms ? wd->deadline_ms - now : 1000;
+
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += (time_t)(wait / 1000);
+			ts.tv_nsec += (long)(wait % 1000) * 1000000;
+			if (ts.tv_nsec >= 1000000000) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000;
+			}
+			pthread_cond_timedwait(&wd->cv, &wd->mu, &ts);
+			continue;
+		}
+		/* The bound passed: first the holder and recall keys, which
+		 * say who waits for whom, then abort. */
+		wd->deadline_ms = 0;
+		dump_locks(wd, keys, sizeof(keys));
+		for (int i = 0; i < wd->c->n; i++) {
+			struct efs_cl_node *nd = &wd->c->node[i];
+			size_t used = strlen(wd->hung);
+			int waiting;
+
+			if (!nd->conn)
+				continue;
+			waiting = abort_conn(nd->conn, true);
+			if (waiting > 0)
+				nd->aborted = true;
+			if (waiting > 0)
+				snprintf(wd->hung + used, sizeof(wd->hung) - used,
+					 "%s%s (%s) hung with %d FUSE requests waiting after the "
+					 "bound of %s: connection %u aborted",
+					 used ? "; " : "", nd->mnt, nd->id, waiting, wd->what,
+					 nd->conn);
+		}
+		if (!wd->hung[0])
+			snprintf(wd->hung, sizeof(wd->hung),
+				 "the bound of %s passed with no FUSE request waiting", wd->what);
+		snprintf(wd->hung + strlen(wd->hung), sizeof(wd->hung) - strlen(wd->hung), "%s",
+			 keys);
+	}
+	pthread_mutex_unlock(&wd->mu);
+	return NULL;
+}
+
+void efs_cl_bound(struct efs_cl *c, uint64_t ms, const char *what)
+{
+	struct efs_cl_wd *wd = c->wd;
+
+	if (!wd)
+		return;
+	pthread_mutex_lock(&wd->mu);
+	wd->deadline_ms = ms ? efs_cl_now_ms() + ms : 0;
+	if (ms) {
+		snprintf(wd->what, sizeof(wd->what), "%s", what ? what : "?");
+		wd->hung[0] = '\0';
+	}
+	pthread_cond_signal(&wd->cv);
+	pthread_mutex_unlock(&wd->mu);
+}
+
+const char *efs_cl_hung(struct efs_cl *c)
+{
+	static char copy[6144];
+
+	if (!c->wd)
+		return "";
+	pthread_mutex_lock(&c->wd->mu);
+	snprintf(copy, sizeof(copy), "%s", c->wd->hung);
+	pthread_mutex_unlock(&c->wd->mu);
+	return copy;
+}
+
+static void wd_start(struct efs_cl *c)
+{
+	struct efs_cl_wd *wd = calloc(1, sizeof(*wd));
+
+	if (!wd)
+		efs_cl_fail("out of memory");
+	wd->c = c;
+	pthread_mutex_init(&wd->mu, NULL);
+	pthread_cond_init(&wd->cv, NULL);
+	if (pthread_create(&wd->thread, NULL, wd_main, wd) != 0) {
+		free(wd);
+		efs_cl_fail("cannot start the watchdog thread");
+	}
+	c->wd = wd;
+}
+
+static void wd_stop(struct efs_cl *c)
+{
+	struct efs_cl_wd *wd = c->wd;
+
+	if (!wd)
+		return;
+	pthread_mutex_lock(&wd->mu);
+	wd->stop = true;
+	pthread_cond_signal(&wd->cv);
+	pthread_mutex_unlock(&wd->mu);
+	pthread_join(wd->thread, NULL);
+	pthread_mutex_destroy(&wd->mu);
+	pthread_cond_destroy(&wd->cv);
+	free(wd);
+	c->wd = NULL;
+}
+
+static bool logged_ready(const char *log, off_t from)
+{
+	char buf[16384];
+	int fd = open(log, O_RDONLY | O_CLOEXEC);
+	ssize_t n;
+
+	if (fd < 0)
+		return false;
+	n = pread(fd, buf, sizeof(buf) - 1, from);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	return strstr(buf, "info: mounted ") != NULL;
+}
+
+void efs_cl_setenv(struct efs_cl *c, int i, const char *name, const char *value)
+{
+	struct efs_cl_node *nd = &c->node[i];
+	size_t len = strlen(name);
+
+	for (int k = 0; k < nd->nenv; k++) {
+		if (strncmp(nd->env[k], name, len) == 0 && nd->env[k][len] == '=') {
+			memmove(nd->env[k], nd->env[k + 1],
+				sizeof(nd->env[0]) * (size_t)(nd->nenv - k - 1));
+			nd->nenv--;
+			break;
+		}
+	}
+	if (!value)
+		return;
+	if (nd->nenv == EFS_CL_MAX_ENV)
+		efs_cl_fail("too many environment entries for %s", nd->id);
+	snprintf(nd->env[nd->nenv++], sizeof(nd->env[0]), "%s=%s", name, value);
+}
+
+void efs_cl_mount(struct efs_cl *c, int i)
+{
+	struct efs_cl_node *nd = &c->node[i];
+	char daemon[PATH_MAX], ttl[32], tail[4096];
+	const char *argv[48];
+	int argc = 0, st, logfd;
+	uint64_t deadline;
+	off_t log_start;
+	struct stat sb;
+	pid_t pid;
+
+	if (nd->pid)
+		efs_cl_fail("%s is already running", nd->id);
+	command_path("etcfsd", daemon, sizeof(daemon));
+	snprintf(ttl, sizeof(ttl), "%d", c->opts.session_ttl);
+	argv[argc++] = daemon;
+	argv[argc++] = "-f";
+	argv[argc++] = "--endpoints";
+	argv[argc++] = c->endpoints;
+	argv[argc++] = "--node-id";
+	argv[argc++] = nd->id;
+	argv[argc++] = "--session-ttl";
+	argv[argc++] = ttl;
+	for (int k = 0; c->opts.mount_args && c->opts.mount_args[k]; k++) {
+		if (argc > 40)
+			efs_cl_fail("too many daemon arguments");
+		argv[argc++] = c->opts.mount_args[k];
+	}
+	argv[argc++] = c->image;
+	argv[argc++] = nd->mnt;
+	argv[argc] = NULL;
+
+	logfd = open(nd->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+	if (logfd < 0)
+		efs_cl_fail("cannot open %s: %s", nd->log, strerror(errno));
+	log_start = lseek(logfd, 0, SEEK_END);
+	dprintf(logfd, "--- cluster fixture: mounting %s at %s ---\n", nd->id, nd->mnt);
+	log_start = lseek(logfd, 0, SEEK_END);
+	pid = fork();
+	if (pid < 0)
+		efs_cl_fail("fork: %s", strerror(errno));
+	if (pid == 0) {
+		int null = open("/dev/null", O_RDONLY);
+
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		if (null >= 0)
+			dup2(null, STDIN_FILENO);
+		dup2(logfd, STDOUT_FILENO);
+		dup2(logfd, STDERR_FILENO);
+		for (int k = 0; k < nd->nenv; k++)
+			putenv(nd->env[k]);
+		execv(daemon, (char *const *)argv);
+		dprintf(logfd, "cluster fixture: exec %s: %s\n", daemon, strerror(errno));
+		_exit(127);
+	}
+	close(logfd);
+	nd->pid = pid;
+	nd->aborted = false;
+
+	deadline = efs_cl_now_ms() + MOUNT_WAIT_MS;
+	for (;;) {
+		if (waitpid(pid, &st, WNOHANG) == pid) {
+			nd->pid = 0;
+			efs_tp_file_tail(nd->log, tail, sizeof(tail));
+			efs_cl_fail("%s exited during mount (%s %d); log:\n%s", nd->id,
+				    WIFEXITED(st) ? "status" : "signal",
+				    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), tail);
+		}
+		nd->conn = fuse_conn(nd->mnt);
+		/* Only stat the mount once the daemon says it is ready. */
+		if (nd->conn && logged_ready(nd->log, log_start) && stat(nd->mnt, &sb) == 0)
+			break;
+		if (efs_cl_now_ms() >= deadline) {
+			efs_tp_file_tail(nd->log, tail, sizeof(tail));
+			efs_cl_fail("%s did not answer within %d ms; log:\n%s", nd->mnt,
+				    MOUNT_WAIT_MS, tail);
+		}
+		efs_cl_sleep_ms(20);
+	}
+}
+
+bool efs_cl_alive(struct efs_cl *c, int i)
+{
+	struct efs_cl_node *nd = &c->node[i];
+	int st;
+
+	if (!nd->pid)
+		return false;
+	if (waitpid(nd->pid, &st, WNOHANG) == nd->pid) {
+		nd->pid = 0;
+		return false;
+	}
+	return nd->conn && !nd->aborted && fuse_conn(nd->mnt) == nd->conn;
+}
+
+/* Stops node |i| whatever state it is in; false with a reason in |why|
+ * when it did not leave cleanly. */
+static bool node_down(struct efs_cl *c, int i, char *why, size_t why_size)
+{
+	struct efs_cl_node *nd = &c->node[i];
+	bool clean = true;
+	int st;
+
+	why[0] = '\0';
+	if (nd->pid) {
+		if (waitpid(nd->pid, &st, WNOHANG) == nd->pid) {
+			snprintf(why, why_size, "%s had exited (%s %d)", nd->id,
+				 WIFEXITED(st) ? "status" : "signal",
+				 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+			nd->pid = 0;
+			clean = false;
+		} else if (efs_tp_fusermount(nd->mnt, false) != 0) {
+			snprintf(why, why_size, "fusermount3 -u %s failed", nd->mnt);
+			kill(nd->pid, SIGTERM);
+			clean = false;
+		}
+		if (nd->pid && efs_tp_wait_pid(nd->pid, &st, EXIT_WAIT_MS) != 1) {
+			snprintf(why, why_size, "%s did not exit within %d ms", nd->id,
+				 EXIT_WAIT_MS);
+			kill(nd->pid, SIGKILL);
+			waitpid(nd->pid, &st, 0);
+			clean = false;
+		} else if (nd->pid && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
+			snprintf(why, why_size, "%s exited with %s %d", nd->id,
+				 WIFEXITED(st) ? "status" : "signal",
+				 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+			clean = false;
+		}
+		nd->pid = 0;
+	}
+	if (fuse_conn(nd->mnt)) {
+		/* A dead or aborted mount: abort what waits, then detach it. */
+		abort_conn(fuse_conn(nd->mnt), false);
+		efs_tp_fusermount(nd->mnt, true);
+	}
+	nd->conn = 0;
+	nd->aborted = false;
+	return clean;
+}
+
+bool efs_cl_down(struct efs_cl *c, int i)
+{
+	char why[512];
+
+	return node_down(c, i, why, sizeof(why));
+}
+
+void efs_cl_unmount(struct efs_cl *c, int i)
+{
+	char why[512], tail[4096];
+
+	if (!c->node[i].pid)
+		efs_cl_fail("%s is not running", c->node[i].id);
+	if (!node_down(c, i, why, sizeof(why))) {
+		efs_tp_file_tail(c->node[i].log, tail, sizeof(tail));
+		efs_cl_fail("unmount of %s: %s; log:\n%s", c->node[i].id, why, tail);
+	}
+}
+
+void efs_cl_kill(struct efs_cl *c, int i)
+{
+	struct efs_cl_node *nd = &c->node[i];
+	int st;
+
+	if (!nd->pid)
+		efs_cl_fail("%s is not running", nd->id);
+	kill(nd->pid, SIGKILL);
+	waitpid(nd->pid, &st, 0);
+	nd->pid = 0;
+	abort_conn(nd->conn, false);
+	efs_tp_fusermount(nd->mnt, true);
+	nd->conn = 0;
+	if (fuse_conn(nd->mnt))
+		efs_cl_fail("%s still mounted after kill", nd->mnt);
+}
+
+const char *efs_cl_path(struct efs_cl *c, int i, const char *rel, char *buf, size_t size)
+{
+	int n = snprintf(buf, size, "%s/%s", c->node[i].mnt, rel);
+
+	if (n <= 0 || (size_t)n >= size)
+		efs_cl_fail("path %s too long", rel);
+	return buf;
+}
+
+static int run_cmdv(struct efs_cl *c, char *out, size_t out_size, const char *cmd,
+		    const char *const *args)
+{
+	char path[PATH_MAX];
+	const char *argv[64];
+	int argc = 0, r;
+
+	command_path(cmd, path, sizeof(path));
+	argv[argc++] = path;
+	if (strcmp(cmd, "etcfsctl") == 0 && args[0])
+		argv[argc++] = *args++;
+	argv[argc++] = "--endpoints";
+	argv[argc++] = c->endpoints;
+	for (; *args; args++) {
+		if (argc > 60)
+			efs_cl_fail("too many arguments for %s", cmd);
+		argv[argc++] = *args;
+	}
+	argv[argc] = NULL;
+	r = efs_tp_run_capture(path, argv, out, out_size, RUN_TIMEOUT_MS);
+	if (r == -2)
+		efs_cl_fail("%s did not finish within %d ms; output:\n%s", cmd, RUN_TIMEOUT_MS,
+			    out ? out : "");
+	return r;
+}
+
+int efs_cl_run(struct efs_cl *c, char *out, size_t out_size, const char *cmd, ...)
+{
+	const char *args[56];
+	int n = 0;
+	va_list ap;
+
+	va_start(ap, cmd);
+	for (const char *a; (a = va_arg(ap, const char *));) {
+		if (n == 55)
+			efs_cl_fail("too many arguments for %s", cmd);
+		args[n++] = a;
+	}
+	va_end(ap);
+	args[n] = NULL;
+	return run_cmdv(c, out, out_size, cmd, args);
+}
+
+void efs_cl_start(struct efs_cl *c, const struct efs_cl_opts *o)
+{
+	struct efs_harness_opts ho = {0};
+	char out[8192];
+	int fd, r;
+
+	memset(c, 0, sizeof(*c));
+	if (o)
+		c->opts = *o;
+	if (!c->opts.nodes)
+		c->opts.nodes = 3;
+	if (!c->opts.members)
+		c->opts.members = 3;
+	if (!c->opts.session_ttl)
+		c->opts.session_ttl = 2;
+	if (!c->opts.image)
+		c->opts.image = 512ull << 20;
+	if (c->opts.nodes > EFS_CL_MAX_NODES)
+		efs_cl_fail("at most %d nodes", EFS_CL_MAX_NODES);
+	c->n = c->opts.nodes;
+
+	if (!fusectl_is_mounted()) {
+		if (mount("none", FUSECTL, "fusectl", 0, NULL) < 0)
+			efs_cl_fail("mount -t fusectl none " FUSECTL ": %s", strerror(errno));
+		c->fusectl_mounted = true;
+	}
+	wd_start(c);
+
+	ho.members = c->opts.members;
+	r = efs_harness_start(&c->etcd, &ho);
+	if (r < 0)
+		efs_cl_fail("etcd harness start: %s", strerror(-r));
+	snprintf(c->endpoints, sizeof(c->endpoints), "%s", efs_harness_endpoints(c->etcd));
+
+	snprintf(c->dir, sizeof(c->dir), "/tmp/etcfs-cluster-XXXXXX");
+	if (!mkdtemp(c->dir))
+		efs_cl_fail("mkdtemp: %s", strerror(errno));
+	snprintf(c->image, sizeof(c->image), "%s/disk.img", c->dir);
+	fd = open(c->image, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	if (fd < 0)
+		efs_cl_fail("create %s: %s", c->image, strerror(errno));
+	r = ftruncate(fd, (off_t)c->opts.image);
+	close(fd);
+	if (r < 0)
+		efs_cl_fail("truncate %s: %s", c->image, strerror(errno));
+	for (int i = 0; i < c->n; i++) {
+		struct efs_cl_node *nd = &c->node[i];
+
+		snprintf(nd->id, sizeof(nd->id), "node%d", i + 1);
+		snprintf(nd->mnt, sizeof(nd->mnt), "%s/mnt%d", c->dir, i + 1);
+		snprintf(nd->log, sizeof(nd->log), "%s/%s.log", c->dir, nd->id);
+		if (mkdir(nd->mnt, 0755) < 0)
+			efs_cl_fail("mkdir %s: %s", nd->mnt, strerror(errno));
+	}
+	r = efs_cl_run(c, out, sizeof(out), "mkfs.etcfs", "--name", "clusterfs", c->image,
+		       (const char *)NULL);
+	if (r != 0)
+		efs_cl_fail("mkfs.etcfs failed (%d):\n%s", r, out);
+	for (int i = 0; i < c->n; i++)
+		efs_cl_mount(c, i);
+}
+
+bool efs_cl_stop(struct efs_cl *c)
+{
+	char why[512], problems[2048] = "";
+	bool clean = true;
+
+	for (int i = 0; i < c->n; i++) {
+		if (!node_down(c, i, why, sizeof(why))) {
+			size_t used = strlen(problems);
+
+			snprintf(problems + used, sizeof(problems) - used, "%s%s",
+				 used ? "; " : "", why);
+			clean = false;
+		}
+	}
+	wd_stop(c);
+	/* ETCFS_CLUSTER_LOGS=DIR keeps the daemons' logs (for debugging). */
+	if (getenv("ETCFS_CLUSTER_LOGS") && c->dir[0]) {
+		for (int i = 0; i < c->n; i++) {
+			char dst[PATH_MAX];
+			const char *argv[] = {"cp", c->node[i].log, dst, NULL};
+
+			snprintf(dst, sizeof(dst), "%s/%s.log", getenv("ETCFS_CLUSTER_LOGS"),
+				 c->node[i].id);
+			efs_tp_run_quiet(argv);
+		}
+	}
+	c->etcd = efs_harness_free(c->etcd);
+	if (c->dir[0]) {
+		efs_tp_rm_tree(c->dir);
+		c->dir[0] = '\0';
+	}
+	if (c->fusectl_mounted) {
+		umount2(FUSECTL, MNT_DETACH);
+		c->fusectl_mounted = false;
+	}
+	if (!clean)
+		snprintf(efs_cl_msg, sizeof(efs_cl_msg), "%s", problems);
+	return clean;
+}

