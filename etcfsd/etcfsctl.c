@@ -1386,6 +1386,178 @@ out:
 	return ret;
 }
 
+/* ---- locks ---- */
+
+/* A recall older than this with a conflicting holder is flagged: the
+ * daemons log and count the same bound (etcfs_lock_recalls_unanswered_total). */
+#define LOCKS_UNANSWERED_S 30
+
+struct lock_holder {
+	uint64_t ino;
+	char mode;
+	char node[EFS_META_NODE_MAX + 1];
+};
+
+struct locks_scan {
+	struct fs_cmd *f;
+	struct lock_holder *h;
+	size_t nh, cap;
+	unsigned recalls, unanswered;
+	int64_t now_ns;
+};
+
+static void format_age(int64_t since_ns, int64_t now_ns, char *buf, size_t size)
+{
+	if (since_ns <= 0)
+		snprintf(buf, size, "?");
+	else
+		snprintf(buf, size, "%.1fs", (double)(now_ns - since_ns) / 1e9);
+}
+
+static int locks_holder_cb(const Mvccpb__KeyValue *kv, void *arg)
+{
+	struct locks_scan *ls = arg;
+	struct efs_meta_key_info info;
+	Etcfs__LockHolder *h = NULL;
+	char age[32] = "?";
+
+	if (efs_meta_key_parse(&ls->f->ns, kv->key.data, kv->key.len, &info) < 0 ||
+	    info.family != EFS_META_K_HOLDER)
+		return 0;
+	if (ls->nh == ls->cap) {
+		size_t cap = ls->cap ? ls->cap * 2 : 64;
+		struct lock_holder *n = efs_mem_realloc(ls->h, cap * sizeof(*n));
+
+		if (!n)
+			return -ENOMEM;
+		ls->h = n;
+		ls->cap = cap;
+	}
+	ls->h[ls->nh].ino = info.ino;
+	ls->h[ls->nh].mode = info.mode;
+	memcpy(ls->h[ls->nh].node, info.node, sizeof(info.node));
+	if (!ls->nh++)
+		printf("  %-20s %-9s %-16s %10s %s\n", "INODE", "MODE", "NODE", "HELD-FOR",
+		       "GRANT");
+	if (efs_meta_holder_decode(kv->value.data, kv->value.len, &h, NULL) == 0) {
+		format_age(h->granted_ns, ls->now_ns, age, sizeof(age));
+		printf("  %-20" PRIu64 " %-9s %-16s %10s %" PRIu64 "\n", info.ino,
+		       info.mode == EFS_META_LOCK_EXCLUSIVE ? "exclusive" : "shared", info.node, age,
+		       h->token);
+	} else {
+		printf("  %-20" PRIu64 " %-9s %-16s %10s (unreadable record)\n", info.ino,
+		       info.mode == EFS_META_LOCK_EXCLUSIVE ? "exclusive" : "shared", info.node, "?");
+	}
+	efs_meta_record_free(h);
+	return 0;
+}
+
+static int locks_recall_cb(const Mvccpb__KeyValue *kv, void *arg)
+{
+	struct locks_scan *ls = arg;
+	struct efs_meta_key_info info;
+	Etcfs__LockWaiter *w = NULL;
+	char age[32] = "?", blocked[160] = "";
+	bool shared = false, old = false;
+	int64_t since = 0;
+
+	if (efs_meta_key_parse(&ls->f->ns, kv->key.data, kv->key.len, &info) < 0 ||
+	    info.family != EFS_META_K_RECALL)
+		return 0;
+	if (efs_meta_waiter_decode(kv->value.data, kv->value.len, &w, NULL) == 0) {
+		shared = w->mode == EFS_META_LOCK_SHARED;
+		since = w->since_ns;
+	}
+	efs_meta_record_free(w);
+	format_age(since, ls->now_ns, age, sizeof(age));
+	old = since > 0 && ls->now_ns - since > (int64_t)LOCKS_UNANSWERED_S * 1000000000;
+	/* Who keeps it waiting: other nodes' holders it cannot share. */
+	for (size_t i = 0; i < ls->nh; i++) {
+		const struct lock_holder *h = &ls->h[i];
+		size_t used = strlen(blocked);
+
+		if (h->ino != info.ino || !strcmp(h->node, info.node) ||
+		    (shared && h->mode == EFS_META_LOCK_SHARED))
+			continue;
+		snprintf(blocked + used, sizeof(blocked) - used, "%s%s", used ? "," : "", h->node);
+	}
+	if (!ls->recalls++)
+		printf("  %-20s %-9s %-16s %10s %s\n", "INODE", "WANTS", "NODE", "WAITING",
+		       "HELD-BY");
+	printf("  %-20" PRIu64 " %-9s %-16s %10s %s%s\n", info.ino,
+	       shared ? "shared" : "exclusive", info.node, age, blocked[0] ? blocked : "-",
+	       old && blocked[0] ? "  UNANSWERED" : "");
+	ls->unanswered += old && blocked[0];
+	return 0;
+}
+
+static void usage_locks(FILE *f)
+{
+	fprintf(f,
+		"Usage: %s locks [OPTIONS] DEVICE | --name NAME\n"
+		"\n"
+		"The inode locks of one filesystem as etcd holds them: every holder key (inode,\n"
+		"mode, node, how long ago it was granted, grant id) and every recall key (a node\n"
+		"waiting for a lock: inode, the mode it wants, how long it has waited, and the\n"
+		"nodes whose locks keep it waiting). A recall waiting longer than %d s behind\n"
+		"another node's lock is marked UNANSWERED: that node's daemon logs it too and\n"
+		"counts it in etcfs_lock_recalls_unanswered_total.\n"
+		"%s"
+		"\n"
+		"  --name NAME              the filesystem\n"
+		"  --help                   this text\n"
+		"\n"
+		"%s"
+		"\n"
+		"Exit status: 0 no recall unanswered; 1 some recall unanswered; 2 usage error;\n"
+		"3 cannot connect to etcd; 4 failed.\n",
+		prog, LOCKS_UNANSWERED_S, fs_cmd_help, efs_cli_etcd_usage());
+}
+
+static int cmd_locks(int argc, char **argv)
+{
+	struct fs_cmd f = {0};
+	struct locks_scan ls = {.f = &f};
+	struct efs_meta_range range;
+	char err[EFS_CLI_ERR_MAX] = "";
+	int ret, r;
+
+	ret = fs_cmd_parse(&f, argc, argv, false, usage_locks);
+	if (ret >= 0)
+		goto out;
+	ret = fs_cmd_open(&f);
+	if (ret >= 0)
+		goto out;
+	ls.now_ns = (int64_t)efs_clock_real_ns();
+	ret = EXIT_FAILED;
+	printf("locks of %s:\n", f.fi->name);
+	fflush(stdout);
+	r = efs_meta_range_family(&f.ns, EFS_META_K_HOLDER, &range);
+	if (r == 0)
+		r = efs_cli_range_foreach(f.s, &range, false, locks_holder_cb, &ls, err,
+					  sizeof(err));
+	if (r == 0) {
+		if (!ls.nh)
+			printf("  no lock held\n");
+		printf("recalls:\n");
+		r = efs_meta_range_family(&f.ns, EFS_META_K_RECALL, &range);
+	}
+	if (r == 0)
+		r = efs_cli_range_foreach(f.s, &range, false, locks_recall_cb, &ls, err,
+					  sizeof(err));
+	if (r < 0) {
+		efs_cli_print_err(prog, r, err);
+		goto out;
+	}
+	if (!ls.recalls)
+		printf("  no node waits\n");
+	ret = ls.unanswered ? EXIT_UNFIT : EXIT_FIT;
+out:
+	efs_mem_free(ls.h);
+	fs_cmd_done(&f);
+	return ret;
+}
+
 /* ---- subcommand table ---- */
 
 struct subcmd {
@@ -1398,6 +1570,7 @@ static const struct subcmd subcmds[] = {
 	{"etcd-check", cmd_etcd_check, "check that an etcd cluster is fit for etcfs"},
 	{"df", cmd_df, "space and inode usage of a filesystem"},
 	{"status", cmd_status, "identity of a filesystem and the nodes that mount it"},
+	{"locks", cmd_locks, "inode locks held and recalls waiting, across the nodes"},
 };
 
 static void usage(FILE *f)
@@ -1409,7 +1582,8 @@ static void usage(FILE *f)
 		"\n'%s COMMAND --help' describes a command and its options.\n"
 		"  --version      print the version\n"
 		"\n"
-		"Exit status: 0 success (etcd-check: fit); 1 etcd-check: unfit; 2 usage error;\n"
+		"Exit status: 0 success (etcd-check: fit); 1 etcd-check: unfit, locks: a recall\n"
+		"unanswered; 2 usage error;\n"
 		"3 cannot connect to etcd or it refuses our credentials; 4 the command failed.\n",
 		prog);
 }

@@ -83,7 +83,7 @@ struct state_gauge {
 };
 
 /* Lock cache counters exported (register_metrics, sync_counters). */
-#define EFS_NLOCK_COUNTERS 11
+#define EFS_NLOCK_COUNTERS 12
 
 struct daemon {
 	/* options */
@@ -119,6 +119,7 @@ struct daemon {
 	int data_fd; /* the device for data I/O (O_DIRECT where possible), -1: none */
 	bool data_direct;
 	uint32_t flush_interval_ms;
+	uint32_t recall_bound_s;
 	uint32_t io_threads;
 	struct efs_sb sb;
 	unsigned sb_flags;
@@ -191,6 +192,9 @@ static void usage(FILE *out)
 		"                           least this often (default 1000; fsync and\n"
 		"                           O_SYNC publish at once)\n"
 		"  --io-threads N           device I/O worker threads (default 16)\n"
+		"  --recall-bound SECONDS   log and count (etcfs_lock_recalls_unanswered_total)\n"
+		"                           a peer's recall this node has not answered\n"
+		"                           after this long (default 30)\n"
 		"  --compact-interval SECONDS  when elected, compact etcd's history this\n"
 		"                           often (default 60)\n"
 		"  --compact-retain N       revisions kept behind the current one\n"
@@ -456,6 +460,7 @@ enum {
 	OPT_LOG_LEVEL,
 	OPT_LOG_FILE,
 	OPT_FLUSH_INTERVAL,
+	OPT_RECALL_BOUND,
 	OPT_IO_THREADS,
 	OPT_COMPACT_INTERVAL,
 	OPT_COMPACT_RETAIN,
@@ -474,6 +479,7 @@ static const struct option longopts[] = {
 	{"log-level", required_argument, NULL, OPT_LOG_LEVEL},
 	{"log-file", required_argument, NULL, OPT_LOG_FILE},
 	{"flush-interval", required_argument, NULL, OPT_FLUSH_INTERVAL},
+	{"recall-bound", required_argument, NULL, OPT_RECALL_BOUND},
 	{"io-threads", required_argument, NULL, OPT_IO_THREADS},
 	{"compact-interval", required_argument, NULL, OPT_COMPACT_INTERVAL},
 	{"compact-retain", required_argument, NULL, OPT_COMPACT_RETAIN},
@@ -586,6 +592,20 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 		case OPT_METRICS_ADDR:
 			d->metrics_addr = optarg;
 			break;
+		case OPT_RECALL_BOUND: {
+			char *end;
+			long v;
+
+			errno = 0;
+			v = strtol(optarg, &end, 10);
+			if (errno || end == optarg || *end || v < 1 || v > 3600) {
+				fprintf(stderr, "%s: --recall-bound '%s': seconds from 1 to 3600\n",
+					prog, optarg);
+				return -EINVAL;
+			}
+			d->recall_bound_s = (uint32_t)v;
+			break;
+		}
 		case OPT_FLUSH_INTERVAL:
 		case OPT_IO_THREADS: {
 			bool fl = c == OPT_FLUSH_INTERVAL;
@@ -836,6 +856,8 @@ static void register_metrics(struct daemon *d)
 		{"etcfs_lock_recalls_total", "Recall keys of other nodes answered"},
 		{"etcfs_lock_acquire_yields_total",
 		 "Acquisitions that gave their pins up to a recall and started again"},
+		{"etcfs_lock_recalls_unanswered_total",
+		 "Recalls of other nodes this node had not answered after the wait bound"},
 	};
 	static const char *const state_labels[6] = {
 		"state=\"starting\"",  "state=\"active\"", "state=\"suspended\"",
@@ -910,6 +932,7 @@ static void sync_counters(struct daemon *d)
 		counter_sync(&d->m_lock[8], l.upgrade_yields);
 		counter_sync(&d->m_lock[9], l.recalls);
 		counter_sync(&d->m_lock[10], l.acq_yields);
+		counter_sync(&d->m_lock[11], l.recalls_unanswered);
 	}
 	if (d->fl) {
 		uint64_t n = efs_fuseloop_requests(d->fl);
@@ -1474,7 +1497,7 @@ static char *fuse_opt_string(struct daemon *d)
 
 static int mount_fuse(struct daemon *d)
 {
-	struct efs_lockcache_opts lo = {.ns = &d->ns};
+	struct efs_lockcache_opts lo = {.ns = &d->ns, .recall_bound_ms = d->recall_bound_s * 1000};
 	struct efs_fs_opts fo = {
 		.ns = &d->ns,
 		.sb = &d->sb,

@@ -405,6 +405,8 @@ struct efs_fs_op {
 	bool granted;	  /* efs_lock_grant_in_txn done for |new_ino| */
 	bool unsettled;	  /* a transaction's outcome is unknown and not yet settled */
 	bool lock_pinned;
+	bool lock_waiting; /* efs_lock_acquire waits (FUSE_INTERRUPT cancels it) */
+	bool intr_set;	   /* its interrupt callback is registered */
 	int state;	  /* engine step to resume at after a wait */
 	int wait_err;	  /* error handed to a waiter */
 	bool planned;	  /* plan ran once */

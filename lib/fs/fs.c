@@ -834,6 +834,7 @@ static void step_session(struct efs_fs_op *op)
 }
 
 static void lock_cb(struct efs_lock_req *req, int status);
+static void op_interrupt(fuse_req_t req, void *arg);
 
 static bool slots_covered(const struct efs_fs_op *op)
 {
@@ -905,8 +906,30 @@ static void step_acquire(struct efs_fs_op *op)
 		efs_fs_op_finish(op, r == -EINTR ? -EINTR : -EIO);
 		return;
 	}
-	if (r == 1)
+	if (r == 1) {
 		lock_cb(&op->lr, 0);
+		return;
+	}
+	op->lock_waiting = true;
+	/* Last: libfuse calls it inline when the kernel interrupted already
+	 * (the cancel's callback runs later, from the loop). */
+	if (op->rq && op->rq->req && !op->intr_set) {
+		op->intr_set = true;
+		fuse_req_interrupt_func(op->rq->req, op_interrupt, op);
+	}
+}
+
+/*
+ * FUSE_INTERRUPT (on the loop, which reads the session): a lock wait ends
+ * with -EINTR (lock_cb); registered only while the wait lasts.
+ */
+static void op_interrupt(fuse_req_t req, void *arg)
+{
+	struct efs_fs_op *op = arg;
+
+	(void)req;
+	if (op->lock_waiting)
+		efs_lock_cancel(op->fs->lc, &op->lr);
 }
 
 static void yield_released(void *arg, int status)
@@ -940,6 +963,13 @@ static void lock_cb(struct efs_lock_req *req, int status)
 	struct efs_fs_op *op = req->arg;
 	struct efs_fs *fs = op->fs;
 
+	op->lock_waiting = false;
+	if (op->intr_set) {
+		/* Only the wait is interruptible; the record may go before the
+		 * reply (handed on), so the callback must not outlive it. */
+		op->intr_set = false;
+		fuse_req_interrupt_func(op->rq->req, NULL, NULL);
+	}
 	if (status == -EAGAIN) {
 		lock_yield(op, req);
 		return;

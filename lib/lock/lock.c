@@ -209,6 +209,7 @@ struct efs_lockcache {
 	uint32_t idle_ms;
 	size_t release_batch;
 	uint32_t wait_timeout_ms;
+	uint32_t recall_bound_ms;
 	struct {
 		const struct efs_lock_ops *ops;
 		void *arg;
@@ -934,6 +935,7 @@ static int start_single(struct acq *a, size_t i)
 		w.mode = (uint32_t)meta_mode(a->want[i]);
 		w.session_generation = efs_session_generation(lc->s);
 		w.lease_id = efs_session_lease_id(lc->s);
+		w.since_ns = (int64_t)efs_clock_real_ns();
 		r = efs_meta_txn_put(in, EFS_ETCD_TXN_FAILURE, &wk, &w.base, w.lease_id);
 	}
 	if (r == 0)
@@ -1786,13 +1788,25 @@ static void prep_step(struct prep *p, int status)
 	unsigned kind;
 	void *arg;
 
-	if (!e || e->grant != p->grant || !e->prep)
+	if (!e || !e->prep)
 		goto out; /* the hold it prepared for is gone */
+	if (e->grant != p->grant) {
+		/* A new hold began meanwhile (an upgrade that gave its shared
+		 * hold up, a downgrade): this preparation is void, and its
+		 * flag, which keeps a second one from starting, must go with
+		 * it or the entry would never be released again. */
+		e->prep = false;
+		e->prep_stage = 0;
+		e->inval_serving = false;
+		release_kick(lc);
+		goto out;
+	}
 	if (status < 0) {
 		efs_log_warn("lock: inode %" PRIu64 ": preparing its release: %s; kept, tried "
 			     "again later",
 			     p->ino, strerror(-status));
 		e->prep = false;
+		e->prep_stage = 0;
 		e->inval_serving = false;
 		if (e->recalled) {
 			/* Operations go on meanwhile; the next attempt drains
@@ -1815,6 +1829,7 @@ static void prep_step(struct prep *p, int status)
 				e->inval_serving = true;
 				entry_changed(lc, e);
 			}
+			e->prep_stage = 1;
 			ops->invalidate(arg, p->ino, p->to, prep_done, p);
 			return;
 		}
@@ -1823,6 +1838,7 @@ static void prep_step(struct prep *p, int status)
 		p->step = 2;
 		e->inval_serving = false;
 		if (ops && ops->sync) {
+			e->prep_stage = 2;
 			ops->sync(arg, p->ino, p->to, prep_done, p);
 			return;
 		}
@@ -1831,6 +1847,7 @@ static void prep_step(struct prep *p, int status)
 	 * may have cached or buffered more, so the release prepares again
 	 * once its pins are gone. */
 	e->prep = false;
+	e->prep_stage = 0;
 	e->prepared = e->prep_keeps || (e->pins == 0 && e->pin_seq == e->prep_seq);
 	efs_log_debug("lock: inode %" PRIu64 ": release prepared%s", p->ino,
 		      e->prepared ? "" : " but pinned meanwhile: again");
@@ -2139,6 +2156,8 @@ static void release_start(struct efs_lockcache *lc)
 	release_send(lc, k);
 }
 
+static void recalls_check(struct efs_lockcache *lc, uint64_t now);
+
 static void tick_cb(uv_timer_t *t)
 {
 	struct efs_lockcache *lc = t->data;
@@ -2155,6 +2174,11 @@ static void tick_cb(uv_timer_t *t)
 		struct acq *a = acq_of(n);
 
 		if (a->wait == AW_WATCH && a->wait_deadline_ns && now >= a->wait_deadline_ns) {
+			efs_log_warn("lock: inode %" PRIu64 ": no holder answered our recall within "
+				     "%" PRIu32 " ms: the operation fails (etcfsctl locks shows "
+				     "who holds it)",
+				     a->cur < a->req->n ? a->req->ino[a->cur] : 0,
+				     lc->wait_timeout_ms);
 			watchers_free(a);
 			a->wait = AW_KICK;
 			acq_finish(a, -ETIMEDOUT);
@@ -2177,6 +2201,8 @@ static void tick_cb(uv_timer_t *t)
 	}
 	if (ref->lc)
 		release_start(lc);
+	if (ref->lc)
+		recalls_check(lc, now);
 	lref_put(ref);
 }
 
@@ -2200,6 +2226,8 @@ struct recall {
 	char node[EFS_META_NODE_MAX + 1];
 	enum efs_lock_mode want;
 	int64_t create_rev; /* orders its waiter among every node's */
+	uint64_t seen_ns;   /* when this node first saw it (monotonic) */
+	bool reported;	    /* logged and counted as unanswered */
 };
 
 /* The create revision of the oldest recall key of a peer on |ino| (0:
@@ -2216,6 +2244,41 @@ static int64_t oldest_recall_rev(const struct efs_lockcache *lc, uint64_t ino)
 			best = rc->create_rev;
 	}
 	return best;
+}
+
+/*
+ * A recall of a lock this node still holds in a mode the waiter cannot
+ * share, past the bound (recall_bound_ms): logged once
+ * with what keeps it, and counted (etcfs_lock_recalls_unanswered_total).
+ * The release goes on; this only says that a peer waits for us.
+ */
+static void recalls_check(struct efs_lockcache *lc, uint64_t now)
+{
+	uint64_t bound = (uint64_t)lc->recall_bound_ms * EFS_NSEC_PER_MSEC;
+	struct efs_list *n;
+
+	efs_list_for_each(n, &lc->recalls) {
+		struct recall *rc = efs_list_entry(n, struct recall, link);
+		const struct efs_locktab_entry *e;
+
+		if (rc->reported || now - rc->seen_ns < bound)
+			continue;
+		e = efs_locktab_find(&lc->tab, rc->ino);
+		if (!e || e->mode == EFS_LOCK_NONE ||
+		    (rc->want == EFS_LOCK_SHARED && e->mode == EFS_LOCK_SHARED))
+			continue;
+		rc->reported = true;
+		lc->stats.recalls_unanswered++;
+		efs_log_warn("lock: inode %" PRIu64 ": node %s's recall is not answered after %" PRIu64
+			     " s (held %s, kind %u, %" PRIu32 " pins, state %d%s)",
+			     rc->ino, rc->node, (uint64_t)((now - rc->seen_ns) / EFS_NSEC_PER_SEC),
+			     e->mode == EFS_LOCK_EXCLUSIVE ? "exclusive" : "shared", kind_of(lc, e),
+			     e->pins, (int)e->state,
+			     !e->prep		     ? ""
+			     : e->prep_stage == 1 ? ", its kernel invalidation waits"
+			     : e->prep_stage == 2 ? ", its publication waits"
+						  : ", preparing");
+	}
 }
 
 static struct recall *recall_find(struct efs_lockcache *lc, const struct efs_meta_key_info *ki)
@@ -2306,6 +2369,7 @@ static void recall_event(struct efs_lockcache *lc, const Mvccpb__KeyValue *kv, b
 		rc->ino = ki.ino;
 		rc->seq = ki.num;
 		rc->create_rev = kv->create_revision;
+		rc->seen_ns = now_ns();
 		memcpy(rc->node, ki.node, sizeof(rc->node));
 		efs_list_add_tail(&lc->recalls, &rc->link);
 	}
@@ -2435,6 +2499,7 @@ int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_et
 	if (lc->release_batch > EFS_ETCD_TXN_MAX_OPS - 2)
 		lc->release_batch = EFS_ETCD_TXN_MAX_OPS - 2;
 	lc->wait_timeout_ms = o->wait_timeout_ms;
+	lc->recall_bound_ms = o->recall_bound_ms ? o->recall_bound_ms : 30000;
 	efs_list_init(&lc->acqs);
 	efs_list_init(&lc->recalls);
 	lc->gen = efs_session_generation(s);

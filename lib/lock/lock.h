@@ -183,6 +183,9 @@ struct efs_lockcache_opts {
 	size_t release_batch;	  /* holder keys deleted per transaction (0: 64) */
 	uint32_t wait_timeout_ms; /* give up a conflicting acquire with -ETIMEDOUT
 				   * (0: never) */
+	uint32_t recall_bound_ms; /* a peer's recall this node has not answered
+				   * after this long is logged and counted
+				   * (0: 30000) */
 };
 
 /* Kinds of lock, each with its own ops; a lock is of kind 0 until
@@ -358,6 +361,8 @@ struct efs_lockcache_stats {
 	uint64_t upgrade_yields; /* upgrades that gave their shared hold up */
 	uint64_t recalls;	/* recall keys of other nodes answered (forced releases asked) */
 	uint64_t acq_yields;	/* acquisitions that gave their pins up to a recall */
+	uint64_t recalls_unanswered; /* recalls still not answered after the wait bound
+				      * (or 30 s): each logged once */
 };
 void efs_lockcache_get_stats(const struct efs_lockcache *lc, struct efs_lockcache_stats *ret);
 

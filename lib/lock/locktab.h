@@ -41,6 +41,7 @@ struct efs_locktab_entry {
 	uint8_t prep_to;	  /* the mode its last preparation was for */
 	uint8_t rel_to;		  /* RELEASING: the mode it goes down to */
 	bool prep;		  /* its ops (invalidate, sync) run: never selected */
+	uint8_t prep_stage;	  /* ... 1: invalidate, 2: sync (for diagnostics) */
 	bool prepared;		  /* its ops ran and nothing pinned it since */
 	bool draining;		  /* no new cache hits: an upgrade waits for pins */
 	bool recalled;		  /* a forced release waits: only writeback hits */

@@ -13,6 +13,7 @@
 #include "cluster.h"
 #include "proc.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -35,6 +36,7 @@
 #define MOUNT_WAIT_MS	30000
 #define EXIT_WAIT_MS	30000
 #define RUN_TIMEOUT_MS	120000
+#define FS_NAME		"clusterfs"
 
 jmp_buf *efs_cl_jmp;
 char efs_cl_msg[8192];
@@ -46,7 +48,8 @@ struct efs_cl_wd {
 	pthread_cond_t cv;
 	uint64_t deadline_ms; /* 0: disarmed */
 	char what[160];
-	char hung[6144];
+	char hung[12288];
+	char ctl[PATH_MAX]; /* etcfsctl */
 	bool stop;
 };
 
@@ -183,30 +186,51 @@ static int abort_conn(unsigned conn, bool only_waiting)
 	return waiting;
 }
 
-/* The lock holder (l/) and recall (w/) keys in etcd, into |keys|:
- * runs etcdctl through popen, as the watchdog cannot fail the check. */
+/* Who holds and who waits for which lock (etcfsctl locks), into |keys|;
+ * the watchdog cannot fail the check, so a failure is only reported. */
 static void dump_locks(struct efs_cl_wd *wd, char *keys, size_t size)
 {
-	char cmd[768], line[512];
-	size_t used;
-	FILE *f;
+	const char *argv[] = {wd->ctl, "locks", "--endpoints", wd->c->endpoints,
+			      "--name", FS_NAME, NULL};
+	char out[3500];
+	int r;
 
-	keys[0] = '\0';
+	r = efs_tp_run_capture(wd->ctl, argv, out, sizeof(out), 15000);
+	snprintf(keys, size, "\netcfsctl locks then (exit %d):\n%s", r, out);
+}
 
-	snprintf(cmd, sizeof(cmd),
-		 "timeout 10 etcdctl --endpoints=%s get '' --from-key --keys-only 2>&1 | "
-		 "grep -E '/(l|w)/' | head -40",
-		 wd->c->endpoints);
-	f = popen(cmd, "r");
-	if (!f)
+/* The kernel stacks of a daemon's threads that wait in the kernel for
+ * something other than their event loop, futexes or FUSE requests to
+ * read: where an invalidation (or any system call) hangs. */
+static void dump_stacks(const struct efs_cl_node *nd, char *out, size_t size)
+{
+	char path[320], comm[64], stack[2048];
+	struct dirent *de;
+	DIR *dir;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)nd->pid);
+	dir = opendir(path);
+	if (!dir)
 		return;
-	snprintf(keys, size, "\nlock keys in etcd then:\n");
-	while (fgets(line, sizeof(line), f)) {
-		used = strlen(keys);
-		if (line[0] != '\n')
-			snprintf(keys + used, size - used, "  %s", line);
+	while ((de = readdir(dir))) {
+		size_t used = strlen(out);
+		char *nl;
+
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/stack", (int)nd->pid, de->d_name);
+		efs_tp_file_tail(path, stack, sizeof(stack));
+		if (!stack[0] || strstr(stack, "futex_wait") || strstr(stack, "ep_poll") ||
+		    strstr(stack, "fuse_dev_do_read") || strstr(stack, "do_sys_poll"))
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", (int)nd->pid, de->d_name);
+		efs_tp_file_tail(path, comm, sizeof(comm));
+		if ((nl = strchr(comm, '\n')))
+			*nl = '\0';
+		snprintf(out + used, size - used, "%s thread %s (%s):\n%.600s", nd->id, de->d_name,
+			 comm, stack);
 	}
-	pclose(f);
+	closedir(dir);
 }
 
 /* The watchdog: aborts the connections with requests waiting once the
@@ -214,7 +238,7 @@ static void dump_locks(struct efs_cl_wd *wd, char *keys, size_t size)
 static void *wd_main(void *arg)
 {
 	struct efs_cl_wd *wd = arg;
-	static char keys[4096];
+	static char keys[8192];
 
 	pthread_mutex_lock(&wd->mu);
 	while (!wd->stop) {
@@ -238,6 +262,11 @@ static void *wd_main(void *arg)
 		 * say who waits for whom, then abort. */
 		wd->deadline_ms = 0;
 		dump_locks(wd, keys, sizeof(keys));
+		snprintf(keys + strlen(keys), sizeof(keys) - strlen(keys),
+			 "kernel stacks of daemon threads blocked elsewhere:\n");
+		for (int i = 0; i < wd->c->n; i++)
+			if (wd->c->node[i].pid)
+				dump_stacks(&wd->c->node[i], keys, sizeof(keys));
 		for (int i = 0; i < wd->c->n; i++) {
 			struct efs_cl_node *nd = &wd->c->node[i];
 			size_t used = strlen(wd->hung);
@@ -283,7 +312,7 @@ void efs_cl_bound(struct efs_cl *c, uint64_t ms, const char *what)
 
 const char *efs_cl_hung(struct efs_cl *c)
 {
-	static char copy[6144];
+	static char copy[12288];
 
 	if (!c->wd)
 		return "";
@@ -300,6 +329,7 @@ static void wd_start(struct efs_cl *c)
 	if (!wd)
 		efs_cl_fail("out of memory");
 	wd->c = c;
+	command_path("etcfsctl", wd->ctl, sizeof(wd->ctl));
 	pthread_mutex_init(&wd->mu, NULL);
 	pthread_cond_init(&wd->cv, NULL);
 	if (pthread_create(&wd->thread, NULL, wd_main, wd) != 0) {
@@ -644,7 +674,7 @@ void efs_cl_start(struct efs_cl *c, const struct efs_cl_opts *o)
 		if (mkdir(nd->mnt, 0755) < 0)
 			efs_cl_fail("mkdir %s: %s", nd->mnt, strerror(errno));
 	}
-	r = efs_cl_run(c, out, sizeof(out), "mkfs.etcfs", "--name", "clusterfs", c->image,
+	r = efs_cl_run(c, out, sizeof(out), "mkfs.etcfs", "--name", FS_NAME, c->image,
 		       (const char *)NULL);
 	if (r != 0)
 		efs_cl_fail("mkfs.etcfs failed (%d):\n%s", r, out);

@@ -1203,6 +1203,52 @@ Test(lock, two_nodes_upgrading_a_shared_lock_never_deadlock)
 	efs_test_assert_no_leaks();
 }
 
+/*
+ * A release being prepared for a shared hold that an upgrade then gives up
+ * and takes again as exclusive (a new grant) must not stay "preparing"
+ * for ever: the cluster suite's namespace races hung this way, with the
+ * directory never released again. Negative control: without clearing the
+ * void preparation, the forced release below never completes.
+ */
+Test(lock, a_preparation_made_void_by_a_new_hold_lets_the_release_go_on)
+{
+	struct efs_lockcache *lc1, *lc2;
+	struct fake_ops fo = {.hold_sync = true};
+	struct lres a1, a2, x1;
+	struct rel f = {0};
+
+	two_nodes(&lc1, &lc2, 0);
+	cr_assert_eq(efs_lockcache_set_ops(lc1, 1, &fake_lock_ops, &fo), 0);
+	take(lc1, &a1, 233, EFS_LOCK_SHARED);
+	efs_lock_set_kind(lc1, 233, 1);
+	take(lc2, &a2, 233, EFS_LOCK_SHARED); /* pinned until node 1 yields */
+	efs_lock_put(lc1, &a1.req);
+	/* Node 1's release of its shared hold waits in sync ... */
+	cr_assert_eq(efs_lock_release_now(lc1, 233, EFS_LOCK_NONE, on_forced, &f), 0);
+	RUN_UNTIL(fo.syncs == 1, 3000);
+	cr_assert_eq(fo.syncs, 1, "sync not called");
+	/* ... while an upgrade that passes the drain gives the shared hold
+	 * up behind node 2's and, once node 2 goes, holds it exclusive. */
+	cr_assert_eq(acquire1f(lc1, &x1, 233, EFS_LOCK_EXCLUSIVE, EFS_LOCK_F_WRITEBACK), 0);
+	RUN_UNTIL(lstats(lc1).upgrade_yields == 1, 5000);
+	cr_assert_eq(lstats(lc1).upgrade_yields, 1, "the upgrade did not give its hold up");
+	efs_lock_put(lc2, &a2.req); /* node 2 answers node 1's recall */
+	cr_assert(efs_test_run_until(&x1.done, 5000), "the upgrade was never granted");
+	cr_assert_eq(x1.status, 0);
+	cr_assert_eq(efs_lock_held(lc1, 233), EFS_LOCK_EXCLUSIVE);
+	/* The old preparation ends now; the release must still happen. */
+	fo.hold_sync = false;
+	fake_complete(&fo, 0);
+	efs_lock_put(lc1, &x1.req);
+	cr_assert(efs_test_run_until(&f.done, 5000), "the release stayed preparing for ever");
+	cr_assert_eq(f.status, 0);
+	cr_assert_eq(efs_lock_held(lc1, 233), EFS_LOCK_NONE);
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, 233), 0);
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}
+
 /* Waits (bounded) until |lc| holds |ino| in exactly |m|. */
 static bool run_until_mode(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_mode m,
 			   uint64_t ms)
