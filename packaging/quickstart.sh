@@ -9,8 +9,14 @@
 #
 #   packaging/quickstart.sh [start] [MOUNTPOINT]   start (default /mnt/etcfs),
 #                                                  or report the running one
-#   packaging/quickstart.sh stop                   unmount, stop the etcd it
-#                                                  started; nothing keeps running
+#   packaging/quickstart.sh node N [MOUNTPOINT]    another node (N = 2..9) of
+#                                                  the same filesystem on this
+#                                                  machine: node id <host>-N,
+#                                                  mounted at /mnt/etcfsN (default),
+#                                                  over the same image and etcd
+#   packaging/quickstart.sh stop                   unmount every node, stop the
+#                                                  etcd it started; nothing keeps
+#                                                  running
 #
 # It never touches an etcd you already run. State: /run/etcfs-quickstart;
 # the image: /var/lib/etcfs-quickstart/disk.img (kept by stop; delete it to
@@ -29,7 +35,7 @@ harness=$build/test/harness/etcd-harness
 fsname=quickstart
 
 cmd=start
-if [ $# -gt 0 ] && { [ "$1" = start ] || [ "$1" = stop ]; }; then
+if [ $# -gt 0 ] && { [ "$1" = start ] || [ "$1" = stop ] || [ "$1" = node ]; }; then
 	cmd=$1
 	shift
 fi
@@ -52,8 +58,32 @@ wait_daemon() {
 	rm -f "$state/etcfsd.pid"
 }
 
+# Unmounts the extra node whose state is in directory $1 (bounded wait).
+stop_node() {
+	local dir=$1 mnt pid
+	mnt=$(cat "$dir/mountpoint" 2>/dev/null || true)
+	pid=$(cat "$dir/etcfsd.pid" 2>/dev/null || true)
+	if [ -n "$mnt" ] && is_mounted "$mnt"; then
+		umount "$mnt"
+		echo "etcfs quick start: unmounted $mnt ($(basename "$dir"))"
+	fi
+	if [ -n "$pid" ]; then
+		for _ in $(seq 100); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -TERM "$pid" 2>/dev/null || true
+	fi
+	rm -rf "$dir"
+}
+
 if [ "$cmd" = stop ]; then
 	did=
+	for dir in "$state"/node*; do
+		[ -d "$dir" ] || continue
+		stop_node "$dir"
+		did=1
+	done
 	mnt=$(cat "$state/mountpoint" 2>/dev/null || true)
 	if [ -n "$mnt" ] && is_mounted "$mnt"; then
 		# etcfsd leaves cleanly on umount: locks released, lease revoked.
@@ -71,6 +101,46 @@ if [ "$cmd" = stop ]; then
 	fi
 	[ -n "$did" ] || echo "etcfs quick start: nothing to stop"
 	[ -f "$image" ] && echo "The image $image is kept; remove it to free its space."
+	exit 0
+fi
+
+if [ "$cmd" = node ]; then
+	n=${1:-}
+	case $n in
+	[2-9]) ;;
+	*)
+		echo "usage: packaging/quickstart.sh node N [MOUNTPOINT]   (N from 2 to 9)" >&2
+		exit 2
+		;;
+	esac
+	old=$(cat "$state/mountpoint" 2>/dev/null || true)
+	if [ -z "$old" ] || ! is_mounted "$old" || [ ! -f "$state/env" ]; then
+		echo "etcfs quick start: the first node is not running; run packaging/quickstart.sh first" >&2
+		exit 1
+	fi
+	# shellcheck disable=SC1091
+	. "$state/env"
+	dir=$state/node$n
+	mnt=${2:-/mnt/etcfs$n}
+	case $mnt in
+	/*) ;;
+	*) mnt=$PWD/$mnt ;;
+	esac
+	node_id="$(hostname -s | tr -c 'A-Za-z0-9._\n-' _)-$n"
+	if [ -f "$dir/mountpoint" ] && is_mounted "$(cat "$dir/mountpoint")"; then
+		echo "etcfs quick start: node $n already mounted at $(cat "$dir/mountpoint")"
+		exit 0
+	fi
+	mkdir -p "$dir" "$mnt"
+	log=$dir/etcfsd.log
+	: >"$log"
+	"$build"/etcfsd/etcfsd --endpoints "$ETCD_ENDPOINTS" --node-id "$node_id" \
+		--metrics-addr 127.0.0.1:0 --log-file "$log" "$image" "$mnt"
+	echo "$mnt" >"$dir/mountpoint"
+	sed -n 's/.*mounted .* (pid \([0-9]*\)).*/\1/p' "$log" | tail -1 >"$dir/etcfsd.pid"
+	echo "etcfs node $node_id is mounted at $mnt: the same filesystem as $old"
+	echo "  log:     $log"
+	echo "Stop every node with: packaging/quickstart.sh stop"
 	exit 0
 fi
 
