@@ -1,0 +1,278 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The cluster's own mechanisms, in absolute time (they have no baseline):
+ * three etcfsd nodes on one sparse image file in /tmp over a three-member etcd
+ * (the cluster test fixture, session TTL 2 s, the default).
+ *
+ *  - handover: node A writes a file (A holds it exclusively), then node B
+ *    stats it (A's lock is recalled and downgraded: A publishes first),
+ *    then A writes again (B's shared lock is recalled). Each is the
+ *    latency of the whole operation as the application sees it, recall
+ *    included; idle, and with a writer loading A (64 KiB writes to another
+ *    file, fsync every 16).
+ *  - takeover: A holds a file exclusively (open, written, fsynced) and is
+ *    killed with SIGKILL; the time until B's open + write + fsync of that
+ *    file returns, and node C's worst gap between two of its own writes
+ *    meanwhile.
+ *
+ * Prints medians and p99 (nearest rank) and the raw takeover runs.
+ * Usage: cluster_bench [--rounds N] [--takeovers N]
+ */
+#include "cluster.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static struct efs_cl cl;
+
+static const char *P(int node, const char *rel)
+{
+	static char buf[8][512];
+	static int k;
+
+	k = (k + 1) % 8;
+	return efs_cl_path(&cl, node, rel, buf[k], sizeof(buf[k]));
+}
+
+static void die(const char *what, const char *path)
+{
+	fprintf(stderr, "cluster_bench: %s %s: %s\n", what, path, strerror(errno));
+	efs_cl_stop(&cl);
+	exit(1);
+}
+
+static void put(const char *path, const char *data)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+	if (fd < 0 || write(fd, data, strlen(data)) != (ssize_t)strlen(data))
+		die("write", path);
+	close(fd);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static void report(const char *what, uint64_t *v, size_t n)
+{
+	size_t p99 = (n * 99 + 99) / 100;
+
+	qsort(v, n, sizeof(*v), cmp_u64);
+	printf("%-52s median %7.2f ms   p99 %7.2f ms   (n=%zu, max %.2f ms)\n", what,
+	       (double)v[n / 2] / 1000, (double)v[(p99 ? p99 : 1) - 1] / 1000, n,
+	       (double)v[n - 1] / 1000);
+}
+
+static uint64_t now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+/* A writer on node |node| until killed. */
+static pid_t start_load(int node)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		static char buf[65536];
+		int fd = open(P(node, "load"), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+
+		memset(buf, 'l', sizeof(buf));
+		for (unsigned k = 0; fd >= 0; k++) {
+			if (pwrite(fd, buf, sizeof(buf), (off_t)(k % 256) * sizeof(buf)) < 0)
+				_exit(1);
+			if (k % 16 == 15)
+				fsync(fd);
+		}
+		_exit(1);
+	}
+	return pid;
+}
+
+static void stop_load(pid_t pid)
+{
+	int st;
+
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+}
+
+static void handover(int rounds, bool loaded)
+{
+	uint64_t *stat_us = calloc((size_t)rounds, sizeof(uint64_t));
+	uint64_t *write_us = calloc((size_t)rounds, sizeof(uint64_t));
+	pid_t load = loaded ? start_load(0) : 0;
+	char name[64];
+	struct stat st;
+
+	if (!stat_us || !write_us)
+		die("calloc", "");
+	snprintf(name, sizeof(name), "h%d", loaded);
+	put(P(0, name), "0");
+	efs_cl_sleep_ms(200);
+	for (int k = 0; k < rounds; k++) {
+		char rec[32];
+		uint64_t t0;
+
+		snprintf(rec, sizeof(rec), "%d", k);
+		efs_cl_sleep_ms(20);
+		t0 = now_us();
+		if (stat(P(1, name), &st) < 0)
+			die("stat", P(1, name));
+		stat_us[k] = now_us() - t0;
+		efs_cl_sleep_ms(20);
+		t0 = now_us();
+		put(P(0, name), rec);
+		write_us[k] = now_us() - t0;
+	}
+	if (load)
+		stop_load(load);
+	printf("handover, %s:\n", loaded ? "node A under a write load" : "idle");
+	report("  stat on B of a file A holds exclusively", stat_us, (size_t)rounds);
+	report("  rewrite on A of a file B holds shared", write_us, (size_t)rounds);
+	free(stat_us);
+	free(write_us);
+}
+
+/* Node C's own writes every 10 ms; writes its worst gap (ms) to |out| when
+ * SIGTERM arrives. */
+static volatile sig_atomic_t stop_flag;
+
+static void on_term(int sig)
+{
+	(void)sig;
+	stop_flag = 1;
+}
+
+static pid_t start_survivor(int pfd)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		struct sigaction sa = {.sa_handler = on_term};
+		int fd = open(P(2, "own"), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+		uint64_t last = efs_cl_now_ms(), worst = 0;
+
+		sigaction(SIGTERM, &sa, NULL);
+		while (fd >= 0 && !stop_flag) {
+			uint64_t now;
+
+			if (pwrite(fd, "x", 1, 0) != 1)
+				break;
+			now = efs_cl_now_ms();
+			if (now - last > worst)
+				worst = now - last;
+			last = now;
+			efs_cl_sleep_ms(10);
+		}
+		if (write(pfd, &worst, sizeof(worst)) < 0)
+			_exit(1);
+		_exit(0);
+	}
+	return pid;
+}
+
+static void takeover(int runs)
+{
+	uint64_t *took = calloc((size_t)runs, sizeof(uint64_t));
+	uint64_t *gap = calloc((size_t)runs, sizeof(uint64_t));
+
+	if (!took || !gap)
+		die("calloc", "");
+	printf("takeover (kill -9 of A, session TTL %u s), runs:", cl.opts.session_ttl);
+	for (int k = 0; k < runs; k++) {
+		char name[32];
+		int pfd[2], fd, st;
+		uint64_t t0;
+		pid_t surv;
+
+		snprintf(name, sizeof(name), "t%d", k);
+		fd = open(P(0, name), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+		if (fd < 0 || write(fd, "from A", 6) != 6 || fsync(fd) < 0)
+			die("write", P(0, name));
+		if (pipe(pfd) < 0)
+			die("pipe", "");
+		surv = start_survivor(pfd[1]);
+		close(pfd[1]);
+		efs_cl_sleep_ms(300);
+		efs_cl_kill(&cl, 0);
+		t0 = now_us();
+		close(fd);
+		fd = open(P(1, name), O_RDWR | O_CLOEXEC);
+		if (fd < 0 || pwrite(fd, "from B", 6, 0) != 6 || fsync(fd) < 0)
+			die("takeover write", P(1, name));
+		took[k] = now_us() - t0;
+		close(fd);
+		kill(surv, SIGTERM);
+		if (read(pfd[0], &gap[k], sizeof(gap[k])) != sizeof(gap[k]))
+			gap[k] = 0;
+		close(pfd[0]);
+		waitpid(surv, &st, 0);
+		gap[k] *= 1000;
+		printf(" %.0f ms (gap %.0f ms)", (double)took[k] / 1000, (double)gap[k] / 1000);
+		fflush(stdout);
+		efs_cl_mount(&cl, 0);
+	}
+	printf("\n");
+	report("  kill -9 to B's durable write of A's file", took, (size_t)runs);
+	report("  node C's worst gap between its own writes", gap, (size_t)runs);
+	free(took);
+	free(gap);
+}
+
+int main(int argc, char **argv)
+{
+	struct efs_cl_opts o = {.nodes = 3};
+	int rounds = 100, takeovers = 7;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+			rounds = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--takeovers") && i + 1 < argc)
+			takeovers = atoi(argv[++i]);
+		else {
+			fprintf(stderr, "usage: cluster_bench [--rounds N] [--takeovers N]\n");
+			return 2;
+		}
+	}
+	if (rounds < 1 || takeovers < 1) {
+		fprintf(stderr, "cluster_bench: --rounds and --takeovers must be at least 1\n");
+		return 2;
+	}
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (!getenv("ETCFS_BUILD_ROOT")) {
+		/* The binary lives in <build>/bench/. */
+		char exe[4096];
+		ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+		char *slash;
+
+		if (n > 0) {
+			exe[n] = '\0';
+			for (int k = 0; k < 2 && (slash = strrchr(exe, '/')); k++)
+				*slash = '\0';
+			setenv("ETCFS_BUILD_ROOT", exe, 0);
+		}
+	}
+	efs_cl_start(&cl, &o);
+	printf("cluster: 3 etcfsd nodes, one sparse image in /tmp, 3-member etcd (data in /dev/shm) at %s\n",
+	       cl.endpoints);
+	handover(rounds, false);
+	handover(rounds, true);
+	takeover(takeovers);
+	return efs_cl_stop(&cl) ? 0 : 1;
+}
