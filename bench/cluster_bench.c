@@ -15,11 +15,18 @@
  *    file returns, and node C's worst gap between two of its own writes
  *    meanwhile.
  *
+ *  - local metadata: on node A alone, repeated stat of one file and
+ *    listing passes (readdir + stat of each of 200 files), which the
+ *    kernel serves from its caches while the cache timeout allows.
+ *
  * Prints medians and p99 (nearest rank) and the raw takeover runs.
- * Usage: cluster_bench [--rounds N] [--takeovers N]
+ * Usage: cluster_bench [--rounds N] [--takeovers N] [--cache-timeout MS]
+ * (--cache-timeout is passed to every etcfsd: the kernel cache timeout
+ * under a held lock, whose cost and benefit this shows).
  */
 #include "cluster.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -235,18 +242,69 @@ static void takeover(int runs)
 	free(gap);
 }
 
+static void local_metadata(void)
+{
+	enum { STATS = 20000, FILES = 200, PASSES = 20 };
+	uint64_t t0, took;
+	struct stat st;
+	char rel[300];
+
+	put(P(0, "s"), "x");
+	if (mkdir(P(0, "tree"), 0755) < 0 && errno != EEXIST)
+		die("mkdir", P(0, "tree"));
+	for (int k = 0; k < FILES; k++) {
+		snprintf(rel, sizeof(rel), "tree/f%03d", k);
+		put(P(0, rel), "x");
+	}
+	efs_cl_sleep_ms(200);
+	t0 = now_us();
+	for (int k = 0; k < STATS; k++)
+		if (stat(P(0, "s"), &st) < 0)
+			die("stat", P(0, "s"));
+	took = now_us() - t0;
+	printf("local metadata on node A:\n");
+	printf("  %-50s %8.2f us per stat (%d stats)\n", "stat of one file, repeated",
+	       (double)took / STATS, STATS);
+	t0 = now_us();
+	for (int p = 0; p < PASSES; p++) {
+		DIR *dir = opendir(P(0, "tree"));
+		struct dirent *de;
+
+		if (!dir)
+			die("opendir", P(0, "tree"));
+		while ((de = readdir(dir))) {
+			if (de->d_name[0] == '.')
+				continue;
+			snprintf(rel, sizeof(rel), "tree/%s", de->d_name);
+			if (stat(P(0, rel), &st) < 0)
+				die("stat", P(0, rel));
+		}
+		closedir(dir);
+	}
+	took = now_us() - t0;
+	printf("  %-50s %8.2f ms per pass (%d passes)\n", "listing: readdir + stat of 200 files",
+	       (double)took / PASSES / 1000, PASSES);
+}
+
 int main(int argc, char **argv)
 {
 	struct efs_cl_opts o = {.nodes = 3};
 	int rounds = 100, takeovers = 7;
+	static const char *mount_args[3];
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
 			rounds = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--takeovers") && i + 1 < argc)
 			takeovers = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--cache-timeout") && i + 1 < argc) {
+			mount_args[0] = "--cache-timeout";
+			mount_args[1] = argv[++i];
+			o.mount_args = mount_args;
+		}
 		else {
-			fprintf(stderr, "usage: cluster_bench [--rounds N] [--takeovers N]\n");
+			fprintf(stderr, "usage: cluster_bench [--rounds N] [--takeovers N] "
+					"[--cache-timeout MS]\n");
 			return 2;
 		}
 	}
@@ -269,8 +327,10 @@ int main(int argc, char **argv)
 		}
 	}
 	efs_cl_start(&cl, &o);
-	printf("cluster: 3 etcfsd nodes, one sparse image in /tmp, 3-member etcd (data in /dev/shm) at %s\n",
-	       cl.endpoints);
+	printf("cluster: 3 etcfsd nodes, one sparse image in /tmp, 3-member etcd (data in /dev/shm) at %s\n"
+	       "kernel cache timeout under a held lock: %s\n",
+	       cl.endpoints, o.mount_args ? mount_args[1] : "default (TTL/4: 500 ms)");
+	local_metadata();
 	handover(rounds, false);
 	handover(rounds, true);
 	takeover(takeovers);

@@ -120,6 +120,8 @@ struct daemon {
 	bool data_direct;
 	uint32_t flush_interval_ms;
 	uint32_t recall_bound_s;
+	bool cache_timeout_set;	  /* --cache-timeout given */
+	uint32_t cache_timeout_ms;
 	uint32_t io_threads;
 	struct efs_sb sb;
 	unsigned sb_flags;
@@ -192,6 +194,9 @@ static void usage(FILE *out)
 		"                           least this often (default 1000; fsync and\n"
 		"                           O_SYNC publish at once)\n"
 		"  --io-threads N           device I/O worker threads (default 16)\n"
+		"  --cache-timeout MS       how long the kernel may cache entries and\n"
+		"                           attributes under a held lock (0 to TTL/4 s;\n"
+		"                           default TTL/4, at most 1000)\n"
 		"  --recall-bound SECONDS   log and count (etcfs_lock_recalls_unanswered_total)\n"
 		"                           a peer's recall this node has not answered\n"
 		"                           after this long (default 30)\n"
@@ -461,6 +466,7 @@ enum {
 	OPT_LOG_FILE,
 	OPT_FLUSH_INTERVAL,
 	OPT_RECALL_BOUND,
+	OPT_CACHE_TIMEOUT,
 	OPT_IO_THREADS,
 	OPT_COMPACT_INTERVAL,
 	OPT_COMPACT_RETAIN,
@@ -480,6 +486,7 @@ static const struct option longopts[] = {
 	{"log-file", required_argument, NULL, OPT_LOG_FILE},
 	{"flush-interval", required_argument, NULL, OPT_FLUSH_INTERVAL},
 	{"recall-bound", required_argument, NULL, OPT_RECALL_BOUND},
+	{"cache-timeout", required_argument, NULL, OPT_CACHE_TIMEOUT},
 	{"io-threads", required_argument, NULL, OPT_IO_THREADS},
 	{"compact-interval", required_argument, NULL, OPT_COMPACT_INTERVAL},
 	{"compact-retain", required_argument, NULL, OPT_COMPACT_RETAIN},
@@ -592,6 +599,21 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 		case OPT_METRICS_ADDR:
 			d->metrics_addr = optarg;
 			break;
+		case OPT_CACHE_TIMEOUT: {
+			char *end;
+			long v;
+
+			errno = 0;
+			v = strtol(optarg, &end, 10);
+			if (errno || end == optarg || *end || v < 0 || v > 1000) {
+				fprintf(stderr, "%s: --cache-timeout '%s': milliseconds from 0 to 1000\n",
+					prog, optarg);
+				return -EINVAL;
+			}
+			d->cache_timeout_ms = (uint32_t)v;
+			d->cache_timeout_set = true;
+			break;
+		}
 		case OPT_RECALL_BOUND: {
 			char *end;
 			long v;
@@ -1513,6 +1535,13 @@ static int mount_fuse(struct daemon *d)
 		.cache_timeout_ms = (uint32_t)(d->session_ttl_s >= 4 ? 1000
 					       : (d->session_ttl_s ? d->session_ttl_s : 2) * 250),
 	};
+	if (d->cache_timeout_set) {
+		/* Never past the bound above: a suspension must outlast it. */
+		if (d->cache_timeout_ms < fo.cache_timeout_ms)
+			fo.cache_timeout_ms = d->cache_timeout_ms;
+		if (!fo.cache_timeout_ms)
+			fo.cache_timeout_ms = EFS_FS_NO_KERNEL_CACHE;
+	}
 	char *opts = NULL;
 	char *fargv[4];
 	struct fuse_args args;

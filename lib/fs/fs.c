@@ -2048,7 +2048,9 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 	fs->ns = *o->ns;
 	fs->read_only = o->read_only;
 	fs->noatime = o->noatime;
-	fs->cache_timeout_ms = o->cache_timeout_ms ? o->cache_timeout_ms : 500;
+	fs->cache_timeout_ms = o->cache_timeout_ms == EFS_FS_NO_KERNEL_CACHE ? 0
+			       : o->cache_timeout_ms		    ? o->cache_timeout_ms
+								    : 500;
 	fs->ino_batch = o->ino_batch ? o->ino_batch : 1024;
 	fs->epoch = 1;
 	fs->dev_fd = o->dev_fd > 0 ? o->dev_fd : -1;

@@ -30,6 +30,8 @@
 
 struct efs_fs;
 
+#define EFS_FS_NO_KERNEL_CACHE UINT32_MAX
+
 struct efs_fs_opts {
 	const struct efs_meta_ns *ns;
 	const struct efs_sb *sb;
@@ -40,7 +42,7 @@ struct efs_fs_opts {
 	 * a quarter of the default 2 s session TTL, so that caches granted
 	 * before a suspension time out before the lease deadline; pass
 	 * TTL / 4 for longer TTLs). */
-	uint32_t cache_timeout_ms;
+	uint32_t cache_timeout_ms; /* EFS_FS_NO_KERNEL_CACHE: zero timeouts */
 	uint32_t ino_batch; /* inode numbers reserved at once (0: 1024) */
 	/* The data path (issue 4): the device opened for data I/O
 	 * (dev/iopool.h efs_dev_open_data; not owned, closed by the caller
