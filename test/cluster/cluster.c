@@ -190,12 +190,11 @@ static int abort_conn(unsigned conn, bool only_waiting)
  * the watchdog cannot fail the check, so a failure is only reported. */
 static void dump_locks(struct efs_cl_wd *wd, char *keys, size_t size)
 {
-	const char *argv[] = {wd->ctl, "locks", "--endpoints", wd->c->endpoints,
-			      "--name", FS_NAME, NULL};
+	const char *args[] = {"locks", "--name", FS_NAME, NULL};
 	char out[3500];
 	int r;
 
-	r = efs_tp_run_capture(wd->ctl, argv, out, sizeof(out), 15000);
+	r = efs_tp_run_tool(wd->ctl, "etcfsctl", wd->c->endpoints, args, out, sizeof(out), 15000);
 	snprintf(keys, size, "\netcfsctl locks then (exit %d):\n%s", r, out);
 }
 
@@ -577,47 +576,26 @@ const char *efs_cl_path(struct efs_cl *c, int i, const char *rel, char *buf, siz
 	return buf;
 }
 
-static int run_cmdv(struct efs_cl *c, char *out, size_t out_size, const char *cmd,
-		    const char *const *args)
+int efs_cl_run(struct efs_cl *c, char *out, size_t out_size, const char *cmd, ...)
 {
 	char path[PATH_MAX];
-	const char *argv[64];
-	int argc = 0, r;
+	const char *args[56];
+	va_list ap;
+	int n, r;
 
+	va_start(ap, cmd);
+	n = efs_tp_collect_args(args, 56, ap);
+	va_end(ap);
+	if (n < 0)
+		efs_cl_fail("too many arguments for %s", cmd);
 	command_path(cmd, path, sizeof(path));
-	argv[argc++] = path;
-	if (strcmp(cmd, "etcfsctl") == 0 && args[0])
-		argv[argc++] = *args++;
-	argv[argc++] = "--endpoints";
-	argv[argc++] = c->endpoints;
-	for (; *args; args++) {
-		if (argc > 60)
-			efs_cl_fail("too many arguments for %s", cmd);
-		argv[argc++] = *args;
-	}
-	argv[argc] = NULL;
-	r = efs_tp_run_capture(path, argv, out, out_size, RUN_TIMEOUT_MS);
+	r = efs_tp_run_tool(path, cmd, c->endpoints, args, out, out_size, RUN_TIMEOUT_MS);
+	if (r == -3)
+		efs_cl_fail("too many arguments for %s", cmd);
 	if (r == -2)
 		efs_cl_fail("%s did not finish within %d ms; output:\n%s", cmd, RUN_TIMEOUT_MS,
 			    out ? out : "");
 	return r;
-}
-
-int efs_cl_run(struct efs_cl *c, char *out, size_t out_size, const char *cmd, ...)
-{
-	const char *args[56];
-	int n = 0;
-	va_list ap;
-
-	va_start(ap, cmd);
-	for (const char *a; (a = va_arg(ap, const char *));) {
-		if (n == 55)
-			efs_cl_fail("too many arguments for %s", cmd);
-		args[n++] = a;
-	}
-	va_end(ap);
-	args[n] = NULL;
-	return run_cmdv(c, out, out_size, cmd, args);
 }
 
 void efs_cl_start(struct efs_cl *c, const struct efs_cl_opts *o)
@@ -642,6 +620,11 @@ void efs_cl_start(struct efs_cl *c, const struct efs_cl_opts *o)
 	c->n = c->opts.nodes;
 
 	if (!fusectl_is_mounted()) {
+		/* Opening /dev/fuse loads the module (and with it fusectl) on a
+		 * fresh machine where no FUSE mount ran yet. */
+		fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+		if (fd >= 0)
+			close(fd);
 		if (mount("none", FUSECTL, "fusectl", 0, NULL) < 0)
 			efs_cl_fail("mount -t fusectl none " FUSECTL ": %s", strerror(errno));
 		c->fusectl_mounted = true;

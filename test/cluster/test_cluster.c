@@ -231,6 +231,20 @@ static void kids_kill(void)
 	gate_open();
 }
 
+/* Runs fn(0) .. fn(n - 1) in children released together by the gate, and
+ * waits for them all (a failure in one fails the check). */
+static void race(void (*fn)(int node), int n)
+{
+	int slot[N_NODES];
+
+	gate_arm();
+	for (int i = 0; i < n; i++)
+		slot[i] = kid_start(fn, i);
+	gate_open();
+	for (int i = 0; i < n; i++)
+		kid_wait(slot[i]);
+}
+
 /* Makes the check's own directory (through node 1). */
 static void check_dir(void)
 {
@@ -446,17 +460,11 @@ static void o_append_from_every_node_loses_and_tears_nothing(void)
 {
 	static char buf[N_NODES * APPEND_RECORDS * RECORD_LEN + 1];
 	bool seen[N_NODES][APPEND_RECORDS] = {{false}};
-	int slot[N_NODES];
 	size_t n;
 
 	check_dir();
 	put_file(P(0, "log"), "", 0);
-	gate_arm();
-	for (int i = 0; i < N_NODES; i++)
-		slot[i] = kid_start(append_records, i);
-	gate_open();
-	for (int i = 0; i < N_NODES; i++)
-		kid_wait(slot[i]);
+	race(append_records, N_NODES);
 	for (int i = 0; i < N_NODES; i++) {
 		n = get_file(P(i, "log"), buf, sizeof(buf));
 		if (n != sizeof(buf) - 1) {
@@ -506,17 +514,11 @@ static void write_my_chunks(int node)
 static void writers_of_disjoint_ranges_keep_all_their_data(void)
 {
 	static char buf[CHUNK * CHUNKS];
-	int s0, s1;
 	size_t n;
 
 	check_dir();
 	put_file(P(0, "f"), "", 0);
-	gate_arm();
-	s0 = kid_start(write_my_chunks, 0);
-	s1 = kid_start(write_my_chunks, 1);
-	gate_open();
-	kid_wait(s0);
-	kid_wait(s1);
+	race(write_my_chunks, 2);
 	n = get_file(P(2, "f"), buf, sizeof(buf));
 	CL_CHECK(n == sizeof(buf), "node3 sees %zu bytes", n);
 	for (int k = 0; k < CHUNKS; k++)
@@ -682,7 +684,7 @@ static void a_name_created_by_two_nodes_at_once_is_one_file(void)
 	check_dir();
 	for (int round = 0; round < 5; round++) {
 		char d[64], a[64] = "", b[64] = "";
-		int s0, s1, won = 0;
+		int won = 0;
 
 		snprintf(d, sizeof(d), "%s/%d", cur_check, round);
 		/* Each round in its own directory: "race" and "excl" are new. */
@@ -691,22 +693,12 @@ static void a_name_created_by_two_nodes_at_once_is_one_file(void)
 			const char *saved = cur_check;
 
 			cur_check = d;
-			gate_arm();
-			s0 = kid_start(create_the_name, 0);
-			s1 = kid_start(create_the_name, 1);
-			gate_open();
-			kid_wait(s0);
-			kid_wait(s1);
+			race(create_the_name, 2);
 			get_file(P(2, "ino0"), a, sizeof(a) - 1);
 			get_file(P(2, "ino1"), b, sizeof(b) - 1);
 			CL_CHECK(strtoull(a + 2, NULL, 10) == strtoull(b + 2, NULL, 10),
 				 "round %d: the nodes opened different files: %s / %s", round, a, b);
-			gate_arm();
-			s0 = kid_start(create_excl, 0);
-			s1 = kid_start(create_excl, 1);
-			gate_open();
-			kid_wait(s0);
-			kid_wait(s1);
+			race(create_excl, 2);
 			won = exists(P(2, "won0")) + exists(P(2, "won1"));
 			cur_check = saved;
 		}
@@ -733,7 +725,7 @@ static void renames_across_nodes_never_form_a_cycle(void)
 	for (int round = 0; round < 5; round++) {
 		char d[64];
 		const char *saved = cur_check;
-		int s0, s1, moved;
+		int moved;
 
 		mkdir_ok(P(0, "%d", round));
 		snprintf(d, sizeof(d), "%s/%d", cur_check, round);
@@ -741,12 +733,7 @@ static void renames_across_nodes_never_form_a_cycle(void)
 		mkdir_ok(P(0, "a"));
 		mkdir_ok(P(0, "b"));
 		CL_CHECK(exists(P(1, "a")) && exists(P(1, "b")), "node2 does not see a and b");
-		gate_arm();
-		s0 = kid_start(rename_under_the_other, 0);
-		s1 = kid_start(rename_under_the_other, 1);
-		gate_open();
-		kid_wait(s0);
-		kid_wait(s1);
+		race(rename_under_the_other, 2);
 		moved = exists(P(2, "moved0")) + exists(P(2, "moved1"));
 		CL_CHECK(moved == 1, "round %d: %d of the two crossing renames succeeded", round,
 			 moved);
@@ -781,16 +768,11 @@ static void mkdir_rmdir_loop(int node)
 
 static void mkdir_and_rmdir_of_one_name_from_three_nodes(void)
 {
-	int slot[N_NODES], made = 0, removed = 0;
+	int made = 0, removed = 0;
 
 	check_dir();
 	mkdir_ok(P(0, "d"));
-	gate_arm();
-	for (int i = 0; i < N_NODES; i++)
-		slot[i] = kid_start(mkdir_rmdir_loop, i);
-	gate_open();
-	for (int i = 0; i < N_NODES; i++)
-		kid_wait(slot[i]);
+	race(mkdir_rmdir_loop, N_NODES);
 	for (int i = 0; i < N_NODES; i++) {
 		char rec[32] = "";
 		int m = 0, r = 0;

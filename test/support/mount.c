@@ -280,21 +280,11 @@ static int run_cmd(struct efs_test_fs *f, char *out, size_t out_size, const char
 		   const char *const *args)
 {
 	char path[PATH_MAX];
-	const char *argv[64];
-	int argc = 0, r;
+	int r;
 
 	efs_test_command_path(cmd, path, sizeof(path));
-	push(argv, &argc, 64, path);
-	/* etcfsctl takes its subcommand first. */
-	if (strcmp(cmd, "etcfsctl") == 0 && args[0])
-		push(argv, &argc, 64, *args++);
-	push(argv, &argc, 64, "--endpoints");
-	push(argv, &argc, 64, f->endpoints);
-	for (; *args; args++)
-		push(argv, &argc, 64, *args);
-
-	argv[argc] = NULL;
-	r = efs_tp_run_capture(path, argv, out, out_size, RUN_TIMEOUT_MS);
+	r = efs_tp_run_tool(path, cmd, f->endpoints, args, out, out_size, RUN_TIMEOUT_MS);
+	cr_assert_neq(r, -3, "mount fixture: too many arguments for %s", cmd);
 	cr_assert_neq(r, -2, "mount fixture: %s did not finish within %d ms; output:\n%s", cmd,
 		      RUN_TIMEOUT_MS, out ? out : "");
 	return r;
@@ -303,16 +293,13 @@ static int run_cmd(struct efs_test_fs *f, char *out, size_t out_size, const char
 int efs_test_fs_run(struct efs_test_fs *f, char *out, size_t out_size, const char *cmd, ...)
 {
 	const char *args[56];
-	int n = 0;
 	va_list ap;
+	int n;
 
 	va_start(ap, cmd);
-	for (const char *a; (a = va_arg(ap, const char *));) {
-		cr_assert_lt(n, 55, "mount fixture: too many arguments for %s", cmd);
-		args[n++] = a;
-	}
+	n = efs_tp_collect_args(args, 56, ap);
 	va_end(ap);
-	args[n] = NULL;
+	cr_assert_geq(n, 0, "mount fixture: too many arguments for %s", cmd);
 	return run_cmd(f, out, out_size, cmd, args);
 }
 

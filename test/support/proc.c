@@ -198,6 +198,39 @@ int efs_tp_run_capture(const char *path, const char *const *argv, char *out, siz
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+int efs_tp_run_tool(const char *path, const char *cmd, const char *endpoints,
+		    const char *const *args, char *out, size_t out_size, uint64_t timeout_ms)
+{
+	const char *argv[64];
+	int argc = 0;
+
+	argv[argc++] = path;
+	if (strcmp(cmd, "etcfsctl") == 0 && args[0])
+		argv[argc++] = *args++;
+	argv[argc++] = "--endpoints";
+	argv[argc++] = endpoints;
+	for (; *args; args++) {
+		if (argc == 63)
+			return -3;
+		argv[argc++] = *args;
+	}
+	argv[argc] = NULL;
+	return efs_tp_run_capture(path, argv, out, out_size, timeout_ms);
+}
+
+int efs_tp_collect_args(const char **args, int max, va_list ap)
+{
+	int n = 0;
+
+	for (const char *a; (a = va_arg(ap, const char *));) {
+		if (n == max - 1)
+			return -1;
+		args[n++] = a;
+	}
+	args[n] = NULL;
+	return n;
+}
+
 static int rm_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
 {
 	(void)sb;

@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -40,6 +41,17 @@ int efs_tp_wait_pid(pid_t pid, int *st, uint64_t ms);
  * child left in the pipe after the command exits. */
 int efs_tp_run_capture(const char *path, const char *const *argv, char *out, size_t out_size,
 		       uint64_t timeout_ms);
+
+/* Runs the build's tool |path| (etcfsctl, fsck.etcfs, mkfs.etcfs: |cmd|)
+ * with --endpoints |endpoints| and |args| (NULL-terminated; etcfsctl's
+ * subcommand stays first), as efs_tp_run_capture; -3 when the arguments
+ * do not fit. */
+int efs_tp_run_tool(const char *path, const char *cmd, const char *endpoints,
+		    const char *const *args, char *out, size_t out_size, uint64_t timeout_ms);
+
+/* Copies the NULL-terminated const char * arguments of |ap| into |args|
+ * (room for |max|, the NULL included): their count, or -1 when too many. */
+int efs_tp_collect_args(const char **args, int max, va_list ap);
 
 /* Removes |dir| and everything below it, not crossing mount points. */
 void efs_tp_rm_tree(const char *dir);
