@@ -1099,6 +1099,14 @@ static int fs_cmd_open(struct fs_cmd *f)
 	return -1;
 }
 
+/* fs_cmd_parse, then fs_cmd_open: -1 to go on, else the exit status. */
+static int fs_cmd_start(struct fs_cmd *f, int argc, char **argv, bool df, void (*help)(FILE *))
+{
+	int ret = fs_cmd_parse(f, argc, argv, df, help);
+
+	return ret >= 0 ? ret : fs_cmd_open(f);
+}
+
 static void fs_cmd_done(struct fs_cmd *f)
 {
 	efs_meta_record_free(f->fi);
@@ -1189,10 +1197,7 @@ static int cmd_df(int argc, char **argv)
 	int64_t inodes;
 	int ret, r;
 
-	ret = fs_cmd_parse(&f, argc, argv, true, usage_df);
-	if (ret >= 0)
-		goto out;
-	ret = fs_cmd_open(&f);
+	ret = fs_cmd_start(&f, argc, argv, true, usage_df);
 	if (ret >= 0)
 		goto out;
 	d.ns = &f.ns;
@@ -1340,10 +1345,7 @@ static int cmd_status(int argc, char **argv)
 	char err[EFS_CLI_ERR_MAX] = "", uuid[37] = "?", created[32];
 	int ret, r;
 
-	ret = fs_cmd_parse(&f, argc, argv, false, usage_status);
-	if (ret >= 0)
-		goto out;
-	ret = fs_cmd_open(&f);
+	ret = fs_cmd_start(&f, argc, argv, false, usage_status);
 	if (ret >= 0)
 		goto out;
 	if (f.fi->uuid.len == 16)
@@ -1522,10 +1524,7 @@ static int cmd_locks(int argc, char **argv)
 	char err[EFS_CLI_ERR_MAX] = "";
 	int ret, r;
 
-	ret = fs_cmd_parse(&f, argc, argv, false, usage_locks);
-	if (ret >= 0)
-		goto out;
-	ret = fs_cmd_open(&f);
+	ret = fs_cmd_start(&f, argc, argv, false, usage_locks);
 	if (ret >= 0)
 		goto out;
 	ls.now_ns = (int64_t)efs_clock_real_ns();

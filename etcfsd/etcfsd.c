@@ -501,11 +501,31 @@ static const struct option longopts[] = {
 	{NULL, 0, NULL, 0},
 };
 
+/* An integer option's value in [lo, hi] (|what|: "seconds", "a number"):
+ * 0, or -EINVAL after saying why. */
+static int int_opt(const char *name, const char *arg, const char *what, long long lo,
+		   long long hi, long long *ret)
+{
+	char *end;
+	long long v;
+
+	errno = 0;
+	v = strtoll(arg, &end, 10);
+	if (errno || end == arg || *end || v < lo || v > hi) {
+		fprintf(stderr, "%s: --%s '%s': %s from %lld to %lld\n", prog, name, arg, what, lo,
+			hi);
+		return -EINVAL;
+	}
+	*ret = v;
+	return 0;
+}
+
 /* 0 to go on, 1 to exit 0 now (help, version), -EINVAL after a message. */
 static int parse_args(struct daemon *d, int argc, char **argv)
 {
 	char err[EFS_CLI_ERR_MAX];
 	enum efs_log_level level;
+	long long num;
 	int c, idx, r;
 
 	err[0] = '\0';
@@ -542,35 +562,16 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 			}
 			snprintf(d->node, sizeof(d->node), "%s", optarg);
 			break;
-		case OPT_SESSION_TTL: {
-			char *end;
-			long v;
-
-			errno = 0;
-			v = strtol(optarg, &end, 10);
-			if (errno || end == optarg || *end || v < 1 || v > 3600) {
-				fprintf(stderr, "%s: --session-ttl '%s': seconds from 1 to 3600\n",
-					prog, optarg);
+		case OPT_SESSION_TTL:
+			if (int_opt("session-ttl", optarg, "seconds", 1, 3600, &num) < 0)
 				return -EINVAL;
-			}
-			d->session_ttl_s = v;
+			d->session_ttl_s = num;
 			break;
-		}
-		case OPT_QUORUM_TIMEOUT: {
-			char *end;
-			long v;
-
-			errno = 0;
-			v = strtol(optarg, &end, 10);
-			if (errno || end == optarg || *end || v < 1 || v > 86400) {
-				fprintf(stderr,
-					"%s: --quorum-timeout '%s': seconds from 1 to 86400\n",
-					prog, optarg);
+		case OPT_QUORUM_TIMEOUT:
+			if (int_opt("quorum-timeout", optarg, "seconds", 1, 86400, &num) < 0)
 				return -EINVAL;
-			}
-			d->quorum_timeout_ms = (uint32_t)v * 1000u;
+			d->quorum_timeout_ms = (uint32_t)num * 1000u;
 			break;
-		}
 		case OPT_ETCD_QUOTA: {
 			char *end;
 			unsigned long long v;
@@ -599,75 +600,37 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 		case OPT_METRICS_ADDR:
 			d->metrics_addr = optarg;
 			break;
-		case OPT_CACHE_TIMEOUT: {
-			char *end;
-			long v;
-
-			errno = 0;
-			v = strtol(optarg, &end, 10);
-			if (errno || end == optarg || *end || v < 0 || v > 1000) {
-				fprintf(stderr, "%s: --cache-timeout '%s': milliseconds from 0 to 1000\n",
-					prog, optarg);
+		case OPT_CACHE_TIMEOUT:
+			if (int_opt("cache-timeout", optarg, "milliseconds", 0, 1000, &num) < 0)
 				return -EINVAL;
-			}
-			d->cache_timeout_ms = (uint32_t)v;
+			d->cache_timeout_ms = (uint32_t)num;
 			d->cache_timeout_set = true;
 			break;
-		}
-		case OPT_RECALL_BOUND: {
-			char *end;
-			long v;
-
-			errno = 0;
-			v = strtol(optarg, &end, 10);
-			if (errno || end == optarg || *end || v < 1 || v > 3600) {
-				fprintf(stderr, "%s: --recall-bound '%s': seconds from 1 to 3600\n",
-					prog, optarg);
+		case OPT_RECALL_BOUND:
+			if (int_opt("recall-bound", optarg, "seconds", 1, 3600, &num) < 0)
 				return -EINVAL;
-			}
-			d->recall_bound_s = (uint32_t)v;
+			d->recall_bound_s = (uint32_t)num;
 			break;
-		}
 		case OPT_FLUSH_INTERVAL:
-		case OPT_IO_THREADS: {
-			bool fl = c == OPT_FLUSH_INTERVAL;
-			long lo = fl ? 10 : 1, hi = fl ? 600000 : 256;
-			char *end;
-			long v;
-
-			errno = 0;
-			v = strtol(optarg, &end, 10);
-			if (errno || end == optarg || *end || v < lo || v > hi) {
-				fprintf(stderr, "%s: --%s '%s': a number from %ld to %ld\n", prog,
-					fl ? "flush-interval" : "io-threads", optarg, lo, hi);
+			if (int_opt("flush-interval", optarg, "a number", 10, 600000, &num) < 0)
 				return -EINVAL;
-			}
-			if (fl)
-				d->flush_interval_ms = (uint32_t)v;
-			else
-				d->io_threads = (uint32_t)v;
+			d->flush_interval_ms = (uint32_t)num;
 			break;
-		}
+		case OPT_IO_THREADS:
+			if (int_opt("io-threads", optarg, "a number", 1, 256, &num) < 0)
+				return -EINVAL;
+			d->io_threads = (uint32_t)num;
+			break;
 		case OPT_COMPACT_INTERVAL:
-		case OPT_COMPACT_RETAIN: {
-			bool ci = c == OPT_COMPACT_INTERVAL;
-			long long lo = ci ? 1 : 1, hi = ci ? 86400 : 1000000000;
-			char *end;
-			long long v;
-
-			errno = 0;
-			v = strtoll(optarg, &end, 10);
-			if (errno || end == optarg || *end || v < lo || v > hi) {
-				fprintf(stderr, "%s: --%s '%s': a number from %lld to %lld\n", prog,
-					ci ? "compact-interval" : "compact-retain", optarg, lo, hi);
+			if (int_opt("compact-interval", optarg, "a number", 1, 86400, &num) < 0)
 				return -EINVAL;
-			}
-			if (ci)
-				d->compact_interval_ms = (uint32_t)v * 1000u;
-			else
-				d->compact_retain = v;
+			d->compact_interval_ms = (uint32_t)num * 1000u;
 			break;
-		}
+		case OPT_COMPACT_RETAIN:
+			if (int_opt("compact-retain", optarg, "a number", 1, 1000000000, &num) < 0)
+				return -EINVAL;
+			d->compact_retain = num;
+			break;
 		case OPT_LOG_LEVEL:
 			if (efs_log_parse_level(optarg, &level) < 0) {
 				fprintf(stderr,

@@ -941,7 +941,7 @@ static void yield_released(void *arg, int status)
 /*
  * The acquisition gave way to a recall of a lock it had pinned: drop the
  * mutexes too, wait until that release is done (it may publish under one
- * of them), then plan the acquisition again from the start.
+ * of them), then take the locks again (step_acquire, in inode order).
  */
 static void lock_yield(struct efs_fs_op *op, const struct efs_lock_req *req)
 {

@@ -41,6 +41,7 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/timer.h"
 
 /* One name of a directory the kernel may cache until |until_ns|. */
 struct efs_fs_kname {
@@ -243,19 +244,13 @@ struct efs_fs_dinval {
 	struct efs_inval_req req[]; /* [0] attributes, then one per name */
 };
 
-static void expiry_closed(uv_handle_t *h)
-{
-	efs_mem_free(h);
-}
-
 static void dinval_finish(struct efs_fs_dinval *v)
 {
 	efs_lock_done_cb done = v->reported ? NULL : v->done;
 	void *darg = v->darg;
 	int status = v->status;
 
-	if (v->expiry)
-		uv_close((uv_handle_t *)v->expiry, expiry_closed);
+	v->expiry = efs_timer_free(v->expiry);
 	efs_list_del(&v->link);
 	efs_mem_free(v);
 	if (done)
@@ -274,7 +269,7 @@ static void dinval_expired(uv_timer_t *t)
 {
 	struct efs_fs_dinval *v = t->data;
 
-	if (v->reported)
+	if (!v || v->reported)
 		return;
 	v->reported = true;
 	efs_log_debug("fs: directory %" PRIu64 ": its kernel caches timed out before the "
@@ -343,16 +338,9 @@ static void dir_invalidate(void *arg, uint64_t ino, enum efs_lock_mode to, efs_l
 	/* Whatever the kernel caches under the lock was granted before now
 	 * (replies carry zero timeouts from the recall on) and times out
 	 * within the cache timeout. */
-	v->expiry = efs_mem_calloc(1, sizeof(*v->expiry));
-	{
-		if (v->expiry && uv_timer_init(fs->loop, v->expiry) == 0) {
-			v->expiry->data = v;
-			uv_timer_start(v->expiry, dinval_expired, fs->cache_timeout_ms + 1, 0);
-		} else {
-			efs_mem_free(v->expiry);
-			v->expiry = NULL;
-		}
-	}
+	v->expiry = efs_timer_new(fs->loop, v);
+	if (v->expiry)
+		uv_timer_start(v->expiry, dinval_expired, fs->cache_timeout_ms + 1, 0);
 	/* Counted before the first submission: completions never run inline,
 	 * but a failed submission ends its part at once. */
 	v->n = v->left = n + 1;

@@ -1039,6 +1039,32 @@ static uint64_t pinned_recalled(const struct acq *a)
 }
 
 /*
+ * Ends what |a| waits for (session, watch, a local entry) so that its next
+ * step runs soon, from the loop. Not while a transaction is in flight: its
+ * answer runs the next step.
+ */
+static void acq_wake(struct efs_lockcache *lc, struct acq *a)
+{
+	switch (a->wait) {
+	case AW_TXN:
+		return;
+	case AW_SESSION:
+		efs_session_wait_cancel(lc->s, &a->sw);
+		break;
+	case AW_WATCH:
+		watchers_free(a);
+		break;
+	case AW_ENTRY:
+		a->blocked_on = NULL;
+		break;
+	default:
+		break;
+	}
+	a->wait = AW_KICK;
+	kick_soon(lc);
+}
+
+/*
  * |e| is being recalled: every acquisition still in progress that pins it
  * gives way at its next step (at once unless a transaction is in flight),
  * since it may wait for a lock the recalling node holds.
@@ -1058,23 +1084,7 @@ static void yield_scan(struct efs_lockcache *lc, const struct efs_locktab_entry 
 		if (!pins || pinned_recalled(a) == 0)
 			continue;
 		a->yield_asked = true;
-		switch (a->wait) {
-		case AW_TXN:
-			continue; /* its answer runs the next step */
-		case AW_SESSION:
-			efs_session_wait_cancel(lc->s, &a->sw);
-			break;
-		case AW_WATCH:
-			watchers_free(a);
-			break;
-		case AW_ENTRY:
-			a->blocked_on = NULL;
-			break;
-		default:
-			break;
-		}
-		a->wait = AW_KICK;
-		kick_soon(lc);
+		acq_wake(lc, a);
 	}
 }
 
@@ -1092,7 +1102,6 @@ static bool acq_yield(struct acq *a, uint64_t ino)
 {
 	struct efs_lockcache *lc = a->lc;
 	struct efs_lock_req *req = a->req;
-	uint64_t now = now_ns();
 
 	a->yield_asked = false;
 	lc->stats.acq_yields++;
@@ -1104,15 +1113,9 @@ static bool acq_yield(struct acq *a, uint64_t ino)
 		req->yield_to = forced_to(lc, ino);
 		return acq_finish(a, -EAGAIN);
 	}
-	watchers_free(a);
 	recall_drop(a);
 	revert_busy(a);
-	for (size_t i = 0; i < req->n; i++) {
-		if (a->pinned[i])
-			efs_locktab_unpin(&lc->tab, a->pinned[i], now);
-		a->pinned[i] = NULL;
-		req->recs[i] = NULL;
-	}
+	acq_release_resources(a, true); /* watchers, pins, kept records */
 	a->cur = SIZE_MAX;
 	a->up_blocked = false;
 	a->yielding = false;
@@ -1203,8 +1206,10 @@ static bool acq_step(struct acq *a)
 			   !drain_exempt(a)))) {
 			/* Another local acquisition or a release is on it:
 			 * its end decides (they share the node's lock). */
-			if (pinned_recalled(a))
-				return acq_yield(a, pinned_recalled(a));
+			uint64_t yino = pinned_recalled(a);
+
+			if (yino)
+				return acq_yield(a, yino);
 			a->wait = AW_ENTRY;
 			a->blocked_on = e;
 			return true;
@@ -1215,8 +1220,10 @@ static bool acq_step(struct acq *a)
 		recall_drop(a);
 		return acq_finish(a, 0);
 	}
-	if (pinned_recalled(a))
-		return acq_yield(a, pinned_recalled(a));
+	uint64_t yino = pinned_recalled(a);
+
+	if (yino)
+		return acq_yield(a, yino);
 	if (n_need > 1 && !a->batch_tried)
 		r = start_batch(a, need, n_need);
 	else
@@ -1435,6 +1442,8 @@ static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *
 								    EFS_NSEC_PER_MSEC;
 	}
 	if (pinned_recalled(a)) {
+		/* The next step gives way (after its cancel and session
+		 * checks). */
 		a->wait = AW_KICK;
 		a->yield_asked = true;
 		kick_soon(lc);
@@ -2718,20 +2727,7 @@ void efs_lock_cancel(struct efs_lockcache *lc, struct efs_lock_req *req)
 	if (!lc || !a || a->wait == AW_DONE || a->cancelled)
 		return;
 	a->cancelled = true;
-	switch (a->wait) {
-	case AW_SESSION:
-		efs_session_wait_cancel(lc->s, &a->sw);
-		break;
-	case AW_WATCH:
-		watchers_free(a);
-		break;
-	case AW_TXN:
-		return; /* its answer runs the next step, which sees the cancel */
-	default:
-		break;
-	}
-	a->wait = AW_KICK;
-	kick_soon(lc);
+	acq_wake(lc, a); /* in a transaction: its answer sees the cancel */
 }
 
 void efs_lock_put(struct efs_lockcache *lc, struct efs_lock_req *req)
