@@ -144,6 +144,9 @@ struct acq {
 	bool up_blocked; /* the upgrade of |cur| found another holder */
 	bool yielding;	 /* ... and gives our shared hold of |cur| up */
 	struct efs_locktab_entry *blocked_on; /* AW_ENTRY: compared, never used */
+	/* It waits for another acquisition or a release of this node, with
+	 * no recall key of its own: it gives way to any recall of its pins. */
+	bool local_wait;
 	/* A lock it pinned was recalled while it still waited for another:
 	 * it gives every pin up (yield_asked) and then waits for the release
 	 * of |yield_ino| before it takes that lock again, drain or not. */
@@ -1023,14 +1026,20 @@ static int64_t oldest_recall_rev(const struct efs_lockcache *lc, uint64_t ino);
  */
 static uint64_t pinned_recalled(const struct acq *a)
 {
-	if (a->recall_rev <= 0)
-		return 0; /* not waiting behind a peer (yet) */
+	bool any = a->local_wait && a->recall_rev <= 0;
+
+	if (a->recall_rev <= 0 && !any)
+		return 0; /* not waiting (yet) */
 	for (size_t i = 0; i < a->req->n; i++) {
 		const struct efs_locktab_entry *e = a->pinned[i];
 		int64_t rev;
 
 		if (!e || !e->recalled)
 			continue;
+		/* Waiting for its own node only, it has no turn to keep:
+		 * what it waits for may itself wait for the recalling peer. */
+		if (any)
+			return e->ino;
 		rev = oldest_recall_rev(a->lc, e->ino);
 		if (rev > 0 && rev < a->recall_rev)
 			return e->ino;
@@ -1206,8 +1215,10 @@ static bool acq_step(struct acq *a)
 			   !drain_exempt(a)))) {
 			/* Another local acquisition or a release is on it:
 			 * its end decides (they share the node's lock). */
-			uint64_t yino = pinned_recalled(a);
+			uint64_t yino;
 
+			a->local_wait = true;
+			yino = pinned_recalled(a);
 			if (yino)
 				return acq_yield(a, yino);
 			a->wait = AW_ENTRY;
@@ -1216,6 +1227,7 @@ static bool acq_step(struct acq *a)
 		}
 		need[n_need++] = i;
 	}
+	a->local_wait = false;
 	if (n_need == 0) {
 		recall_drop(a);
 		return acq_finish(a, 0);

@@ -1249,6 +1249,55 @@ Test(lock, a_preparation_made_void_by_a_new_hold_lets_the_release_go_on)
 	efs_test_assert_no_leaks();
 }
 
+/*
+ * An acquisition that pins X and waits for Y, which another acquisition of
+ * the same node is taking (from a peer), has no recall key of its own:
+ * a peer's recall of X must still not wait for it, or a peer that holds Y
+ * while it waits for X deadlocks both nodes. Negative control: with the
+ * yield limited to acquisitions that wait behind a recall key of their
+ * own, node 2 gets X only once node 1's acquisition is done.
+ */
+Test(lock, a_wait_for_a_local_acquisition_never_delays_a_recall)
+{
+	static const uint64_t xy[2] = {240, 241};
+	static const enum efs_lock_mode ex2[2] = {EFS_LOCK_EXCLUSIVE, EFS_LOCK_EXCLUSIVE};
+	struct efs_lockcache *lc1, *lc2;
+	struct lres x1, y2, b1, a1, q2;
+
+	two_nodes(&lc1, &lc2, 0);
+	take(lc1, &x1, 240, EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(lc1, &x1.req); /* node 1 caches X */
+	take(lc2, &y2, 241, EFS_LOCK_EXCLUSIVE); /* node 2 pins Y */
+	cr_assert_eq(acquire1(lc1, &b1, 241, EFS_LOCK_EXCLUSIVE), 0);
+	cr_assert(run_until_keys(EFS_META_K_RECALL, 241, 1, 3000), "no recall key for Y");
+	/* Node 1's second acquisition pins X and waits for the first. */
+	cr_assert_eq(acquire(lc1, &a1, 2, xy, ex2), 0);
+	efs_test_run_for(200);
+	cr_assert_not(a1.done);
+	cr_assert_not(b1.done);
+	/* Node 2 recalls X. */
+	cr_assert_eq(acquire1(lc2, &q2, 240, EFS_LOCK_EXCLUSIVE), 0);
+	cr_assert(efs_test_run_until(&q2.done, 5000),
+		  "a wait for a local acquisition kept a peer's recall waiting");
+	cr_assert_eq(q2.status, 0);
+	cr_assert_geq(lstats(lc1).acq_yields, 1);
+	cr_assert_not(a1.done);
+	/* Everything then goes through. */
+	efs_lock_put(lc2, &q2.req);
+	efs_lock_put(lc2, &y2.req);
+	cr_assert(efs_test_run_until(&b1.done, 5000), "Y never came to node 1");
+	cr_assert_eq(b1.status, 0);
+	efs_lock_put(lc1, &b1.req);
+	cr_assert(efs_test_run_until(&a1.done, 5000), "the waiting acquisition never ended");
+	cr_assert_eq(a1.status, 0);
+	cr_assert_eq(efs_lock_held(lc1, 240), EFS_LOCK_EXCLUSIVE);
+	cr_assert_eq(efs_lock_held(lc1, 241), EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(lc1, &a1.req);
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}
+
 /* Waits (bounded) until |lc| holds |ino| in exactly |m|. */
 static bool run_until_mode(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_mode m,
 			   uint64_t ms)
