@@ -13,7 +13,8 @@
  * and shows that the other node's change then cannot complete.
  *
  * Output is TAP (one line per check). Arguments: --subset runs the checks
- * marked for sanitizer builds only; names select checks.
+ * marked for sanitizer builds only; names select checks; --repeat N runs
+ * the selection N times over on the same cluster (to chase a rare failure).
  */
 #include "cluster.h"
 
@@ -1073,12 +1074,19 @@ static void fsck_clean(void)
 
 /* Runs one check; false when it failed. Exits when the cluster cannot be
  * healed after a failure. */
-static bool run_check(const struct check *ck, int tap)
+static bool run_check(const struct check *ck, int tap, int rep)
 {
+	static char dir[128];
 	uint64_t t0 = efs_cl_now_ms();
 	jmp_buf jb;
 
-	cur_check = ck->name;
+	/* A repetition works in a directory of its own. */
+	if (rep > 0) {
+		snprintf(dir, sizeof(dir), "%s.%d", ck->name, rep);
+		cur_check = dir;
+	} else {
+		cur_check = ck->name;
+	}
 	efs_cl_jmp = &jb;
 	note_fds();
 	if (setjmp(jb) == 0) {
@@ -1122,6 +1130,7 @@ int main(int argc, char **argv)
 {
 	bool subset = false, selected[NCHECKS];
 	int nsel = 0;
+	volatile int repeat = 1;
 	volatile int failed = 0, tap = 0;
 	struct efs_cl_opts o = {.nodes = N_NODES};
 	jmp_buf jb;
@@ -1135,6 +1144,14 @@ int main(int argc, char **argv)
 
 		if (!strcmp(argv[i], "--subset")) {
 			subset = true;
+			continue;
+		}
+		if (!strcmp(argv[i], "--repeat") && i + 1 < argc) {
+			repeat = atoi(argv[++i]);
+			if (repeat < 1 || repeat > 1000) {
+				fprintf(stderr, "test_cluster: --repeat takes 1..1000\n");
+				return 2;
+			}
 			continue;
 		}
 		for (size_t k = 0; k < NCHECKS; k++)
@@ -1154,7 +1171,7 @@ int main(int argc, char **argv)
 	for (size_t k = 0; k < NCHECKS; k++)
 		nsel += selected[k];
 
-	printf("TAP version 13\n1..%d\n", nsel);
+	printf("TAP version 13\n1..%d\n", nsel * repeat);
 	efs_cl_jmp = &jb;
 	if (setjmp(jb)) {
 		printf("Bail out! cluster start: %s\n", efs_cl_msg);
@@ -1174,9 +1191,10 @@ int main(int argc, char **argv)
 	efs_cl_setenv(&cl, 1, "ETCFS_FAULT_WATCH_DELAY_MS", WATCH_DELAY_MS);
 	efs_cl_mount(&cl, 1);
 
-	for (size_t k = 0; k < NCHECKS; k++)
-		if (selected[k] && !run_check(&checks[k], ++tap))
-			failed++;
+	for (int rep = 0; rep < repeat; rep++)
+		for (size_t k = 0; k < NCHECKS; k++)
+			if (selected[k] && !run_check(&checks[k], ++tap, rep))
+				failed++;
 	efs_cl_jmp = NULL;
 	if (!efs_cl_stop(&cl)) {
 		printf("# stop: %s\n", efs_cl_msg);
