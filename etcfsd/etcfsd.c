@@ -160,6 +160,7 @@ struct daemon {
 
 	/* metrics owned here */
 	struct efs_histogram *m_lag;
+	struct efs_histogram *m_recall_wait; /* our recall key created -> grant */
 	struct efs_gauge *m_lag_last;
 	struct stat_counters m_sess[5];
 	struct stat_counters m_lock[EFS_NLOCK_COUNTERS];
@@ -819,6 +820,13 @@ static double gauge_inflight(void *arg)
 	return d->fs ? (double)efs_fs_inflight(d->fs) : 0;
 }
 
+static void on_recall_wait(void *arg, uint64_t ns)
+{
+	struct daemon *d = arg;
+
+	efs_histogram_observe_ns(d->m_recall_wait, ns);
+}
+
 static void register_metrics(struct daemon *d)
 {
 	static const char *const sess_names[5][2] = {
@@ -853,6 +861,9 @@ static void register_metrics(struct daemon *d)
 
 	snprintf(labels, sizeof(labels), "version=\"%s\"", ETCFS_VERSION);
 	efs_gauge_set(efs_metrics_gauge(m, "etcfs_build_info", "etcfs version", labels), 1);
+	d->m_recall_wait = efs_metrics_histogram(
+		m, "etcfs_lock_recall_wait_seconds",
+		"Waits for another node's lock: from our recall key's creation to the grant", NULL);
 	d->m_lag = efs_metrics_histogram(m, "etcfs_loop_lag_seconds",
 					 "Lateness of a 100 ms loop timer (loop lag)", NULL);
 	d->m_lag_last = efs_metrics_gauge(m, "etcfs_loop_lag_last_seconds",
@@ -1515,6 +1526,8 @@ static int mount_fuse(struct daemon *d)
 		report_error(d, "lock cache: %s", strerror(-r));
 		return r;
 	}
+	if (d->m_recall_wait)
+		efs_lockcache_set_recall_wait_cb(d->locks, on_recall_wait, d);
 	arm_early_fault_hooks(d);
 	r = efs_fs_new(&d->fs, &d->loop, d->etcd, d->session, d->locks, d->metrics, &fo);
 	if (r < 0) {

@@ -139,6 +139,7 @@ struct acq {
 	size_t cur;	     /* request index */
 	uint64_t recall_seq; /* 0: none chosen yet */
 	int64_t recall_rev;  /* create revision of our recall key (0: unknown) */
+	uint64_t recall_ns;  /* when we learnt that our recall key exists (0: not yet) */
 	bool counted_wait;
 	uint64_t wait_deadline_ns;
 	bool up_blocked; /* the upgrade of |cur| found another holder */
@@ -204,6 +205,8 @@ struct prep {
 
 struct efs_lockcache {
 	uv_loop_t *loop;
+	efs_lock_recall_wait_cb recall_wait_cb; /* a recall wait ended in a grant */
+	void *recall_wait_arg;
 	struct efs_etcd *c;
 	struct efs_session *s;
 	struct lref *ref;
@@ -525,6 +528,7 @@ static void recall_drop(struct acq *a)
 	}
 	a->recall_seq = 0;
 	a->recall_rev = 0;
+	a->recall_ns = 0;
 }
 
 /* Entries this acquisition made busy go back to what they were. */
@@ -1173,6 +1177,7 @@ static bool acq_step(struct acq *a)
 		a->batch_tried = false;
 		a->recall_seq = 0;
 		a->recall_rev = 0;
+		a->recall_ns = 0;
 		for (size_t i = 0; i < EFS_LOCK_REQ_MAX; i++)
 			a->doubt[i] = EFS_LOCK_NONE; /* its keys went with the lease */
 		a->gen = lc->gen;
@@ -1403,8 +1408,11 @@ static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *
 		r = efs_etcd_txn_resp_range(inner, k->s_rec, &rec);
 		if (r < 0)
 			return acq_finish(a, r);
+		if (a->recall_ns && lc->recall_wait_cb)
+			lc->recall_wait_cb(lc->recall_wait_arg, now_ns() - a->recall_ns);
 		a->recall_seq = 0;
 		a->recall_rev = 0;
+		a->recall_ns = 0;
 		lc->stats.acquires++;
 		granted(a, i, a->want[i], keep_resp(a, res, outer) ? rec : NULL);
 		return acq_step(a);
@@ -1434,6 +1442,8 @@ static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *
 		    strcmp(ki.node, efs_session_node(lc->s)) == 0)
 			a->recall_rev = kv->create_revision;
 	}
+	if (a->recall_rev > 0 && !a->recall_ns)
+		a->recall_ns = now_ns();
 	if (k->up_plain) {
 		/* Another holder blocks our upgrade: stop new local hits and
 		 * give the shared hold up as soon as its pins are gone. */
@@ -2498,6 +2508,13 @@ void efs_lockcache_fault_no_recall(struct efs_lockcache *lc, bool off)
 
 /* ---- Public ---- */
 
+void efs_lockcache_set_recall_wait_cb(struct efs_lockcache *lc, efs_lock_recall_wait_cb cb,
+				      void *arg)
+{
+	lc->recall_wait_cb = cb;
+	lc->recall_wait_arg = arg;
+}
+
 int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_etcd *c,
 		      struct efs_session *s, const struct efs_lockcache_opts *o)
 {
@@ -2588,6 +2605,7 @@ void efs_lockcache_forget_all(struct efs_lockcache *lc)
 			watchers_free(a);
 			a->recall_seq = 0;
 			a->recall_rev = 0;
+			a->recall_ns = 0;
 			a->wait = AW_KICK;
 		}
 	}

@@ -366,6 +366,16 @@ struct efs_lockcache_stats {
 };
 void efs_lockcache_get_stats(const struct efs_lockcache *lc, struct efs_lockcache_stats *ret);
 
+/*
+ * Called on the loop each time an acquisition that waited behind a peer's
+ * holder key is granted: |ns| from the moment its recall key was known to
+ * exist (the reply of the transaction that created it) to the grant, the
+ * recall latency a waiter sees. |cb| NULL: none.
+ */
+typedef void (*efs_lock_recall_wait_cb)(void *arg, uint64_t ns);
+void efs_lockcache_set_recall_wait_cb(struct efs_lockcache *lc, efs_lock_recall_wait_cb cb,
+				      void *arg);
+
 /* Fault hook (EFS_FAULT_HOOKS; negative controls in tests): while |off|,
  * recall keys of other nodes are noted but never answered. */
 void efs_lockcache_fault_no_recall(struct efs_lockcache *lc, bool off);

@@ -1309,13 +1309,29 @@ static bool run_until_mode(struct efs_lockcache *lc, uint64_t ino, enum efs_lock
 	return efs_lock_held(lc, ino) == m;
 }
 
+struct recall_waits {
+	int n;
+	uint64_t ns;
+};
+
+static void on_recall_wait(void *arg, uint64_t wait_ns)
+{
+	struct recall_waits *w = arg;
+
+	w->n++;
+	w->ns = wait_ns;
+}
+
 Test(lock, a_recall_key_of_another_node_releases_an_idle_lock)
 {
 	struct efs_lockcache *lc1, *lc2;
 	struct lres a1, a2;
+	struct recall_waits rw1 = {0}, rw2 = {0};
 	uint64_t t0;
 
 	two_nodes(&lc1, &lc2, 20000);
+	efs_lockcache_set_recall_wait_cb(lc1, on_recall_wait, &rw1);
+	efs_lockcache_set_recall_wait_cb(lc2, on_recall_wait, &rw2);
 	take(lc1, &a1, 230, EFS_LOCK_EXCLUSIVE);
 	efs_lock_put(lc1, &a1.req);
 	t0 = efs_test_now_ms();
@@ -1326,6 +1342,10 @@ Test(lock, a_recall_key_of_another_node_releases_an_idle_lock)
 	cr_assert_eq(efs_lock_held(lc1, 230), EFS_LOCK_NONE);
 	cr_assert_geq(lstats(lc1).recalls, 1);
 	cr_assert_eq(lstats(lc2).recalls, 0, "a node answered its own recall key");
+	/* The waiter measured its wait, from its recall key to the grant. */
+	cr_assert_eq(rw2.n, 1, "recall waits reported: %d", rw2.n);
+	cr_assert(rw2.ns > 0 && rw2.ns < 10000 * 1000000ull, "recall wait %" PRIu64 " ns", rw2.ns);
+	cr_assert_eq(rw1.n, 0, "the holder reported a wait");
 	/* And back: node1's recall key makes node2 give it up while node2's
 	 * own operation still pins it, once the pin goes. */
 	cr_assert_eq(acquire1(lc1, &a1, 230, EFS_LOCK_EXCLUSIVE), 0);

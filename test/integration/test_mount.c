@@ -536,6 +536,9 @@ Test(mount, metrics_endpoint_answers)
 	v = efs_test_fs_metric(&fs, "etcfs_session_generation");
 	cr_assert_geq(v, 1);
 	cr_assert_geq(efs_test_fs_metric(&fs, "etcfs_lock_cache_held"), 0);
+	/* One node never waits for a peer's lock. */
+	v = efs_test_fs_metric(&fs, "etcfs_lock_recall_wait_seconds_count");
+	cr_assert_eq(v, 0, "recall waits on one node: %g", v);
 	cr_assert_geq(efs_test_fs_metric(&fs, "etcfs_fuse_requests_received_total"), 1);
 	efs_test_fs_unmount(&fs);
 	efs_test_fs_stop(&fs);
