@@ -2,14 +2,39 @@
 # SPDX-License-Identifier: Apache-2.0
 """Counts the TAP results of meson test logs and prints one closing line,
 'etcfs: N passed, N failed', over every log given, after naming every
-failed check (log, test, TAP line) so that the tail of a CI run says what
-broke. Exits 1 on any failure or when no test ran at all."""
+failed check (log, test, TAP line) and then, for each, the assertion block
+Criterion wrote under that line and the last lines of the test's stderr, so
+that the tail of a CI run says what broke and why (a CI record may keep only
+that tail). Exits 1 on any failure or when no test ran at all."""
 import json
 import re
 import sys
 
+BLOCK_LINES = 60   # of one failure's assertion block
+STDERR_LINES = 25  # of a failed test's stderr
+
 passed = failed = 0
-failures = []
+failures = []   # one line per failed check
+details = []    # (what, lines) per failed check
+
+
+def block_after(out, line):
+    """The YAML block Criterion writes under a 'not ok' line, up to '...'."""
+    lines = out.splitlines()
+    try:
+        i = lines.index(line)
+    except ValueError:
+        return []
+    block = []
+    for l in lines[i + 1:]:
+        if l.startswith('ok ') or l.startswith('not ok ') or l.strip() == '...':
+            break
+        block.append(l)
+    if len(block) > BLOCK_LINES:
+        block = block[:BLOCK_LINES] + [f'  [{len(block) - BLOCK_LINES} more lines]']
+    return block
+
+
 for path in sys.argv[1:]:
     with open(path) as f:
         for line in f:
@@ -31,8 +56,17 @@ for path in sys.argv[1:]:
                 failures.append(f"{where}: {rec['result']} after its last TAP line")
             for b in bad_lines:
                 failures.append(f"{where}: {b}")
+                details.append((f"{where}: {b}", block_after(out, b)))
+            if bad:
+                err = (rec.get('stderr') or '').splitlines()[-STDERR_LINES:]
+                if err:
+                    details.append((f"{where}: last {len(err)} lines of stderr", err))
             passed += ok
             failed += bad
+for what, lines in details:
+    print(f'--- {what}')
+    for l in lines:
+        print(f'    {l}')
 for f in failures:
     print(f'FAILED {f}')
 print(f'etcfs: {passed} passed, {failed} failed')
