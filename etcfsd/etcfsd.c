@@ -83,7 +83,7 @@ struct state_gauge {
 };
 
 /* Lock cache counters exported (register_metrics, sync_counters). */
-#define EFS_NLOCK_COUNTERS 12
+#define EFS_NLOCK_COUNTERS 15
 
 struct daemon {
 	/* options */
@@ -851,6 +851,12 @@ static void register_metrics(struct daemon *d)
 		 "Acquisitions that gave their pins up to a recall and started again"},
 		{"etcfs_lock_recalls_unanswered_total",
 		 "Recalls of other nodes this node had not answered after the wait bound"},
+		{"etcfs_peer_session_ends_total", "Other nodes' sessions seen ending"},
+		{"etcfs_takeover_marked_inodes_total",
+		 "Inodes a node held exclusively when its session ended (written copy-on-write "
+		 "for the grace period)"},
+		{"etcfs_takeover_cow_writes_total",
+		 "Writes into preallocated blocks sent copy-on-write after a takeover"},
 	};
 	static const char *const state_labels[6] = {
 		"state=\"starting\"",  "state=\"active\"", "state=\"suspended\"",
@@ -929,6 +935,9 @@ static void sync_counters(struct daemon *d)
 		counter_sync(&d->m_lock[9], l.recalls);
 		counter_sync(&d->m_lock[10], l.acq_yields);
 		counter_sync(&d->m_lock[11], l.recalls_unanswered);
+		counter_sync(&d->m_lock[12], l.peer_deaths);
+		counter_sync(&d->m_lock[13], l.takeover_marked);
+		counter_sync(&d->m_lock[14], l.takeover_cow);
 	}
 	if (d->fl) {
 		uint64_t n = efs_fuseloop_requests(d->fl);

@@ -10,6 +10,7 @@
 #include "etcd/kv.h"
 #include "etcd/txn.h"
 #include "etcd/watch.h"
+#include "lock/deaths.h"
 #include "lock/locktab.h"
 #include "meta/records.h"
 #include "util/clock.h"
@@ -252,6 +253,7 @@ struct efs_lockcache {
 	struct efs_etcd_watcher *rw;
 	bool rw_listing;
 	bool recall_off; /* test switch: recall keys are not answered */
+	struct efs_deaths *deaths; /* peers' session ends (copy-on-write after takeover) */
 };
 
 static struct acq *acq_of(struct efs_list *n)
@@ -1349,6 +1351,9 @@ static void granted(struct acq *a, size_t i, enum efs_lock_mode mode,
 	e->state = EFS_LOCKTAB_HELD;
 	e->owner = NULL;
 	e->token = lc->token_seq;
+	/* The reply granting it is noted already: a revision at or after the
+	 * grant, so a death before it is never taken as later. */
+	e->grant_rev = lc->last_rev;
 	set_draining(lc, e, false);
 	a->up_blocked = false;
 	a->yielding = false;
@@ -2199,6 +2204,8 @@ static void tick_cb(uv_timer_t *t)
 	if (!lc)
 		return;
 	recall_watch_start(lc);
+	if (efs_session_is_active(lc->s))
+		efs_deaths_tick(lc->deaths);
 	now = now_ns();
 	ref = lref_get(lc->ref);
 	for (n = lc->acqs.next; n != &lc->acqs && ref->lc; n = n->next) {
@@ -2538,6 +2545,19 @@ int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_et
 		lc->release_batch = EFS_ETCD_TXN_MAX_OPS - 2;
 	lc->wait_timeout_ms = o->wait_timeout_ms;
 	lc->recall_bound_ms = o->recall_bound_ms ? o->recall_bound_ms : 30000;
+	{
+		struct efs_deaths_opts dopts = {
+			.ns = &lc->ns,
+			.self = efs_session_node(s),
+			.grace_ms = o->takeover_grace_ms,
+		};
+
+		r = efs_deaths_new(&lc->deaths, loop, c, &dopts);
+		if (r < 0) {
+			efs_mem_free(lc);
+			return r;
+		}
+	}
 	efs_list_init(&lc->acqs);
 	efs_list_init(&lc->recalls);
 	lc->gen = efs_session_generation(s);
@@ -2638,6 +2658,7 @@ struct efs_lockcache *efs_lockcache_free(struct efs_lockcache *lc)
 	lc->rw = efs_etcd_watcher_free(lc->rw);
 	recalls_clear(lc);
 	lc->ws = efs_etcd_watch_stream_free(lc->ws);
+	lc->deaths = efs_deaths_free(lc->deaths);
 	lc->tick = efs_timer_free(lc->tick);
 	lc->kick = efs_timer_free(lc->kick);
 	lc->retry = efs_timer_free(lc->retry);
@@ -2809,6 +2830,16 @@ bool efs_lock_may_cache(const struct efs_lockcache *lc, uint64_t ino)
 	return !(e->prep_keeps && (e->prep || e->prepared));
 }
 
+int efs_lock_inplace_check(struct efs_lockcache *lc, uint64_t ino, efs_lock_inplace_cb cb,
+			   void *arg)
+{
+	const struct efs_locktab_entry *e = usable_entry(lc, ino);
+
+	if (!e || e->mode != EFS_LOCK_EXCLUSIVE)
+		return 0;
+	return efs_deaths_check(lc->deaths, ino, e->grant_rev, cb, arg);
+}
+
 uint64_t efs_lock_grant(const struct efs_lockcache *lc, uint64_t ino)
 {
 	/* On every request's cache check: one table lookup. */
@@ -2939,6 +2970,8 @@ void efs_lock_grant_committed(struct efs_lockcache *lc, uint64_t ino, bool commi
 	e->state = EFS_LOCKTAB_HELD;
 	e->mode = EFS_LOCK_EXCLUSIVE;
 	e->token = lc->token_seq;
+	/* A new inode: no peer ever held it, whatever the revision says. */
+	e->grant_rev = lc->last_rev;
 	new_grant(lc, e);
 	efs_locktab_touch(&lc->tab, e, now_ns());
 	entry_changed(lc, e);
@@ -2976,6 +3009,12 @@ void efs_lock_note_kernel_cache(struct efs_lockcache *lc, uint64_t ino, uint64_t
 
 void efs_lockcache_get_stats(const struct efs_lockcache *lc, struct efs_lockcache_stats *ret)
 {
+	struct efs_deaths_stats ds;
+
 	*ret = lc->stats;
 	ret->held = lc->tab.count;
+	efs_deaths_get_stats(lc->deaths, &ds);
+	ret->peer_deaths = ds.deaths;
+	ret->takeover_marked = ds.marked;
+	ret->takeover_cow = ds.cow;
 }

@@ -186,6 +186,9 @@ struct efs_lockcache_opts {
 	uint32_t recall_bound_ms; /* a peer's recall this node has not answered
 				   * after this long is logged and counted
 				   * (0: 30000) */
+	uint32_t takeover_grace_ms; /* copy-on-write only, after a peer's session
+				     * ended holding an inode exclusively
+				     * (lock/deaths.h; 0: 60000) */
 };
 
 /* Kinds of lock, each with its own ops; a lock is of kind 0 until
@@ -288,6 +291,19 @@ enum efs_lock_mode efs_lock_held(const struct efs_lockcache *lc, uint64_t ino);
  * is being prepared or prepared. */
 bool efs_lock_may_cache(const struct efs_lockcache *lc, uint64_t ino);
 
+/*
+ * Whether a write of |ino| under the lock held now may go in place (into
+ * preallocated blocks): not while a peer whose session ended holding
+ * |ino| exclusively may still land a queued device write (its grace
+ * period), nor when |ino| is not held exclusively. 1: in place; 0:
+ * copy-on-write; -EINPROGRESS: the peers' session ends up to the grant
+ * are still being read (lock/deaths.h) and |cb| runs once, later, with
+ * the answer; -ENOMEM.
+ */
+typedef void (*efs_lock_inplace_cb)(void *arg, bool inplace);
+int efs_lock_inplace_check(struct efs_lockcache *lc, uint64_t ino, efs_lock_inplace_cb cb,
+			   void *arg);
+
 /* The grant id under which this node holds |ino| now; 0 when
  * efs_lock_held() is NONE. */
 uint64_t efs_lock_grant(const struct efs_lockcache *lc, uint64_t ino);
@@ -363,6 +379,9 @@ struct efs_lockcache_stats {
 	uint64_t acq_yields;	/* acquisitions that gave their pins up to a recall */
 	uint64_t recalls_unanswered; /* recalls still not answered after the wait bound
 				      * (or 30 s): each logged once */
+	uint64_t peer_deaths;	     /* other nodes' sessions seen ending (lock/deaths.h) */
+	uint64_t takeover_marked;    /* inodes they held exclusively, marked copy-on-write */
+	uint64_t takeover_cow;	     /* writes sent copy-on-write instead of in place */
 };
 void efs_lockcache_get_stats(const struct efs_lockcache *lc, struct efs_lockcache_stats *ret);
 

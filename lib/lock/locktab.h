@@ -35,6 +35,7 @@ struct efs_locktab_entry {
 	uint64_t kcache_until_ns; /* the kernel may cache under it until then */
 	uint64_t token;		  /* grant token written in the holder key */
 	uint64_t grant;		  /* id of the current continuous hold (lock.h) */
+	int64_t grant_rev;	  /* an etcd revision at or after its last grant */
 	uint32_t pin_seq;	  /* pins ever taken (a preparation is void once it moves) */
 	uint32_t prep_seq;	  /* pin_seq when the last preparation started */
 	uint8_t kind;		  /* which ops the lock uses */

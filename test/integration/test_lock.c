@@ -1405,3 +1405,98 @@ Test(lock, without_recall_handling_a_waiter_times_out)
 	efs_test_assert_no_leaks();
 }
 #endif
+
+/* ---- Takeover from a peer whose session ended ---- */
+
+struct placed {
+	bool done, inplace;
+};
+
+static void on_placed(void *arg, bool inplace)
+{
+	struct placed *p = arg;
+
+	p->done = true;
+	p->inplace = inplace;
+}
+
+/* Asks whether a write of |ino| may go in place now: 1 or 0 (-1: no answer). */
+static int placed(struct efs_lockcache *lc, uint64_t ino)
+{
+	struct placed p = {0};
+	int r = efs_lock_inplace_check(lc, ino, on_placed, &p);
+
+	if (r != -EINPROGRESS)
+		return r;
+	cr_assert_not(p.done, "the answer came inline");
+	if (!efs_test_run_until(&p.done, 5000))
+		return -1;
+	return p.inplace;
+}
+
+Test(lock, a_takeover_from_a_peer_whose_session_ended_writes_copy_on_write_for_the_grace)
+{
+	struct efs_lockcache_opts o = {.ns = &ns, .idle_ms = 60000, .takeover_grace_ms = 3000};
+	struct efs_lockcache *lc1, *lc2 = NULL;
+	struct lres a1, a2, b2, c2x, d2;
+	uint64_t t0;
+
+	c2 = efs_test_client_new(efs_harness_endpoints(h));
+	s2 = start_session(c2, "node2");
+	lc1 = new_lc(s, c, 0, 60000, 0, 0);
+	cr_assert_eq(efs_lockcache_new(&lc2, &efs_test_loop, c2, s2, &o), 0);
+	efs_test_run_for(300); /* both watch the node keys */
+
+	/* Shared, or not held at all: never in place. */
+	take(lc2, &d2, 243, EFS_LOCK_SHARED);
+	cr_assert_eq(placed(lc2, 243), 0, "in place under a shared lock");
+	cr_assert_eq(placed(lc2, 244), 0, "in place without a lock");
+
+	/* A clean handover (a recall answered) is no death: in place. */
+	take(lc1, &a1, 241, EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(lc1, &a1.req);
+	take(lc2, &b2, 241, EFS_LOCK_EXCLUSIVE);
+	cr_assert_eq(placed(lc2, 241), 1, "a write after a clean handover went copy-on-write");
+	/* Never held by anyone else: in place. */
+	take(lc2, &c2x, 242, EFS_LOCK_EXCLUSIVE);
+	cr_assert_eq(placed(lc2, 242), 1, "a write of a lock no peer held went copy-on-write");
+
+	/* node1 holds 240 exclusively, pinned, when its lease is revoked
+	 * behind its back (as a cut-off node's lease expires). */
+	take(lc1, &a1, 240, EFS_LOCK_EXCLUSIVE);
+	cr_assert_eq(acquire1(lc2, &a2, 240, EFS_LOCK_EXCLUSIVE), 0);
+	efs_test_run_for(200);
+	cr_assert_not(a2.done, "granted while node1 held it");
+	{
+		Etcdserverpb__LeaseRevokeRequest req = ETCDSERVERPB__LEASE_REVOKE_REQUEST__INIT;
+
+		req.id = efs_session_lease_id(s);
+		cr_assert_eq(efs_etcd_sync_call(sc, EFS_ETCD_LEASE_REVOKE, &req.base, NULL, NULL),
+			     0);
+	}
+	cr_assert(efs_test_run_until(&a2.done, 10000), "node1's lock did not pass to node2");
+	cr_assert_eq(a2.status, 0);
+	t0 = efs_test_now_ms();
+	cr_assert_eq(placed(lc2, 240), 0, "a write after the takeover went in place");
+	cr_assert_geq(lstats(lc2).peer_deaths, 1);
+	cr_assert_geq(lstats(lc2).takeover_marked, 1);
+	cr_assert_geq(lstats(lc2).takeover_cow, 1);
+	/* Only what the dead session held is marked. */
+	cr_assert_eq(placed(lc2, 242), 1, "a lock the dead node never held went copy-on-write");
+	cr_assert_eq(placed(lc2, 241), 1, "a lock handed over cleanly went copy-on-write");
+	/* Still marked within the grace, in place after it. */
+	efs_test_run_for(1000);
+	if (efs_test_now_ms() - t0 < 2500)
+		cr_assert_eq(placed(lc2, 240), 0, "in place within the grace period");
+	RUN_UNTIL(efs_test_now_ms() - t0 > 3500, 5000);
+	cr_assert_eq(placed(lc2, 240), 1, "still copy-on-write after the grace period");
+
+	efs_lock_put(lc1, &a1.req);
+	efs_lock_put(lc2, &a2.req);
+	efs_lock_put(lc2, &b2.req);
+	efs_lock_put(lc2, &c2x.req);
+	efs_lock_put(lc2, &d2.req);
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}

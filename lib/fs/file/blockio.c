@@ -422,8 +422,70 @@ static void wb_alloc_cb(int status, void *arg)
 }
 
 /*
+ * Copy-on-write: fresh blocks for all of |j| (its in-place pieces
+ * dropped). Returns 0 (|j|'s callback runs) or a negative errno (|j| is
+ * freed, its callback never runs).
+ */
+static int wb_cow(struct wb *j)
+{
+	struct efs_fs_data *d = j->d;
+	uint64_t mapped = 0, goal = 0;
+	unsigned aflags = 0;
+	int r;
+
+	for (size_t i = 0; i < j->npx; i++)
+		mapped += j->px[i].count;
+	efs_mem_free(j->px);
+	j->px = NULL;
+	j->npx = 0;
+	if (mapped < j->n || (j->xflags & EFS_META_EXTENT_F_PREALLOC))
+		aflags |= EFS_ALLOC_NEW;
+	if (j->fblk > 0) {
+		struct efs_ext prev;
+
+		if (efs_extmap_lookup(d->map, j->fblk - 1, 1, &prev, 1) == 1)
+			goal = prev.dblk + 1;
+	}
+	if (!goal)
+		goal = d->last_dblk;
+	d->nref++;
+	r = efs_alloc_get(d->fs->alloc, j->n, goal, aflags, &j->runs, wb_alloc_cb, j);
+	if (r == 1)
+		return wb_issue(j);
+	if (r == 0)
+		return 0;
+	d->nref--;
+	efs_runs_done(&j->runs);
+	efs_mem_free(j);
+	return r;
+}
+
+/* The lock cache's answer for a write waiting to go in place. */
+static void wb_placed(void *arg, bool inplace)
+{
+	struct wb *j = arg;
+	struct efs_fs_data *d = j->d;
+	void (*cb)(void *, int) = j->cb;
+	void *cb_arg = j->arg;
+	int r;
+
+	if (inplace && !d->dropped && !d->broken) {
+		j->inplace = true;
+		wb_issue(j); /* takes over the reference the wait held */
+		return;
+	}
+	r = wb_cow(j);
+	d->nref--;
+	if (r < 0)
+		cb(cb_arg, r);
+	efs_file_state_maybe_free(d);
+}
+
+/*
  * Writes the n blocks of |buf| as file blocks [fblk, fblk + n) of |d|
- * (copy-on-write; in place when the whole range is preallocated), or maps
+ * (copy-on-write; in place when the whole range is preallocated and the
+ * lock cache allows it: not after a takeover from a peer whose session
+ * ended, during its grace period), or maps
  * fresh preallocated blocks there without I/O (|xflags| PREALLOC). The
  * caller holds the block-range lock. |cb| runs once, later (also on
  * errors: -ENOSPC with nothing written, -EIO), after the map is updated.
@@ -435,9 +497,8 @@ int efs_file_write_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint
 	struct efs_fs *fs = d->fs;
 	struct wb *j;
 	size_t cnt;
-	uint64_t mapped = 0, goal = 0;
+	uint64_t mapped = 0;
 	bool all_prealloc = true;
-	unsigned aflags = 0;
 	int r;
 
 	if (!fs->alloc || !fs->pool)
@@ -468,31 +529,24 @@ int efs_file_write_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint
 			all_prealloc = false;
 	}
 	if (mapped == n && all_prealloc && !(xflags & EFS_META_EXTENT_F_PREALLOC)) {
-		j->inplace = true;
-		d->nref++;
-		return wb_issue(j);
+		/* In place only while no peer that held the file exclusively
+		 * when its session ended may still land a queued write there
+		 * (lock.h); while that is being read, the write waits. */
+		r = fs->lc ? efs_lock_inplace_check(fs->lc, d->ino, wb_placed, j) : 1;
+		if (r == -EINPROGRESS) {
+			d->nref++;
+			return 0;
+		}
+		if (r == 1) {
+			j->inplace = true;
+			d->nref++;
+			return wb_issue(j);
+		}
+		if (r < 0) {
+			efs_mem_free(j->px);
+			efs_mem_free(j);
+			return r;
+		}
 	}
-	efs_mem_free(j->px);
-	j->px = NULL;
-	j->npx = 0;
-	if (mapped < n || (xflags & EFS_META_EXTENT_F_PREALLOC))
-		aflags |= EFS_ALLOC_NEW;
-	if (fblk > 0) {
-		struct efs_ext prev;
-
-		if (efs_extmap_lookup(d->map, fblk - 1, 1, &prev, 1) == 1)
-			goal = prev.dblk + 1;
-	}
-	if (!goal)
-		goal = d->last_dblk;
-	d->nref++;
-	r = efs_alloc_get(fs->alloc, n, goal, aflags, &j->runs, wb_alloc_cb, j);
-	if (r == 1)
-		return wb_issue(j);
-	if (r == 0)
-		return 0;
-	d->nref--;
-	efs_runs_done(&j->runs);
-	efs_mem_free(j);
-	return r;
+	return wb_cow(j);
 }
