@@ -1154,6 +1154,38 @@ Test(client, http_503_on_an_idempotent_range_is_retried, .init = setup)
 	finish();
 }
 
+Test(client, no_leader_on_a_sent_put_is_resent_within_its_deadline, .init = setup)
+{
+	static const char *const noleader[] = { ":status", "200", "content-type",
+						"application/grpc", "grpc-status", "14",
+						"grpc-message", "etcdserver: no leader", NULL };
+	struct efs_etcd_callopts nr = { .no_retry = true };
+	struct res x, y;
+
+	/* Refused before proposing: safe to resend even a mutation. */
+	start_put(&x);
+	srv_trailers_only(wait_req(0), noleader);
+	pump();
+	cr_assert_eq(x.n, 0, "a Put refused with 'no leader' was failed at once");
+	srv_reply_empty(wait_req(1), &etcdserverpb__put_response__descriptor);
+	pump();
+	expect_once(&x);
+	cr_assert_eq(x.err, 0, "err %d", x.err);
+	cr_assert_str_eq(hdr(&F.req[1], ":path"), "/etcdserverpb.KV/Put");
+	res_done(&x);
+
+	/* Unless the caller asked for no retries: -EAGAIN, known not applied. */
+	start_co(EFS_ETCD_PUT, &put_req.base, &nr, &y);
+	srv_trailers_only(wait_req(2), noleader);
+	pump();
+	expect_once(&y);
+	cr_assert_eq(y.err, -EAGAIN, "err %d", y.err);
+	cr_assert(!y.unknown);
+	pump_for(20);
+	cr_assert_eq(F.nreq, 3, "a no_retry Put was resent");
+	finish();
+}
+
 Test(client, http_404_is_unimplemented, .init = setup)
 {
 	static const char *const h404[] = { ":status", "404", NULL };
