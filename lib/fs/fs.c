@@ -1665,8 +1665,6 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 			step_session(op);
 			return;
 		}
-		efs_log_debug("fs: %s: transaction failed: %s", efs_fs_op_names[op->d->code],
-			      r->message);
 		report_outcome(op, EFS_FS_FAILED, 0);
 		if ((r->err == -EBUSY || r->err == -EAGAIN) && ++op->retries <= EFS_FS_RETRY_MAX) {
 			/* Refused before it applied (etcd's apply backlog): again. */
@@ -1679,6 +1677,10 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 			step_session(op);
 			return;
 		}
+		/* The caller gets an errno that says little: say why here. */
+		efs_log_warn("fs: %s: transaction failed after %d tries: %s (%s)",
+			     efs_fs_op_names[op->d->code], op->retries, r->message,
+			     r->err == -ENOSPC ? "ENOSPC" : "EIO");
 		efs_fs_op_finish(op, r->err == -ENOSPC ? -ENOSPC : -EIO);
 		return;
 	}
