@@ -36,6 +36,7 @@ struct efs_cl_node {
 	/* "NAME=VALUE" entries (fault hooks) given to the node's next mounts */
 	char env[EFS_CL_MAX_ENV][96];
 	int nenv;
+	char metrics[64]; /* host:port of its /metrics (the mount's own port) */
 };
 
 struct efs_cl_opts {
@@ -118,4 +119,8 @@ const char *efs_cl_hung(struct efs_cl *c);
 uint64_t efs_cl_now_ms(void);
 void efs_cl_sleep_ms(unsigned ms);
 /* The last |max| bytes of node |i|'s log in |buf|. */
+/* The value of one sample line of node |i|'s /metrics, e.g.
+ * "etcfs_takeover_cow_writes_total"; -1 when it has none or does not
+ * answer (bounded: 5 s). */
+double efs_cl_metric(struct efs_cl *c, int i, const char *sample);
 void efs_cl_log_tail(struct efs_cl *c, int i, char *buf, size_t max);

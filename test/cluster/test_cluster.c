@@ -885,16 +885,43 @@ static void survivor_work(int node)
 	put_file(P(node, "gap"), rec, strlen(rec));
 }
 
+/* Node |i|'s sample |name| once it reaches |min| (it is synced from the
+ * daemon's counters every 100 ms), or its last value after |ms|. */
+static double metric_at_least(int i, const char *name, double min, unsigned ms)
+{
+	uint64_t end = efs_cl_now_ms() + ms;
+	double v;
+
+	while ((v = efs_cl_metric(&cl, i, name)) < min && efs_cl_now_ms() < end)
+		efs_cl_sleep_ms(50);
+	return v;
+}
+
 static void a_killed_nodes_locks_pass_to_the_survivors(void)
 {
+	static char blk[4096], got[4096];
 	uint64_t t0, took;
+	double cow0, cow1, cow2;
 	char buf[64] = "";
-	int fd, s;
+	int fd, s, pa, pb;
 
 	check_dir();
 	fd = open(P(0, "f"), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
 	CL_CHECK(fd >= 0, "open: %s", strerror(errno));
 	CL_CHECK(write(fd, "from node1", 10) == 10 && fsync(fd) == 0, "write: %s",
+		 strerror(errno));
+	/* pa: preallocated by node1, which holds it exclusively when it dies
+	 * (its in-place writes there could still land: a survivor must write
+	 * it copy-on-write); pb: node2's own preallocated file. */
+	pa = open(P(0, "pa"), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	CL_CHECK(pa >= 0, "open pa: %s", strerror(errno));
+	CL_CHECK(fallocate(pa, 0, 0, 1 << 20) == 0, "fallocate pa: %s", strerror(errno));
+	memset(blk, 'a', sizeof(blk));
+	CL_CHECK(pwrite(pa, blk, sizeof(blk), 0) == (ssize_t)sizeof(blk) && fsync(pa) == 0,
+		 "node1 writes pa: %s", strerror(errno));
+	pb = open(P(1, "pb"), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	CL_CHECK(pb >= 0, "open pb: %s", strerror(errno));
+	CL_CHECK(fallocate(pb, 0, 0, 1 << 20) == 0 && fsync(pb) == 0, "fallocate pb: %s",
 		 strerror(errno));
 	put_file(P(2, "own"), "", 0);
 	s = kid_start(survivor_work, 2);
@@ -902,6 +929,7 @@ static void a_killed_nodes_locks_pass_to_the_survivors(void)
 	/* node1 holds f exclusively (open, written) when it dies. */
 	efs_cl_kill(&cl, 0);
 	close(fd);
+	close(pa);
 	t0 = efs_cl_now_ms();
 	fd = open(P(1, "f"), O_RDWR | O_CLOEXEC);
 	CL_CHECK(fd >= 0, "node2 open: %s", strerror(errno));
@@ -921,6 +949,43 @@ static void a_killed_nodes_locks_pass_to_the_survivors(void)
 		 "node3's own work stopped for %s ms meanwhile", buf);
 	printf("# %s: takeover write %llu ms, survivor's worst gap %s ms\n", cur_check,
 	       (unsigned long long)took, buf);
+
+	/* node2 writes into pa's preallocated blocks: copy-on-write. */
+	cow0 = efs_cl_metric(&cl, 1, "etcfs_takeover_cow_writes_total");
+	CL_CHECK(cow0 >= 0, "node2 has no etcfs_takeover_cow_writes_total");
+	pa = open(P(1, "pa"), O_RDWR | O_CLOEXEC);
+	CL_CHECK(pa >= 0, "node2 open pa: %s", strerror(errno));
+	memset(blk, 'b', sizeof(blk));
+	CL_CHECK(pwrite(pa, blk, sizeof(blk), 65536) == (ssize_t)sizeof(blk) && fsync(pa) == 0,
+		 "node2 writes pa: %s", strerror(errno));
+	close(pa);
+	cow1 = metric_at_least(1, "etcfs_takeover_cow_writes_total", cow0 + 1, 3000);
+	CL_CHECK(cow1 >= cow0 + 1,
+		 "node2's write into the dead node's preallocated blocks went in place "
+		 "(copy-on-write writes %.0f -> %.0f)",
+		 cow0, cow1);
+	CL_CHECK(efs_cl_metric(&cl, 1, "etcfs_takeover_marked_inodes_total") >= 2,
+		 "node2 marked fewer than node1's two exclusive files");
+	/* Its own preallocated file: in place, as before any death. */
+	CL_CHECK(pwrite(pb, blk, sizeof(blk), 65536) == (ssize_t)sizeof(blk) && fsync(pb) == 0,
+		 "node2 writes pb: %s", strerror(errno));
+	close(pb);
+	efs_cl_sleep_ms(300); /* the daemon syncs its counters every 100 ms */
+	cow2 = efs_cl_metric(&cl, 1, "etcfs_takeover_cow_writes_total");
+	CL_CHECK(cow2 == cow1, "node2's write of its own preallocated file went copy-on-write "
+		 "(%.0f -> %.0f)", cow1, cow2);
+	/* Both writers' data, read on node3. */
+	pa = open(P(2, "pa"), O_RDONLY | O_CLOEXEC);
+	CL_CHECK(pa >= 0, "node3 open pa: %s", strerror(errno));
+	CL_CHECK(pread(pa, got, sizeof(got), 0) == (ssize_t)sizeof(got) && got[0] == 'a' &&
+			 got[sizeof(got) - 1] == 'a',
+		 "node3 reads node1's block of pa wrong");
+	CL_CHECK(pread(pa, got, sizeof(got), 65536) == (ssize_t)sizeof(got) && got[0] == 'b' &&
+			 got[sizeof(got) - 1] == 'b',
+		 "node3 reads node2's block of pa wrong");
+	CL_CHECK(pread(pa, got, sizeof(got), 32768) == (ssize_t)sizeof(got) && got[0] == 0,
+		 "node3 reads preallocated blocks of pa as non-zero");
+	close(pa);
 	efs_cl_mount(&cl, 0);
 }
 
