@@ -19,7 +19,10 @@
  *    listing passes (readdir + stat of each of 200 files), which the
  *    kernel serves from its caches while the cache timeout allows.
  *
- * Prints medians and p99 (nearest rank) and the raw takeover runs.
+ * Prints medians and p99 (nearest rank) and the raw takeover runs; for
+ * the handovers also the recall waits each waiting node measured itself
+ * (etcfs_lock_recall_wait_seconds: from the creation of its recall key to
+ * its grant), as bucket bounds of that histogram.
  * Usage: cluster_bench [--rounds N] [--takeovers N] [--cache-timeout MS]
  * (--cache-timeout is passed to every etcfsd: the kernel cache timeout
  * under a held lock, whose cost and benefit this shows).
@@ -119,8 +122,67 @@ static void stop_load(pid_t pid)
 	waitpid(pid, &st, 0);
 }
 
+/*
+ * The waiter's own measure of its recall waits: node |i|'s histogram
+ * etcfs_lock_recall_wait_seconds (from its recall key's creation to the
+ * grant), as cumulative bucket counts.
+ */
+#define RW_BUCKETS 19
+static const char *const rw_le[RW_BUCKETS] = {
+	"1e-05", "2e-05", "5e-05", "0.0001", "0.0002", "0.0005", "0.001",
+	"0.002", "0.005", "0.01",  "0.02",   "0.05",   "0.1",    "0.2",
+	"0.5",   "1",     "2",     "5",      "10",
+};
+
+struct rwhist {
+	double cum[RW_BUCKETS];
+	double count, sum;
+};
+
+static void rw_read(int i, struct rwhist *h)
+{
+	char name[128];
+
+	for (int b = 0; b < RW_BUCKETS; b++) {
+		snprintf(name, sizeof(name), "etcfs_lock_recall_wait_seconds_bucket{le=\"%s\"}",
+			 rw_le[b]);
+		h->cum[b] = efs_cl_metric(&cl, i, name);
+	}
+	h->count = efs_cl_metric(&cl, i, "etcfs_lock_recall_wait_seconds_count");
+	h->sum = efs_cl_metric(&cl, i, "etcfs_lock_recall_wait_seconds_sum");
+}
+
+/* The bucket bound (ms) at or below which rank q of the waits since
+ * |a| lies. */
+static double rw_quantile(const struct rwhist *a, const struct rwhist *b, double q)
+{
+	double n = b->count - a->count, want = q * n;
+
+	for (int k = 0; k < RW_BUCKETS; k++)
+		if (b->cum[k] - a->cum[k] >= want)
+			return strtod(rw_le[k], NULL) * 1000;
+	return 1e9;
+}
+
+static void rw_report(const char *what, const struct rwhist *a, const struct rwhist *b)
+{
+	double n = b->count - a->count;
+
+	if (a->count < 0 || b->count < 0) {
+		printf("  %-50s (no /metrics)\n", what);
+		return;
+	}
+	if (n <= 0) {
+		printf("  %-50s none\n", what);
+		return;
+	}
+	printf("  %-50s median <= %.0f ms   p99 <= %.0f ms   mean %.2f ms   (n=%.0f)\n", what,
+	       rw_quantile(a, b, 0.5), rw_quantile(a, b, 0.99), (b->sum - a->sum) / n * 1000, n);
+}
+
 static void handover(int rounds, bool loaded)
 {
+	struct rwhist b0, b1, a0, a1;
 	uint64_t *stat_us = calloc((size_t)rounds, sizeof(uint64_t));
 	uint64_t *write_us = calloc((size_t)rounds, sizeof(uint64_t));
 	pid_t load = loaded ? start_load(0) : 0;
@@ -132,6 +194,8 @@ static void handover(int rounds, bool loaded)
 	snprintf(name, sizeof(name), "h%d", loaded);
 	put(P(0, name), "0");
 	efs_cl_sleep_ms(200);
+	rw_read(1, &b0);
+	rw_read(0, &a0);
 	for (int k = 0; k < rounds; k++) {
 		char rec[32];
 		uint64_t t0;
@@ -152,6 +216,12 @@ static void handover(int rounds, bool loaded)
 	printf("handover, %s:\n", loaded ? "node A under a write load" : "idle");
 	report("  stat on B of a file A holds exclusively", stat_us, (size_t)rounds);
 	report("  rewrite on A of a file B holds shared", write_us, (size_t)rounds);
+	rw_read(1, &b1);
+	rw_read(0, &a1);
+	printf("  recall waits as the waiter measures them (its recall key's creation to its "
+	       "grant; bucket bounds):\n");
+	rw_report("    on B (for the stats)", &b0, &b1);
+	rw_report("    on A (for the rewrites and the load)", &a0, &a1);
 	free(stat_us);
 	free(write_us);
 }
