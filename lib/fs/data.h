@@ -126,7 +126,8 @@ void efs_fs_data_session_lost(struct efs_fs *fs);
  * blocks through the allocator and advances or deletes rc/<ino>. At start
  * it adopts this node's reclaim records, those of nodes whose n/ key is
  * gone, and orphans (o/<ino>) whose opener is gone (turned into reclaim
- * records). efs_fs_reclaim_kick schedules a pass.
+ * records), and again each time another node's session ends (the lock
+ * cache's peer-gone callback). efs_fs_reclaim_kick schedules a pass.
  */
 int efs_fs_reclaim_put(struct efs_fs_op *op, uint64_t ino);
 int efs_fs_reclaim_init(struct efs_fs *fs);

@@ -752,6 +752,20 @@ static void batch_read(struct rc *rc)
 
 /* ---- Lifecycle ---- */
 
+/* Another node's session ended: a pass adopts its orphans and reclaim
+ * records now, not only when some node starts. */
+static void peer_gone(void *arg, const char *node)
+{
+	struct efs_fs *fs = arg;
+	struct rc *rc = rc_of(fs);
+
+	if (!rc)
+		return;
+	efs_log_info("reclaim: node %s's session ended: adopting what it left", node);
+	rc->orphans_done = false;
+	efs_fs_reclaim_kick(fs);
+}
+
 int efs_fs_reclaim_init(struct efs_fs *fs)
 {
 	struct rc *rc = efs_mem_calloc(1, sizeof(*rc));
@@ -765,6 +779,8 @@ int efs_fs_reclaim_init(struct efs_fs *fs)
 		return -ENOMEM;
 	}
 	fs->reclaim_priv = rc;
+	if (fs->lc)
+		efs_lockcache_set_peer_gone_cb(fs->lc, peer_gone, fs);
 	/* The first pass: its map transactions wait behind the allocator's
 	 * start (which holds the map token until its groups are loaded). */
 	uv_timer_start(rc->timer, timer_cb, 0, 0);
@@ -798,6 +814,8 @@ void efs_fs_reclaim_done(struct efs_fs *fs)
 
 	if (!rc)
 		return;
+	if (fs->lc)
+		efs_lockcache_set_peer_gone_cb(fs->lc, NULL, NULL);
 	if (rc->at && !rc->at_granted) {
 		/* Waiting for the map token: the allocator, freed right after
 		 * this (efs_fs_free frees the reclaimer, the publisher, then the

@@ -82,6 +82,9 @@ struct efs_deaths {
 	int64_t catchup_base; /* |watch_rev| when the catch-up was sent */
 	uint64_t catchup_ns;  /* when the last one was sent */
 
+	efs_deaths_peer_cb peer_cb;
+	void *peer_arg;
+
 	struct efs_deaths_stats stats;
 };
 
@@ -266,12 +269,21 @@ static void read_next(struct efs_deaths *d);
 
 static void death_done(struct efs_deaths *d)
 {
+	char node[EFS_META_NODE_MAX + 1];
+	struct dref *ref;
+
+	snprintf(node, sizeof(node), "%s", d->pending[0].node);
 	memmove(d->pending, d->pending + 1, (d->n_pending - 1) * sizeof(*d->pending));
 	d->n_pending--;
 	d->reading = false;
 	marks_settle(d);
-	read_next(d);
-	waits_run(d, false);
+	ref = dref_get(d);
+	if (d->peer_cb)
+		d->peer_cb(d->peer_arg, node);
+	if (dref_put(ref)) {
+		read_next(d);
+		waits_run(d, false);
+	}
 }
 
 struct hread {
@@ -635,6 +647,12 @@ int efs_deaths_check(struct efs_deaths *d, uint64_t ino, int64_t grant_rev, efs_
 	efs_deaths_start(d);
 	catchup_start(d);
 	return -EINPROGRESS;
+}
+
+void efs_deaths_set_peer_cb(struct efs_deaths *d, efs_deaths_peer_cb cb, void *arg)
+{
+	d->peer_cb = cb;
+	d->peer_arg = arg;
 }
 
 void efs_deaths_tick(struct efs_deaths *d)

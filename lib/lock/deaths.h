@@ -50,6 +50,10 @@ struct efs_deaths_opts {
 	uint32_t grace_ms; /* copy-on-write period after a death (0: 60000) */
 };
 
+/* Called on the loop once the locks of a node whose session ended have
+ * been read (or could not be: then every inode is marked). */
+typedef void (*efs_deaths_peer_cb)(void *arg, const char *node);
+
 struct efs_deaths_stats {
 	uint64_t deaths;      /* ends of other nodes' sessions seen */
 	uint64_t marked;      /* inodes marked by them */
@@ -75,6 +79,8 @@ void efs_deaths_start(struct efs_deaths *d);
 typedef void (*efs_deaths_cb)(void *arg, bool inplace);
 int efs_deaths_check(struct efs_deaths *d, uint64_t ino, int64_t grant_rev, efs_deaths_cb cb,
 		     void *arg);
+/* Registers |cb| (NULL: none). */
+void efs_deaths_set_peer_cb(struct efs_deaths *d, efs_deaths_peer_cb cb, void *arg);
 /* From a timer (the lock cache's tick): starts what is not running and
  * answers copy-on-write the checks that waited too long. */
 void efs_deaths_tick(struct efs_deaths *d);

@@ -2522,6 +2522,12 @@ void efs_lockcache_set_recall_wait_cb(struct efs_lockcache *lc, efs_lock_recall_
 	lc->recall_wait_arg = arg;
 }
 
+void efs_lockcache_set_peer_gone_cb(struct efs_lockcache *lc, efs_lock_peer_gone_cb cb,
+				    void *arg)
+{
+	efs_deaths_set_peer_cb(lc->deaths, cb, arg);
+}
+
 int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_etcd *c,
 		      struct efs_session *s, const struct efs_lockcache_opts *o)
 {

@@ -395,6 +395,15 @@ typedef void (*efs_lock_recall_wait_cb)(void *arg, uint64_t ns);
 void efs_lockcache_set_recall_wait_cb(struct efs_lockcache *lc, efs_lock_recall_wait_cb cb,
 				      void *arg);
 
+/*
+ * Called on the loop when another node's session has ended (its node key
+ * went with its lease) and the locks it held were read: survivors adopt
+ * what it left (orphans, reclaim records). |cb| NULL: none.
+ */
+typedef void (*efs_lock_peer_gone_cb)(void *arg, const char *node);
+void efs_lockcache_set_peer_gone_cb(struct efs_lockcache *lc, efs_lock_peer_gone_cb cb,
+				    void *arg);
+
 /* Fault hook (EFS_FAULT_HOOKS; negative controls in tests): while |off|,
  * recall keys of other nodes are noted but never answered. */
 void efs_lockcache_fault_no_recall(struct efs_lockcache *lc, bool off);

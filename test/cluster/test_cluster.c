@@ -899,11 +899,13 @@ static double metric_at_least(int i, const char *name, double min, unsigned ms)
 
 static void a_killed_nodes_locks_pass_to_the_survivors(void)
 {
-	static char blk[4096], got[4096];
+	static char blk[4096], got[4096], tail[16384];
+	char adopted[96];
+	struct stat ost;
 	uint64_t t0, took;
 	double cow0, cow1, cow2;
 	char buf[64] = "";
-	int fd, s, pa, pb;
+	int fd, s, pa, pb, orph;
 
 	check_dir();
 	fd = open(P(0, "f"), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -923,6 +925,18 @@ static void a_killed_nodes_locks_pass_to_the_survivors(void)
 	CL_CHECK(pb >= 0, "open pb: %s", strerror(errno));
 	CL_CHECK(fallocate(pb, 0, 0, 1 << 20) == 0 && fsync(pb) == 0, "fallocate pb: %s",
 		 strerror(errno));
+	/* orph: written, unlinked and still open on node1 when it dies: an
+	 * orphan the survivors must reclaim once its opener's session ends. */
+	orph = open(P(0, "orph"), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	CL_CHECK(orph >= 0, "open orph: %s", strerror(errno));
+	memset(blk, 'o', sizeof(blk));
+	for (int k = 0; k < 64; k++)
+		CL_CHECK(write(orph, blk, sizeof(blk)) == (ssize_t)sizeof(blk), "write orph: %s",
+			 strerror(errno));
+	CL_CHECK(fsync(orph) == 0 && fstat(orph, &ost) == 0, "fsync orph: %s", strerror(errno));
+	CL_CHECK(unlink(P(0, "orph")) == 0, "unlink orph: %s", strerror(errno));
+	snprintf(adopted, sizeof(adopted), "orphan inode %llu of node1 ",
+		 (unsigned long long)ost.st_ino);
 	put_file(P(2, "own"), "", 0);
 	s = kid_start(survivor_work, 2);
 	efs_cl_sleep_ms(300);
@@ -986,6 +1000,25 @@ static void a_killed_nodes_locks_pass_to_the_survivors(void)
 	CL_CHECK(pread(pa, got, sizeof(got), 32768) == (ssize_t)sizeof(got) && got[0] == 0,
 		 "node3 reads preallocated blocks of pa as non-zero");
 	close(pa);
+
+	/* A survivor adopts node1's orphan once its session has ended, not
+	 * only when some node starts (node1 is mounted again only below). */
+	{
+		uint64_t end = efs_cl_now_ms() + (uint64_t)cl.opts.session_ttl * 1000 + 10000;
+		bool seen = false;
+
+		while (!seen && efs_cl_now_ms() < end) {
+			for (int i = 1; i < cl.n && !seen; i++) {
+				efs_cl_log_tail(&cl, i, tail, sizeof(tail));
+				seen = strstr(tail, adopted) != NULL;
+			}
+			if (!seen)
+				efs_cl_sleep_ms(100);
+		}
+		CL_CHECK(seen, "no survivor adopted node1's orphan (no \"%s... adopted\" logged)",
+			 adopted);
+	}
+	close(orph);
 	efs_cl_mount(&cl, 0);
 }
 
