@@ -83,7 +83,7 @@ struct state_gauge {
 };
 
 /* Lock cache counters exported (register_metrics, sync_counters). */
-#define EFS_NLOCK_COUNTERS 15
+#define EFS_NLOCK_COUNTERS 16
 
 struct daemon {
 	/* options */
@@ -842,6 +842,9 @@ static void register_metrics(struct daemon *d)
 		{"etcfs_lock_waits_total", "Lock acquisitions that waited for another holder"},
 		{"etcfs_lock_releases_total", "Locks released"},
 		{"etcfs_lock_release_txns_total", "Transactions that released locks"},
+		{"etcfs_lock_releases_in_publication_total",
+		 "Locks released (or downgraded) by the transaction that published what they "
+		 "covered"},
 		{"etcfs_lock_txn_retries_total", "Lock transactions retried"},
 		{"etcfs_lock_forced_total", "Forced releases and downgrades completed (recalls)"},
 		{"etcfs_lock_preps_total", "Release preparations run (invalidate, then sync)"},
@@ -928,16 +931,17 @@ static void sync_counters(struct daemon *d)
 		counter_sync(&d->m_lock[2], l.waits);
 		counter_sync(&d->m_lock[3], l.releases);
 		counter_sync(&d->m_lock[4], l.release_txns);
-		counter_sync(&d->m_lock[5], l.txn_retries);
-		counter_sync(&d->m_lock[6], l.forced);
-		counter_sync(&d->m_lock[7], l.preps);
-		counter_sync(&d->m_lock[8], l.upgrade_yields);
-		counter_sync(&d->m_lock[9], l.recalls);
-		counter_sync(&d->m_lock[10], l.acq_yields);
-		counter_sync(&d->m_lock[11], l.recalls_unanswered);
-		counter_sync(&d->m_lock[12], l.peer_deaths);
-		counter_sync(&d->m_lock[13], l.takeover_marked);
-		counter_sync(&d->m_lock[14], l.takeover_cow);
+		counter_sync(&d->m_lock[5], l.releases_in_txn);
+		counter_sync(&d->m_lock[6], l.txn_retries);
+		counter_sync(&d->m_lock[7], l.forced);
+		counter_sync(&d->m_lock[8], l.preps);
+		counter_sync(&d->m_lock[9], l.upgrade_yields);
+		counter_sync(&d->m_lock[10], l.recalls);
+		counter_sync(&d->m_lock[11], l.acq_yields);
+		counter_sync(&d->m_lock[12], l.recalls_unanswered);
+		counter_sync(&d->m_lock[13], l.peer_deaths);
+		counter_sync(&d->m_lock[14], l.takeover_marked);
+		counter_sync(&d->m_lock[15], l.takeover_cow);
 	}
 	if (d->fl) {
 		uint64_t n = efs_fuseloop_requests(d->fl);

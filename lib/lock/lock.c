@@ -1628,6 +1628,7 @@ static void cleanup_end(struct efs_lockcache *lc, struct lcall *k)
 			} else {
 				e->state = EFS_LOCKTAB_HELD;
 				entry_changed(lc, e);
+				rwake_soon(lc); /* a downgrade may be waited for */
 			}
 		}
 	}
@@ -1951,6 +1952,18 @@ static bool is_prepared(const struct efs_locktab_entry *e, enum efs_lock_mode to
 
 static void release_send(struct efs_lockcache *lc, struct lcall *k);
 
+/* |e|'s release to SHARED committed: a new, shared hold. */
+static void downgraded(struct efs_lockcache *lc, struct efs_locktab_entry *e)
+{
+	e->mode = EFS_LOCK_SHARED;
+	e->state = EFS_LOCKTAB_HELD;
+	e->rel_to = EFS_LOCK_NONE;
+	e->token = lc->token_seq;
+	e->grant_rev = lc->last_rev;
+	new_grant(lc, e);
+	entry_changed(lc, e);
+}
+
 static void release_txn_done(struct efs_etcd_result *res, Etcdserverpb__TxnResponse *resp,
 			     void *arg)
 {
@@ -1978,13 +1991,7 @@ static void release_txn_done(struct efs_etcd_result *res, Etcdserverpb__TxnRespo
 		if (!e || e->state != EFS_LOCKTAB_RELEASING)
 			continue;
 		if (ok && e->rel_to == EFS_LOCK_SHARED) {
-			/* Downgraded: a new, shared hold. */
-			e->mode = EFS_LOCK_SHARED;
-			e->state = EFS_LOCKTAB_HELD;
-			e->rel_to = EFS_LOCK_NONE;
-			e->token = lc->token_seq;
-			new_grant(lc, e);
-			entry_changed(lc, e);
+			downgraded(lc, e);
 		} else if (ok) {
 			efs_log_debug("lock: inode %" PRIu64 ": released", e->ino);
 			remove_entry(lc, e);
@@ -2924,13 +2931,124 @@ int efs_lock_release_now(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_m
 	return 0;
 }
 
+int efs_lock_release_in_txn(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino)
+{
+	struct efs_locktab_entry *e;
+	enum efs_lock_mode to;
+	struct efs_meta_key hk;
+	int r;
+
+	if (!lc || !t)
+		return -EINVAL;
+	e = efs_locktab_find(&lc->tab, ino);
+	if (!e || !efs_session_is_active(lc->s) || efs_session_generation(lc->s) != lc->gen)
+		return 0;
+	to = (enum efs_lock_mode)(e->rel_txn ? e->rel_to : e->prep_to);
+	if (!e->rel_txn) {
+		/* At its sync, with the caller's pin the only one taken since
+		 * the preparation began: pins are never left at its start, so
+		 * any other would have run an operation that may have cached
+		 * or buffered more than this transaction publishes. */
+		if (e->state != EFS_LOCKTAB_HELD || !e->prep || e->prep_stage != 2 ||
+		    e->prep_keeps || e->mode != EFS_LOCK_EXCLUSIVE || to >= EFS_LOCK_EXCLUSIVE ||
+		    e->pins != 1 || e->pin_seq != e->prep_seq + 1)
+			return 0;
+	}
+	if (n_ops(t, EFS_ETCD_TXN_SUCCESS) + (to == EFS_LOCK_SHARED ? 2 : 1) > EFS_ETCD_TXN_MAX_OPS)
+		return 0;
+	r = efs_meta_key_holder(&lc->ns, ino, meta_mode(EFS_LOCK_EXCLUSIVE),
+				efs_session_node(lc->s), &hk);
+	if (r == 0)
+		r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, hk.buf, hk.len, NULL, 0, false);
+	if (r == 0 && to == EFS_LOCK_SHARED)
+		r = put_holder(lc, t, ino, EFS_LOCK_SHARED, NULL);
+	if (r < 0)
+		return r;
+	if (!e->rel_txn) {
+		e->rel_txn = true;
+		e->state = EFS_LOCKTAB_RELEASING; /* no cache hits until the outcome */
+		e->rel_to = (uint8_t)to;
+	}
+	return 1;
+}
+
+void efs_lock_release_in_txn_outcome(struct efs_lockcache *lc, uint64_t ino,
+				     enum efs_lock_txn_outcome oc, int64_t rev)
+{
+	struct efs_locktab_entry *e = lc ? efs_locktab_find(&lc->tab, ino) : NULL;
+	struct lcall *k;
+
+	/* A new entry of the inode (the old one forgotten) is not ours. */
+	if (!e || !e->rel_txn || e->state != EFS_LOCKTAB_RELEASING)
+		return;
+	switch (oc) {
+	case EFS_LOCK_TXN_FAILED:
+		e->rel_txn = false;
+		e->state = EFS_LOCKTAB_HELD;
+		e->rel_to = EFS_LOCK_NONE;
+		entry_changed(lc, e);
+		release_kick(lc);
+		return;
+	case EFS_LOCK_TXN_COMMITTED:
+		if (rev > lc->last_rev)
+			lc->last_rev = rev;
+		e->rel_txn = false;
+		lc->stats.releases_in_txn++;
+		if (e->rel_to == EFS_LOCK_SHARED) {
+			/* The publication's pin goes with its operation. */
+			downgraded(lc, e);
+			rwake_soon(lc);
+		} else {
+			efs_log_debug("lock: inode %" PRIu64 ": released with its publication",
+				      e->ino);
+			remove_entry(lc, e); /* freed with the publication's pin */
+			lc->stats.releases++;
+		}
+		release_kick(lc);
+		return;
+	case EFS_LOCK_TXN_UNKNOWN:
+		break;
+	}
+	/* Not known: the holder keys may be either way. Settle them
+	 * (idempotent deletes; a downgrade keeps the shared key) before the
+	 * entry is usable or gone. */
+	e->rel_txn = false;
+	k = lcall_new(lc, NULL, 0);
+	if (!k) {
+		efs_log_err("lock: no memory to settle the holder key of inode %" PRIu64
+			    ": it may stay until the session ends",
+			    ino);
+		e->state = EFS_LOCKTAB_HELD;
+		entry_changed(lc, e);
+		return;
+	}
+	k->kind = CL_SETTLE;
+	k->c_ino = ino;
+	k->keep = e->rel_to == EFS_LOCK_SHARED ? EFS_LOCK_SHARED : EFS_LOCK_NONE;
+	e->mode = k->keep;
+	if (k->keep == EFS_LOCK_SHARED)
+		new_grant(lc, e);
+	e->rel_to = EFS_LOCK_NONE;
+	e->state = EFS_LOCKTAB_ACQUIRING;
+	e->owner = k;
+	cleanup_start(lc, k);
+}
+
 int efs_lock_guard(const struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino,
 		   enum efs_lock_mode mode)
 {
 	enum efs_lock_mode held = efs_lock_held(lc, ino);
+	const struct efs_locktab_entry *e;
 	struct efs_meta_key k;
 	int r;
 
+	if (held == EFS_LOCK_NONE && lc && efs_session_is_active(lc->s) &&
+	    efs_session_generation(lc->s) == lc->gen) {
+		/* The transaction that carries its release still needs it. */
+		e = efs_locktab_find(&lc->tab, ino);
+		if (e && e->rel_txn)
+			held = (enum efs_lock_mode)e->mode;
+	}
 	if (held == EFS_LOCK_NONE || held < mode)
 		return -ENOLCK;
 	r = efs_meta_key_holder(&lc->ns, ino, meta_mode(held), efs_session_node(lc->s), &k);

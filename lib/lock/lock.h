@@ -327,6 +327,35 @@ int efs_lock_release_now(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_m
 			 efs_lock_release_cb done, void *arg);
 
 /*
+ * From within the |sync| op of |ino|'s release (or downgrade) being
+ * prepared: adds to |t| what the release does (delete the holder key; a
+ * downgrade also puts the shared one), so that the transaction that
+ * publishes what the lock covers also gives the lock up, one commit
+ * instead of two. Only while nothing but the caller's one pin has taken
+ * the lock since the preparation began (its invalidation stands, nothing
+ * else was buffered or cached) and the transaction has room; from then
+ * on no acquisition is served from the entry until the outcome is told.
+ * Returns 1 (added: tell the outcome with efs_lock_release_in_txn_outcome,
+ * exactly once), 0 (not now: the release follows in its own transaction
+ * as before), or a negative errno. Called again for a rebuild of the same
+ * transaction it adds the same operations again.
+ */
+int efs_lock_release_in_txn(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino);
+
+enum efs_lock_txn_outcome {
+	EFS_LOCK_TXN_COMMITTED, /* the lock went down with it */
+	EFS_LOCK_TXN_FAILED,	/* not applied: still held, usable again */
+	/* Not known (or the transaction was never answered): the lock cache
+	 * settles the holder keys itself, so the lock ends up released (or
+	 * downgraded) either way; a caller that retries takes it anew. */
+	EFS_LOCK_TXN_UNKNOWN,
+};
+/* What became of a transaction efs_lock_release_in_txn added to (|rev|:
+ * its revision when COMMITTED). */
+void efs_lock_release_in_txn_outcome(struct efs_lockcache *lc, uint64_t ino,
+				     enum efs_lock_txn_outcome oc, int64_t rev);
+
+/*
  * Adds to |t| a compare that this node's holder key for |ino| in |mode|
  * still exists on the session lease (1 compare: the key's lease equals the
  * session's; an exclusive hold satisfies a shared |mode| and the compare
@@ -371,6 +400,7 @@ struct efs_lockcache_stats {
 	uint64_t waits;		/* acquisitions that had to wait for a holder */
 	uint64_t releases;	/* locks released */
 	uint64_t release_txns;	/* transactions that released them */
+	uint64_t releases_in_txn; /* releases that rode their publication's transaction */
 	uint64_t txn_retries;	/* acquire transactions retried */
 	uint64_t forced;	/* forced releases and downgrades completed */
 	uint64_t preps;		/* ops preparations run (invalidate + sync) */

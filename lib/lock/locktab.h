@@ -48,6 +48,7 @@ struct efs_locktab_entry {
 	bool recalled;		  /* a forced release waits: only writeback hits */
 	bool inval_serving;	  /* its invalidate serves every request meanwhile */
 	bool prep_keeps;	  /* pins do not void its preparation (the kind's ops) */
+	bool rel_txn;		  /* its release rides a user's transaction (lock.c) */
 	void *owner;		  /* for the table's user (lock.c: waiting acquisitions) */
 	/* private */
 	struct efs_locktab_entry *hnext;

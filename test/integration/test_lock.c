@@ -1148,6 +1148,151 @@ Test(lock, idle_release_publishes_through_the_ops_first)
 	efs_test_assert_no_leaks();
 }
 
+/* What a publisher does from within the sync op: a transaction that
+ * publishes (a put of inode |ino|'s record here) under the lock's guard,
+ * carrying the release when the lock cache allows it. Returns what
+ * efs_lock_release_in_txn said; *ok: whether it committed. */
+static int publish_with_release(struct efs_lockcache *lc, uint64_t ino, bool send, bool *ok)
+{
+	struct efs_etcd_txn *t = NULL;
+	struct efs_meta_key ik;
+	int r;
+
+	cr_assert_eq(efs_meta_key_inode(&ns, ino, &ik), 0);
+	cr_assert_eq(efs_etcd_txn_new(&t, 0), 0);
+	cr_assert_eq(efs_session_guard(s, t), 0);
+	cr_assert_eq(efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, ik.buf, ik.len, "pub", 3, 0), 0);
+	r = efs_lock_release_in_txn(lc, t, ino);
+	/* The engine adds the lock guards after the build. */
+	cr_assert_eq(efs_lock_guard(lc, t, ino, EFS_LOCK_EXCLUSIVE), 0,
+		     "the guard of a lock whose release rides the transaction");
+	if (send)
+		*ok = txn_ok(t);
+	efs_etcd_txn_free(t);
+	return r;
+}
+
+/*
+ * Takes |ino| exclusive (ops of kind 1) and asks for its release to |to|;
+ * once the preparation's sync op runs (the |syncs|th call), pins the lock
+ * as the publisher does, after another operation's pin when |other|.
+ */
+static void at_sync(struct efs_lockcache *lc, struct fake_ops *fo, struct lres *w, uint64_t ino,
+		    enum efs_lock_mode to, struct rel *f, int syncs, bool other)
+{
+	struct lres o;
+
+	take(lc, w, ino, EFS_LOCK_EXCLUSIVE);
+	efs_lock_set_kind(lc, ino, 1);
+	efs_lock_put(lc, &w->req);
+	*f = (struct rel){0};
+	fo->hold_sync = true;
+	cr_assert_eq(efs_lock_release_now(lc, ino, to, on_forced, f), 0);
+	RUN_UNTIL(fo->syncs == syncs, 2000);
+	cr_assert_eq(fo->syncs, syncs, "sync not called");
+	if (other) {
+		cr_assert_eq(acquire1f(lc, &o, ino, EFS_LOCK_SHARED, EFS_LOCK_F_NESTED), 1);
+		efs_lock_put(lc, &o.req);
+	}
+	cr_assert_eq(acquire1f(lc, w, ino, EFS_LOCK_EXCLUSIVE, EFS_LOCK_F_WRITEBACK), 1);
+}
+
+/* The publisher's operation ends, then its sync: the release is over. */
+static void sync_ends(struct efs_lockcache *lc, struct fake_ops *fo, struct lres *w, struct rel *f)
+{
+	efs_lock_put(lc, &w->req);
+	fo->hold_sync = false;
+	fake_complete(fo, 0);
+	cr_assert(efs_test_run_until(&f->done, 3000), "the forced release never ended");
+	cr_assert_eq(f->status, 0);
+}
+
+/*
+ * The transaction that publishes what a lock covers also gives the lock
+ * up (one commit per handover, not two), but only while the publisher's
+ * own pin is the only one taken since the preparation began; a downgrade
+ * puts the shared key in the same transaction; a failed one keeps the
+ * lock; an unknown one is settled by the lock cache. Negative control:
+ * efs_lock_release_in_txn returning 0 always fails the first assertion.
+ */
+Test(lock, a_release_rides_the_transaction_that_publishes_for_it)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 0);
+	struct fake_ops fo = {0};
+	struct lres w, w2;
+	struct rel f;
+	uint64_t txns, g;
+	bool ok = false;
+
+	cr_assert_eq(efs_lockcache_set_ops(lc, 1, &fake_lock_ops, &fo), 0);
+	cr_assert_eq(efs_lock_release_in_txn(lc, NULL, 250), -EINVAL);
+	at_sync(lc, &fo, &w, 250, EFS_LOCK_NONE, &f, 1, false);
+	g = efs_lock_grant(lc, 250);
+	txns = lstats(lc).release_txns;
+	cr_assert_eq(publish_with_release(lc, 250, false, NULL), 1,
+		     "the release did not ride the publication");
+	/* From now on nothing is served from the entry, writeback neither. */
+	cr_assert_eq(efs_lock_held(lc, 250), EFS_LOCK_NONE);
+	cr_assert_eq(acquire1f(lc, &w2, 250, EFS_LOCK_EXCLUSIVE, EFS_LOCK_F_WRITEBACK), 0,
+		     "served from a lock whose release is in flight");
+	/* Built again (a rebuild): the same operations again. */
+	cr_assert_eq(publish_with_release(lc, 250, true, &ok), 1);
+	cr_assert(ok, "the publication failed");
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, 250), 0, "the holder key outlived the commit");
+	efs_lock_release_in_txn_outcome(lc, 250, EFS_LOCK_TXN_COMMITTED, 0);
+	sync_ends(lc, &fo, &w, &f);
+	cr_assert_eq(lstats(lc).release_txns, txns, "a release transaction of its own was sent");
+	cr_assert_eq(lstats(lc).releases_in_txn, 1);
+	cr_assert_eq(fo.syncs, 1, "prepared again");
+	/* The waiting writeback took the lock anew. */
+	cr_assert(efs_test_run_until(&w2.done, 3000));
+	cr_assert_eq(w2.status, 0);
+	cr_assert(w2.req.grant[0] != g, "the released grant was kept");
+	efs_lock_put(lc, &w2.req);
+
+	/* Another pin since the preparation began: not riding; the release
+	 * goes its old way (and prepares again). */
+	at_sync(lc, &fo, &w, 250, EFS_LOCK_NONE, &f, 2, true);
+	cr_assert_eq(publish_with_release(lc, 250, true, &ok), 0,
+		     "rode although another operation used the lock during its sync");
+	cr_assert(ok);
+	cr_assert_eq(efs_lock_held(lc, 250), EFS_LOCK_EXCLUSIVE);
+	sync_ends(lc, &fo, &w, &f);
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, 250), 0);
+	cr_assert_eq(fo.syncs, 3);
+
+	/* A downgrade: the shared key comes in the same transaction. */
+	at_sync(lc, &fo, &w, 251, EFS_LOCK_SHARED, &f, 4, false);
+	g = efs_lock_grant(lc, 251);
+	cr_assert_eq(publish_with_release(lc, 251, true, &ok), 1);
+	cr_assert(ok);
+	efs_lock_release_in_txn_outcome(lc, 251, EFS_LOCK_TXN_COMMITTED, 0);
+	cr_assert(holder_exists(251, EFS_META_LOCK_SHARED, "node1"));
+	cr_assert_not(holder_exists(251, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	cr_assert_eq(efs_lock_held(lc, 251), EFS_LOCK_SHARED);
+	cr_assert(efs_lock_grant(lc, 251) != g, "a downgrade kept the grant");
+	sync_ends(lc, &fo, &w, &f);
+
+	/* Failed: still held and usable; the release goes on its old way. */
+	at_sync(lc, &fo, &w, 252, EFS_LOCK_NONE, &f, 5, false);
+	cr_assert_eq(publish_with_release(lc, 252, false, NULL), 1);
+	efs_lock_release_in_txn_outcome(lc, 252, EFS_LOCK_TXN_FAILED, 0);
+	cr_assert_eq(efs_lock_held(lc, 252), EFS_LOCK_EXCLUSIVE, "a failed one gave the lock up");
+	cr_assert(holder_exists(252, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	sync_ends(lc, &fo, &w, &f);
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, 252), 0);
+
+	/* Unknown (here: never sent): the lock cache settles the keys. */
+	at_sync(lc, &fo, &w, 253, EFS_LOCK_NONE, &f, 7, false);
+	cr_assert_eq(publish_with_release(lc, 253, false, NULL), 1);
+	efs_lock_release_in_txn_outcome(lc, 253, EFS_LOCK_TXN_UNKNOWN, 0);
+	cr_assert(run_until_keys(EFS_META_K_HOLDER, 253, 0, 3000), "an unknown one left the key");
+	sync_ends(lc, &fo, &w, &f);
+	cr_assert_eq(efs_lock_held(lc, 253), EFS_LOCK_NONE);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
 /* A second node (session "node2" on its own client) and a lock cache on
  * each node whose idle locks stay cached for a minute, so that only a
  * forced release or a recall gives them up; node2 waits at most

@@ -194,6 +194,7 @@ struct dsnap {
 	bool included;	       /* in the current attempt */
 	bool tried;	       /* in some attempt */
 	bool partial;
+	bool rel; /* its lock's release rides the transaction (efs_lock_release_in_txn) */
 	uint64_t ver;
 	struct efs_extmap_change *ch;
 	size_t nch;

@@ -511,6 +511,42 @@ int efs_file_pub_prepare(struct efs_fs_op *op, struct dpub *P)
 }
 
 /*
+ * A lock whose release (or downgrade) waits for this publication goes in
+ * the same transaction when nothing else took it meanwhile (lock.h): the
+ * next holder waits for one commit, not two. Only for complete snapshots,
+ * and only the publisher's (a truncate or fsync has work of its own left
+ * under the lock after its commit).
+ */
+static void rel_add(struct efs_fs *fs, struct efs_fs_op *op, struct dpub *P)
+{
+	for (size_t i = 0; i < P->n; i++) {
+		struct dsnap *s = &P->s[i];
+		bool was = s->rel;
+		int e = 0;
+
+		if (s->included && !s->partial && s->d)
+			e = efs_lock_release_in_txn(fs->lc, op->txn, s->d->ino);
+		s->rel = e == 1;
+		if (was && !s->rel && s->d)
+			efs_lock_release_in_txn_outcome(fs->lc, s->d->ino, EFS_LOCK_TXN_FAILED, 0);
+	}
+}
+
+/* Tells the lock cache what became of the releases riding |P|. */
+static void rel_outcome(struct efs_fs *fs, struct dpub *P, enum efs_lock_txn_outcome oc,
+			int64_t rev)
+{
+	for (size_t i = 0; i < P->n; i++) {
+		struct dsnap *s = &P->s[i];
+
+		if (!s->rel || !s->d)
+			continue;
+		s->rel = false;
+		efs_lock_release_in_txn_outcome(fs->lc, s->d->ino, oc, rev);
+	}
+}
+
+/*
  * The publication part of a build, once prepared: snapshots of the op's
  * inodes and the allocator's contribution. EFS_FS_CONT (commit),
  * EFS_FS_DONE (nothing to publish) or a negative errno.
@@ -557,6 +593,8 @@ int efs_file_pub_build(struct efs_fs_op *op, struct dpub *P)
 		efs_log_warn("data: publication refused by the allocator: %s", strerror(-e));
 		return e == -ENOMEM ? e : -EIO;
 	}
+	if (P->publisher)
+		rel_add(fs, op, P);
 	if (c->c_txns)
 		efs_counter_inc(c->c_txns);
 	fault_arm(fs, c, P);
@@ -573,6 +611,7 @@ void efs_file_pub_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t r
 	if (!P)
 		return;
 	if (oc == EFS_FS_UNKNOWN) {
+		rel_outcome(fs, P, EFS_LOCK_TXN_UNKNOWN, 0);
 		P->unknown = true;
 		if (P->t)
 			efs_alloc_txn_end(P->t, EFS_ALLOC_UNKNOWN, 0);
@@ -583,6 +622,7 @@ void efs_file_pub_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t r
 	after_unknown = P->unknown;
 	P->unknown = false;
 	if (oc == EFS_FS_FAILED) {
+		rel_outcome(fs, P, EFS_LOCK_TXN_FAILED, 0);
 		if (P->t)
 			efs_alloc_txn_end(P->t, EFS_ALLOC_FAILED, 0);
 		P->t = NULL;
@@ -622,6 +662,7 @@ void efs_file_pub_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t r
 		return;
 	}
 	/* Committed. */
+	rel_outcome(fs, P, EFS_LOCK_TXN_COMMITTED, rev);
 	for (size_t i = 0; i < P->n; i++) {
 		struct dsnap *s = &P->s[i];
 		struct efs_fs_data *d = s->d;
@@ -705,6 +746,9 @@ void efs_file_pub_release(struct efs_fs_op *op)
 	}
 	if (c)
 		efs_file_wb_release_held(c, P);
+	/* Built into a transaction never answered: settled by the lock
+	 * cache. */
+	rel_outcome(fs, P, EFS_LOCK_TXN_UNKNOWN, 0);
 	if (P->t) {
 		/* Never settled (or ended before its commit): the allocator
 		 * re-reads its maps after an unknown outcome. */
