@@ -24,13 +24,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/time.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -359,22 +355,6 @@ static void wd_stop(struct efs_cl *c)
 	c->wd = NULL;
 }
 
-static bool logged_ready(const char *log, off_t from)
-{
-	char buf[16384];
-	int fd = open(log, O_RDONLY | O_CLOEXEC);
-	ssize_t n;
-
-	if (fd < 0)
-		return false;
-	n = pread(fd, buf, sizeof(buf) - 1, from);
-	close(fd);
-	if (n <= 0)
-		return false;
-	buf[n] = '\0';
-	return strstr(buf, "info: mounted ") != NULL;
-}
-
 void efs_cl_setenv(struct efs_cl *c, int i, const char *name, const char *value)
 {
 	struct efs_cl_node *nd = &c->node[i];
@@ -395,72 +375,24 @@ void efs_cl_setenv(struct efs_cl *c, int i, const char *name, const char *value)
 	snprintf(nd->env[nd->nenv++], sizeof(nd->env[0]), "%s=%s", name, value);
 }
 
-/* Notes the address of "metrics: listening on http://HOST:PORT/metrics"
- * logged after |from| (none: the node's metrics stay unknown). */
-static void find_metrics(struct efs_cl_node *nd, off_t from)
-{
-	static const char tag[] = "listening on http://";
-	char buf[16384], *p, *last = NULL, *end;
-	int fd = open(nd->log, O_RDONLY | O_CLOEXEC);
-	ssize_t n;
-
-	nd->metrics[0] = '\0';
-	if (fd < 0)
-		return;
-	n = pread(fd, buf, sizeof(buf) - 1, from);
-	close(fd);
-	if (n <= 0)
-		return;
-	buf[n] = '\0';
-	for (p = buf; (p = strstr(p, tag)); p += sizeof(tag) - 1)
-		last = p + sizeof(tag) - 1;
-	end = last ? strstr(last, "/metrics") : NULL;
-	if (end && (size_t)(end - last) < sizeof(nd->metrics))
-		snprintf(nd->metrics, sizeof(nd->metrics), "%.*s", (int)(end - last), last);
-}
-
 double efs_cl_metric(struct efs_cl *c, int i, const char *sample)
 {
 	struct efs_cl_node *nd = &c->node[i];
-	struct sockaddr_in sa = {.sin_family = AF_INET};
-	struct timeval tv = {5, 0};
-	const char *colon = strrchr(nd->metrics, ':');
-	size_t len = 0, slen = strlen(sample), cap = 1 << 20;
-	char host[64], *body, *p;
-	double v = -1;
-	ssize_t n;
-	int fd;
+	double v;
 
-	if (!colon || !nd->pid)
+	if (!nd->pid || !nd->metrics[0] || efs_tp_metric(nd->metrics, sample, &v) < 0)
 		return -1;
-	snprintf(host, sizeof(host), "%.*s", (int)(colon - nd->metrics), nd->metrics);
-	sa.sin_port = htons((uint16_t)atoi(colon + 1));
-	if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
-		return -1;
-	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -1;
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-	body = malloc(cap + 1);
-	if (!body || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-	    dprintf(fd, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", nd->metrics) < 0) {
-		free(body);
-		close(fd);
-		return -1;
-	}
-	while (len < cap && (n = read(fd, body + len, cap - len)) > 0)
-		len += (size_t)n;
-	close(fd);
-	body[len] = '\0';
-	for (p = strstr(body, "\r\n\r\n"); p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
-		if (strncmp(p, sample, slen) == 0 && p[slen] == ' ') {
-			v = strtod(p + slen + 1, NULL);
-			break;
-		}
-	}
-	free(body);
 	return v;
+}
+
+char *efs_cl_metrics_text(struct efs_cl *c, int i)
+{
+	struct efs_cl_node *nd = &c->node[i];
+	char *body;
+
+	if (!nd->pid || !nd->metrics[0] || efs_tp_metrics_get(nd->metrics, &body) < 0)
+		return NULL;
+	return body;
 }
 
 void efs_cl_mount(struct efs_cl *c, int i)
@@ -535,8 +467,8 @@ void efs_cl_mount(struct efs_cl *c, int i)
 		}
 		nd->conn = fuse_conn(nd->mnt);
 		/* Only stat the mount once the daemon says it is ready. */
-		if (nd->conn && logged_ready(nd->log, log_start) && stat(nd->mnt, &sb) == 0) {
-			find_metrics(nd, log_start);
+		if (nd->conn && efs_tp_logged_ready(nd->log, log_start) && stat(nd->mnt, &sb) == 0) {
+			efs_tp_metrics_addr(nd->log, log_start, nd->metrics, sizeof(nd->metrics));
 			break;
 		}
 		if (efs_cl_now_ms() >= deadline) {

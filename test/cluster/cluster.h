@@ -118,9 +118,11 @@ const char *efs_cl_hung(struct efs_cl *c);
 /* Milliseconds of CLOCK_MONOTONIC, and a sleep. */
 uint64_t efs_cl_now_ms(void);
 void efs_cl_sleep_ms(unsigned ms);
-/* The last |max| bytes of node |i|'s log in |buf|. */
 /* The value of one sample line of node |i|'s /metrics, e.g.
  * "etcfs_takeover_cow_writes_total"; -1 when it has none or does not
  * answer (bounded: 5 s). */
 double efs_cl_metric(struct efs_cl *c, int i, const char *sample);
+/* The whole text of node |i|'s /metrics (to free()), or NULL. */
+char *efs_cl_metrics_text(struct efs_cl *c, int i);
+/* The last |max| bytes of node |i|'s log in |buf|. */
 void efs_cl_log_tail(struct efs_cl *c, int i, char *buf, size_t max);

@@ -11,15 +11,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <netdb.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -81,51 +78,6 @@ static off_t file_size(const char *path)
 	struct stat st;
 
 	return stat(path, &st) == 0 ? st.st_size : 0;
-}
-
-/* True when the daemon logged its own readiness ("mounted ...") after |from|. */
-static bool logged_ready(struct efs_test_fs *f, off_t from)
-{
-	char buf[16384];
-	int fd = open(f->log, O_RDONLY | O_CLOEXEC);
-	ssize_t n;
-
-	if (fd < 0)
-		return false;
-	n = pread(fd, buf, sizeof(buf) - 1, from);
-	close(fd);
-	if (n <= 0)
-		return false;
-	buf[n] = '\0';
-	return strstr(buf, "info: mounted ") != NULL;
-}
-
-/* Finds "metrics: listening on http://HOST:PORT/metrics" after |from|. */
-static bool find_metrics_addr(struct efs_test_fs *f, off_t from)
-{
-	static const char tag[] = "listening on http://";
-	char buf[16384];
-	int fd = open(f->log, O_RDONLY | O_CLOEXEC);
-	ssize_t n;
-	char *p, *last = NULL, *end;
-
-	if (fd < 0)
-		return false;
-	n = pread(fd, buf, sizeof(buf) - 1, from);
-	close(fd);
-	if (n <= 0)
-		return false;
-	buf[n] = '\0';
-	for (p = buf; (p = strstr(p, tag)); p += sizeof(tag) - 1)
-		last = p + sizeof(tag) - 1;
-	if (!last)
-		return false;
-	end = strstr(last, "/metrics");
-	if (!end || (size_t)(end - last) >= sizeof(f->metrics))
-		return false;
-	memcpy(f->metrics, last, (size_t)(end - last));
-	f->metrics[end - last] = '\0';
-	return true;
 }
 
 static void push(const char **argv, int *argc, int max, const char *a)
@@ -214,8 +166,8 @@ void efs_test_fs_mount(struct efs_test_fs *f, const char *const *extra_args)
 		}
 		/* Mounted, answering, and the daemon itself considers it ready. */
 		if (efs_test_is_fuse_mount(f->mnt) && stat(f->mnt, &sb) == 0 &&
-		    (quiet || logged_ready(f, log_start)) &&
-		    (!f->opts.metrics || find_metrics_addr(f, log_start)))
+		    (quiet || efs_tp_logged_ready(f->log, log_start)) &&
+		    (!f->opts.metrics || efs_tp_metrics_addr(f->log, log_start, f->metrics, sizeof(f->metrics))))
 			break;
 		if (efs_tp_now_ms() >= deadline) {
 			efs_tp_file_tail(f->log, tail, sizeof(tail));
@@ -406,60 +358,12 @@ void efs_test_fs_stop(struct efs_test_fs *f)
 
 double efs_test_fs_metric(struct efs_test_fs *f, const char *sample)
 {
-	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
-	char host[128], *port, *body = NULL, *p;
-	size_t len = 0, cap = 0;
-	size_t slen = strlen(sample);
-	double v = -1;
-	int fd = -1;
+	double v;
+	int r;
 
 	cr_assert(f->metrics[0], "mount fixture: metrics were not asked for (opts.metrics)");
-	snprintf(host, sizeof(host), "%s", f->metrics);
-	port = strrchr(host, ':');
-	cr_assert_not_null(port, "mount fixture: bad metrics address %s", f->metrics);
-	*port++ = '\0';
-	if (host[0] == '[') {
-		memmove(host, host + 1, strlen(host));
-		host[strlen(host) - 1] = '\0';
-	}
-	cr_assert_eq(getaddrinfo(host, port, &hints, &ai), 0, "mount fixture: resolve %s",
-		     f->metrics);
-	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	cr_assert_geq(fd, 0);
-	if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
-		int e = errno;
-
-		close(fd);
-		freeaddrinfo(ai);
-		cr_assert_fail("mount fixture: connect to %s: %s", f->metrics, strerror(e));
-	}
-	freeaddrinfo(ai);
-	dprintf(fd, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", f->metrics);
-	for (;;) {
-		struct pollfd pf = {.fd = fd, .events = POLLIN};
-		ssize_t n;
-
-		if (cap - len < 4096) {
-			cap = cap ? cap * 2 : 65536;
-			body = realloc(body, cap + 1);
-			cr_assert_not_null(body);
-		}
-		if (poll(&pf, 1, 5000) <= 0)
-			break;
-		n = read(fd, body + len, cap - len);
-		if (n <= 0)
-			break;
-		len += (size_t)n;
-	}
-	close(fd);
-	cr_assert_not_null(body);
-	body[len] = '\0';
-	for (p = body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
-		if (strncmp(p, sample, slen) == 0 && p[slen] == ' ') {
-			v = strtod(p + slen + 1, NULL);
-			break;
-		}
-	}
-	free(body);
+	r = efs_tp_metric(f->metrics, sample, &v);
+	cr_assert_eq(r, 0, "mount fixture: reading http://%s/metrics: %s", f->metrics,
+		     strerror(-r));
 	return v;
 }

@@ -6,12 +6,14 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
+#include <netdb.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -241,4 +243,148 @@ static int rm_entry(const char *path, const struct stat *sb, int type, struct FT
 void efs_tp_rm_tree(const char *dir)
 {
 	nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+}
+
+/* What |log| holds after |from| (at most |size| - 1 bytes) into |buf|,
+ * NUL-terminated: false when nothing. */
+static bool log_since(const char *log, off_t from, char *buf, size_t size)
+{
+	int fd = open(log, O_RDONLY | O_CLOEXEC);
+	ssize_t n;
+
+	buf[0] = '\0';
+	if (fd < 0)
+		return false;
+	n = pread(fd, buf, size - 1, from);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	return true;
+}
+
+bool efs_tp_logged_ready(const char *log, off_t from)
+{
+	char buf[16384];
+
+	return log_since(log, from, buf, sizeof(buf)) && strstr(buf, "info: mounted ") != NULL;
+}
+
+bool efs_tp_metrics_addr(const char *log, off_t from, char *addr, size_t size)
+{
+	static const char tag[] = "listening on http://";
+	char buf[16384], *p, *last = NULL, *end;
+
+	addr[0] = '\0';
+	if (!log_since(log, from, buf, sizeof(buf)))
+		return false;
+	for (p = buf; (p = strstr(p, tag)); p += sizeof(tag) - 1)
+		last = p + sizeof(tag) - 1;
+	end = last ? strstr(last, "/metrics") : NULL;
+	if (!end || (size_t)(end - last) >= size)
+		return false;
+	memcpy(addr, last, (size_t)(end - last));
+	addr[end - last] = '\0';
+	return true;
+}
+
+/* Connects to |addr| (HOST:PORT, [V6]:PORT): the socket or -errno. */
+static int metrics_connect(const char *addr)
+{
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+	char host[128], *port;
+	int fd, e;
+
+	snprintf(host, sizeof(host), "%s", addr);
+	port = strrchr(host, ':');
+	if (!port)
+		return -EINVAL;
+	*port++ = '\0';
+	if (host[0] == '[') {
+		memmove(host, host + 1, strlen(host));
+		host[strlen(host) - 1] = '\0';
+	}
+	if (getaddrinfo(host, port, &hints, &ai) != 0)
+		return -EHOSTUNREACH;
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	e = fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 ? -errno : 0;
+	freeaddrinfo(ai);
+	if (e < 0) {
+		if (fd >= 0)
+			close(fd);
+		return e;
+	}
+	return fd;
+}
+
+int efs_tp_metrics_get(const char *addr, char **ret)
+{
+	size_t len = 0, cap = 0;
+	char *body = NULL, *p;
+	int fd = metrics_connect(addr), e = 0;
+
+	*ret = NULL;
+	if (fd < 0)
+		return fd;
+	if (dprintf(fd, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", addr) < 0)
+		e = -EIO;
+	while (e == 0) {
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
+		ssize_t n;
+
+		if (cap - len < 4096) {
+			char *nb = realloc(body, (cap ? cap * 2 : 65536) + 1);
+
+			if (!nb) {
+				e = -ENOMEM;
+				break;
+			}
+			body = nb;
+			cap = cap ? cap * 2 : 65536;
+		}
+		if (poll(&pf, 1, 5000) <= 0) {
+			e = -ETIMEDOUT;
+			break;
+		}
+		n = read(fd, body + len, cap - len);
+		if (n <= 0)
+			break;
+		len += (size_t)n;
+	}
+	close(fd);
+	if (e == 0 && !body)
+		e = -EIO;
+	if (e < 0) {
+		free(body);
+		return e;
+	}
+	body[len] = '\0';
+	/* The samples follow the headers. */
+	p = strstr(body, "\r\n\r\n");
+	if (!p) {
+		free(body);
+		return -EPROTO;
+	}
+	memmove(body, p + 4, strlen(p + 4) + 1);
+	*ret = body;
+	return 0;
+}
+
+int efs_tp_metric(const char *addr, const char *sample, double *value)
+{
+	size_t slen = strlen(sample);
+	char *body, *p;
+	int e = efs_tp_metrics_get(addr, &body);
+
+	*value = -1;
+	if (e < 0)
+		return e;
+	for (p = body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+		if (strncmp(p, sample, slen) == 0 && p[slen] == ' ') {
+			*value = strtod(p + slen + 1, NULL);
+			break;
+		}
+	}
+	free(body);
+	return 0;
 }

@@ -53,6 +53,24 @@ int efs_tp_run_tool(const char *path, const char *cmd, const char *endpoints,
  * (room for |max|, the NULL included): their count, or -1 when too many. */
 int efs_tp_collect_args(const char **args, int max, va_list ap);
 
+/* Whether etcfsd logged its own readiness ("info: mounted ...") into |log|
+ * after offset |from|. */
+bool efs_tp_logged_ready(const char *log, off_t from);
+
+/* The HOST:PORT of the last "listening on http://HOST:PORT/metrics" that
+ * etcfsd wrote into |log| after offset |from|, into |addr| (|size| bytes):
+ * false (|addr| empty) when there is none yet. */
+bool efs_tp_metrics_addr(const char *log, off_t from, char *addr, size_t size);
+
+/* The text of http://|addr|/metrics (the body, one sample a line) into
+ * *ret, to free(). 0, or a negative errno (5 s bound per step). */
+int efs_tp_metrics_get(const char *addr, char **ret);
+
+/* The value of |sample| (a metric's name and labels as /metrics prints
+ * them) from http://|addr|/metrics, into *value (-1 when absent). 0, or
+ * a negative errno when it cannot be read. */
+int efs_tp_metric(const char *addr, const char *sample, double *value);
+
 /* Removes |dir| and everything below it, not crossing mount points. */
 void efs_tp_rm_tree(const char *dir);
 
