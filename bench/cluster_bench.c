@@ -32,6 +32,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,43 +126,50 @@ static void stop_load(pid_t pid)
 /*
  * The waiter's own measure of its recall waits: node |i|'s histogram
  * etcfs_lock_recall_wait_seconds (from its recall key's creation to the
- * grant), as cumulative bucket counts.
+ * grant), as cumulative bucket counts under the bounds its le labels give.
  */
-#define RW_BUCKETS 19
-static const char *const rw_le[RW_BUCKETS] = {
-	"1e-05", "2e-05", "5e-05", "0.0001", "0.0002", "0.0005", "0.001",
-	"0.002", "0.005", "0.01",  "0.02",   "0.05",   "0.1",    "0.2",
-	"0.5",   "1",     "2",     "5",      "10",
-};
-
+#define RW_BUCKETS 64
 struct rwhist {
+	double le[RW_BUCKETS]; /* seconds, ascending (+Inf last) */
 	double cum[RW_BUCKETS];
+	int n;
 	double count, sum;
 };
 
 static void rw_read(int i, struct rwhist *h)
 {
-	char name[128];
+	static const char bucket[] = "etcfs_lock_recall_wait_seconds_bucket{le=\"";
+	char *text = efs_cl_metrics_text(&cl, i), *p;
 
-	for (int b = 0; b < RW_BUCKETS; b++) {
-		snprintf(name, sizeof(name), "etcfs_lock_recall_wait_seconds_bucket{le=\"%s\"}",
-			 rw_le[b]);
-		h->cum[b] = efs_cl_metric(&cl, i, name);
+	memset(h, 0, sizeof(*h));
+	h->count = h->sum = -1;
+	for (p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+		char *q;
+
+		if (strncmp(p, bucket, sizeof(bucket) - 1) == 0 && h->n < RW_BUCKETS) {
+			p += sizeof(bucket) - 1;
+			h->le[h->n] = strncmp(p, "+Inf", 4) == 0 ? INFINITY : strtod(p, NULL);
+			q = strstr(p, "} ");
+			h->cum[h->n++] = q ? strtod(q + 2, NULL) : 0;
+		} else if (strncmp(p, "etcfs_lock_recall_wait_seconds_count ", 37) == 0) {
+			h->count = strtod(p + 37, NULL);
+		} else if (strncmp(p, "etcfs_lock_recall_wait_seconds_sum ", 35) == 0) {
+			h->sum = strtod(p + 35, NULL);
+		}
 	}
-	h->count = efs_cl_metric(&cl, i, "etcfs_lock_recall_wait_seconds_count");
-	h->sum = efs_cl_metric(&cl, i, "etcfs_lock_recall_wait_seconds_sum");
+	free(text);
 }
 
-/* The bucket bound (ms) at or below which rank q of the waits since
- * |a| lies. */
+/* The bucket bound (ms) at or below which rank q of the waits between
+ * |a| and |b| lies (both read from one node, so the same bounds). */
 static double rw_quantile(const struct rwhist *a, const struct rwhist *b, double q)
 {
 	double n = b->count - a->count, want = q * n;
 
-	for (int k = 0; k < RW_BUCKETS; k++)
+	for (int k = 0; k < b->n && k < a->n; k++)
 		if (b->cum[k] - a->cum[k] >= want)
-			return strtod(rw_le[k], NULL) * 1000;
-	return 1e9;
+			return b->le[k] * 1000;
+	return INFINITY;
 }
 
 static void rw_report(const char *what, const struct rwhist *a, const struct rwhist *b)
