@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "lock/deaths.h"
+#include "lock/lock-int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -187,15 +188,8 @@ static void marks_settle(struct efs_deaths *d)
 
 static int mark_add(struct efs_deaths *d, uint64_t ino, uint64_t until)
 {
-	if (d->n_marks == d->cap_marks) {
-		size_t cap = d->cap_marks ? d->cap_marks * 2 : 64;
-		struct mark *m = efs_mem_realloc(d->marks, cap * sizeof(*m));
-
-		if (!m)
-			return -ENOMEM;
-		d->marks = m;
-		d->cap_marks = cap;
-	}
+	if (efs_mem_reserve(&d->marks, &d->cap_marks, d->n_marks + 1, sizeof(*d->marks)) < 0)
+		return -ENOMEM;
 	d->marks[d->n_marks++] = (struct mark){ino, until};
 	return 0;
 }
@@ -239,15 +233,9 @@ static int member_set(struct efs_deaths *d, const char *node, int64_t create_rev
 	struct member *m = member_find(d, node);
 
 	if (!m) {
-		if (d->n_members == d->cap_members) {
-			size_t cap = d->cap_members ? d->cap_members * 2 : 16;
-			struct member *n = efs_mem_realloc(d->members, cap * sizeof(*n));
-
-			if (!n)
-				return -ENOMEM;
-			d->members = n;
-			d->cap_members = cap;
-		}
+		if (efs_mem_reserve(&d->members, &d->cap_members, d->n_members + 1,
+				    sizeof(*d->members)) < 0)
+			return -ENOMEM;
 		m = &d->members[d->n_members++];
 		snprintf(m->node, sizeof(m->node), "%s", node);
 	}
@@ -387,15 +375,8 @@ static void read_next(struct efs_deaths *d)
 
 static int death_add(struct efs_deaths *d, const char *node, int64_t rev)
 {
-	if (d->n_pending == d->cap_pending) {
-		size_t cap = d->cap_pending ? d->cap_pending * 2 : 8;
-		struct death *n = efs_mem_realloc(d->pending, cap * sizeof(*n));
-
-		if (!n)
-			return -ENOMEM;
-		d->pending = n;
-		d->cap_pending = cap;
-	}
+	if (efs_mem_reserve(&d->pending, &d->cap_pending, d->n_pending + 1, sizeof(*d->pending)) < 0)
+		return -ENOMEM;
 	snprintf(d->pending[d->n_pending].node, sizeof(d->pending[0].node), "%s", node);
 	d->pending[d->n_pending].rev = rev;
 	d->n_pending++;
@@ -467,7 +448,6 @@ static void watch_cb(struct efs_etcd_watcher *w, int status, const struct efs_et
 static void list_done(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
 {
 	struct efs_deaths *d = dref_put(arg);
-	struct efs_etcd_watch_opts o = {0};
 	struct efs_meta_range rg;
 	int e;
 
@@ -491,17 +471,10 @@ static void list_done(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *re
 	if (resp->header && resp->header->revision > d->watch_rev)
 		d->watch_rev = resp->header->revision;
 	e = efs_meta_range_family(&d->ns, EFS_META_K_NODE, &rg);
-	if (e == 0 && !d->ws)
-		e = efs_etcd_watch_stream_new(&d->ws, d->c, EFS_ETCD_CH_PRIO);
-	if (e == 0) {
-		o.key = rg.key.buf;
-		o.key_len = rg.key.len;
-		o.range_end = rg.end.buf;
-		o.range_end_len = rg.end.len;
-		o.start_revision = resp->header ? resp->header->revision + 1 : 0;
-		o.prev_kv = false;
-		e = efs_etcd_watcher_new(&d->w, d->ws, &o, watch_cb, d);
-	}
+	if (e == 0)
+		e = efs_lock__watch_range(d->c, &d->ws, &rg,
+					  resp->header ? resp->header->revision + 1 : 0, false,
+					  watch_cb, d, &d->w);
 	if (e < 0) {
 		efs_log_warn("deaths: cannot watch the node keys: %s", strerror(-e));
 		waits_run(d, true);

@@ -11,6 +11,7 @@
 #include "etcd/txn.h"
 #include "etcd/watch.h"
 #include "lock/deaths.h"
+#include "lock/lock-int.h"
 #include "lock/locktab.h"
 #include "meta/records.h"
 #include "util/clock.h"
@@ -467,26 +468,32 @@ static void watch_cb(struct efs_etcd_watcher *w, int status, const struct efs_et
 	kick_soon(a->lc);
 }
 
-static int watch_range(struct acq *a, const struct efs_meta_range *rg, int64_t from,
-		       struct efs_etcd_watcher **ret)
+int efs_lock__watch_range(struct efs_etcd *c, struct efs_etcd_watch_stream **ws,
+			  const struct efs_meta_range *rg, int64_t from, bool no_put,
+			  efs_etcd_watch_cb cb, void *arg, struct efs_etcd_watcher **ret)
 {
-	struct efs_lockcache *lc = a->lc;
 	struct efs_etcd_watch_opts o = {
 		.key = rg->key.buf,
 		.key_len = rg->key.len,
 		.range_end = rg->end.buf,
 		.range_end_len = rg->end.len,
 		.start_revision = from,
-		.no_put = true,
+		.no_put = no_put,
 	};
 	int r;
 
-	if (!lc->ws) {
-		r = efs_etcd_watch_stream_new(&lc->ws, lc->c, EFS_ETCD_CH_PRIO);
+	if (!*ws) {
+		r = efs_etcd_watch_stream_new(ws, c, EFS_ETCD_CH_PRIO);
 		if (r < 0)
 			return r;
 	}
-	return efs_etcd_watcher_new(ret, lc->ws, &o, watch_cb, a);
+	return efs_etcd_watcher_new(ret, *ws, &o, cb, arg);
+}
+
+static int watch_range(struct acq *a, const struct efs_meta_range *rg, int64_t from,
+		       struct efs_etcd_watcher **ret)
+{
+	return efs_lock__watch_range(a->lc->c, &a->lc->ws, rg, from, true, watch_cb, a, ret);
 }
 
 /* ---- Finishing ---- */
@@ -2455,7 +2462,6 @@ static void recall_list_cb(struct efs_etcd_result *r, Etcdserverpb__RangeRespons
 {
 	struct lcall *k = arg;
 	struct efs_lockcache *lc = lcall_end(k);
-	struct efs_etcd_watch_opts o = {0};
 	struct efs_meta_range rg;
 	int e;
 
@@ -2470,16 +2476,10 @@ static void recall_list_cb(struct efs_etcd_result *r, Etcdserverpb__RangeRespons
 	for (size_t i = 0; i < resp->n_kvs; i++)
 		recall_event(lc, resp->kvs[i], true);
 	e = efs_meta_range_family(&lc->ns, EFS_META_K_RECALL, &rg);
-	if (e == 0 && !lc->ws)
-		e = efs_etcd_watch_stream_new(&lc->ws, lc->c, EFS_ETCD_CH_PRIO);
-	if (e == 0) {
-		o.key = rg.key.buf;
-		o.key_len = rg.key.len;
-		o.range_end = rg.end.buf;
-		o.range_end_len = rg.end.len;
-		o.start_revision = resp->header ? resp->header->revision + 1 : 0;
-		e = efs_etcd_watcher_new(&lc->rw, lc->ws, &o, recall_watch_cb, lc);
-	}
+	if (e == 0)
+		e = efs_lock__watch_range(lc->c, &lc->ws, &rg,
+					  resp->header ? resp->header->revision + 1 : 0, false,
+					  recall_watch_cb, lc, &lc->rw);
 	if (e < 0) {
 		efs_log_warn("lock: cannot watch recall keys: %s", strerror(-e));
 		recalls_clear(lc);
