@@ -820,6 +820,13 @@ static double gauge_inflight(void *arg)
 	return d->fs ? (double)efs_fs_inflight(d->fs) : 0;
 }
 
+/* The wall clock, read when /metrics is rendered: etcfsctl members takes
+ * the middle of its request as the local time to compare it with. */
+static double gauge_wall_clock(void *arg)
+{
+	return (double)efs_clock_real_ns() / 1e9;
+}
+
 static void on_recall_wait(void *arg, uint64_t ns)
 {
 	struct daemon *d = arg;
@@ -900,6 +907,10 @@ static void register_metrics(struct daemon *d)
 						 "FUSE requests read from the kernel", NULL);
 	efs_metrics_gauge_fn(m, "etcfs_fs_inflight_ops", "FUSE operations in flight", NULL,
 			     gauge_inflight, d);
+	efs_metrics_gauge_fn(m, "etcfs_clock_wall_seconds",
+			     "The node's wall clock (CLOCK_REALTIME) when /metrics was served, in "
+			     "seconds since the epoch",
+			     NULL, gauge_wall_clock, NULL);
 }
 
 static void counter_sync(struct stat_counters *sc, uint64_t now)
