@@ -339,6 +339,7 @@ static void new_grant(struct efs_lockcache *lc, struct efs_locktab_entry *e)
 {
 	e->grant = ++lc->grant_seq;
 	e->prepared = false;
+	e->voided_ns = 0;
 	e->recalled = false;
 	e->inval_serving = false;
 	e->prep_keeps = false;
@@ -1011,10 +1012,36 @@ static void session_ready(struct efs_session_waiter *w, int status, bool generat
 }
 
 /* Pins |e| for request index |i| and records the lock as used. */
+/* Every pin goes through here: exclusive ones are counted apart. */
+static void pin_mode(struct efs_lockcache *lc, struct efs_locktab_entry *e,
+		     enum efs_lock_mode mode, uint64_t now)
+{
+	efs_locktab_pin(&lc->tab, e, now);
+	if (mode == EFS_LOCK_EXCLUSIVE)
+		e->xpin_seq++;
+}
+
 static void pin_for(struct acq *a, size_t i, struct efs_locktab_entry *e)
 {
-	efs_locktab_pin(&a->lc->tab, e, now_ns());
+	pin_mode(a->lc, e, a->req->mode[i], now_ns());
 	a->pinned[i] = e;
+}
+
+/*
+ * Whether the operations that pinned |e| since its preparation began left
+ * it prepared. For a downgrade to shared only exclusive ones count: what a
+ * shared operation caches or reads (pages, attributes) stays valid under
+ * the shared lock kept, so a reader on this node never makes the
+ * downgrade invalidate again; and each invalidation it would repeat
+ * bumps the kernel's attribute version, which makes the kernel drop the
+ * attributes that reader's own requests fetch (a read then stops at a
+ * size the kernel cached before).
+ */
+static bool pins_kept_prep(const struct efs_locktab_entry *e)
+{
+	if (e->prep_to == EFS_LOCK_SHARED)
+		return e->xpin_seq == e->prep_xseq;
+	return e->pin_seq == e->prep_seq;
 }
 
 /* The lowest mode a forced release of |ino| asks for (NONE when none). */
@@ -1341,8 +1368,15 @@ static void backoff(struct acq *a)
 }
 
 /* |ino|'s lock is ours now in |mode|: record it and pin it for index |i|. */
+/*
+ * |floor|: the grant's transaction compared that every recall key of the
+ * inode was created at this revision or later (none at all without a
+ * recall key of ours: the revision after the grant), so a recall key we
+ * still know of from before it was deleted already, its delete event not
+ * here yet (a late watch). 0: unknown.
+ */
 static void granted(struct acq *a, size_t i, enum efs_lock_mode mode,
-		    const Etcdserverpb__RangeResponse *rec)
+		    const Etcdserverpb__RangeResponse *rec, int64_t floor)
 {
 	struct efs_lockcache *lc = a->lc;
 	struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, a->req->ino[i]);
@@ -1358,6 +1392,7 @@ static void granted(struct acq *a, size_t i, enum efs_lock_mode mode,
 	e->state = EFS_LOCKTAB_HELD;
 	e->owner = NULL;
 	e->token = lc->token_seq;
+	e->recall_floor = floor;
 	/* The reply granting it is noted already: a revision at or after the
 	 * grant, so a death before it is never taken as later. */
 	e->grant_rev = lc->last_rev;
@@ -1420,13 +1455,17 @@ static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *
 		r = efs_etcd_txn_resp_range(inner, k->s_rec, &rec);
 		if (r < 0)
 			return acq_finish(a, r);
+		int64_t floor = a->recall_rev ? a->recall_rev
+				 : outer->header ? outer->header->revision + 1
+						 : 0;
+
 		if (a->recall_ns && lc->recall_wait_cb)
 			lc->recall_wait_cb(lc->recall_wait_arg, now_ns() - a->recall_ns);
 		a->recall_seq = 0;
 		a->recall_rev = 0;
 		a->recall_ns = 0;
 		lc->stats.acquires++;
-		granted(a, i, a->want[i], keep_resp(a, res, outer) ? rec : NULL);
+		granted(a, i, a->want[i], keep_resp(a, res, outer) ? rec : NULL, floor);
 		return acq_step(a);
 	}
 	r = efs_etcd_txn_resp_range(inner, k->f_l, &hold);
@@ -1441,7 +1480,7 @@ static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *
 		/* An earlier attempt with an unknown outcome took it. */
 		lc->stats.acquires++;
 		recall_drop(a);
-		granted(a, i, own, keep_resp(a, res, outer) ? rec : NULL);
+		granted(a, i, own, keep_resp(a, res, outer) ? rec : NULL, 0);
 		return acq_step(a);
 	}
 	/* Our recall key: its create revision orders us among waiters. */
@@ -1534,7 +1573,8 @@ static bool batch_done(struct acq *a, struct efs_etcd_result *res,
 		if (!kept || efs_etcd_txn_resp_range(inner, idx - 1, &rec) < 0)
 			rec = NULL;
 		lc->stats.acquires++;
-		granted(a, i, a->want[i], rec);
+		/* A batch compares that no recall key exists at all. */
+		granted(a, i, a->want[i], rec, outer->header ? outer->header->revision + 1 : 0);
 	}
 	a->batch_n = 0;
 	return acq_step(a);
@@ -1892,7 +1932,11 @@ static void prep_step(struct prep *p, int status)
 	 * once its pins are gone. */
 	e->prep = false;
 	e->prep_stage = 0;
-	e->prepared = e->prep_keeps || (e->pins == 0 && e->pin_seq == e->prep_seq);
+	e->prepared = e->prep_keeps || (e->pins == 0 && pins_kept_prep(e));
+	if (e->prepared)
+		e->voided_ns = 0;
+	else if (!e->voided_ns)
+		e->voided_ns = now_ns();
 	efs_log_debug("lock: inode %" PRIu64 ": release prepared%s", p->ino,
 		      e->prepared ? "" : " but pinned meanwhile: again");
 	release_kick(lc);
@@ -1930,6 +1974,7 @@ static int prep_start(struct efs_lockcache *lc, struct efs_locktab_entry *e,
 	e->prep = true;
 	e->prepared = false;
 	e->prep_seq = e->pin_seq;
+	e->prep_xseq = e->xpin_seq;
 	e->prep_to = (uint8_t)to;
 	lc->stats.preps++;
 	prep_step(p, 0);
@@ -1951,7 +1996,7 @@ static bool needs_prep(const struct efs_lockcache *lc, const struct efs_locktab_
 
 static bool is_prepared(const struct efs_locktab_entry *e, enum efs_lock_mode to)
 {
-	return e->prepared && e->pins == 0 && (e->pin_seq == e->prep_seq || e->prep_keeps) &&
+	return e->prepared && e->pins == 0 && (pins_kept_prep(e) || e->prep_keeps) &&
 	       e->prep_to <= to;
 }
 
@@ -2091,6 +2136,29 @@ struct rel_batch {
  * Puts |e| into |b| to go down to |to| when it is ready, or starts its
  * preparation. |e| may be gone when this returns (ops run inline).
  */
+/*
+ * A preparation voided by this node's own operations is started again
+ * only once they pause (PREP_QUIET_MS without a pin), for at most
+ * PREP_QUIET_MAX_MS after the first was voided. Each preparation
+ * invalidates the kernel's caches of the inode, and an invalidation that
+ * lands while the kernel fetches attributes for a read makes it drop them
+ * (its attribute version moved): the read then stops at the size the
+ * kernel cached before. Repeating the invalidation after every request of
+ * a reader on this node did exactly that, for as long as it read.
+ */
+#define PREP_QUIET_MS	  10
+#define PREP_QUIET_MAX_MS 200
+
+static bool prep_defer(struct efs_lockcache *lc, const struct efs_locktab_entry *e, uint64_t now)
+{
+	if (!e->voided_ns || now - e->voided_ns >= PREP_QUIET_MAX_MS * EFS_NSEC_PER_MSEC ||
+	    now - e->last_used_ns >= PREP_QUIET_MS * EFS_NSEC_PER_MSEC)
+		return false;
+	/* The tick comes back when the pause would be long enough. */
+	uv_timer_start(lc->tick, tick_cb, PREP_QUIET_MS, lc->period_ms);
+	return true;
+}
+
 static void release_consider(struct efs_lockcache *lc, struct rel_batch *b,
 			     struct efs_locktab_entry *e, enum efs_lock_mode to, bool urgent,
 			     uint64_t now)
@@ -2100,6 +2168,8 @@ static void release_consider(struct efs_lockcache *lc, struct rel_batch *b,
 	if (e->state != EFS_LOCKTAB_HELD || e->pins || e->prep || e->mode <= (int)to)
 		return;
 	if (needs_prep(lc, e, urgent, now) && !is_prepared(e, to)) {
+		if (prep_defer(lc, e, now))
+			return;
 		if (prep_start(lc, e, to, needs_inval(lc, e, urgent, now)) < 0)
 			efs_log_debug("lock: inode %" PRIu64 ": no memory to prepare its release",
 				      e->ino);
@@ -2284,15 +2354,28 @@ struct recall {
 
 /* The create revision of the oldest recall key of a peer on |ino| (0:
  * none known). */
+/*
+ * A recall key created before the hold's grant compared every such key
+ * away: it is gone, only its delete event is late. Answering it anyway
+ * released the lock again and again to this node's own next requests
+ * (each release invalidating the kernel's caches) until the event came.
+ */
+static bool recall_stale(const struct efs_locktab_entry *e, const struct recall *rc)
+{
+	return rc->create_rev > 0 && rc->create_rev < e->recall_floor;
+}
+
 static int64_t oldest_recall_rev(const struct efs_lockcache *lc, uint64_t ino)
 {
+	const struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, ino);
 	const struct efs_list *n;
 	int64_t best = 0;
 
 	efs_list_for_each(n, &lc->recalls) {
 		const struct recall *rc = efs_list_entry(n, struct recall, link);
 
-		if (rc->ino == ino && rc->create_rev > 0 && (!best || rc->create_rev < best))
+		if (rc->ino == ino && rc->create_rev > 0 && !(e && recall_stale(e, rc)) &&
+		    (!best || rc->create_rev < best))
 			best = rc->create_rev;
 	}
 	return best;
@@ -2316,7 +2399,7 @@ static void recalls_check(struct efs_lockcache *lc, uint64_t now)
 		if (rc->reported || now - rc->seen_ns < bound)
 			continue;
 		e = efs_locktab_find(&lc->tab, rc->ino);
-		if (!e || e->mode == EFS_LOCK_NONE ||
+		if (!e || e->mode == EFS_LOCK_NONE || recall_stale(e, rc) ||
 		    (rc->want == EFS_LOCK_SHARED && e->mode == EFS_LOCK_SHARED))
 			continue;
 		rc->reported = true;
@@ -2375,7 +2458,7 @@ static void recall_apply(struct efs_lockcache *lc, uint64_t ino)
 	efs_list_for_each (n, &lc->recalls) {
 		struct recall *rc = efs_list_entry(n, struct recall, link);
 
-		if (rc->ino != ino)
+		if (rc->ino != ino || recall_stale(e, rc))
 			continue;
 		if (rc->want == EFS_LOCK_EXCLUSIVE)
 			to = EFS_LOCK_NONE;
@@ -2767,8 +2850,8 @@ int efs_lock_acquire(struct efs_lockcache *lc, struct efs_lock_req *req)
 	if (hit) {
 		for (size_t i = 0; i < req->n; i++)
 			if (!a->dup[i])
-				efs_locktab_pin(&lc->tab, efs_locktab_find(&lc->tab, req->ino[i]),
-						now);
+				pin_mode(lc, efs_locktab_find(&lc->tab, req->ino[i]), req->mode[i],
+					 now);
 		for (size_t i = 0; i < req->n; i++)
 			if (!a->dup[i])
 				a->pinned[i] = efs_locktab_find(&lc->tab, req->ino[i]);
@@ -2874,7 +2957,7 @@ bool efs_lock_touch(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_mode m
 	    e->recalled)
 		return false;
 	now = now_ns();
-	efs_locktab_pin(&lc->tab, e, now);
+	pin_mode(lc, e, mode, now);
 	efs_locktab_unpin(&lc->tab, e, now);
 	lc->stats.hits++;
 	return true;

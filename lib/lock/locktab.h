@@ -38,6 +38,11 @@ struct efs_locktab_entry {
 	int64_t grant_rev;	  /* an etcd revision at or after its last grant */
 	uint32_t pin_seq;	  /* pins ever taken (a preparation is void once it moves) */
 	uint32_t prep_seq;	  /* pin_seq when the last preparation started */
+	uint32_t xpin_seq;	  /* pins taken for exclusive access (lock.c) */
+	uint64_t voided_ns;	  /* a preparation of this hold was voided by pins then */
+	int64_t recall_floor;	  /* recall keys created before this revision were gone
+				   * when it was granted (lock.c) */
+	uint32_t prep_xseq;	  /* xpin_seq when the last preparation started */
 	uint8_t kind;		  /* which ops the lock uses */
 	uint8_t prep_to;	  /* the mode its last preparation was for */
 	uint8_t rel_to;		  /* RELEASING: the mode it goes down to */

@@ -1130,6 +1130,72 @@ Test(lock, forced_release_drains_the_lock_but_serves_writeback)
 	efs_test_assert_no_leaks();
 }
 
+/*
+ * A downgrade to shared is prepared once however many reads this node
+ * serves meanwhile (what they cache stays valid under the shared lock,
+ * and every repeated invalidation would make the kernel drop the
+ * attributes those reads fetch); an exclusive use meanwhile (writeback)
+ * still makes it prepare again. A release to none counts every pin.
+ */
+Test(lock, reads_during_a_downgrade_do_not_make_it_prepare_again)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 0);
+	struct fake_ops fo = {.hold_sync = true};
+	struct lres a, r, w;
+	struct rel f = {0};
+
+	cr_assert_eq(efs_lockcache_set_ops(lc, 1, &fake_lock_ops, &fo), 0);
+	take(lc, &a, 234, EFS_LOCK_EXCLUSIVE);
+	efs_lock_set_kind(lc, 234, 1);
+	efs_lock_put(lc, &a.req);
+	cr_assert_eq(efs_lock_release_now(lc, 234, EFS_LOCK_SHARED, on_forced, &f), 0);
+	RUN_UNTIL(fo.syncs == 1, 2000);
+	cr_assert_eq(fo.invalidates, 1);
+	/* A read (it pins the pages it fills) while the publication runs. */
+	cr_assert_eq(acquire1f(lc, &r, 234, EFS_LOCK_SHARED, EFS_LOCK_F_PAGES), 1);
+	efs_lock_put(lc, &r.req);
+	fo.hold_sync = false;
+	fake_complete(&fo, 0);
+	cr_assert(efs_test_run_until(&f.done, 3000), "the downgrade never ended");
+	cr_assert_eq(f.status, 0);
+	cr_assert_eq(efs_lock_held(lc, 234), EFS_LOCK_SHARED);
+	cr_assert_eq(fo.invalidates, 1, "a read made the downgrade invalidate again (%d)",
+		     fo.invalidates);
+	cr_assert_eq(fo.syncs, 1);
+
+	/* The same with a writeback meanwhile: prepared again. */
+	f = (struct rel){0};
+	fo = (struct fake_ops){.hold_sync = true};
+	take(lc, &a, 235, EFS_LOCK_EXCLUSIVE);
+	efs_lock_set_kind(lc, 235, 1);
+	efs_lock_put(lc, &a.req);
+	cr_assert_eq(efs_lock_release_now(lc, 235, EFS_LOCK_SHARED, on_forced, &f), 0);
+	RUN_UNTIL(fo.syncs == 1, 2000);
+	cr_assert_eq(acquire1f(lc, &w, 235, EFS_LOCK_EXCLUSIVE, EFS_LOCK_F_WRITEBACK), 1);
+	efs_lock_put(lc, &w.req);
+	fo.hold_sync = false;
+	fake_complete(&fo, 0);
+	cr_assert(efs_test_run_until(&f.done, 3000), "the downgrade never ended");
+	cr_assert_geq(fo.syncs, 2, "not prepared again after a writeback used the lock");
+
+	/* A release to none: a read meanwhile does make it prepare again. */
+	f = (struct rel){0};
+	fo = (struct fake_ops){.hold_sync = true};
+	take(lc, &a, 236, EFS_LOCK_EXCLUSIVE);
+	efs_lock_set_kind(lc, 236, 1);
+	efs_lock_put(lc, &a.req);
+	cr_assert_eq(efs_lock_release_now(lc, 236, EFS_LOCK_NONE, on_forced, &f), 0);
+	RUN_UNTIL(fo.syncs == 1, 2000);
+	cr_assert_eq(acquire1f(lc, &r, 236, EFS_LOCK_SHARED, EFS_LOCK_F_PAGES), 1);
+	efs_lock_put(lc, &r.req);
+	fo.hold_sync = false;
+	fake_complete(&fo, 0);
+	cr_assert(efs_test_run_until(&f.done, 3000), "the release never ended");
+	cr_assert_geq(fo.invalidates, 2, "a release kept pages a read filled meanwhile");
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
 Test(lock, idle_release_publishes_through_the_ops_first)
 {
 	struct efs_lockcache *lc = new_lc(s, c, 0, 200, 0, 0);
@@ -1529,7 +1595,51 @@ Test(lock, a_shared_recall_downgrades_an_exclusive_holder)
 }
 
 #if EFS_FAULT_HOOKS
-/* The negative control of the two tests above: with recall handling off
+/*
+ * A recall key this node still sees only because its delete event is
+ * late (a slow watch) was compared away by the transaction that granted
+ * the lock anew: it must not release the fresh hold. Answering it
+ * released the lock to this node's own next requests, over and over,
+ * each release invalidating the kernel's caches.
+ */
+Test(lock, a_recall_key_deleted_before_the_grant_does_not_release_it)
+{
+	struct efs_lockcache *lc1, *lc2;
+	struct lres a1, a2;
+	struct rel f = {0};
+	uint64_t forced;
+
+	c2 = efs_test_client_new(efs_harness_endpoints(h));
+	s2 = start_session(c2, "node2");
+	/* node1's watch events arrive 1 s late (streams opened from now). */
+	efs_etcd_fault_watch_delay(c, 1000);
+	lc1 = new_lc(s, c, 0, 60000, 0, 0);
+	lc2 = new_lc(s2, c2, 0, 60000, 0, 20000);
+	take(lc1, &a1, 237, EFS_LOCK_SHARED);
+	efs_lock_put(lc1, &a1.req);
+	efs_test_run_for(1500); /* node1's recall watch runs */
+	/* node2's recall key: node1 answers it 1 s late; node2's grant then
+	 * deletes the key, which node1 learns another second later. */
+	cr_assert_eq(acquire1(lc2, &a2, 237, EFS_LOCK_EXCLUSIVE), 0);
+	cr_assert(efs_test_run_until(&a2.done, 10000), "the recall was not answered");
+	cr_assert_eq(a2.status, 0);
+	efs_lock_put(lc2, &a2.req);
+	cr_assert_eq(efs_lock_release_now(lc2, 237, EFS_LOCK_NONE, on_forced, &f), 0);
+	cr_assert(efs_test_run_until(&f.done, 3000), "node2's release never ended");
+	/* node1 takes it again, with no conflict, within that second. */
+	take(lc1, &a1, 237, EFS_LOCK_SHARED);
+	forced = lstats(lc1).forced;
+	efs_lock_put(lc1, &a1.req);
+	efs_test_run_for(300);
+	cr_assert_eq(efs_lock_held(lc1, 237), EFS_LOCK_SHARED,
+		     "node1 gave its new hold up to a recall key deleted before it was granted");
+	cr_assert_eq(lstats(lc1).forced, forced);
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}
+
+/* The negative control of the recall tests above: with recall handling off
  * the waiter is not served within its wait bound. */
 Test(lock, without_recall_handling_a_waiter_times_out)
 {
