@@ -2963,6 +2963,14 @@ bool efs_lock_touch(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_mode m
 	return true;
 }
 
+void efs_lock_note_change(struct efs_lockcache *lc, uint64_t ino)
+{
+	struct efs_locktab_entry *e = lc ? efs_locktab_find(&lc->tab, ino) : NULL;
+
+	if (e && e->mode == EFS_LOCK_EXCLUSIVE)
+		e->xpin_seq++;
+}
+
 void efs_lock_set_kind(struct efs_lockcache *lc, uint64_t ino, unsigned kind)
 {
 	struct efs_locktab_entry *e = lc ? efs_locktab_find(&lc->tab, ino) : NULL;

@@ -280,6 +280,14 @@ void efs_lock_put(struct efs_lockcache *lc, struct efs_lock_req *req);
  * prepares again. False otherwise: take the lock with a request.
  */
 bool efs_lock_touch(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_mode mode);
+/*
+ * A change only an exclusive holder may make (one the lock's |sync|
+ * publishes) was just made under a pin of a lower mode, such as a read's
+ * atime while the lock is held exclusive: it counts as an exclusive use,
+ * so that a downgrade being prepared or prepared meanwhile (which only
+ * exclusive uses void) prepares again and publishes it.
+ */
+void efs_lock_note_change(struct efs_lockcache *lc, uint64_t ino);
 
 /* The mode this node holds on |ino| now (NONE when none or being
  * released/recalled, or while the session is not ACTIVE: then the kernel

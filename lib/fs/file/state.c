@@ -223,6 +223,11 @@ void efs_file_state_changed(struct efs_fs_data *d)
 	struct dctl *c = efs_file_ctl_of(d->fs);
 
 	d->ver++;
+	/* Whatever pinned the lock for it, the change is an exclusive use:
+	 * a downgrade prepared before it must publish it first (a read's
+	 * atime comes under a shared pin; lock.h). */
+	if (d->in)
+		efs_lock_note_change(d->fs->lc, d->ino);
 	efs_file_dlist_add(d);
 	efs_file_dacct(d);
 	/* A full batch is ready: publish it (while one runs, its end counts
