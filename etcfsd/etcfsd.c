@@ -1051,6 +1051,7 @@ static void teardown(struct daemon *d)
 		efs_log_warn("%" PRIu64 " operations still in flight at exit; not freeing the "
 			     "filesystem state",
 			     efs_fs_inflight(d->fs));
+		efs_fs_abandon(d->fs);
 		if (d->se) {
 			efs_fs_set_fuse(d->fs, NULL);
 			fuse_session_destroy(d->se);

@@ -54,6 +54,8 @@ struct efs_fs_data;
 int efs_fs_data_init(struct efs_fs *fs);
 /* Frees every data state and the timer; nothing may be in flight. */
 void efs_fs_data_done(struct efs_fs *fs);
+/* Stops the publisher's and the fault hooks' timers (efs_fs_abandon). */
+void efs_fs_data_abandon(struct efs_fs *fs);
 /* The kernel channel stopped (efs_fs_set_fuse(NULL)): releases waiting
  * for invalidations go on. */
 void efs_fs_data_kernel_gone(struct efs_fs *fs);
@@ -135,3 +137,5 @@ void efs_fs_reclaim_kick(struct efs_fs *fs);
 /* Reclaim records waiting and blocks freed so far (metrics, tests). */
 uint64_t efs_fs_reclaim_pending(const struct efs_fs *fs);
 void efs_fs_reclaim_done(struct efs_fs *fs);
+/* Stops the reclaimer's timer (efs_fs_abandon). */
+void efs_fs_reclaim_abandon(struct efs_fs *fs);

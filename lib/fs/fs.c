@@ -2235,6 +2235,21 @@ uint64_t efs_fs_inflight(const struct efs_fs *fs)
 	return fs->inflight;
 }
 
+void efs_fs_abandon(struct efs_fs *fs)
+{
+	if (!fs)
+		return;
+	if (fs->data_priv)
+		efs_fs_data_abandon(fs);
+	if (fs->alloc)
+		efs_fs_reclaim_abandon(fs);
+	if (fs->lc)
+		efs_lockcache_set_ops(fs->lc, EFS_FS_LOCK_DIR, NULL, NULL);
+	if (fs->lc)
+		efs_lockcache_set_ops(fs->lc, EFS_FS_LOCK_FILE, NULL, NULL);
+	fs->lc = NULL;
+}
+
 struct efs_fs *efs_fs_free(struct efs_fs *fs)
 {
 	if (!fs)

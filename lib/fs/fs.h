@@ -96,6 +96,14 @@ int efs_fs_leave(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg
 int efs_fs_stop_io(struct efs_fs *fs, void (*cb)(void *arg), void *arg);
 /* Operations in flight (the daemon waits for 0 before leaving). */
 uint64_t efs_fs_inflight(const struct efs_fs *fs);
+/*
+ * The daemon leaves with operations still in flight and will not free the
+ * fs (their continuations point into it), while the lock cache and the
+ * etcd client go: from now on nothing of the fs runs on its own (the
+ * publisher's sweep, reclaim passes, fault-hook timers stop) and it no
+ * longer uses the lock cache (operations that still end find none).
+ */
+void efs_fs_abandon(struct efs_fs *fs);
 /* Frees the fs: no operation may be in flight. One idle handle is closed
  * (and freed by its close callback), so run the loop once more before
  * closing it. Accepts NULL; returns NULL. */

@@ -808,6 +808,16 @@ uint64_t efs_fs_reclaim_pending(const struct efs_fs *fs)
 	return rc ? rc->pending : 0;
 }
 
+void efs_fs_reclaim_abandon(struct efs_fs *fs)
+{
+	struct rc *rc = rc_of(fs);
+
+	if (rc && rc->timer)
+		uv_timer_stop(rc->timer);
+	if (rc && fs->lc)
+		efs_lockcache_set_peer_gone_cb(fs->lc, NULL, NULL);
+}
+
 void efs_fs_reclaim_done(struct efs_fs *fs)
 {
 	struct rc *rc = rc_of(fs);

@@ -1053,6 +1053,18 @@ void efs_fs_data_kernel_gone(struct efs_fs *fs)
 		efs_file_kernel_gone(c);
 }
 
+void efs_fs_data_abandon(struct efs_fs *fs)
+{
+	struct dctl *c = efs_file_ctl_of(fs);
+
+	if (!c)
+		return;
+	uv_timer_stop(c->sweep);
+	uv_timer_stop(c->kick);
+	if (c->frecall)
+		uv_timer_stop(c->frecall);
+}
+
 void efs_fs_data_done(struct efs_fs *fs)
 {
 	struct dctl *c = efs_file_ctl_of(fs);
