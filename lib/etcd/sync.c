@@ -264,41 +264,41 @@ out_free_pbuf:
 	return r;
 }
 
-int efs_etcd_sync_txn(struct efs_etcd_sync *s, const Etcdserverpb__TxnRequest *req,
-		      Etcdserverpb__TxnResponse **ret_resp)
+/* Runs one call whose whole response is the result: stored in |ret_resp|
+ * (a pointer to the response type's pointer) when that is not NULL. */
+static int sync_call_out(struct efs_etcd_sync *s, enum efs_etcd_method method,
+			 const ProtobufCMessage *req, void *ret_resp)
 {
 	ProtobufCMessage *m;
 	int r;
 
+	r = efs_etcd_sync_call(s, method, req, ret_resp ? &m : NULL, NULL);
+	/* Through memcpy, since |ret_resp| is not a ProtobufCMessage ** but a
+	 * T ** of the method's response type. */
+	if (r == 0 && ret_resp)
+		memcpy(ret_resp, &m, sizeof(m));
+	return r;
+}
+
+int efs_etcd_sync_txn(struct efs_etcd_sync *s, const Etcdserverpb__TxnRequest *req,
+		      Etcdserverpb__TxnResponse **ret_resp)
+{
 	if (!req)
 		return -EINVAL;
-	r = efs_etcd_sync_call(s, EFS_ETCD_TXN, &req->base, ret_resp ? &m : NULL, NULL);
-	if (r == 0 && ret_resp)
-		*ret_resp = (Etcdserverpb__TxnResponse *)m;
-	return r;
+	return sync_call_out(s, EFS_ETCD_TXN, &req->base, ret_resp);
 }
 
 int efs_etcd_sync_status(struct efs_etcd_sync *s, Etcdserverpb__StatusResponse **ret_resp)
 {
 	Etcdserverpb__StatusRequest req = ETCDSERVERPB__STATUS_REQUEST__INIT;
-	ProtobufCMessage *m;
-	int r;
 
-	r = efs_etcd_sync_call(s, EFS_ETCD_STATUS, &req.base, ret_resp ? &m : NULL, NULL);
-	if (r == 0 && ret_resp)
-		*ret_resp = (Etcdserverpb__StatusResponse *)m;
-	return r;
+	return sync_call_out(s, EFS_ETCD_STATUS, &req.base, ret_resp);
 }
 
 int efs_etcd_sync_member_list(struct efs_etcd_sync *s,
 			      Etcdserverpb__MemberListResponse **ret_resp)
 {
 	Etcdserverpb__MemberListRequest req = ETCDSERVERPB__MEMBER_LIST_REQUEST__INIT;
-	ProtobufCMessage *m;
-	int r;
 
-	r = efs_etcd_sync_call(s, EFS_ETCD_MEMBER_LIST, &req.base, ret_resp ? &m : NULL, NULL);
-	if (r == 0 && ret_resp)
-		*ret_resp = (Etcdserverpb__MemberListResponse *)m;
-	return r;
+	return sync_call_out(s, EFS_ETCD_MEMBER_LIST, &req.base, ret_resp);
 }
