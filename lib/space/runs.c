@@ -39,15 +39,23 @@ int efs_runs_add(struct efs_runs *r, uint64_t start, uint64_t len)
 	return 0;
 }
 
-int efs_runs_append(struct efs_runs *r, const struct efs_runs *src)
+/* Adds every run of |src| to |r| with |add|, in order, stopping at the
+ * first error. */
+static int add_each(struct efs_runs *r, const struct efs_runs *src,
+		    int (*add)(struct efs_runs *r, uint64_t start, uint64_t len))
 {
 	for (size_t i = 0; i < src->n; i++) {
-		int e = efs_runs_add(r, src->v[i].start, src->v[i].len);
+		int e = add(r, src->v[i].start, src->v[i].len);
 
 		if (e < 0)
 			return e;
 	}
 	return 0;
+}
+
+int efs_runs_append(struct efs_runs *r, const struct efs_runs *src)
+{
+	return add_each(r, src, efs_runs_add);
 }
 
 static int run_cmp(const void *a, const void *b)
@@ -188,13 +196,7 @@ int efs_runs_insert(struct efs_runs *r, uint64_t start, uint64_t len)
 
 int efs_runs_insert_all(struct efs_runs *r, const struct efs_runs *src)
 {
-	for (size_t i = 0; i < src->n; i++) {
-		int e = efs_runs_insert(r, src->v[i].start, src->v[i].len);
-
-		if (e < 0)
-			return e;
-	}
-	return 0;
+	return add_each(r, src, efs_runs_insert);
 }
 
 int efs_runs_remove_all(struct efs_runs *r, const struct efs_runs *src, struct efs_runs *cut)
