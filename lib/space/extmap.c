@@ -91,16 +91,7 @@ static void chunk_free(struct chunk *ch)
 
 static int chunk_reserve(struct chunk *ch, size_t n)
 {
-	struct efs_ext *v;
-
-	if (n <= ch->cap)
-		return 0;
-	v = efs_mem_realloc(ch->v, n * sizeof(*v));
-	if (!v)
-		return -ENOMEM;
-	ch->v = v;
-	ch->cap = n;
-	return 0;
+	return efs_mem_reserve_exact(&ch->v, &ch->cap, n, sizeof(*ch->v));
 }
 
 static int ptrs_reserve(struct efs_extmap *m, size_t n)
@@ -115,16 +106,7 @@ static int dels_reserve(struct efs_extmap *m, size_t n)
 
 static int runs_room(struct efs_runs *r, size_t n)
 {
-	struct efs_run *v;
-
-	if (n <= r->cap)
-		return 0;
-	v = efs_mem_realloc(r->v, n * sizeof(*v));
-	if (!v)
-		return -ENOMEM;
-	r->v = v;
-	r->cap = n;
-	return 0;
+	return efs_mem_reserve_exact(&r->v, &r->cap, n, sizeof(*r->v));
 }
 
 /* Index of |key| in the deletion list (sorted by key), NONE when absent. */

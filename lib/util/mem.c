@@ -92,18 +92,13 @@ void *efs_mem_memdup(const void *p, size_t n)
 	return q;
 }
 
-int efs_mem_reserve(void *arrp, size_t *cap, size_t n, size_t size)
+/* Reallocates the array |arrp| points to to |ncap| elements of |size|
+ * bytes (ncap * size does not overflow). 0 or -ENOMEM, the array and |cap|
+ * untouched. */
+static int resize(void *arrp, size_t *cap, size_t ncap, size_t size)
 {
-	size_t max = SIZE_MAX / size, ncap;
 	void *arr, *p;
 
-	if (n <= *cap)
-		return 0;
-	if (n > max)
-		return -ENOMEM;
-	ncap = *cap ? *cap : 8;
-	while (ncap < n)
-		ncap = ncap <= max / 2 ? ncap * 2 : max;
 	/* Through memcpy, since |arrp| is not a void ** but a T **. */
 	memcpy(&arr, arrp, sizeof(arr));
 	p = efs_mem_realloc(arr, ncap * size);
@@ -112,6 +107,29 @@ int efs_mem_reserve(void *arrp, size_t *cap, size_t n, size_t size)
 	memcpy(arrp, &p, sizeof(p));
 	*cap = ncap;
 	return 0;
+}
+
+int efs_mem_reserve(void *arrp, size_t *cap, size_t n, size_t size)
+{
+	size_t max = SIZE_MAX / size, ncap;
+
+	if (n <= *cap)
+		return 0;
+	if (n > max)
+		return -ENOMEM;
+	ncap = *cap ? *cap : 8;
+	while (ncap < n)
+		ncap = ncap <= max / 2 ? ncap * 2 : max;
+	return resize(arrp, cap, ncap, size);
+}
+
+int efs_mem_reserve_exact(void *arrp, size_t *cap, size_t n, size_t size)
+{
+	if (n <= *cap)
+		return 0;
+	if (n > SIZE_MAX / size)
+		return -ENOMEM;
+	return resize(arrp, cap, n, size);
 }
 
 char *efs_mem_strndup(const char *s, size_t n)

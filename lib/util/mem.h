@@ -27,6 +27,10 @@ void *efs_mem_memdup(const void *p, size_t n);
  * memory, or |n| elements overflow size_t), the array and |cap| untouched.
  */
 int efs_mem_reserve(void *arrp, size_t *cap, size_t n, size_t size);
+/* Like efs_mem_reserve(), but the capacity grows to exactly |n|: for
+ * arrays whose size is known up front, where doubling would only waste
+ * memory. */
+int efs_mem_reserve_exact(void *arrp, size_t *cap, size_t n, size_t size);
 
 /*
  * Failure injection. After efs_mem_fail_after(n), the allocation with index

@@ -85,3 +85,25 @@ Test(mem, reserve_doubles_from_eight_and_keeps_the_array_on_failure)
 	efs_mem_free(v);
 	efs_test_assert_no_leaks();
 }
+
+Test(mem, reserve_exact_grows_to_the_count_asked_for)
+{
+	uint64_t *v = NULL;
+	size_t cap = 0;
+
+	cr_assert_eq(efs_mem_reserve_exact(&v, &cap, 3, sizeof(*v)), 0);
+	cr_assert_eq(cap, 3);
+	v[2] = 9;
+	cr_assert_eq(efs_mem_reserve_exact(&v, &cap, 2, sizeof(*v)), 0);
+	cr_assert_eq(cap, 3);
+	efs_mem_fail_after(0);
+	cr_assert_eq(efs_mem_reserve_exact(&v, &cap, 5, sizeof(*v)), -ENOMEM);
+	efs_mem_fail_reset();
+	cr_assert_eq(cap, 3);
+	cr_assert_eq(efs_mem_reserve_exact(&v, &cap, SIZE_MAX / 4, sizeof(*v)), -ENOMEM);
+	cr_assert_eq(efs_mem_reserve_exact(&v, &cap, 5, sizeof(*v)), 0);
+	cr_assert_eq(cap, 5);
+	cr_assert_eq(v[2], 9);
+	efs_mem_free(v);
+	efs_test_assert_no_leaks();
+}
