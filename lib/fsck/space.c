@@ -488,12 +488,39 @@ static void op_map_patch(state_t *st, struct efs_check_finding *f, const struct 
 	}
 }
 
+/* The repair of group |grp|'s map for hits [lo, hi) of |h|, |n| blocks:
+ * takes them out of the map (|take|) or puts them back, moves the group's
+ * free count with them, and says so: |what|, then, where the group has a
+ * free count, its new value (|exact|) or that it is fixed. */
+static void map_repair(state_t *st, struct efs_check_finding *f, const struct geo *g,
+		       uint32_t grp, const size_t *mapk, const size_t *cntk, bool take,
+		       const struct sp_hits *h, size_t lo, size_t hi, uint64_t n, const char *what,
+		       bool exact)
+{
+	struct key_ent *m = &st->keys[mapk[grp]];
+	struct key_ent *cn = cntk[grp] != NONE ? &st->keys[cntk[grp]] : NULL;
+
+	if (take)
+		m->a -= n;
+	else
+		m->a += n;
+	if (cn)
+		cn->a = m->a;
+	if (!cn)
+		efs_check__set_repair(st, f, "%s", what);
+	else if (exact)
+		efs_check__set_repair(st, f, "%s and set its free count to %" PRIu64, what, m->a);
+	else
+		efs_check__set_repair(st, f, "%s and fix its free count", what);
+	op_map_patch(st, f, g, grp, mapk[grp], cntk[grp], take, h->v, lo, hi);
+}
+
 /* Findings of one class, one per group. */
 static void report_hits(state_t *st, const struct geo *g, enum sp_class c,
 			const struct sp_hits *h, const size_t *mapk, const size_t *cntk)
 {
 	struct efs_check_finding *f;
-	char text[2048], blind[300] = "";
+	char text[2048], blind[300] = "", head[96], what[128];
 
 	if (st->blind != NONE) {
 		const struct key_ent *b = &st->keys[st->blind];
@@ -512,100 +539,62 @@ static void report_hits(state_t *st, const struct geo *g, enum sp_class c,
 	for (size_t lo = 0, hi; lo < h->n && !st->err; lo = hi) {
 		uint32_t grp = h->v[lo].group;
 		uint64_t n = 0;
-		struct key_ent *m = &st->keys[mapk[grp]];
-		struct key_ent *cn = cntk[grp] != NONE ? &st->keys[cntk[grp]] : NULL;
+		const char *them;
 
 		for (hi = lo; hi < h->n && h->v[hi].group == grp; hi++)
 			n += h->v[hi].end - h->v[hi].start;
 		hits_text(st, h->v, lo, hi, text, sizeof(text));
+		them = n == 1 ? "it" : "them";
+		snprintf(head, sizeof(head), "allocation group %" PRIu32 ": %" PRIu64 " block%s",
+			 grp, n, n == 1 ? " is" : "s are");
 		switch (c) {
 		case SPC_TAKE:
-			f = efs_check__finding(
-			    st, EFS_CHECK_INV_SPACE, EFS_CHECK_ERROR,
-			    "allocation group %" PRIu32 ": %" PRIu64 " block%s free in the "
-			    "group's map but used by a file (a new file could be given "
-			    "%s): %s",
-			    grp, n, n == 1 ? " is" : "s are", n == 1 ? "it" : "them", text);
-			m->a -= n;
-			if (cn)
-				cn->a = m->a;
-			if (cn)
-				efs_check__set_repair(
-				    st, f,
-				    "take %s out of the group's free map (the file keeps "
-				    "%s) and set its free count to %" PRIu64,
-				    n == 1 ? "it" : "them", n == 1 ? "it" : "them", m->a);
-			else
-				efs_check__set_repair(
-				    st, f,
-				    "take %s out of the group's free map (the file keeps "
-				    "%s)",
-				    n == 1 ? "it" : "them", n == 1 ? "it" : "them");
-			op_map_patch(st, f, g, grp, mapk[grp], cntk[grp], true, h->v, lo, hi);
+			f = efs_check__finding(st, EFS_CHECK_INV_SPACE, EFS_CHECK_ERROR,
+					       "%s free in the group's map but used by a file (a "
+					       "new file could be given %s): %s",
+					       head, them, text);
+			snprintf(what, sizeof(what),
+				 "take %s out of the group's free map (the file keeps %s)", them,
+				 them);
+			map_repair(st, f, g, grp, mapk, cntk, true, h, lo, hi, n, what, true);
 			break;
 		case SPC_LEAK:
-			f = efs_check__finding(
-			    st, EFS_CHECK_INV_SPACE, EFS_CHECK_ERROR,
-			    "allocation group %" PRIu32 ": %" PRIu64 " block%s neither "
-			    "free in the group's map, nor in a free intent, nor used by "
-			    "any file (leaked): %s%s",
-			    grp, n, n == 1 ? " is" : "s are", text, blind);
-			if (blind[0])
-				break;
-			m->a += n;
-			if (cn)
-				cn->a = m->a;
-			if (cn)
-				efs_check__set_repair(
-				    st, f,
-				    "put %s back into the group's free map and set its "
-				    "free count to %" PRIu64,
-				    n == 1 ? "it" : "them", m->a);
-			else
-				efs_check__set_repair(st, f,
-						      "put %s back into the group's free map",
-						      n == 1 ? "it" : "them");
-			op_map_patch(st, f, g, grp, mapk[grp], cntk[grp], false, h->v, lo, hi);
-			break;
 		case SPC_TRIMMED:
-			f = efs_check__finding(
-			    st, EFS_CHECK_INV_SPACE, EFS_CHECK_NOTE,
-			    "allocation group %" PRIu32 ": %" PRIu64 " block%s used only "
-			    "beyond a file's size, so no longer used once the extents are "
-			    "cut: %s%s",
-			    grp, n, n == 1 ? " is" : "s are", text, blind);
+			if (c == SPC_LEAK)
+				f = efs_check__finding(
+				    st, EFS_CHECK_INV_SPACE, EFS_CHECK_ERROR,
+				    "%s neither free in the group's map, nor in a free intent, "
+				    "nor used by any file (leaked): %s%s",
+				    head, text, blind);
+			else
+				f = efs_check__finding(
+				    st, EFS_CHECK_INV_SPACE, EFS_CHECK_NOTE,
+				    "%s used only beyond a file's size, so no longer used once "
+				    "the extents are cut: %s%s",
+				    head, text, blind);
 			if (blind[0])
 				break;
-			m->a += n;
-			if (cn)
-				cn->a = m->a;
-			efs_check__set_repair(st, f, "put %s back into the group's free map%s",
-					      n == 1 ? "it" : "them",
-					      cn ? " and fix its free count" : "");
-			op_map_patch(st, f, g, grp, mapk[grp], cntk[grp], false, h->v, lo, hi);
+			snprintf(what, sizeof(what), "put %s back into the group's free map", them);
+			map_repair(st, f, g, grp, mapk, cntk, false, h, lo, hi, n, what,
+				   c == SPC_LEAK);
 			break;
 		case SPC_INT_FREE:
-			efs_check__finding(
-			    st, EFS_CHECK_INV_SPACE, EFS_CHECK_ERROR,
-			    "allocation group %" PRIu32 ": %" PRIu64
-			    " block%s in a free intent but already free in the group's map (a "
-			    "double free pending): %s",
-			    grp, n, n == 1 ? " is" : "s are", text);
+			efs_check__finding(st, EFS_CHECK_INV_SPACE, EFS_CHECK_ERROR,
+					   "%s in a free intent but already free in the group's "
+					   "map (a double free pending): %s",
+					   head, text);
 			break;
 		case SPC_INT_EXT:
-			efs_check__finding(
-			    st, EFS_CHECK_INV_SPACE, EFS_CHECK_ERROR,
-			    "allocation group %" PRIu32 ": %" PRIu64
-			    " block%s in a free intent but still used by a file (folding the "
-			    "intent would free them under it): %s",
-			    grp, n, n == 1 ? " is" : "s are", text);
+			efs_check__finding(st, EFS_CHECK_INV_SPACE, EFS_CHECK_ERROR,
+					   "%s in a free intent but still used by a file (folding "
+					   "the intent would free them under it): %s",
+					   head, text);
 			break;
 		default:
 			efs_check__finding(
 			    st, EFS_CHECK_INV_SPACE, EFS_CHECK_ERROR,
-			    "allocation group %" PRIu32 ": %" PRIu64
-			    " block%s in more than one free intent (a double free pending): %s",
-			    grp, n, n == 1 ? " is" : "s are", text);
+			    "%s in more than one free intent (a double free pending): %s", head,
+			    text);
 			break;
 		}
 	}
