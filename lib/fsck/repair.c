@@ -228,6 +228,19 @@ static int build_chunk_trim(struct efs_etcd_sync *s, struct efs_check_op *op, in
 	return r;
 }
 
+/* Puts |v|, a value just built when |r| is 0, at |key| in the success
+ * branch of |t|, and frees it either way. Returns |r|, or the put's error. */
+static int put_built(struct efs_etcd_txn *t, int r, const struct efs_meta_key *key,
+		     ProtobufCBinaryData *v)
+{
+	if (r == 0)
+		r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, key->buf, key->len, v->data, v->len,
+				     0);
+	efs_mem_free(v->data);
+	v->data = NULL;
+	return r;
+}
+
 static int64_t op_expected_mod(state_t *st, const struct efs_check_op *op)
 {
 	struct ino_ent *e;
@@ -314,10 +327,7 @@ static int repair_one(struct efs_etcd_sync *s, state_t *st, struct efs_check_fin
 
 			c.next = op->counter;
 			r = efs_meta_pack(&c.base, &v);
-			if (r == 0)
-				r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, op->key.buf,
-						     op->key.len, v.data, v.len, 0);
-			efs_mem_free(v.data);
+			r = put_built(t, r, &op->key, &v);
 			break;
 		}
 		case OP_INODE_PATCH:
@@ -336,10 +346,7 @@ static int repair_one(struct efs_etcd_sync *s, state_t *st, struct efs_check_fin
 				r = 0;
 				goto out;
 			}
-			if (r == 0)
-				r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, op->key.buf,
-						     op->key.len, v.data, v.len, 0);
-			efs_mem_free(v.data);
+			r = put_built(t, r, &op->key, &v);
 			break;
 		case OP_REQUIRE_INODE:
 			break;
@@ -356,9 +363,8 @@ static int repair_one(struct efs_etcd_sync *s, state_t *st, struct efs_check_fin
 			if (r == 0 && empty)
 				r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, op->key.buf,
 							op->key.len, NULL, 0, false);
-			else if (r == 0)
-				r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, op->key.buf,
-						     op->key.len, v.data, v.len, 0);
+			else
+				r = put_built(t, r, &op->key, &v);
 			efs_mem_free(v.data);
 			break;
 		}
@@ -376,11 +382,7 @@ static int repair_one(struct efs_etcd_sync *s, state_t *st, struct efs_check_fin
 				r = 0;
 				goto out;
 			}
-			if (r == 0)
-				r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, op->key.buf,
-						     op->key.len, v.data, v.len, 0);
-			efs_mem_free(v.data);
-			v.data = NULL;
+			r = put_built(t, r, &op->key, &v);
 			if (r == 0 && op->kidx2 != NONE) {
 				Etcfs__AgFree af = ETCFS__AG_FREE__INIT;
 
@@ -390,10 +392,7 @@ static int repair_one(struct efs_etcd_sync *s, state_t *st, struct efs_check_fin
 				af.free_blocks = count;
 				if (r == 0)
 					r = efs_meta_pack(&af.base, &v);
-				if (r == 0)
-					r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, op->key2.buf,
-							     op->key2.len, v.data, v.len, 0);
-				efs_mem_free(v.data);
+				r = put_built(t, r, &op->key2, &v);
 			}
 			break;
 		}
