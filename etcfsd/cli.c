@@ -113,6 +113,23 @@ static void wipe_free(char **p)
 	}
 }
 
+/* Puts |s|, a string just made (NULL: out of memory), in |*dst| in place of
+ * the string there, unless it is empty: then frees it and says |empty| in
+ * |err|. 0, -ENOMEM or -EINVAL (|*dst| untouched). */
+static int take_nonempty(char **dst, char *s, const char *empty, char *err, size_t err_size)
+{
+	if (!s)
+		return -ENOMEM;
+	if (!s[0]) {
+		efs_mem_free(s);
+		seterr(err, err_size, "%s", empty);
+		return -EINVAL;
+	}
+	efs_mem_free(*dst);
+	*dst = s;
+	return 0;
+}
+
 int efs_cli_etcd_option(struct efs_cli_etcd *e, const char *name, const char *value, char *err,
 			size_t err_size)
 {
@@ -135,19 +152,14 @@ int efs_cli_etcd_option(struct efs_cli_etcd *e, const char *name, const char *va
 	}
 	if (!strcmp(name, "user")) {
 		const char *colon = strchr(value, ':');
-		char *user;
+		int r;
 
-		user = colon ? efs_mem_strndup(value, (size_t)(colon - value))
-			     : efs_mem_strdup(value);
-		if (!user)
-			return -ENOMEM;
-		if (!user[0]) {
-			efs_mem_free(user);
-			seterr(err, err_size, "--user needs a user name");
-			return -EINVAL;
-		}
-		efs_mem_free(e->user);
-		e->user = user;
+		r = take_nonempty(&e->user,
+				  colon ? efs_mem_strndup(value, (size_t)(colon - value))
+					: efs_mem_strdup(value),
+				  "--user needs a user name", err, err_size);
+		if (r < 0)
+			return r;
 		if (colon) {
 			wipe_free(&e->password);
 			e->password = efs_mem_strdup(colon + 1);
@@ -323,7 +335,7 @@ static bool uses_tls(const struct efs_cli_etcd *e)
 
 int efs_cli_etcd_finish(struct efs_cli_etcd *e, char *err, size_t err_size)
 {
-	char *norm;
+	int r;
 
 	if (!!e->cert != !!e->key) {
 		seterr(err, err_size, "--cert and --key go together");
@@ -349,17 +361,12 @@ int efs_cli_etcd_finish(struct efs_cli_etcd *e, char *err, size_t err_size)
 		if (!e->password)
 			return -ENOMEM;
 	}
-	norm = normalise_endpoints(e->endpoints ? e->endpoints : EFS_CLI_ENDPOINTS_DEFAULT,
-				   uses_tls(e));
-	if (!norm)
-		return -ENOMEM;
-	if (!norm[0]) {
-		efs_mem_free(norm);
-		seterr(err, err_size, "--endpoints is empty");
-		return -EINVAL;
-	}
-	efs_mem_free(e->endpoints);
-	e->endpoints = norm;
+	r = take_nonempty(&e->endpoints,
+			  normalise_endpoints(e->endpoints ? e->endpoints : EFS_CLI_ENDPOINTS_DEFAULT,
+					      uses_tls(e)),
+			  "--endpoints is empty", err, err_size);
+	if (r < 0)
+		return r;
 	if (!e->dial_timeout_ms)
 		e->dial_timeout_ms = EFS_CLI_DIAL_TIMEOUT_DEFAULT_MS;
 	if (!e->command_timeout_ms)
