@@ -400,6 +400,31 @@ void efs_fs_new_owner(const Etcfs__Inode *parent, uid_t uid, gid_t gid, mode_t m
 	*ret_mode = type | perm;
 }
 
+/* The plan's last step for an operation that makes the name |name| in
+ * |parent| (create-like operations, link): after a conflict, reads that
+ * dirent once, and fails -EEXIST when the name is taken. */
+static int check_new_name(struct efs_fs_op *op, struct mk_priv *p, uint64_t parent,
+			  const char *name, size_t len)
+{
+	int r;
+
+	if (op->retries > 0 && !p->dirent_kv) {
+		struct efs_fs_kv *kv = efs_fs_want_kv(op);
+
+		if (!kv)
+			return -E2BIG;
+		r = efs_meta_key_dirent(&op->fs->ns, parent, name, len, &kv->key);
+		if (r < 0)
+			return r;
+		p->dirent_kv = (int)op->nkv;
+		return EFS_FS_CONT; /* the engine reads it before building */
+	}
+	if (p->dirent_kv && op->nkv_loaded >= (size_t)p->dirent_kv &&
+	    op->kv[p->dirent_kv - 1].found)
+		return -EEXIST;
+	return EFS_FS_CONT;
+}
+
 static int mk_plan(struct efs_fs_op *op)
 {
 	struct ns_op *nop = nop_of(op);
@@ -426,21 +451,7 @@ static int mk_plan(struct efs_fs_op *op)
 		p->acl_kv = (int)op->nkv;
 		return EFS_FS_CONT;
 	}
-	if (op->retries > 0 && !p->dirent_kv) {
-		struct efs_fs_kv *kv = efs_fs_want_kv(op);
-
-		if (!kv)
-			return -E2BIG;
-		r = efs_meta_key_dirent(&op->fs->ns, op->ino, nop->name, nop->name_len, &kv->key);
-		if (r < 0)
-			return r;
-		p->dirent_kv = (int)op->nkv;
-		return EFS_FS_CONT; /* the engine reads it before building */
-	}
-	if (p->dirent_kv && op->nkv_loaded >= (size_t)p->dirent_kv &&
-	    op->kv[p->dirent_kv - 1].found)
-		return -EEXIST;
-	return EFS_FS_CONT;
+	return check_new_name(op, p, op->ino, nop->name, nop->name_len);
 }
 
 static int mk_build(struct efs_fs_op *op)
@@ -680,22 +691,7 @@ static int link_plan(struct efs_fs_op *op)
 		return r;
 	if (rec->nlink >= EFS_META_LINK_MAX)
 		return -EMLINK;
-	if (op->retries > 0 && !p->dirent_kv) {
-		struct efs_fs_kv *kv = efs_fs_want_kv(op);
-
-		if (!kv)
-			return -E2BIG;
-		r = efs_meta_key_dirent(&op->fs->ns, nop->ino2, nop->name2, nop->name2_len,
-					&kv->key);
-		if (r < 0)
-			return r;
-		p->dirent_kv = (int)op->nkv;
-		return EFS_FS_CONT;
-	}
-	if (p->dirent_kv && op->nkv_loaded >= (size_t)p->dirent_kv &&
-	    op->kv[p->dirent_kv - 1].found)
-		return -EEXIST;
-	return EFS_FS_CONT;
+	return check_new_name(op, p, nop->ino2, nop->name2, nop->name2_len);
 }
 
 static int link_build(struct efs_fs_op *op)
