@@ -28,6 +28,48 @@
 #include "util/clock.h"
 #include "util/log.h"
 
+const char *const efs_fs_op_names[EFS_FS_NOPS] = {
+	[EFS_FS_OP_INIT] = "init",
+	[EFS_FS_OP_LOOKUP] = "lookup",
+	[EFS_FS_OP_FORGET] = "forget",
+	[EFS_FS_OP_GETATTR] = "getattr",
+	[EFS_FS_OP_SETATTR] = "setattr",
+	[EFS_FS_OP_READLINK] = "readlink",
+	[EFS_FS_OP_MKNOD] = "mknod",
+	[EFS_FS_OP_MKDIR] = "mkdir",
+	[EFS_FS_OP_UNLINK] = "unlink",
+	[EFS_FS_OP_RMDIR] = "rmdir",
+	[EFS_FS_OP_SYMLINK] = "symlink",
+	[EFS_FS_OP_RENAME] = "rename",
+	[EFS_FS_OP_LINK] = "link",
+	[EFS_FS_OP_OPEN] = "open",
+	[EFS_FS_OP_READ] = "read",
+	[EFS_FS_OP_RELEASE] = "release",
+	[EFS_FS_OP_OPENDIR] = "opendir",
+	[EFS_FS_OP_READDIR] = "readdir",
+	[EFS_FS_OP_READDIRPLUS] = "readdirplus",
+	[EFS_FS_OP_RELEASEDIR] = "releasedir",
+	[EFS_FS_OP_FSYNCDIR] = "fsyncdir",
+	[EFS_FS_OP_STATFS] = "statfs",
+	[EFS_FS_OP_SETXATTR] = "setxattr",
+	[EFS_FS_OP_GETXATTR] = "getxattr",
+	[EFS_FS_OP_LISTXATTR] = "listxattr",
+	[EFS_FS_OP_REMOVEXATTR] = "removexattr",
+	[EFS_FS_OP_CREATE] = "create",
+	[EFS_FS_OP_RECLAIM] = "reclaim",
+	[EFS_FS_OP_ATIME] = "atime",
+	[EFS_FS_OP_WRITE] = "write",
+	[EFS_FS_OP_FLUSH] = "flush",
+	[EFS_FS_OP_FSYNC] = "fsync",
+	[EFS_FS_OP_FALLOCATE] = "fallocate",
+	[EFS_FS_OP_LSEEK] = "lseek",
+	[EFS_FS_OP_COPY_FILE_RANGE] = "copy_file_range",
+	[EFS_FS_OP_GETLK] = "getlk",
+	[EFS_FS_OP_SETLK] = "setlk",
+	[EFS_FS_OP_FLOCK] = "flock",
+	[EFS_FS_OP_PUBLISH] = "publish",
+};
+
 void efs_fs_rq_start(struct efs_fs_rq *rq, struct efs_fs *fs, fuse_req_t req,
 		     enum efs_fs_opcode code)
 {
