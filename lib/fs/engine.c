@@ -537,7 +537,7 @@ int64_t efs_fs_rec_rev(const struct efs_fs_op *op, uint64_t ino)
 
 /* ---- Build helpers ---- */
 
-static int ensure_txn(struct efs_fs_op *op)
+int efs_fs_op_txn(struct efs_fs_op *op)
 {
 	if (op->txn)
 		return 0;
@@ -616,7 +616,7 @@ int efs_fs_put_dirent(struct efs_fs_op *op, uint64_t parent, const char *name, s
 	ProtobufCBinaryData b;
 	int r;
 
-	r = ensure_txn(op);
+	r = efs_fs_op_txn(op);
 	if (r < 0)
 		return r;
 	r = ensure_opid(op);
@@ -655,7 +655,7 @@ int efs_fs_del_dirent(struct efs_fs_op *op, uint64_t parent, const char *name, s
 	struct efs_meta_key k;
 	int r;
 
-	r = ensure_txn(op);
+	r = efs_fs_op_txn(op);
 	if (r < 0)
 		return r;
 	r = efs_meta_key_dirent(&op->fs->ns, parent, name, len, &k);
@@ -669,7 +669,7 @@ int efs_fs_del_dirent(struct efs_fs_op *op, uint64_t parent, const char *name, s
 	return r;
 }
 
-static int del_family(struct efs_fs_op *op, enum efs_meta_family fam, uint64_t ino)
+int efs_fs_del_family(struct efs_fs_op *op, enum efs_meta_family fam, uint64_t ino)
 {
 	struct efs_meta_range rg;
 	int r;
@@ -679,38 +679,6 @@ static int del_family(struct efs_fs_op *op, enum efs_meta_family fam, uint64_t i
 		return r;
 	return efs_etcd_txn_delete(op->txn, EFS_ETCD_TXN_SUCCESS, rg.key.buf, rg.key.len,
 				   rg.end.buf, rg.end.len, false);
-}
-
-int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *rec)
-{
-	struct efs_meta_key k;
-	bool reclaim = false;
-	int r;
-
-	r = ensure_txn(op);
-	if (r < 0)
-		return r;
-	/* Also for a file this node has data state for: a truncate or a
-	 * publication in parts may have left chunks behind a record that
-	 * says size 0 (the reclaimer deletes an empty record at once). */
-	if (op->fs->alloc && rec && S_ISREG(rec->mode)) {
-		struct efs_fs_inode *in = efs_fs_ifind(op->fs, ino);
-
-		reclaim = rec->size || rec->blocks || (in && in->data);
-	}
-	r = del_family(op, EFS_META_K_XATTR, ino);
-	if (r == 0 && !reclaim)
-		r = del_family(op, EFS_META_K_EXTENT, ino);
-	if (r == 0 && reclaim)
-		r = efs_fs_reclaim_put(op, ino);
-	if (r == 0)
-		r = efs_lock_drop_in_txn(op->fs->lc, op->txn, ino);
-	if (r == 0)
-		r = efs_meta_key_orphan(&op->fs->ns, ino, &k);
-	if (r == 0)
-		r = efs_etcd_txn_delete(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0,
-					false);
-	return r;
 }
 
 /* ---- Steps ---- */
@@ -1692,7 +1660,7 @@ static void step_build(struct efs_fs_op *op)
 
 	reset_out(op);
 	if (op->d->mutates) {
-		r = ensure_txn(op);
+		r = efs_fs_op_txn(op);
 		if (r < 0) {
 			efs_fs_op_finish(op, r);
 			return;

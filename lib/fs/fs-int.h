@@ -589,11 +589,15 @@ int efs_fs_put_dirent(struct efs_fs_op *op, uint64_t parent, const char *name, s
 		      uint64_t ino, uint32_t type, bool must_be_new, int64_t mod_rev);
 int efs_fs_del_dirent(struct efs_fs_op *op, uint64_t parent, const char *name, size_t len,
 		      int64_t mod_rev);
+/* Starts the operation's transaction if it has none. 0 or -ENOMEM. */
+int efs_fs_op_txn(struct efs_fs_op *op);
+/* Deletes every key of |fam| of inode |ino| in the transaction. */
+int efs_fs_del_family(struct efs_fs_op *op, enum efs_meta_family fam, uint64_t ino);
 /* Deletes every key of a removed inode besides i/ (xattrs, holders,
  * extents, orphan) in the transaction. A regular file with data (|rec|'s
  * size or blocks, or a data state on this node) keeps its extent chunks
- * and gets a reclaim record instead (fs/data.h), when the data path is
- * built. */
+ * and gets a reclaim record instead, when the data path is built
+ * (reclaim.c). */
 int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *rec);
 
 /* Reply helpers: fill a fuse_entry_param / attr reply from a record, with

@@ -135,6 +135,38 @@ static int rc_send(struct rc *rc, struct efs_etcd_txn *t, efs_etcd_txn_cb cb)
 
 /* ---- Reclaim record put (in the dropping transaction) ---- */
 
+int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *rec)
+{
+	struct efs_meta_key k;
+	bool reclaim = false;
+	int r;
+
+	r = efs_fs_op_txn(op);
+	if (r < 0)
+		return r;
+	/* Also for a file this node has data state for: a truncate or a
+	 * publication in parts may have left chunks behind a record that
+	 * says size 0 (the reclaimer deletes an empty record at once). */
+	if (op->fs->alloc && rec && S_ISREG(rec->mode)) {
+		struct efs_fs_inode *in = efs_fs_ifind(op->fs, ino);
+
+		reclaim = rec->size || rec->blocks || (in && in->data);
+	}
+	r = efs_fs_del_family(op, EFS_META_K_XATTR, ino);
+	if (r == 0 && !reclaim)
+		r = efs_fs_del_family(op, EFS_META_K_EXTENT, ino);
+	if (r == 0 && reclaim)
+		r = efs_fs_reclaim_put(op, ino);
+	if (r == 0)
+		r = efs_lock_drop_in_txn(op->fs->lc, op->txn, ino);
+	if (r == 0)
+		r = efs_meta_key_orphan(&op->fs->ns, ino, &k);
+	if (r == 0)
+		r = efs_etcd_txn_delete(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0,
+					false);
+	return r;
+}
+
 int efs_fs_reclaim_put(struct efs_fs_op *op, uint64_t ino)
 {
 	Etcfs__Reclaim rec = ETCFS__RECLAIM__INIT;
