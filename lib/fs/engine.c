@@ -14,7 +14,6 @@
 #include "config.h"
 #include "etcd/kv.h"
 #include "fs/fs-int.h"
-#include "fs/data.h"
 #include "meta/records.h"
 #include "util/clock.h"
 #include "util/log.h"
@@ -1143,8 +1142,6 @@ static void apply_out(struct efs_fs_op *op, int64_t rev)
 		in->refs++;
 		if (o->del) {
 			efs_fs_inode_dropped(fs, o->ino);
-			if (fs->alloc)
-				efs_fs_reclaim_kick(fs);
 			efs_fs_inode_set(fs, in, NULL, rev, true);
 			efs_lock_forget(fs->lc, o->ino);
 			fs->icount--;

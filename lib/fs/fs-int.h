@@ -270,6 +270,9 @@ struct efs_fs_handle {
 
 /* ---- The filesystem ---- */
 
+/* How many modules may register inode hooks (struct efs_fs_inode_hooks). */
+#define EFS_FS_NIHOOKS 4
+
 struct efs_fs {
 	uv_loop_t *loop;
 	struct efs_etcd *c;
@@ -285,7 +288,8 @@ struct efs_fs {
 	struct efs_alloc *alloc;
 	uint32_t flush_interval_ms;
 	void *data_priv;    /* file/: publisher and sweep */
-	const struct efs_fs_inode_hooks *ihooks; /* the inode cache's clients */
+	/* The modules that hang state on inodes and handles (efs_fs_ihooks_add). */
+	const struct efs_fs_inode_hooks *ihooks[EFS_FS_NIHOOKS];
 	void *reclaim_priv; /* reclaim.c */
 	void *plock_priv;   /* plock.c */
 	void *maint_priv;   /* maint.c */
@@ -489,17 +493,29 @@ struct efs_fs_op {
  * replies after a commit (the cache already holds op->out).
  */
 /*
- * What the inode cache tells its clients (the data path registers them):
- * |reloaded| after the engine replaced in->rec with a record read from
- * etcd (pending fields go back into the merged view), |dropped| once an
- * inode's last link and last handle are gone and its keys were deleted
- * or handed to a reclaim record (forget its in-core state, giving back
- * only allocations known unpublished). Either may be NULL.
+ * What the generic layer tells the modules that hang state on its inodes
+ * and handles (the data path, reclaim, the directories' lock ops), so that
+ * it never names them: |reloaded| after the engine replaced in->rec with
+ * a record read from etcd (pending fields go back into the merged view),
+ * |dropped| once an inode's last link and last handle are gone and its
+ * keys were deleted or handed to a reclaim record (forget its in-core
+ * state, giving back only allocations known unpublished), |freed| when
+ * the inode cache frees |in| (free what hangs on it), |handle_freed| when
+ * an open handle of a regular file goes (before the open count drops).
+ * Any may be NULL. Registered with efs_fs_ihooks_add(), called in the
+ * order of registration.
  */
 struct efs_fs_inode_hooks {
 	void (*reloaded)(struct efs_fs *fs, struct efs_fs_inode *in);
 	void (*dropped)(struct efs_fs *fs, uint64_t ino);
+	void (*freed)(struct efs_fs *fs, struct efs_fs_inode *in);
+	void (*handle_freed)(struct efs_fs *fs, struct efs_fs_handle *h);
 };
+
+/* Registers |h| (at most EFS_FS_NIHOOKS tables: more is a bug, which
+ * asserts) and unregisters it. */
+void efs_fs_ihooks_add(struct efs_fs *fs, const struct efs_fs_inode_hooks *h);
+void efs_fs_ihooks_del(struct efs_fs *fs, const struct efs_fs_inode_hooks *h);
 
 /* Outcomes of an operation's commit attempt (efs_fs_opdesc's outcome). */
 enum efs_fs_commit {
@@ -695,7 +711,6 @@ size_t efs_fs_knames_count(const struct efs_fs_inode *dir);
 #define EFS_FS_FAULT_RELEASE_XATTR "user.etcfs.fault.release"
 bool efs_fs_fault_release(fuse_req_t req, uint64_t ino, const char *name, const char *value,
 			  size_t size);
-void efs_fs_knames_clear(struct efs_fs_inode *dir);
 
 /* Kernel references: +1 per entry reply, -n per forget. */
 void efs_fs_inode_ref_kernel(struct efs_fs *fs, uint64_t ino);

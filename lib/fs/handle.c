@@ -8,7 +8,6 @@
 
 #include <errno.h>
 
-#include "fs/data.h"
 #include "util/mem.h"
 
 /* ---- Handles ---- */
@@ -49,8 +48,14 @@ void efs_fs_handle_free(struct efs_fs *fs, struct efs_fs_handle *h)
 
 	efs_list_del(&h->link);
 	handle_clear_ents(h);
-	if (!h->dir)
-		efs_fs_data_handle_free(fs, h);
+	if (!h->dir) {
+		for (size_t i = 0; i < EFS_FS_NIHOOKS; i++) {
+			const struct efs_fs_inode_hooks *hk = fs->ihooks[i];
+
+			if (hk && hk->handle_freed)
+				hk->handle_freed(fs, h);
+		}
+	}
 	if (in) {
 		in->refs++;
 		if (in->opens)

@@ -5,12 +5,12 @@
  * lock on the inode and no session loss happened since it was read;
  * entries live while the kernel, a handle or an operation references them.
  */
+#include <assert.h>
 #include <errno.h>
 #include <string.h>
 
 #include "fs/fs-int.h"
 #include "util/mem.h"
-#include "fs/data.h"
 
 #define HASH_INIT 1024
 
@@ -152,10 +152,41 @@ void efs_fs_dcache_forget(struct efs_fs *fs, uint64_t dir, const char *name, siz
 	}
 }
 
-static void inode_free(struct efs_fs_inode *in)
+/* ---- The clients' hooks ---- */
+
+void efs_fs_ihooks_add(struct efs_fs *fs, const struct efs_fs_inode_hooks *h)
 {
+	size_t i = 0;
+
+	while (i < EFS_FS_NIHOOKS && fs->ihooks[i])
+		i++;
+	assert(i < EFS_FS_NIHOOKS);
+	if (i < EFS_FS_NIHOOKS)
+		fs->ihooks[i] = h;
+}
+
+void efs_fs_ihooks_del(struct efs_fs *fs, const struct efs_fs_inode_hooks *h)
+{
+	for (size_t i = 0; i < EFS_FS_NIHOOKS; i++) {
+		if (fs->ihooks[i] == h)
+			fs->ihooks[i] = NULL;
+	}
+}
+
+/* Runs the statement that follows for each registered table with |fn|. */
+#define for_each_ihook(fs, hk, fn)                        \
+	for (size_t i_ = 0; i_ < EFS_FS_NIHOOKS; i_++)    \
+		if (!((hk) = (fs)->ihooks[i_]) || !(hk)->fn) \
+			;                                 \
+		else
+
+static void inode_free(struct efs_fs *fs, struct efs_fs_inode *in)
+{
+	const struct efs_fs_inode_hooks *hk;
+
 	efs_fs_dcache_clear(in);
-	efs_fs_knames_clear(in);
+	for_each_ihook (fs, hk, freed)
+		hk->freed(fs, in);
 	if (in->rec)
 		protobuf_c_message_free_unpacked(&in->rec->base, efs_mem_protobuf());
 	efs_mem_free(in);
@@ -171,7 +202,7 @@ void efs_fs_icache_done(struct efs_fs *fs)
 		while (in) {
 			struct efs_fs_inode *next = in->hnext;
 
-			inode_free(in);
+			inode_free(fs, in);
 			in = next;
 		}
 	}
@@ -246,7 +277,7 @@ static void maybe_drop(struct efs_fs *fs, struct efs_fs_inode *in)
 		if (*pp == in) {
 			*pp = in->hnext;
 			fs->ninodes--;
-			inode_free(in);
+			inode_free(fs, in);
 			return;
 		}
 	}
@@ -283,20 +314,26 @@ bool efs_fs_inode_valid(const struct efs_fs *fs, const struct efs_fs_inode *in)
 void efs_fs_inode_set(struct efs_fs *fs, struct efs_fs_inode *in, Etcfs__Inode *rec,
 		      int64_t mod_rev, bool trusted)
 {
+	const struct efs_fs_inode_hooks *hk;
+
 	if (in->rec)
 		protobuf_c_message_free_unpacked(&in->rec->base, efs_mem_protobuf());
 	in->rec = rec;
 	in->gone = rec == NULL;
 	in->mod_rev = mod_rev;
 	in->epoch = trusted ? fs->epoch : 0;
-	if (rec && fs->ihooks && fs->ihooks->reloaded)
-		fs->ihooks->reloaded(fs, in); /* pending fields stay in the merged view */
+	if (!rec)
+		return;
+	for_each_ihook (fs, hk, reloaded)
+		hk->reloaded(fs, in); /* pending fields stay in the merged view */
 }
 
 void efs_fs_inode_dropped(struct efs_fs *fs, uint64_t ino)
 {
-	if (fs->ihooks && fs->ihooks->dropped)
-		fs->ihooks->dropped(fs, ino);
+	const struct efs_fs_inode_hooks *hk;
+
+	for_each_ihook (fs, hk, dropped)
+		hk->dropped(fs, ino);
 }
 
 void efs_fs_inode_ref_kernel(struct efs_fs *fs, uint64_t ino)

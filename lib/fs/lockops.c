@@ -69,7 +69,7 @@ static uint64_t name_hash(const char *name, size_t len)
 	return h;
 }
 
-void efs_fs_knames_clear(struct efs_fs_inode *dir)
+static void knames_clear(struct efs_fs_inode *dir)
 {
 	struct efs_fs_knames *kn = dir->kn;
 
@@ -306,7 +306,7 @@ static void dir_invalidate(void *arg, uint64_t ino, enum efs_lock_mode to, efs_l
 	if (!fs->inval) {
 		/* No kernel to tell (or no notifications). */
 		if (dir)
-			efs_fs_knames_clear(dir);
+			knames_clear(dir);
 		done(darg, 0);
 		return;
 	}
@@ -360,7 +360,7 @@ static void dir_invalidate(void *arg, uint64_t ino, enum efs_lock_mode to, efs_l
 	/* The names are copied at submission; the kernel's entries of them
 	 * are being dropped. */
 	if (dir)
-		efs_fs_knames_clear(dir);
+		knames_clear(dir);
 	if (--v->left == 0)
 		dinval_finish(v);
 }
@@ -414,8 +414,21 @@ bool efs_fs_fault_release(fuse_req_t req, uint64_t ino, const char *name, const 
 
 /* ---- Setup ---- */
 
+/* The names a directory handed out die with its cached inode. */
+static void inode_freed(struct efs_fs *fs, struct efs_fs_inode *in)
+{
+	knames_clear(in);
+}
+
+static const struct efs_fs_inode_hooks dir_inode_hooks = {
+	.freed = inode_freed,
+};
+
 void efs_fs_lockops_init(struct efs_fs *fs)
 {
+	/* Registered for the fs's whole life: the inode cache, freed last,
+	 * frees the names of every directory it still holds. */
+	efs_fs_ihooks_add(fs, &dir_inode_hooks);
 	if (!fs->lc)
 		return;
 	efs_lockcache_set_kind_fn(fs->lc, lock_kind, fs);

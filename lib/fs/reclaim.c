@@ -798,6 +798,16 @@ static void peer_gone(void *arg, const char *node)
 	efs_fs_reclaim_kick(fs);
 }
 
+/* An inode deleted for good may have left a reclaim record to work on. */
+static void inode_dropped(struct efs_fs *fs, uint64_t ino)
+{
+	efs_fs_reclaim_kick(fs);
+}
+
+static const struct efs_fs_inode_hooks reclaim_inode_hooks = {
+	.dropped = inode_dropped,
+};
+
 int efs_fs_reclaim_init(struct efs_fs *fs)
 {
 	struct rc *rc = efs_mem_calloc(1, sizeof(*rc));
@@ -811,6 +821,7 @@ int efs_fs_reclaim_init(struct efs_fs *fs)
 		return -ENOMEM;
 	}
 	fs->reclaim_priv = rc;
+	efs_fs_ihooks_add(fs, &reclaim_inode_hooks);
 	if (fs->lc)
 		efs_lockcache_set_peer_gone_cb(fs->lc, peer_gone, fs);
 	/* The first pass: its map transactions wait behind the allocator's
@@ -856,6 +867,7 @@ void efs_fs_reclaim_done(struct efs_fs *fs)
 
 	if (!rc)
 		return;
+	efs_fs_ihooks_del(fs, &reclaim_inode_hooks);
 	if (fs->lc)
 		efs_lockcache_set_peer_gone_cb(fs->lc, NULL, NULL);
 	if (rc->at && !rc->at_granted) {
@@ -899,8 +911,6 @@ static int rc_plan(struct efs_fs_op *op)
 		/* Gone: a retry after an unknown outcome found our delete
 		 * applied (no apply_out runs then). */
 		efs_fs_inode_dropped(op->fs, op->ino);
-		if (op->fs->alloc)
-			efs_fs_reclaim_kick(op->fs);
 	}
 	if (!rec || rec->nlink != 0 || (in && in->opens > 0))
 		return EFS_FS_DONE;

@@ -988,6 +988,7 @@ static void timer_close_cb(uv_handle_t *h)
 static const struct efs_fs_inode_hooks file_inode_hooks = {
 	.reloaded = efs_file_state_reloaded,
 	.dropped = efs_file_state_dropped,
+	.handle_freed = efs_fs_data_handle_free,
 };
 
 int efs_fs_data_init(struct efs_fs *fs)
@@ -1038,8 +1039,8 @@ int efs_fs_data_init(struct efs_fs *fs)
 						 "Publication latency (token, sync, commit)", NULL);
 	}
 	fault_from_env(c);
+	efs_fs_ihooks_add(fs, &file_inode_hooks);
 	fs->data_priv = c;
-	fs->ihooks = &file_inode_hooks;
 	efs_file_lockops_init(c);
 	uv_timer_start(c->sweep, sweep_cb, fs->flush_interval_ms, fs->flush_interval_ms);
 	return 0;
@@ -1072,7 +1073,7 @@ void efs_fs_data_done(struct efs_fs *fs)
 	if (!c)
 		return;
 	efs_file_lockops_done(c);
-	fs->ihooks = NULL;
+	efs_fs_ihooks_del(fs, &file_inode_hooks);
 	/* Every state still attached to a cached inode (nothing is in flight:
 	 * no waiter, no request, no publication). */
 	for (size_t i = 0; i < fs->hsize; i++) {
