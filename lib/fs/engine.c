@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "etcd/keys.h"
 #include "etcd/kv.h"
 #include "fs/fs-int.h"
 #include "meta/records.h"
@@ -114,6 +115,50 @@ int efs_fs_txn_read_inode(struct efs_fs *fs, struct efs_etcd_txn *t, uint64_t in
 	return r;
 }
 
+/* ---- Pure helpers: operation ids ---- */
+
+int efs_fs_opid_encode(uint8_t *buf, const char *node, uint64_t generation, uint64_t seq)
+{
+	size_t n;
+
+	if (!efs_meta_node_is_valid(node))
+		return -EINVAL;
+	n = strlen(node);
+	memcpy(buf, node, n);
+	buf[n] = 0;
+	efs_etcd_be64_put(buf + n + 1, generation);
+	efs_etcd_be64_put(buf + n + 9, seq);
+	return (int)(n + 17);
+}
+
+int efs_fs_opid_decode(const uint8_t *buf, size_t len, char *node, uint64_t *generation,
+		       uint64_t *seq)
+{
+	const uint8_t *z;
+	size_t n;
+
+	if (!buf || len < 18)
+		return -EINVAL;
+	z = memchr(buf, 0, len);
+	if (!z)
+		return -EINVAL;
+	n = (size_t)(z - buf);
+	if (n == 0 || n > EFS_META_NODE_MAX || len != n + 17)
+		return -EINVAL;
+	memcpy(node, buf, n);
+	node[n] = 0;
+	if (!efs_meta_node_is_valid(node))
+		return -EINVAL;
+	*generation = efs_etcd_be64_get(buf + n + 1);
+	*seq = efs_etcd_be64_get(buf + n + 9);
+	return 0;
+}
+
+bool efs_fs_opid_equal(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
+{
+	return alen > 0 && alen == blen && memcmp(a, b, alen) == 0;
+}
+
 /* ---- Reply helpers ---- */
 
 uint64_t efs_fs_cache_bound(uint64_t cache_ns, uint64_t now, uint64_t deadline, int64_t ttl_s)
@@ -141,27 +186,6 @@ double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino)
 		return 0;
 	efs_lock_note_kernel_cache(fs->lc, ino, now + t);
 	return (double)t / EFS_NSEC_PER_SEC;
-}
-
-void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, const char *name, size_t len,
-		       uint64_t ino, const Etcfs__Inode *rec, struct fuse_entry_param *e)
-{
-	memset(e, 0, sizeof(*e));
-	e->ino = ino;
-	e->generation = rec->generation;
-	efs_meta_inode_to_stat(rec, ino, fs->blksize, &e->attr);
-	e->attr_timeout = efs_fs_attr_timeout(fs, ino);
-	e->entry_timeout = efs_fs_entry_timeout(fs, parent, name, len);
-}
-
-void efs_fs_reply_entry(struct efs_fs_op *op, uint64_t parent, const char *name, size_t len,
-			uint64_t ino, const Etcfs__Inode *rec)
-{
-	struct fuse_entry_param e;
-
-	efs_fs_fill_entry(op->fs, parent, name, len, ino, rec, &e);
-	if (efs_fs_rq_entry(op->rq, &e) == 0)
-		efs_fs_inode_ref_kernel(op->fs, ino);
 }
 
 void efs_fs_reply_attr(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *rec)

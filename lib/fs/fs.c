@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "config.h"
-#include "etcd/keys.h"
 #include "fs/fs-int.h"
 #include "dev/iopool.h"
 #include "alloc/alloc.h"
@@ -507,48 +506,4 @@ struct efs_fs *efs_fs_free(struct efs_fs *fs)
 	}
 	efs_mem_free(fs);
 	return NULL;
-}
-
-/* ---- Pure helpers: operation ids ---- */
-
-int efs_fs_opid_encode(uint8_t *buf, const char *node, uint64_t generation, uint64_t seq)
-{
-	size_t n;
-
-	if (!efs_meta_node_is_valid(node))
-		return -EINVAL;
-	n = strlen(node);
-	memcpy(buf, node, n);
-	buf[n] = 0;
-	efs_etcd_be64_put(buf + n + 1, generation);
-	efs_etcd_be64_put(buf + n + 9, seq);
-	return (int)(n + 17);
-}
-
-int efs_fs_opid_decode(const uint8_t *buf, size_t len, char *node, uint64_t *generation,
-		       uint64_t *seq)
-{
-	const uint8_t *z;
-	size_t n;
-
-	if (!buf || len < 18)
-		return -EINVAL;
-	z = memchr(buf, 0, len);
-	if (!z)
-		return -EINVAL;
-	n = (size_t)(z - buf);
-	if (n == 0 || n > EFS_META_NODE_MAX || len != n + 17)
-		return -EINVAL;
-	memcpy(node, buf, n);
-	node[n] = 0;
-	if (!efs_meta_node_is_valid(node))
-		return -EINVAL;
-	*generation = efs_etcd_be64_get(buf + n + 1);
-	*seq = efs_etcd_be64_get(buf + n + 9);
-	return 0;
-}
-
-bool efs_fs_opid_equal(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
-{
-	return alen > 0 && alen == blen && memcmp(a, b, alen) == 0;
 }

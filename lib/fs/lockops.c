@@ -209,6 +209,27 @@ double efs_fs_entry_timeout(struct efs_fs *fs, uint64_t parent, const char *name
 	return t;
 }
 
+void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, const char *name, size_t len,
+		       uint64_t ino, const Etcfs__Inode *rec, struct fuse_entry_param *e)
+{
+	memset(e, 0, sizeof(*e));
+	e->ino = ino;
+	e->generation = rec->generation;
+	efs_meta_inode_to_stat(rec, ino, fs->blksize, &e->attr);
+	e->attr_timeout = efs_fs_attr_timeout(fs, ino);
+	e->entry_timeout = efs_fs_entry_timeout(fs, parent, name, len);
+}
+
+void efs_fs_reply_entry(struct efs_fs_op *op, uint64_t parent, const char *name, size_t len,
+			uint64_t ino, const Etcfs__Inode *rec)
+{
+	struct fuse_entry_param e;
+
+	efs_fs_fill_entry(op->fs, parent, name, len, ino, rec, &e);
+	if (efs_fs_rq_entry(op->rq, &e) == 0)
+		efs_fs_inode_ref_kernel(op->fs, ino);
+}
+
 size_t efs_fs_knames_count(const struct efs_fs_inode *dir)
 {
 	return dir->kn ? dir->kn->n : 0;
