@@ -7,7 +7,7 @@
  * and the pure helpers (operation ids, timestamp and mode rules, readdir
  * cookies, xattr name rules) that the unit suite checks.
  *
- * The engine (fs.c) runs every operation through the same steps:
+ * The engine (engine.c) runs every operation through the same steps:
  *   session   wait for an ACTIVE session (efs_session_wait), else EIO;
  *   plan      the operation names the inodes it needs and their lock modes,
  *             and the extra keys it must read (dirents, xattrs, ...);
@@ -552,7 +552,7 @@ struct efs_fs_opdesc {
 	void (*release)(struct efs_fs_op *op);
 };
 
-/* ---- Engine (fs.c) ---- */
+/* ---- Engine (engine.c) ---- */
 
 /* A new record for |req| (NULL: internal), started with efs_fs_op_run.
  * NULL on ENOMEM (the caller replies ENOMEM). */

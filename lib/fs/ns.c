@@ -2,7 +2,7 @@
 /*
  * Namespace operations: lookup, which only reads, and create, mknod,
  * mkdir, symlink, link, unlink, rmdir and rename, each one transaction
- * built by the engine of fs.c: the session and lock guards, a mod_revision
+ * built by the engine (engine.c): the session and lock guards, a mod_revision
  * compare on every inode record it rewrites (parents included: their times
  * and link counts change), create_revision == 0 on every new name, and the
  * operation id on every record and dirent it writes.

@@ -46,7 +46,7 @@
 struct efs_fs;
 struct efs_fs_handle;
 
-/* FUSE handlers (registered by fs.c). */
+/* FUSE handlers (in fs.c's table). */
 void efs_fs_getlk(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, struct flock *lock);
 void efs_fs_setlk(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, struct flock *lock,
 		  int sleep);
