@@ -208,8 +208,9 @@ struct efs_fs_dcache {
 #define EFS_FS_DCACHE_MAX 4096
 
 /*
- * One cached inode. |rec| is trusted only while this node holds a lock on
- * the inode and |epoch| equals the fs's (a lost session bumps it): see
+ * One cached inode. |rec| is trusted only while this node still holds the
+ * very grant of the inode's lock it was read (or written) under, and
+ * |epoch| equals the fs's (a lost session bumps it): see
  * efs_fs_inode_valid(). The entry lives while the kernel references it
  * (|nlookup|), a handle has it open (|opens|) or an operation uses it
  * (|refs|).
@@ -220,6 +221,7 @@ struct efs_fs_inode {
 	Etcfs__Inode *rec;	    /* NULL: not loaded; owned */
 	int64_t mod_rev;	    /* of i/<ino> when |rec| was read or written */
 	uint64_t epoch;		    /* fs epoch of |rec|; 0: never valid */
+	uint64_t grant;		    /* lock grant |rec| was filled under; 0: none */
 	bool gone;		    /* i/<ino> does not exist (as of |epoch|) */
 	uint64_t nlookup;	    /* kernel references */
 	uint32_t opens;		    /* open handles */

@@ -308,7 +308,10 @@ bool efs_fs_inode_valid(const struct efs_fs *fs, const struct efs_fs_inode *in)
 		return false;
 	if (!in->rec && !in->gone)
 		return false;
-	return efs_lock_held(fs->lc, in->ino) != EFS_LOCK_NONE;
+	/* Not merely while *a* lock is held: a release and a new hold in
+	 * between (a recall, a downgrade, an upgrade that yielded) let a peer
+	 * change the record. */
+	return efs_fs_grant_current(fs, in, in->grant);
 }
 
 void efs_fs_inode_set(struct efs_fs *fs, struct efs_fs_inode *in, Etcfs__Inode *rec,
@@ -322,6 +325,7 @@ void efs_fs_inode_set(struct efs_fs *fs, struct efs_fs_inode *in, Etcfs__Inode *
 	in->gone = rec == NULL;
 	in->mod_rev = mod_rev;
 	in->epoch = trusted ? fs->epoch : 0;
+	in->grant = trusted ? efs_fs_grant(fs, in) : 0;
 	if (!rec)
 		return;
 	for_each_ihook (fs, hk, reloaded)

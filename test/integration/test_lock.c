@@ -24,6 +24,7 @@
 #include "etcd/kv.h"
 #include "etcd/sync.h"
 #include "etcd/txn.h"
+#include "fs/fs-int.h"
 #include "harness.h"
 #include "lock/lock.h"
 #include "lock/session.h"
@@ -996,6 +997,73 @@ Test(lock, grant_ids_change_with_every_new_hold)
 	take(lc, &a, 200, EFS_LOCK_EXCLUSIVE);
 	cr_assert(a.req.grant[0] != 0 && a.req.grant[0] != g1 && a.req.grant[0] != g2);
 	efs_lock_put(lc, &a.req);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+/* A directory's record, allocated as a decoded one is. */
+static Etcfs__Inode *dir_record(void)
+{
+	Etcfs__Inode r = ETCFS__INODE__INIT;
+	ProtobufCBinaryData b;
+	Etcfs__Inode *out = NULL;
+	const char *why = NULL;
+
+	r.mode = S_IFDIR | 0755;
+	r.nlink = 2;
+	r.parent = 1;
+	cr_assert_eq(efs_meta_pack(&r.base, &b), 0);
+	cr_assert_eq(efs_meta_inode_decode(b.data, b.len, &out, &why), 0, "%s", why ? why : "");
+	efs_mem_free(b.data);
+	return out;
+}
+
+static void release_to(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_mode to)
+{
+	struct rel f = {0};
+
+	cr_assert_eq(efs_lock_release_now(lc, ino, to, on_forced, &f), 0);
+	cr_assert(efs_test_run_until(&f.done, 3000));
+	cr_assert_eq(f.status, 0);
+}
+
+/*
+ * The filesystem's caches are keyed by grant: an inode record and a
+ * directory's names filled under one hold are not used under the next,
+ * though a lock is held again (a peer may have changed both in between).
+ */
+Test(lock, caches_filled_under_one_grant_are_not_used_under_the_next)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 0, 0, 0);
+	struct efs_fs fs = {.lc = lc, .epoch = 1};
+	struct efs_fs_inode dir = {.ino = 300};
+	struct lres a;
+	uint64_t ino = 0;
+	uint32_t type = 0;
+
+	take(lc, &a, 300, EFS_LOCK_EXCLUSIVE);
+	efs_fs_inode_set(&fs, &dir, dir_record(), 7, true);
+	efs_fs_dcache_put(&fs, &dir, "x", 1, 301, DT_REG);
+	cr_assert(efs_fs_inode_valid(&fs, &dir));
+	cr_assert_eq(efs_fs_dcache_get(&fs, &dir, "x", 1, &ino, &type), 1);
+	cr_assert_eq(ino, 301);
+	efs_lock_put(lc, &a.req);
+	release_to(lc, 300, EFS_LOCK_NONE);
+	cr_assert_not(efs_fs_inode_valid(&fs, &dir), "trusted without a lock");
+	take(lc, &a, 300, EFS_LOCK_EXCLUSIVE);
+	cr_assert_not(efs_fs_inode_valid(&fs, &dir), "the record of the last grant was trusted");
+	cr_assert_eq(efs_fs_dcache_get(&fs, &dir, "x", 1, &ino, &type), 0,
+		     "a name of the last grant was used");
+	/* Filled again under this grant: trusted until a downgrade, which
+	 * ends the grant though a shared hold goes on. */
+	efs_fs_inode_set(&fs, &dir, dir_record(), 9, true);
+	cr_assert(efs_fs_inode_valid(&fs, &dir));
+	efs_lock_put(lc, &a.req);
+	release_to(lc, 300, EFS_LOCK_SHARED);
+	cr_assert_eq(efs_lock_held(lc, 300), EFS_LOCK_SHARED);
+	cr_assert_not(efs_fs_inode_valid(&fs, &dir), "the record of the exclusive grant was trusted");
+	efs_fs_dcache_clear(&dir);
+	efs_fs_inode_set(&fs, &dir, NULL, 0, false);
 	finish(lc);
 	efs_test_assert_no_leaks();
 }
