@@ -24,6 +24,10 @@
  *    (ETCFS_FAULT_PUB_UNSETTLED, fault hooks builds), the file unlinked and
  *    another written at once: fsck finds no block both free and used, no
  *    double free, and the other file's data is intact.
+ *  - mem_map, mem_settle: allocations failing (ETCFS_FAULT_MEM, fault hooks
+ *    builds) while a completed write is mapped (a sweep over each of its
+ *    allocations) and while a committed publication settles the pending
+ *    runs: fsck stays clean and the data reads back after a remount.
  *
  * Every expectation was first checked on ext4: build with -DDATA_LOCAL=1
  * (e.g. gcc -DDATA_LOCAL=1 -I<build> -Itest/support test_data.c
@@ -1169,6 +1173,230 @@ Test(data, unsettled_drop)
 	close(fb);
 	free(buf);
 	free(got);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+#endif
+
+/* ==== mem_map, mem_settle: allocation failures (etcfs with fault hooks) ==== */
+
+#if !defined(DATA_LOCAL) && EFS_FAULT_HOOKS
+/* How many lines of the daemon's log (all its mounts) contain |what|. */
+static int log_lines(const char *what)
+{
+	FILE *f = fopen(env.f.log, "r");
+	char line[1024];
+	int n = 0;
+
+	cr_assert_not_null(f, "open %s: %s", env.f.log, strerror(errno));
+	while (fgets(line, sizeof(line), f))
+		if (strstr(line, what))
+			n++;
+	fclose(f);
+	return n;
+}
+
+/* The path of file m<i> of the mapping sweep. */
+static const char *map_path(char *buf, size_t size, int i)
+{
+	char name[16];
+
+	snprintf(name, sizeof(name), "m%d", i);
+	return env_path(buf, size, name);
+}
+
+/* Mounts again with ETCFS_FAULT_MEM=|site| in etcfsd's environment. */
+static void remount_fault_mem(const char *site)
+{
+	cr_assert_eq(chdir("/"), 0);
+	efs_test_fs_unmount(&env.f);
+	cr_assert_eq(setenv("ETCFS_FAULT_MEM", site, 1), 0);
+	efs_test_fs_mount(&env.f, NULL);
+	unsetenv("ETCFS_FAULT_MEM");
+}
+
+/* Unmounts (etcfsd must exit 0: under ASan, no report) and runs fsck: no
+ * block both free and used, none leaked, no double free. */
+static void unmount_fsck_clean(const char *when)
+{
+	char out[16384];
+	int st;
+
+	cr_assert_eq(chdir("/"), 0);
+	efs_test_fs_unmount(&env.f);
+	st = run_fsck(out, sizeof(out));
+	cr_assert_eq(st, 0, "fsck %s: exit %d\n%s", when, st, out);
+	cr_assert_null(strstr(out, "double free"), "fsck %s reports a double free:\n%s", when, out);
+}
+
+static uint8_t *blk_alloc(size_t n)
+{
+	void *p = NULL;
+
+	cr_assert_eq(posix_memalign(&p, BLK, n * BLK), 0);
+	return p;
+}
+
+#define MAP_FILES 64
+
+/*
+ * Failmalloc sweep over the mapping of a completed write (wb_apply): file
+ * mN gets one block, written with O_DIRECT into a fresh file (an empty
+ * map and no pending runs: the shape in which mapping needs memory), and
+ * the Nth mapping fails from its Nth allocation on (ETCFS_FAULT_MEM=map),
+ * until one runs through. A failed write may fail, but must not leave a
+ * block mapped and unrecorded (published as used by nobody: fsck finds it
+ * free and used) nor give back a mapped one: fsck is clean, every write
+ * that succeeded reads back after a remount, a failed one reads as its
+ * own data or zeros, never another file's.
+ *
+ * Fails without the room reserved before mapping (wb_apply ignoring the
+ * pending list's insert failure).
+ */
+Test(data, mem_map)
+{
+	char path[PATH_MAX];
+	bool ok[MAP_FILES] = {0};
+	uint8_t *buf = blk_alloc(1), *got = blk_alloc(1);
+	int n, nfail = 0, fd;
+
+	env_start(0, NULL);
+	remount_fault_mem("map");
+	for (n = 0; n < MAP_FILES && !log_lines("map: sweep complete"); n++) {
+		map_path(path, sizeof(path), n);
+		fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT, 0644);
+		cr_assert_geq(fd, 0, "create %s: %s", path, strerror(errno));
+		memset(buf, 'A' + n % 26, BLK);
+		ok[n] = pwrite(fd, buf, BLK, 0) == (ssize_t)BLK;
+		nfail += !ok[n];
+		if (ok[n])
+			IO_EQ(fsync(fd), 0);
+		close(fd);
+	}
+	cr_assert(log_lines("map: sweep complete"),
+		  "the sweep did not complete within %d writes", MAP_FILES);
+	cr_assert_gt(nfail, 0, "no write failed: the sweep injected nothing");
+	cr_assert(ok[n - 1], "the write that completed the sweep failed");
+	unmount_fsck_clean("after the mapping sweep");
+
+	efs_test_fs_mount(&env.f, NULL);
+	for (int i = 0; i < n; i++) {
+		ssize_t r;
+
+		map_path(path, sizeof(path), i);
+		fd = open(path, O_RDONLY);
+		cr_assert_geq(fd, 0, "open %s: %s", path, strerror(errno));
+		memset(buf, 'A' + i % 26, BLK);
+		r = pread_all(fd, got, BLK, 0);
+		close(fd);
+		if (ok[i])
+			cr_assert(r == BLK && memcmp(got, buf, BLK) == 0,
+				  "m%d (its write succeeded): read %zd bytes, not its data", i, r);
+		else
+			cr_assert(r <= 0 || memcmp(got, buf, (size_t)r) == 0 || all_zero(got, (size_t)r),
+				  "m%d (its write failed) holds bytes of another file", i);
+	}
+	unmount_fsck_clean("after the remount");
+	free(buf);
+	free(got);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
+#define SETTLE_BLOCKS 16
+
+/* Writes block |b| of |fd| (O_DIRECT) with |v| and records it in |model|. */
+static void settle_write(int fd, uint8_t *buf, uint8_t *model, int b, uint8_t v)
+{
+	memset(buf, v, BLK);
+	IO_EQ(pwrite(fd, buf, BLK, (off_t)b * BLK), (ssize_t)BLK);
+	memset(model + (size_t)b * BLK, v, BLK);
+}
+
+/* Reads |path| back whole and compares it with |model| (|nb| blocks). */
+static void settle_check(const char *path, const uint8_t *model, int nb, const char *when)
+{
+	uint8_t *got = malloc((size_t)nb * BLK);
+	int fd = open(path, O_RDONLY);
+
+	cr_assert(got && fd >= 0, "open %s %s: %s", path, when, strerror(errno));
+	IO_EQ(pread_all(fd, got, (size_t)nb * BLK, 0), (ssize_t)nb * BLK);
+	for (int b = 0; b < nb; b++)
+		cr_assert_eq(memcmp(got + (size_t)b * BLK, model + (size_t)b * BLK, BLK), 0,
+			     "%s block %d %s: not the data last written there", path, b, when);
+	close(fd);
+	free(got);
+}
+
+/*
+ * A committed publication settles the inode's pending runs: its
+ * allocations leave |apend|, its frees leave |fpend|. With every
+ * allocation failing there (ETCFS_FAULT_MEM=settle), nothing may change:
+ * snap_build reserved the room. The settle here removes 8 freed runs from
+ * a list holding exactly 8 (the old blocks of the 8 odd blocks of a
+ * contiguous file), where a removal without room needs memory; left in
+ * |fpend|, those frees would be published again (a double free, or a free
+ * of blocks given to another file since). Then more overwrites, another
+ * file, the first one unlinked: every fsync succeeds, the data reads back
+ * after a remount and fsck is clean.
+ *
+ * Fails without the room reserved by snap_build (the removals' failures
+ * ignored). The flush interval is long so that only the fsyncs publish:
+ * a sweep in the middle of the 8 overwrites would split them.
+ */
+Test(data, mem_settle)
+{
+	static const char *const margs[] = {"-o", "allow_other", "--flush-interval", "600000",
+					    NULL};
+	const size_t len = (size_t)SETTLE_BLOCKS * BLK;
+	char pa[PATH_MAX], pb[PATH_MAX];
+	uint8_t *buf = blk_alloc(SETTLE_BLOCKS), *ma = malloc(len), *mb = malloc(len);
+	long rc, o;
+	int fa, fb;
+
+	cr_assert(ma && mb);
+	env_start(0, margs);
+	remount_fault_mem("settle");
+	env_path(pa, sizeof(pa), "a");
+	env_path(pb, sizeof(pb), "b");
+	fa = open(pa, O_RDWR | O_CREAT | O_EXCL | O_DIRECT, 0644);
+	cr_assert_geq(fa, 0, "create a: %s", strerror(errno));
+	memset(buf, 'a', len);
+	memset(ma, 'a', len);
+	IO_EQ(pwrite(fa, buf, len, 0), (ssize_t)len);
+	IO_EQ(fsync(fa), 0);
+	for (int b = 1; b < SETTLE_BLOCKS; b += 2)
+		settle_write(fa, buf, ma, b, 'o');
+	IO_EQ(fsync(fa), 0);
+	/* Blocks freed by that commit may be allocated again now. */
+	fb = open(pb, O_RDWR | O_CREAT | O_EXCL | O_DIRECT, 0644);
+	cr_assert_geq(fb, 0, "create b: %s", strerror(errno));
+	for (int b = 0; b < SETTLE_BLOCKS; b++)
+		settle_write(fb, buf, mb, b, (uint8_t)('B' + b));
+	IO_EQ(fsync(fb), 0);
+	for (int b = 0; b < SETTLE_BLOCKS; b += 2)
+		settle_write(fa, buf, ma, b, 'e');
+	IO_EQ(fsync(fa), 0);
+	close(fa);
+	close(fb);
+	settle_check(pa, ma, SETTLE_BLOCKS, "before the remount");
+	settle_check(pb, mb, SETTLE_BLOCKS, "before the remount");
+	cr_assert_eq(log_lines("allocations fail in section 'settle'"), 1, "hook not armed");
+	cr_assert_eq(log_lines("failed settling a publication"), 0,
+		     "settling a committed publication tried to allocate");
+	unmount_fsck_clean("after overwrites settled without memory");
+
+	efs_test_fs_mount(&env.f, NULL);
+	settle_check(pa, ma, SETTLE_BLOCKS, "after the remount");
+	settle_check(pb, mb, SETTLE_BLOCKS, "after the remount");
+	IO_EQ(unlink(pa), 0);
+	cr_assert(wait_no_reclaim(20000, &rc, &o),
+		  "etcd still holds %ld rc/ and %ld o/ keys 20 s after the unlink", rc, o);
+	settle_check(pb, mb, SETTLE_BLOCKS, "after a's reclaim");
+	unmount_fsck_clean("after a's reclaim");
+	free(buf);
+	free(ma);
+	free(mb);
 	env_stop();
 	efs_test_assert_no_leaks();
 }

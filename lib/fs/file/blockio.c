@@ -222,7 +222,7 @@ static void wb_end(struct wb *j, int err)
 }
 
 /* The blocks are on the device: map them. */
-static int wb_apply(struct wb *j)
+static int wb_map(struct wb *j)
 {
 	struct efs_fs_data *d = j->d;
 	struct efs_runs buried = {0};
@@ -283,6 +283,18 @@ static int wb_apply(struct wb *j)
 		efs_file_pf_set_blocks(d);
 		efs_file_state_changed(d);
 	}
+	return e;
+}
+
+/* wb_map inside the fault hook's "map" section (efs_file_fault_mem_enter). */
+static int wb_apply(struct wb *j)
+{
+	struct dctl *c = efs_file_ctl_of(j->d->fs);
+	int e;
+
+	efs_file_fault_mem_enter(c, EFS_FILE_FAULT_MEM_MAP);
+	e = wb_map(j);
+	efs_file_fault_mem_leave(c, EFS_FILE_FAULT_MEM_MAP);
 	return e;
 }
 

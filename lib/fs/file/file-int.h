@@ -179,6 +179,9 @@ struct dctl {
 	void *sync_arg;
 	int sync_err;
 	uint32_t fault_unsettled_nth; /* fault hook (ETCFS_FAULT_PUB_UNSETTLED) */
+	int fault_mem_site;	      /* fault hook (ETCFS_FAULT_MEM): enum efs_file_fault_mem */
+	long fault_mem_from;	      /* the next run fails allocations from this index */
+	bool fault_mem_on;	      /* inside the section: injection armed */
 	struct efs_list linvals;      /* kernel invalidations releases wait for */
 	uv_timer_t *frecall;	      /* fault hook (ETCFS_FAULT_RECALL) */
 	uint32_t frecall_ms;
@@ -319,6 +322,26 @@ void efs_file_pf_from_rec(struct efs_fs_data *d, int to_set);
 int efs_file_map_load(struct efs_fs_op *op, struct efs_fs_data *d);
 int efs_file_pend_reserve(struct efs_fs_data *d, struct efs_runs *list, size_t more);
 void efs_file_state_discard(struct efs_fs_data *d);
+
+/*
+ * Fault hook (EFS_FAULT_HOOKS builds; tests): ETCFS_FAULT_MEM=SITE makes
+ * the allocations (efs_mem) inside one section of the data path fail, the
+ * way efs_mem_fail_after does: an allocation and every later one of the
+ * section. The sections, bracketed by efs_file_fault_mem_enter and _leave
+ * (no-ops unless armed for that site, and in other builds):
+ *  - map: the mapping of a completed write (wb_apply), as a sweep: its
+ *    Nth run fails from allocation N on, counted from 0, until a run
+ *    attempts no more than N allocations ("sweep complete" in the log);
+ *  - settle: a committed publication settling an inode's pending runs:
+ *    every allocation fails, every time (nothing there may allocate).
+ */
+enum efs_file_fault_mem {
+	EFS_FILE_FAULT_MEM_NONE = 0,
+	EFS_FILE_FAULT_MEM_MAP,
+	EFS_FILE_FAULT_MEM_SETTLE,
+};
+void efs_file_fault_mem_enter(struct dctl *c, enum efs_file_fault_mem site);
+void efs_file_fault_mem_leave(struct dctl *c, enum efs_file_fault_mem site);
 
 /* ---- Block I/O and the map (blockio.c) ---- */
 

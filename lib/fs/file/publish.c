@@ -429,7 +429,7 @@ static void pub_begin_cb(int status, void *arg)
  * op id is not heard, as when that verification cannot reach etcd and the
  * operation ends unsettled.
  */
-static void fault_from_env(struct dctl *c)
+static void fault_unsettled_from_env(struct dctl *c)
 {
 	const char *v = getenv("ETCFS_FAULT_PUB_UNSETTLED");
 	unsigned long n;
@@ -455,10 +455,82 @@ static void fault_arm(struct efs_fs *fs, struct dctl *c, struct dpub *P)
 	efs_etcd_fault_drop_reply(fs->c, EFS_ETCD_TXN, 1);
 	P->fault_unsettled = true;
 }
+
+/* ETCFS_FAULT_MEM=map|settle (efs_file_fault_mem_enter). */
+static void fault_mem_from_env(struct dctl *c)
+{
+	static const char *const names[] = {
+		[EFS_FILE_FAULT_MEM_MAP] = "map",
+		[EFS_FILE_FAULT_MEM_SETTLE] = "settle",
+	};
+	const char *v = getenv("ETCFS_FAULT_MEM");
+
+	if (!v || !*v)
+		return;
+	for (int i = EFS_FILE_FAULT_MEM_MAP; i <= EFS_FILE_FAULT_MEM_SETTLE; i++) {
+		if (strcmp(v, names[i]) == 0) {
+			c->fault_mem_site = i;
+			efs_log_warn("fault hook: allocations fail in section '%s'", v);
+			return;
+		}
+	}
+	efs_log_err("ETCFS_FAULT_MEM='%s' ignored: expected map or settle", v);
+}
+
+static void fault_from_env(struct dctl *c)
+{
+	fault_unsettled_from_env(c);
+	fault_mem_from_env(c);
+}
+
+void efs_file_fault_mem_enter(struct dctl *c, enum efs_file_fault_mem site)
+{
+	if ((int)site != c->fault_mem_site)
+		return;
+	c->fault_mem_on = true;
+	efs_mem_fail_after(site == EFS_FILE_FAULT_MEM_MAP ? c->fault_mem_from : 0);
+}
+
+void efs_file_fault_mem_leave(struct dctl *c, enum efs_file_fault_mem site)
+{
+	long n;
+
+	if ((int)site != c->fault_mem_site || !c->fault_mem_on)
+		return;
+	n = efs_mem_count();
+	efs_mem_fail_reset();
+	c->fault_mem_on = false;
+	if (site == EFS_FILE_FAULT_MEM_SETTLE) {
+		if (n > 0)
+			efs_log_warn("fault hook: %ld allocations failed settling a publication", n);
+		return;
+	}
+	if (n > c->fault_mem_from) {
+		efs_log_warn("fault hook: map: run failed from allocation %ld of %ld",
+			     c->fault_mem_from, n);
+		c->fault_mem_from++;
+		return;
+	}
+	efs_log_warn("fault hook: map: sweep complete (%ld allocations, each failed in turn)",
+		     c->fault_mem_from);
+	c->fault_mem_site = EFS_FILE_FAULT_MEM_NONE;
+}
 #else
 static void fault_from_env(struct dctl *c)
 {
 	(void)c;
+}
+
+void efs_file_fault_mem_enter(struct dctl *c, enum efs_file_fault_mem site)
+{
+	(void)c;
+	(void)site;
+}
+
+void efs_file_fault_mem_leave(struct dctl *c, enum efs_file_fault_mem site)
+{
+	(void)c;
+	(void)site;
 }
 
 static void fault_arm(struct efs_fs *fs, struct dctl *c, struct dpub *P)
@@ -672,6 +744,9 @@ void efs_file_pub_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t r
 		if (s->partial)
 			P->left_partial = true;
 		if (d && !d->broken && !d->dropped) {
+			bool settled;
+
+			efs_file_fault_mem_enter(c, EFS_FILE_FAULT_MEM_SETTLE);
 			efs_extmap_published(d->map, s->ch, s->nch);
 			efs_file_dacct(d);
 			/* Room reserved by snap_build and kept since
@@ -681,8 +756,10 @@ void efs_file_pub_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t r
 			 * and freed ones would be freed again: the state is
 			 * discarded instead, its pending runs forgotten
 			 * (leaked until restart). */
-			if (efs_runs_remove_all(&d->apend, &s->use, NULL) < 0 ||
-			    efs_runs_remove_all(&d->fpend, &s->freed, NULL) < 0) {
+			settled = efs_runs_remove_all(&d->apend, &s->use, NULL) == 0 &&
+				  efs_runs_remove_all(&d->fpend, &s->freed, NULL) == 0;
+			efs_file_fault_mem_leave(c, EFS_FILE_FAULT_MEM_SETTLE);
+			if (!settled) {
 				efs_log_warn("data: inode %llu: out of memory settling a "
 					     "publication; state discarded",
 					     (unsigned long long)d->ino);
