@@ -67,6 +67,7 @@
 #include "fs/file/rangelock.h"
 #include "space/extmap.h"
 #include "space/runs.h"
+#include "util/list.h"
 
 /* ---- Limits ---- */
 
@@ -110,8 +111,9 @@
 struct dsnap;
 struct dreq;
 
+/* A waiter for the publication of version |ver| (on the state's fw). */
 struct fwait {
-	struct fwait *next;
+	struct efs_list link;
 	uint64_t ver;
 	void (*cb)(void *arg, int err);
 	void *arg;
@@ -119,7 +121,7 @@ struct fwait {
 
 /* An engine operation waiting for the map load. */
 struct lwait {
-	struct lwait *next;
+	struct efs_list link; /* on the state's lw */
 	struct efs_fs_op *op;
 };
 
@@ -131,7 +133,7 @@ struct efs_fs_data {
 	struct efs_extmap *map;
 	uint64_t map_gen, map_epoch;
 	bool loading;
-	struct lwait *lw;
+	struct efs_list lw; /* struct lwait, newest first */
 	struct efs_runs apend; /* allocated, written, mapped, unpublished */
 	struct efs_runs fpend; /* published (or in flight), buried, not freed */
 	unsigned pf;
@@ -149,7 +151,7 @@ struct efs_fs_data {
 	uint32_t writers; /* handles open for writing (no lock pin: lockops.c) */
 	uint32_t nref; /* requests, writes and snapshots in flight */
 	struct efs_rangelock ranges;
-	struct fwait *fw;
+	struct efs_list fw; /* struct fwait, newest first */
 	struct dsnap *snap; /* in-flight publication of this inode */
 	uint64_t cache_gen, cache_epoch; /* page cache valid under this hold */
 	bool cache_ok;

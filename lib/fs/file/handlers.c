@@ -702,8 +702,7 @@ static int pub_wait(struct efs_fs_data *d, bool clear_err, void (*cb)(void *arg,
 	w->ver = d->ver;
 	w->cb = cb;
 	w->arg = arg;
-	w->next = d->fw;
-	d->fw = w;
+	efs_list_add_head(&d->fw, &w->link);
 	d->urgent = true;
 	efs_file_pub_kick(d->fs);
 	return 0;

@@ -1000,7 +1000,7 @@ static void pub_next_cb(uv_timer_t *t)
 		more = c->again;
 
 	for (struct efs_fs_data *d = c->dhead; d && !more; d = d->dnext)
-		if (d->urgent || d->fw)
+		if (d->urgent || !efs_list_empty(&d->fw))
 			more = true;
 	if (c->sync_cb && c->sync_err && !c->running) {
 		void (*cb)(int, void *) = c->sync_cb;
@@ -1160,12 +1160,8 @@ void efs_fs_data_done(struct efs_fs *fs)
 			next = in->hnext;
 			if (!d)
 				continue;
-			while (d->fw) {
-				struct fwait *w = d->fw;
-
-				d->fw = w->next;
-				efs_mem_free(w);
-			}
+			for (struct efs_list *n; (n = efs_list_pop(&d->fw));)
+				efs_mem_free(efs_list_entry(n, struct fwait, link));
 			efs_file_state_free(d);
 		}
 	}

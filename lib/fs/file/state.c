@@ -91,45 +91,43 @@ size_t efs_file_dacct_all(struct dctl *c)
 	return c->nchunks;
 }
 
-void efs_file_fw_fail_all(struct efs_fs_data *d, int err)
+/* Calls and frees every waiter of |done|, in order: waiters added by the
+ * callbacks go on the state's list, for a later wake. */
+static void fw_call(struct efs_list *done, int err)
 {
-	struct fwait *w = d->fw;
+	struct efs_list *n;
 
-	d->fw = NULL;
-	while (w) {
-		struct fwait *n = w->next;
+	while ((n = efs_list_pop(done))) {
+		struct fwait *w = efs_list_entry(n, struct fwait, link);
 
 		w->cb(w->arg, err);
 		efs_mem_free(w);
-		w = n;
 	}
+}
+
+void efs_file_fw_fail_all(struct efs_fs_data *d, int err)
+{
+	struct efs_list done;
+
+	efs_list_init(&done);
+	efs_list_splice_tail(&done, &d->fw);
+	fw_call(&done, err);
 }
 
 /* Wakes the waiters whose version is published (ver_pub), or all with
  * |err| when |upto| covers them. */
 void efs_file_fw_wake(struct efs_fs_data *d, uint64_t upto, int err)
 {
-	struct fwait **pp = &d->fw, *done = NULL, **dt = &done;
+	struct efs_list done, *n, *tmp;
 
-	while (*pp) {
-		struct fwait *w = *pp;
-
-		if (w->ver <= upto) {
-			*pp = w->next;
-			w->next = NULL;
-			*dt = w;
-			dt = &w->next;
-		} else {
-			pp = &w->next;
+	efs_list_init(&done);
+	efs_list_for_each_safe(n, tmp, &d->fw) {
+		if (efs_list_entry(n, struct fwait, link)->ver <= upto) {
+			efs_list_del(n);
+			efs_list_add_tail(&done, n);
 		}
 	}
-	while (done) {
-		struct fwait *n = done->next;
-
-		done->cb(done->arg, err);
-		efs_mem_free(done);
-		done = n;
-	}
+	fw_call(&done, err);
 }
 
 void efs_file_state_free(struct efs_fs_data *d)
@@ -153,7 +151,7 @@ void efs_file_state_free(struct efs_fs_data *d)
 bool efs_file_state_busy(const struct efs_fs_data *d)
 {
 	return d->nref || d->loading || efs_rangelock_busy(&d->ranges) || d->snap ||
-	       d->fw;
+	       !efs_list_empty(&d->fw);
 }
 
 /* Clean, without writers, nothing in flight. */
@@ -206,6 +204,8 @@ struct efs_fs_data *efs_file_state_get(struct efs_fs *fs, struct efs_fs_inode *i
 	d->in = in;
 	d->ino = in->ino;
 	d->sid = ++c->sid_seq;
+	efs_list_init(&d->fw);
+	efs_list_init(&d->lw);
 	in->refs++;
 	in->data = d;
 	return d;
@@ -384,12 +384,13 @@ static void mload_done(struct efs_etcd_result *res, Etcdserverpb__RangeResponse 
 	struct mload *l = arg;
 	struct efs_fs_data *d = l->d;
 	struct efs_fs *fs = d->fs;
-	struct lwait *w = d->lw;
+	struct efs_list waiting, *n;
 	int err = res->err ? (res->err == -ENOMEM ? -ENOMEM : -EIO) : 0;
 
 	(void)all;
 	d->loading = false;
-	d->lw = NULL;
+	efs_list_init(&waiting);
+	efs_list_splice_tail(&waiting, &d->lw);
 	if (err == 0 && !d->broken && !d->dropped && !efs_file_state_dirty(d) && l->epoch == fs->epoch) {
 		efs_extmap_free(d->map);
 		d->map = l->m;
@@ -404,12 +405,11 @@ static void mload_done(struct efs_etcd_result *res, Etcdserverpb__RangeResponse 
 			      (unsigned long long)d->ino, res->message ? res->message : "?");
 	efs_extmap_free(l->m);
 	efs_mem_free(l);
-	while (w) {
-		struct lwait *n = w->next;
+	while ((n = efs_list_pop(&waiting))) {
+		struct lwait *w = efs_list_entry(n, struct lwait, link);
 
 		efs_fs_op_resume_prepare(w->op, err);
 		efs_mem_free(w);
-		w = n;
 	}
 	d->nref--;
 	efs_file_state_maybe_free(d);
@@ -431,8 +431,7 @@ int efs_file_map_load(struct efs_fs_op *op, struct efs_fs_data *d)
 		return -ENOMEM;
 	w->op = op;
 	if (d->loading) {
-		w->next = d->lw;
-		d->lw = w;
+		efs_list_add_head(&d->lw, &w->link);
 		return EFS_FS_WAIT;
 	}
 	l = efs_mem_calloc(1, sizeof(*l));
@@ -465,8 +464,7 @@ int efs_file_map_load(struct efs_fs_op *op, struct efs_fs_data *d)
 	}
 	d->nref++;
 	d->loading = true;
-	w->next = d->lw;
-	d->lw = w;
+	efs_list_add_head(&d->lw, &w->link);
 	return EFS_FS_WAIT;
 }
 
