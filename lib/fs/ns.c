@@ -451,7 +451,23 @@ static int mk_plan(struct efs_fs_op *op)
 		p->acl_kv = (int)op->nkv;
 		return EFS_FS_CONT;
 	}
-	return check_new_name(op, p, op->ino, nop->name, nop->name_len);
+	r = check_new_name(op, p, op->ino, nop->name, nop->name_len);
+	/*
+	 * The kernel sends a create only for a name it believes absent, so a
+	 * create without O_EXCL that finds the name taken lost a race with
+	 * another node, and open(2) must open what the winner made. -ESTALE
+	 * does it: the kernel walks the path again, every entry looked up
+	 * afresh (LOOKUP_REVAL), and opens the name it now finds as any open
+	 * does, with its own permission check, O_TRUNC, EISDIR for a
+	 * directory, a fifo opened and a symlink followed. Answering the
+	 * create with the existing inode would skip all of that (the kernel
+	 * takes a created file for new) and could open regular files only.
+	 * The kernel retries once: a name removed and made again by other
+	 * nodes between its two walks leaves ESTALE to the caller.
+	 */
+	if (r == -EEXIST && op->d->code == EFS_FS_OP_CREATE && !(nop->fi.flags & O_EXCL))
+		r = -ESTALE;
+	return r;
 }
 
 static int mk_build(struct efs_fs_op *op)
