@@ -43,6 +43,7 @@
 #include "dev/iopool.h"
 #include "maint/maint.h"
 #include "kchan/fuseloop.h"
+#include "kchan/inval.h"
 #include "lock/lock.h"
 #include "lock/session.h"
 #include "meta/keys.h"
@@ -1362,7 +1363,9 @@ static unsigned long fault_env(const char *name, unsigned long max)
  * node sees it (recalls, holder deletions, lock waits), so that a test
  * cannot pass on the timing of one node's watch;
  * ETCFS_FAULT_NO_RECALL=1 leaves other nodes' recall keys unanswered (the
- * negative control of the recall tests).
+ * negative control of the recall tests);
+ * ETCFS_FAULT_NO_INVAL=1 tells the kernel of no invalidation (the negative
+ * control of the visibility tests: what it cached goes stale).
  */
 static void arm_early_fault_hooks(struct daemon *d)
 {
@@ -1375,6 +1378,10 @@ static void arm_early_fault_hooks(struct daemon *d)
 	if (fault_env("ETCFS_FAULT_NO_RECALL", 1)) {
 		efs_log_warn("fault hook: recall keys of other nodes are not answered");
 		efs_lockcache_fault_no_recall(d->locks, true);
+	}
+	if (fault_env("ETCFS_FAULT_NO_INVAL", 1)) {
+		efs_log_warn("fault hook: the kernel is told of no invalidation");
+		efs_inval_fault_no_kernel(true);
 	}
 }
 #else

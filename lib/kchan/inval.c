@@ -4,8 +4,10 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <string.h>
 
+#include "config.h"
 #include "util/clock.h"
 #include "util/mem.h"
 
@@ -44,12 +46,33 @@ struct efs_inval {
 	struct efs_inval_stats stats;
 };
 
+#if EFS_FAULT_HOOKS
+static atomic_bool fault_no_kernel;
+
+void efs_inval_fault_no_kernel(bool off)
+{
+	atomic_store(&fault_no_kernel, off);
+}
+
+static bool kernel_told(void)
+{
+	return !atomic_load(&fault_no_kernel);
+}
+#else
+static bool kernel_told(void)
+{
+	return true;
+}
+#endif
+
 static int issue(struct fuse_session *se, struct efs_inval_req *req)
 {
 	int r;
 
 	if (!se)
 		return -ENOTCONN;
+	if (!kernel_told())
+		return 0;
 	switch (req->kind) {
 	case EFS_INVAL_INODE:
 		r = fuse_lowlevel_notify_inval_inode(se, req->ino, req->off, req->len);

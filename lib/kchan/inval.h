@@ -138,3 +138,10 @@ void efs_inval_stop(struct efs_inval *iv, void (*done)(void *arg), void *arg);
 struct efs_inval *efs_inval_free(struct efs_inval *iv);
 
 void efs_inval_get_stats(const struct efs_inval *iv, struct efs_inval_stats *ret);
+
+/*
+ * Fault hook (EFS_FAULT_HOOKS; negative controls in tests): while |off|,
+ * every invalidation of the process reports success without telling the
+ * kernel, which keeps what it cached until its timeouts pass. Any thread.
+ */
+void efs_inval_fault_no_kernel(bool off);

@@ -9,8 +9,10 @@
  *
  * Node 2 sees every watch event late (ETCFS_FAULT_WATCH_DELAY_MS), so
  * that a check cannot pass on the timing of one node's watch. The
- * negative control restarts a node with recall answering switched off
- * and shows that the other node's change then cannot complete.
+ * negative controls restart a node with recall answering switched off,
+ * showing that another node's change then cannot complete, and with
+ * kernel invalidations switched off, showing that it then sees another
+ * node's changes late.
  *
  * Output is TAP (one line per check). Arguments: --subset runs the checks
  * marked for sanitizer builds only; names select checks; --repeat N runs
@@ -1109,7 +1111,17 @@ static void a_clean_unmount_hands_the_locks_over_at_once(void)
 	efs_cl_mount(&cl, 0);
 }
 
-/* ---- Negative control ---- */
+/* ---- Negative controls ---- */
+
+/* Mounts node |i| again with the fault switch |name| on (=1) for this
+ * mount only: its next mount is a normal one. */
+static void remount_with_fault(int i, const char *name)
+{
+	efs_cl_unmount(&cl, i);
+	efs_cl_setenv(&cl, i, name, "1");
+	efs_cl_mount(&cl, i);
+	efs_cl_setenv(&cl, i, name, NULL);
+}
 
 static void overwrite_on(int node)
 {
@@ -1151,10 +1163,7 @@ static void without_recall_answers_a_change_cannot_complete(void)
 
 	check_dir();
 	put_file(P(0, "f"), "old", 3);
-	efs_cl_unmount(&cl, 1);
-	efs_cl_setenv(&cl, 1, "ETCFS_FAULT_NO_RECALL", "1");
-	efs_cl_mount(&cl, 1);
-	efs_cl_setenv(&cl, 1, "ETCFS_FAULT_NO_RECALL", NULL);
+	remount_with_fault(1, "ETCFS_FAULT_NO_RECALL");
 	CL_CHECK(get_file(P(1, "f"), buf, sizeof(buf)) == 3, "node2 read");
 	s = kid_start(overwrite_on, 0);
 	efs_cl_sleep_ms(5000);
@@ -1195,6 +1204,71 @@ static void without_recall_answers_a_change_cannot_complete(void)
 	efs_cl_mount(&cl, 1);
 	CL_CHECK(get_file(P(1, "f"), buf, sizeof(buf)) == 3 && memcmp(buf, "new", 3) == 0,
 		 "node2 does not see the write after the control");
+}
+
+#define STALE_ROUNDS 4
+
+/* What node 3 sees of node 1's changes, |rounds| times: node 3 looks at
+ * f's attributes and at a name g<k> not made yet, node 1 chmods f and
+ * makes g<k>, and node 3 looks again at once (within the 500 ms its
+ * kernel may cache both). Counts the rounds where node 3 saw the old
+ * mode and where it missed the new name; |bad| the rounds where a look
+ * failed otherwise. Never fails the check itself. */
+static void node3_looks_after_node1(int first, int *stale_mode, int *stale_name, int *bad)
+{
+	*stale_mode = *stale_name = *bad = 0;
+	for (int k = first; k < first + STALE_ROUNDS; k++) {
+		mode_t m = k % 2 ? 0600 : 0640;
+		struct stat st;
+		int fd;
+
+		efs_cl_sleep_ms(600); /* what node 3's kernel cached has expired */
+		if (stat(P(2, "f"), &st) != 0 || lstat(P(2, "g%d", k), &st) == 0 || errno != ENOENT)
+			++*bad;
+		fd = open(P(0, "g%d", k), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+		if (chmod(P(0, "f"), m) != 0 || fd < 0)
+			++*bad;
+		if (fd >= 0)
+			close(fd);
+		if (stat(P(2, "f"), &st) != 0)
+			++*bad;
+		else if ((st.st_mode & 07777) != m)
+			++*stale_mode;
+		if (lstat(P(2, "g%d", k), &st) != 0)
+			++*stale_name;
+	}
+}
+
+/*
+ * With invalidations off on node 3 (ETCFS_FAULT_NO_INVAL: the daemon
+ * releases its locks as ever, but its kernel keeps what it cached), node 3
+ * sees node 1's chmod and new name late, within the cache timeout: the
+ * visibility checks pass because recalls invalidate, not because the
+ * kernel's caches are short. Node 3 is then mounted again normally and
+ * the same looks see every change at once.
+ */
+static void without_invalidations_a_node_sees_stale_attributes_and_names(void)
+{
+	int mode_off, name_off, bad_off, mode_on, name_on, bad_on;
+
+	check_dir();
+	put_file(P(0, "f"), "x", 1);
+	remount_with_fault(2, "ETCFS_FAULT_NO_INVAL");
+	node3_looks_after_node1(0, &mode_off, &name_off, &bad_off);
+	efs_cl_unmount(&cl, 2);
+	efs_cl_mount(&cl, 2);
+	node3_looks_after_node1(STALE_ROUNDS, &mode_on, &name_on, &bad_on);
+	printf("# %s: of %d rounds, stale mode / missed name: %d / %d without invalidations, "
+	       "%d / %d with them\n",
+	       cur_check, STALE_ROUNDS, mode_off, name_off, mode_on, name_on);
+	CL_CHECK(!bad_off && !bad_on, "%d and %d looks or changes failed", bad_off, bad_on);
+	CL_CHECK(mode_on == 0 && name_on == 0,
+		 "node3 with invalidations saw %d stale modes and missed %d names", mode_on,
+		 name_on);
+	CL_CHECK(mode_off > 0 && name_off > 0,
+		 "node3 without invalidations saw only %d stale modes and missed only %d names "
+		 "in %d rounds",
+		 mode_off, name_off, STALE_ROUNDS);
 }
 
 /* ---- Checks: the operator's view ---- */
@@ -1391,6 +1465,7 @@ static const struct check checks[] = {
 	CHECK(a_killed_nodes_locks_pass_to_the_survivors, 90, RUN_SUBSET),
 	CHECK(a_clean_unmount_hands_the_locks_over_at_once, 60, RUN_FULL),
 	CHECK(without_recall_answers_a_change_cannot_complete, 90, RUN_FULL),
+	CHECK(without_invalidations_a_node_sees_stale_attributes_and_names, 60, RUN_FULL),
 	CHECK(etcfsctl_locks_and_members_describe_the_cluster, 60, RUN_FULL),
 };
 
