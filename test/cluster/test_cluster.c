@@ -604,6 +604,18 @@ static void on_alarm(int sig)
 	(void)sig;
 }
 
+/* A file of the test program's own, outside every mount (children report
+ * there without touching the directory the nodes race on). */
+static const char *outside(const char *name, int node)
+{
+	static char ring[4][400];
+	static unsigned next;
+	char *buf = ring[next++ % 4];
+
+	snprintf(buf, sizeof(ring[0]), "%s/%s%d", cl.dir, name, node);
+	return buf;
+}
+
 /* Node 2 waits for the range node 1 holds, and gets it once it goes. */
 static void wait_for_the_range(int node)
 {
@@ -723,18 +735,6 @@ static void fcntl_and_flock_exclude_across_nodes(void)
 	CL_CHECK(r == 0, "node3 flock 10 s after node1's close: %s", strerror(errno));
 	close(fd3);
 	close(fd2);
-}
-
-/* A file of the test program's own, outside every mount (children report
- * there without touching the directory the nodes race on). */
-static const char *outside(const char *name, int node)
-{
-	static char ring[4][400];
-	static unsigned next;
-	char *buf = ring[next++ % 4];
-
-	snprintf(buf, sizeof(ring[0]), "%s/%s%d", cl.dir, name, node);
-	return buf;
 }
 
 static void create_the_name(int node)
