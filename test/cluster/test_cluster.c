@@ -616,15 +616,25 @@ static const char *outside(const char *name, int node)
 	return buf;
 }
 
-/* Node 2 waits for the range node 1 holds, and gets it once it goes. */
-static void wait_for_the_range(int node)
+/* Waits for bytes 0-99 of |name|, which another node holds, and notes
+ * when it got them (CLOCK_MONOTONIC ms, in outside("woke", node)). */
+static void wait_for_range_of(int node, const char *name)
 {
 	struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 100};
-	int fd = open(P(node, "f"), O_RDWR | O_CLOEXEC);
+	int fd = open(P(node, "%s", name), O_RDWR | O_CLOEXEC);
+	char rec[32];
 
 	CL_CHECK(fd >= 0, "open: %s", strerror(errno));
 	CL_CHECK(fcntl(fd, F_SETLKW, &fl) == 0, "F_SETLKW: %s", strerror(errno));
+	snprintf(rec, sizeof(rec), "%llu", (unsigned long long)efs_cl_now_ms());
+	put_file(outside("woke", node), rec, strlen(rec));
 	close(fd);
+}
+
+/* Node 2 waits for the range node 1 holds, and gets it once it goes. */
+static void wait_for_the_range(int node)
+{
+	wait_for_range_of(node, "f");
 }
 
 /* A wait for a range another node holds ends with EINTR on a signal. */
@@ -945,6 +955,11 @@ static void survivor_work(int node)
 	put_file(P(node, "gap"), rec, strlen(rec));
 }
 
+static void wait_for_the_lk_range(int node)
+{
+	wait_for_range_of(node, "lk");
+}
+
 /* Node |i|'s sample |name| once it reaches |min| (it is synced from the
  * daemon's counters every 100 ms), or its last value after |ms|. */
 static double metric_at_least(int i, const char *name, double min, unsigned ms)
@@ -964,8 +979,10 @@ static void a_killed_nodes_locks_pass_to_the_survivors(void)
 	struct stat ost;
 	uint64_t t0, took;
 	double cow0, cow1, cow2;
+	struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 100};
+	uint64_t t_kill;
 	char buf[64] = "";
-	int fd, s, pa, pb, orph;
+	int fd, s, w, pa, pb, orph, lk;
 
 	check_dir();
 	fd = open(P(0, "f"), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -997,11 +1014,20 @@ static void a_killed_nodes_locks_pass_to_the_survivors(void)
 	CL_CHECK(unlink(P(0, "orph")) == 0, "unlink orph: %s", strerror(errno));
 	snprintf(adopted, sizeof(adopted), "orphan inode %llu of node1 ",
 		 (unsigned long long)ost.st_ino);
+	/* lk: node1 holds bytes 0-99 by fcntl when it dies, and node2 waits
+	 * for them in F_SETLKW: the wait ends, granted, once node1's lease
+	 * has gone. */
+	lk = open(P(0, "lk"), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	CL_CHECK(lk >= 0 && fcntl(lk, F_SETLK, &fl) == 0, "node1 locks lk: %s", strerror(errno));
+	unlink(outside("woke", 1));
+	w = kid_start(wait_for_the_lk_range, 1);
 	put_file(P(2, "own"), "", 0);
 	s = kid_start(survivor_work, 2);
 	efs_cl_sleep_ms(300);
+	CL_CHECK(kid_running(w), "node2's F_SETLKW returned while node1 holds the range");
 	/* node1 holds f exclusively (open, written) when it dies. */
 	efs_cl_kill(&cl, 0);
+	t_kill = efs_cl_now_ms();
 	close(fd);
 	close(pa);
 	t0 = efs_cl_now_ms();
@@ -1023,6 +1049,21 @@ static void a_killed_nodes_locks_pass_to_the_survivors(void)
 		 "node3's own work stopped for %s ms meanwhile", buf);
 	printf("# %s: takeover write %llu ms, survivor's worst gap %s ms\n", cur_check,
 	       (unsigned long long)took, buf);
+	{
+		uint64_t end = t_kill + (TIMING ? (uint64_t)cl.opts.session_ttl * 1000 + 10000 : 60000);
+
+		while (kid_running(w) && efs_cl_now_ms() < end)
+			efs_cl_sleep_ms(20);
+		CL_CHECK(!kid_running(w), "node2's F_SETLKW still waits %llu ms after node1's kill",
+			 (unsigned long long)(efs_cl_now_ms() - t_kill));
+		kid_wait(w);
+		close(lk);
+		memset(buf, 0, sizeof(buf));
+		get_file(outside("woke", 1), buf, sizeof(buf) - 1);
+		took = strtoull(buf, NULL, 10) - t_kill;
+		printf("# %s: node2's F_SETLKW granted %llu ms after node1's kill\n", cur_check,
+		       (unsigned long long)took);
+	}
 
 	/* node2 writes into pa's preallocated blocks: copy-on-write. */
 	cow0 = efs_cl_metric(&cl, 1, "etcfs_takeover_cow_writes_total");
