@@ -558,6 +558,32 @@ void efs_cl_unmount(struct efs_cl *c, int i)
 	}
 }
 
+void efs_cl_terminate(struct efs_cl *c, int i)
+{
+	struct efs_cl_node *nd = &c->node[i];
+	char tail[4096];
+	int st, r;
+
+	if (!nd->pid)
+		efs_cl_fail("%s is not running", nd->id);
+	kill(nd->pid, SIGTERM);
+	r = efs_tp_wait_pid(nd->pid, &st, EXIT_WAIT_MS);
+	if (r != 1) {
+		efs_tp_file_tail(nd->log, tail, sizeof(tail));
+		efs_cl_fail("%s did not exit within %d ms of SIGTERM; log:\n%s", nd->id,
+			    EXIT_WAIT_MS, tail);
+	}
+	nd->pid = 0;
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || fuse_conn(nd->mnt)) {
+		efs_tp_file_tail(nd->log, tail, sizeof(tail));
+		efs_cl_fail("%s left after SIGTERM with %s %d%s; log:\n%s", nd->id,
+			    WIFEXITED(st) ? "status" : "signal",
+			    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st),
+			    fuse_conn(nd->mnt) ? ", still mounted" : "", tail);
+	}
+	nd->conn = 0;
+}
+
 void efs_cl_kill(struct efs_cl *c, int i)
 {
 	struct efs_cl_node *nd = &c->node[i];

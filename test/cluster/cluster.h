@@ -85,6 +85,8 @@ bool efs_cl_stop(struct efs_cl *c);
 void efs_cl_mount(struct efs_cl *c, int i);
 /* Clean unmount of node |i| (fusermount3 -u); waits for the daemon to exit 0. */
 void efs_cl_unmount(struct efs_cl *c, int i);
+/* SIGTERM to node |i|'s daemon: it must unmount and exit 0 by itself. */
+void efs_cl_terminate(struct efs_cl *c, int i);
 /* kill -9 of node |i|, then fusermount3 -uz of its dead mount. */
 void efs_cl_kill(struct efs_cl *c, int i);
 /* Stops node |i| whatever state it is in (unmount, else SIGTERM, else
