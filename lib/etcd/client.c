@@ -353,8 +353,8 @@ static void live_inc(struct efs_etcd *c)
 
 	if (c->nlive++ != 0)
 		return;
-	for (l = c->conns.next; l != &c->conns; l = l->next)
-		efs_conn_set_ref(efs_container_of(l, struct efs_conn, link), true);
+	efs_list_for_each(l, &c->conns)
+		efs_conn_set_ref(efs_list_entry(l, struct efs_conn, link), true);
 }
 
 static void live_dec(struct efs_etcd *c)
@@ -363,8 +363,8 @@ static void live_dec(struct efs_etcd *c)
 
 	if (--c->nlive != 0)
 		return;
-	for (l = c->conns.next; l != &c->conns; l = l->next)
-		efs_conn_set_ref(efs_container_of(l, struct efs_conn, link), false);
+	efs_list_for_each(l, &c->conns)
+		efs_conn_set_ref(efs_list_entry(l, struct efs_conn, link), false);
 }
 
 /* ---- Deadline heap ---- */
@@ -869,7 +869,8 @@ static void channel_submit_waiting(struct channel *ch)
 {
 	while (!efs_list_empty(&ch->waiting) && ch->conn && ch->conn->state == EFS_CONN_READY &&
 	       ch->conn->nrpcs < MAX_INFLIGHT) {
-		struct efs_rpc *rpc = efs_container_of(ch->waiting.next, struct efs_rpc, link);
+		struct efs_rpc *rpc = efs_list_entry(efs_list_first(&ch->waiting), struct efs_rpc,
+						     link);
 		int r;
 
 		efs_list_del(&rpc->link);
@@ -1007,18 +1008,17 @@ static struct efs_etcd_call *call_alloc(struct efs_etcd *c)
 	call->arg = NULL;
 	call->c = c;
 	call->heap_idx = NO_HEAP;
-	efs_list_init(&call->rpc.link);
-	efs_list_init(&call->done_link);
 	efs_grpc_reader_init(&call->rpc.reader, c->max_recv_msg);
 	return call;
 }
 
 static void fail_waiting(struct channel *ch, int err, const char *msg)
 {
-	while (!efs_list_empty(&ch->waiting)) {
-		struct efs_rpc *rpc = efs_container_of(ch->waiting.next, struct efs_rpc, link);
+	struct efs_list *l;
 
-		efs_list_del(&rpc->link);
+	while ((l = efs_list_pop(&ch->waiting))) {
+		struct efs_rpc *rpc = efs_list_entry(l, struct efs_rpc, link);
+
 		rpc->waiting = false;
 		if (rpc->is_stream)
 			stream_finish((struct efs_etcd_stream *)rpc, err, -1, "%s", msg);
@@ -1159,6 +1159,7 @@ void efs_client_conn_down(struct efs_conn *conn, int err)
 	struct efs_etcd *c = conn->c;
 	struct channel *ch = &c->ch[conn->ch];
 	bool current = ch->conn == conn;
+	struct efs_list *l;
 
 	if (current) {
 		ch->conn = NULL;
@@ -1169,10 +1170,9 @@ void efs_client_conn_down(struct efs_conn *conn, int err)
 		/* Move on: the member may be down, partitioned or stopped. */
 		ch->ep = (conn->ep + 1) % c->neps;
 	}
-	while (!efs_list_empty(&conn->rpcs)) {
-		struct efs_rpc *rpc = efs_container_of(conn->rpcs.next, struct efs_rpc, link);
+	while ((l = efs_list_pop(&conn->rpcs))) {
+		struct efs_rpc *rpc = efs_list_entry(l, struct efs_rpc, link);
 
-		efs_list_del(&rpc->link);
 		rpc->conn = NULL;
 		conn->nrpcs--;
 		if (rpc->is_stream) {
@@ -1639,8 +1639,6 @@ int efs_etcd_stream_open(struct efs_etcd *c, enum efs_etcd_stream_kind kind,
 	s->arg = arg;
 	s->rpc.is_stream = true;
 	s->rpc.ch = (uint8_t)channel;
-	efs_list_init(&s->rpc.link);
-	efs_list_init(&s->done_link);
 	efs_grpc_reader_init(&s->rpc.reader, c->max_recv_msg);
 	efs_grpc_status_init(&s->rpc.st);
 	live_inc(c);
@@ -1713,11 +1711,11 @@ _Static_assert(offsetof(struct efs_etcd_call, done_link) ==
 
 static void run_done(struct efs_etcd *c)
 {
-	while (!efs_list_empty(&c->done)) {
-		struct efs_list *l = c->done.next;
+	struct efs_list *l;
+
+	while ((l = efs_list_pop(&c->done))) {
 		struct efs_rpc *rpc;
 
-		efs_list_del(l);
 		/* done_link directly follows rpc in both structs. */
 		rpc = (struct efs_rpc *)(void *)((char *)l - offsetof(struct efs_etcd_call,
 								     done_link));
@@ -1742,12 +1740,11 @@ static void flush_dirty(struct efs_etcd *c)
 
 	if (efs_list_empty(&c->dirty))
 		return;
-	batch = c->dirty;
-	batch.next->prev = &batch;
-	batch.prev->next = &batch;
-	efs_list_init(&c->dirty);
+	efs_list_init(&batch);
+	efs_list_splice_tail(&batch, &c->dirty);
 	while (!efs_list_empty(&batch)) {
-		struct efs_conn *conn = efs_container_of(batch.next, struct efs_conn, dirty_link);
+		struct efs_conn *conn = efs_list_entry(efs_list_first(&batch), struct efs_conn,
+						       dirty_link);
 
 		efs_conn_flush(conn);
 	}
@@ -1997,11 +1994,9 @@ void efs_etcd_free(struct efs_etcd *c, void (*done)(void *arg), void *arg)
 		fail_waiting(ch, -ECANCELED, "client closing");
 		ch->conn = NULL;
 	}
-	for (l = c->conns.next; l != &c->conns; l = next) {
-		next = l->next;
-		efs_conn_fail(efs_container_of(l, struct efs_conn, link), -ECANCELED,
+	efs_list_for_each_safe(l, next, &c->conns)
+		efs_conn_fail(efs_list_entry(l, struct efs_conn, link), -ECANCELED,
 			      "client closing");
-	}
 	/* Calls waiting for a retry are in no list but the heap. */
 	while (c->nheap)
 		call_finish(c->heap[0], -ECANCELED, -1, mutation_sent(c->heap[0]),
@@ -2150,8 +2145,8 @@ int efs_etcd_test_feed(struct efs_etcd *c, const uint8_t *data, size_t len)
 {
 	struct efs_list *l;
 
-	for (l = c->conns.next; l != &c->conns; l = l->next) {
-		struct efs_conn *conn = efs_container_of(l, struct efs_conn, link);
+	efs_list_for_each(l, &c->conns) {
+		struct efs_conn *conn = efs_list_entry(l, struct efs_conn, link);
 
 		if (conn->mem_peer && conn->state != EFS_CONN_DEAD) {
 			if (len)

@@ -590,8 +590,8 @@ static int on_frame_not_send(nghttp2_session *s, const nghttp2_frame *f, int lib
 
 	if (f->hd.type != NGHTTP2_HEADERS)
 		return 0;
-	for (l = conn->rpcs.next; l != &conn->rpcs; l = l->next) {
-		struct efs_rpc *rpc = efs_container_of(l, struct efs_rpc, link);
+	efs_list_for_each(l, &conn->rpcs) {
+		struct efs_rpc *rpc = efs_list_entry(l, struct efs_rpc, link);
 
 		if (rpc->stream_id == f->hd.stream_id) {
 			/* Whatever stopped it stops the next one too: open
@@ -877,8 +877,6 @@ int efs_conn_new(struct efs_conn **ret, struct efs_etcd *c, int ch, size_t epi, 
 	conn->ep = epi;
 	conn->mem_peer = mem_peer;
 	efs_list_init(&conn->rpcs);
-	efs_list_init(&conn->dirty_link);
-	efs_list_init(&conn->link);
 	r = -ENOMEM;
 	conn->rbuf = efs_mem_malloc(RBUF_SIZE);
 	if (!conn->rbuf)

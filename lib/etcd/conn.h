@@ -16,42 +16,11 @@
 #include <nghttp2/nghttp2.h>
 #include <uv.h>
 
+#include "util/list.h"
+
 struct efs_etcd;
 struct efs_rpc;
 struct efs_tls;
-
-/* Intrusive doubly linked list; an unlinked node points to itself. */
-struct efs_list {
-	struct efs_list *prev, *next;
-};
-
-static inline void efs_list_init(struct efs_list *l)
-{
-	l->prev = l->next = l;
-}
-
-static inline bool efs_list_empty(const struct efs_list *l)
-{
-	return l->next == l;
-}
-
-static inline void efs_list_add_tail(struct efs_list *head, struct efs_list *n)
-{
-	n->prev = head->prev;
-	n->next = head;
-	head->prev->next = n;
-	head->prev = n;
-}
-
-static inline void efs_list_del(struct efs_list *n)
-{
-	n->prev->next = n->next;
-	n->next->prev = n->prev;
-	n->prev = n->next = n;
-}
-
-#define efs_container_of(ptr, type, member)                                                        \
-	((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
 /* One parsed endpoint URL. */
 struct efs_endpoint {
