@@ -45,12 +45,12 @@ struct efs_iopool {
 	/* The submission FIFO, protected by |mu|. */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
-	struct efs_io *qhead, *qtail;
+	struct efs_list queue; /* of efs_io (link) */
 	bool stopping; /* workers exit once the queue is empty */
 
 	/* Completions not yet delivered, protected by |done_mu|. */
 	pthread_mutex_t done_mu;
-	struct efs_io *dhead, *dtail;
+	struct efs_list completed; /* of efs_io (link) */
 	/* Wakes the loop for completions; separately allocated so that a
 	 * pool freed without close can leave its closing to the loop. */
 	uv_async_t *async;
@@ -275,44 +275,29 @@ static ssize_t run_io(struct efs_iopool *p, struct efs_io *io)
 	return res;
 }
 
-/* Appends |io| (next already NULL) to the FIFO |*head| .. |*tail|; the
- * caller holds the FIFO's mutex. */
-static void fifo_push(struct efs_io **head, struct efs_io **tail, struct efs_io *io)
-{
-	if (*tail)
-		(*tail)->next = io;
-	else
-		*head = io;
-	*tail = io;
-}
-
 static void *worker(void *arg)
 {
 	struct efs_iopool *p = arg;
 
 	for (;;) {
+		struct efs_list *n;
 		struct efs_io *io;
 
 		pthread_mutex_lock(&p->mu);
-		while (!p->qhead && !p->stopping)
+		while (efs_list_empty(&p->queue) && !p->stopping)
 			pthread_cond_wait(&p->cv, &p->mu);
-		io = p->qhead;
-		if (!io) {
-			pthread_mutex_unlock(&p->mu);
-			break;
-		}
-		p->qhead = io->next;
-		if (!p->qhead)
-			p->qtail = NULL;
+		n = efs_list_pop(&p->queue);
 		pthread_mutex_unlock(&p->mu);
+		if (!n)
+			break;
 
-		io->next = NULL;
+		io = efs_list_entry(n, struct efs_io, link);
 		io->res = run_io(p, io);
 		/* From here on start_ns holds the latency (submit to done). */
 		io->start_ns = efs_clock_mono_ns() - io->start_ns;
 
 		pthread_mutex_lock(&p->done_mu);
-		fifo_push(&p->dhead, &p->dtail, io);
+		efs_list_add_tail(&p->completed, &io->link);
 		pthread_mutex_unlock(&p->done_mu);
 		uv_async_send(p->async);
 	}
@@ -368,26 +353,21 @@ static void deliver(struct efs_iopool *p, struct efs_io *io)
 	p->inflight--;
 	if (p->inflight == 0 && !p->closing)
 		uv_unref((uv_handle_t *)p->async);
-	io->next = NULL;
 	io->cb(io, res);
 }
 
 static void async_cb(uv_async_t *h)
 {
 	struct efs_iopool *p = h->data;
-	struct efs_io *list;
+	struct efs_list batch, *n;
 
+	efs_list_init(&batch);
 	pthread_mutex_lock(&p->done_mu);
-	list = p->dhead;
-	p->dhead = p->dtail = NULL;
+	efs_list_splice_tail(&batch, &p->completed);
 	pthread_mutex_unlock(&p->done_mu);
 
-	while (list) {
-		struct efs_io *io = list;
-
-		list = io->next;
-		deliver(p, io);
-	}
+	while ((n = efs_list_pop(&batch)))
+		deliver(p, efs_list_entry(n, struct efs_io, link));
 	efs_gauge_set(p->g_inflight, (double)p->inflight);
 	if (p->closing && p->inflight == 0 && !p->finished)
 		finish_close(p);
@@ -467,6 +447,8 @@ int efs_iopool_new(struct efs_iopool **ret, uv_loop_t *loop, int fd, bool direct
 	/* Like a libuv request, the pool keeps the loop alive only while
 	 * something is in flight. */
 	uv_unref((uv_handle_t *)p->async);
+	efs_list_init(&p->queue);
+	efs_list_init(&p->completed);
 	pthread_mutex_init(&p->mu, NULL);
 	pthread_cond_init(&p->cv, NULL);
 	pthread_mutex_init(&p->done_mu, NULL);
@@ -516,7 +498,6 @@ int efs_iopool_submit(struct efs_iopool *p, struct efs_io *io)
 				  !is_aligned(io->off)))
 			return -EINVAL;
 	}
-	io->next = NULL;
 	io->res = 0;
 	io->start_ns = efs_clock_mono_ns();
 	if (p->inflight++ == 0)
@@ -528,7 +509,7 @@ int efs_iopool_submit(struct efs_iopool *p, struct efs_io *io)
 	efs_gauge_set(p->g_inflight, (double)p->inflight);
 
 	pthread_mutex_lock(&p->mu);
-	fifo_push(&p->qhead, &p->qtail, io);
+	efs_list_add_tail(&p->queue, &io->link);
 	pthread_cond_signal(&p->cv);
 	pthread_mutex_unlock(&p->mu);
 	return 0;

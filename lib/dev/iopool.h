@@ -40,6 +40,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "util/list.h"
 #include "util/metrics.h"
 
 /* Alignment of buffers and offsets for O_DIRECT descriptors. */
@@ -67,7 +68,7 @@ struct efs_io {
 	efs_io_cb cb;
 	void *arg;
 	/* private */
-	struct efs_io *next;
+	struct efs_list link; /* in the pool's submission or completion FIFO */
 	ssize_t res;
 	uint64_t start_ns;
 };
