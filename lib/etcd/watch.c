@@ -7,6 +7,7 @@
 #include "config.h"
 #include "etcd/grpc.h"
 #include "util/clock.h"
+#include "util/list.h"
 #include "util/mem.h"
 
 #define BACKOFF_BASE_MS 25
@@ -20,8 +21,10 @@ enum wstate {
 	W_DONE,      /* ended; only efs_etcd_watcher_free remains */
 };
 
+/* On one list at a time: its watcher's waits, the stream's barriers (Put
+ * in flight) or the stream's ready list. */
 struct wait_req {
-	struct wait_req *next;
+	struct efs_list link;
 	struct efs_etcd_watcher *w;       /* NULL once the watcher is freed */
 	struct efs_etcd_watch_stream *ws; /* NULL once the stream is freed */
 	int64_t rev;
@@ -37,7 +40,7 @@ struct refresh {
 };
 
 struct held {
-	struct held *next;
+	struct efs_list link; /* in the stream's held list */
 	uint64_t due_ns;
 	size_t len;
 	uint8_t data[];
@@ -45,7 +48,7 @@ struct held {
 
 struct efs_etcd_watcher {
 	struct efs_etcd_watch_stream *ws;
-	struct efs_etcd_watcher *prev, *next;
+	struct efs_list link; /* in the stream's watchers */
 	int64_t id;
 	uint8_t *key, *range_end;
 	size_t key_len, range_end_len;
@@ -64,7 +67,7 @@ struct efs_etcd_watcher {
 	/* Events of a fragment group received so far (deep copies). */
 	Mvccpb__Event **frag;
 	size_t n_frag, cap_frag;
-	struct wait_req *waits;
+	struct efs_list waits; /* of wait_req, newest first */
 	efs_etcd_watch_cb cb;
 	void *arg;
 };
@@ -80,16 +83,17 @@ struct efs_etcd_watch_stream {
 	uint32_t attempt;
 	uint64_t rng;
 	int64_t next_id;
-	struct efs_etcd_watcher *watchers;
+	struct efs_list watchers; /* newest first */
 	/* Ids of the creates sent and not yet answered, in order: a failed
-	 * create is answered with id -1, in request order. */
+	 * create is answered with id -1, in request order. An array, not a
+	 * list: it holds plain ids and is emptied whole when the stream goes. */
 	int64_t *cq;
 	size_t cq_head, cq_len, cq_cap;
 	/* Fault hook: responses held back, oldest first. */
 	uint32_t delay_ms;
-	struct held *held, *held_tail;
-	struct wait_req *ready, *ready_tail;
-	struct wait_req *barriers;
+	struct efs_list held;	  /* of struct held */
+	struct efs_list ready;	  /* of wait_req whose callback is due, FIFO */
+	struct efs_list barriers; /* of wait_req whose Put is in flight */
 	/* A unary call in flight that makes the client renew its token. */
 	struct refresh *refresh;
 	unsigned handles_open;
@@ -119,11 +123,23 @@ static int refresh_token(struct efs_etcd_watch_stream *ws, struct efs_etcd_watch
 
 /* ---- Small helpers ---- */
 
+static struct efs_etcd_watcher *watcher_of(struct efs_list *n)
+{
+	return efs_list_entry(n, struct efs_etcd_watcher, link);
+}
+
+static struct wait_req *wait_req_of(struct efs_list *n)
+{
+	return efs_list_entry(n, struct wait_req, link);
+}
+
 static struct efs_etcd_watcher *find_watcher(struct efs_etcd_watch_stream *ws, int64_t id)
 {
-	for (struct efs_etcd_watcher *w = ws->watchers; w; w = w->next)
-		if (w->id == id)
-			return w;
+	struct efs_list *n;
+
+	efs_list_for_each(n, &ws->watchers)
+		if (watcher_of(n)->id == id)
+			return watcher_of(n);
 	return NULL;
 }
 
@@ -190,12 +206,7 @@ static int reason_errno(const char *reason)
 static void ready_push(struct efs_etcd_watch_stream *ws, struct wait_req *wr, int status)
 {
 	wr->status = status;
-	wr->next = NULL;
-	if (ws->ready_tail)
-		ws->ready_tail->next = wr;
-	else
-		ws->ready = wr;
-	ws->ready_tail = wr;
+	efs_list_add_tail(&ws->ready, &wr->link);
 	kick_defer(ws, 0);
 }
 
@@ -206,8 +217,7 @@ static void wait_on_rev(struct efs_etcd_watcher *w, struct wait_req *wr)
 	if (w->next_rev > wr->rev) {
 		ready_push(w->ws, wr, 0);
 	} else {
-		wr->next = w->waits;
-		w->waits = wr;
+		efs_list_add_head(&w->waits, &wr->link);
 	}
 }
 
@@ -237,16 +247,14 @@ static int wait_req_new(struct efs_etcd_watcher *w, efs_etcd_watch_wait_cb cb, v
  * |all|) to the ready list. */
 static void check_waits(struct efs_etcd_watcher *w, bool all, int status)
 {
-	struct wait_req **pp = &w->waits;
+	struct efs_list *n, *tmp;
 
-	while (*pp) {
-		struct wait_req *wr = *pp;
+	efs_list_for_each_safe(n, tmp, &w->waits) {
+		struct wait_req *wr = wait_req_of(n);
 
 		if (all || w->next_rev > wr->rev) {
-			*pp = wr->next;
+			efs_list_del(&wr->link);
 			ready_push(w->ws, wr, all ? status : 0);
-		} else {
-			pp = &wr->next;
 		}
 	}
 }
@@ -501,6 +509,7 @@ static void arm_reopen(struct efs_etcd_watch_stream *ws, uint32_t delay_ms)
 
 static int stream_open(struct efs_etcd_watch_stream *ws)
 {
+	struct efs_list *n;
 	int r;
 
 	if (ws->s || ws->freeing || ws->dead)
@@ -511,18 +520,19 @@ static int stream_open(struct efs_etcd_watch_stream *ws)
 		ws->s = NULL;
 		if (r == -ESHUTDOWN) {
 			ws->dead = true;
-			for (struct efs_etcd_watcher *w = ws->watchers; w; w = w->next)
-				if (w->state != W_DONE)
-					finish_later(w, EFS_ETCD_WATCH_CANCELED, -ESHUTDOWN);
+			efs_list_for_each(n, &ws->watchers)
+				if (watcher_of(n)->state != W_DONE)
+					finish_later(watcher_of(n), EFS_ETCD_WATCH_CANCELED,
+						     -ESHUTDOWN);
 			return r;
 		}
 		arm_reopen(ws, backoff_ms(ws));
 		return r;
 	}
 	ws->stats.opens++;
-	for (struct efs_etcd_watcher *w = ws->watchers; w; w = w->next)
-		if (w->state == W_NEW)
-			(void)send_create(w);
+	efs_list_for_each(n, &ws->watchers)
+		if (watcher_of(n)->state == W_NEW)
+			(void)send_create(watcher_of(n));
 	return 0;
 }
 
@@ -536,23 +546,24 @@ static void reopen_fire(uv_timer_t *t)
 
 static void drop_held(struct efs_etcd_watch_stream *ws)
 {
-	while (ws->held) {
-		struct held *h = ws->held;
+	struct efs_list *n;
 
-		ws->held = h->next;
-		efs_mem_free(h);
-	}
-	ws->held_tail = NULL;
+	while ((n = efs_list_pop(&ws->held)))
+		efs_mem_free(efs_list_entry(n, struct held, link));
 }
 
 /* The HTTP/2 stream is gone: what it carried must be recreated. */
 static void stream_reset(struct efs_etcd_watch_stream *ws)
 {
+	struct efs_list *n;
+
 	ws->s = NULL;
 	ws->cq_head = ws->cq_len = 0;
 	/* What was held back was not delivered; the re-creates replay it. */
 	drop_held(ws);
-	for (struct efs_etcd_watcher *w = ws->watchers; w; w = w->next) {
+	efs_list_for_each(n, &ws->watchers) {
+		struct efs_etcd_watcher *w = watcher_of(n);
+
 		free_frag(w);
 		if (w->state == W_CANCELING)
 			finish_later(w, EFS_ETCD_WATCH_CANCELED, 0);
@@ -619,20 +630,15 @@ static void on_msg(struct efs_etcd_stream *s, const ProtobufCMessage *msg, void 
 {
 	struct efs_etcd_watch_stream *ws = arg;
 
-	if (ws->delay_ms || ws->held) {
+	if (ws->delay_ms || !efs_list_empty(&ws->held)) {
 		size_t len = protobuf_c_message_get_packed_size(msg);
 		struct held *h = efs_mem_malloc(sizeof(*h) + len);
 
 		if (h) {
-			h->next = NULL;
 			h->len = len;
 			h->due_ns = efs_clock_mono_ns() + ws->delay_ms * EFS_NSEC_PER_MSEC;
 			protobuf_c_message_pack(msg, h->data);
-			if (ws->held_tail)
-				ws->held_tail->next = h;
-			else
-				ws->held = h;
-			ws->held_tail = h;
+			efs_list_add_tail(&ws->held, &h->link);
 			kick_defer(ws, ws->delay_ms);
 			return;
 		}
@@ -648,19 +654,25 @@ static void on_msg(struct efs_etcd_stream *s, const ProtobufCMessage *msg, void 
 
 /* ---- Deferred work: held responses, final updates, waits ---- */
 
+/* The oldest held response, or NULL. */
+static struct held *first_held(struct efs_etcd_watch_stream *ws)
+{
+	struct efs_list *n = efs_list_first(&ws->held);
+
+	return n ? efs_list_entry(n, struct held, link) : NULL;
+}
+
 static void defer_fire(uv_timer_t *t)
 {
 	struct efs_etcd_watch_stream *ws = t->data;
 	uint64_t now = efs_clock_mono_ns();
-	struct efs_etcd_watcher *w;
+	struct efs_list *n;
+	struct held *h;
 
-	while (ws->held && ws->held->due_ns <= now) {
-		struct held *h = ws->held;
+	while ((h = first_held(ws)) && h->due_ns <= now) {
 		Etcdserverpb__WatchResponse *resp;
 
-		ws->held = h->next;
-		if (!ws->held)
-			ws->held_tail = NULL;
+		efs_list_del(&h->link);
 		resp = etcdserverpb__watch_response__unpack(efs_mem_protobuf(), h->len, h->data);
 		efs_mem_free(h);
 		if (!resp)
@@ -669,24 +681,23 @@ static void defer_fire(uv_timer_t *t)
 		etcdserverpb__watch_response__free_unpacked(resp, efs_mem_protobuf());
 	}
 again:
-	for (w = ws->watchers; w; w = w->next) {
+	efs_list_for_each(n, &ws->watchers) {
+		struct efs_etcd_watcher *w = watcher_of(n);
+
 		if (w->final_pending) {
 			finish(w, w->final_kind, w->final_status, 0, 0,
 			       w->final_status == -ESHUTDOWN ? "client closing" : "");
 			goto again;
 		}
 	}
-	while (ws->ready) {
-		struct wait_req *wr = ws->ready;
+	while ((n = efs_list_pop(&ws->ready))) {
+		struct wait_req *wr = wait_req_of(n);
 
-		ws->ready = wr->next;
-		if (!ws->ready)
-			ws->ready_tail = NULL;
 		wr->cb(wr->w, wr->status, wr->arg);
 		efs_mem_free(wr);
 	}
-	if (ws->held) {
-		uint64_t due = ws->held->due_ns, ms = 0;
+	if ((h = first_held(ws))) {
+		uint64_t due = h->due_ns, ms = 0;
 
 		now = efs_clock_mono_ns();
 		if (due > now)
@@ -720,6 +731,10 @@ int efs_etcd_watch_stream_new(struct efs_etcd_watch_stream **ret, struct efs_etc
 	ws = efs_mem_calloc(1, sizeof(*ws));
 	if (!ws)
 		return -ENOMEM;
+	efs_list_init(&ws->watchers);
+	efs_list_init(&ws->held);
+	efs_list_init(&ws->ready);
+	efs_list_init(&ws->barriers);
 	ws->c = c;
 	ws->loop = efs_etcd_loop(c);
 	ws->channel = channel;
@@ -749,14 +764,12 @@ static void ws_handle_closed(uv_handle_t *h)
 		efs_mem_free(ws);
 }
 
-static void free_waits(struct wait_req *wr)
+static void free_waits(struct efs_list *waits)
 {
-	while (wr) {
-		struct wait_req *next = wr->next;
+	struct efs_list *n;
 
-		efs_mem_free(wr);
-		wr = next;
-	}
+	while ((n = efs_list_pop(waits)))
+		efs_mem_free(wait_req_of(n));
 }
 
 static void watcher_release(struct efs_etcd_watcher *w)
@@ -769,24 +782,25 @@ static void watcher_release(struct efs_etcd_watcher *w)
 
 struct efs_etcd_watch_stream *efs_etcd_watch_stream_free(struct efs_etcd_watch_stream *ws)
 {
+	struct efs_list *n;
+
 	if (!ws)
 		return NULL;
 	ws->freeing = true;
-	while (ws->watchers) {
-		struct efs_etcd_watcher *w = ws->watchers;
+	while ((n = efs_list_pop(&ws->watchers))) {
+		struct efs_etcd_watcher *w = watcher_of(n);
 
-		ws->watchers = w->next;
-		free_waits(w->waits);
+		free_waits(&w->waits);
 		watcher_release(w);
 	}
-	free_waits(ws->ready);
-	ws->ready = ws->ready_tail = NULL;
-	for (struct wait_req *wr = ws->barriers; wr; wr = wr->next) {
+	free_waits(&ws->ready);
+	while ((n = efs_list_pop(&ws->barriers))) {
+		struct wait_req *wr = wait_req_of(n);
+
 		/* The Put callback frees it. */
 		wr->ws = NULL;
 		efs_etcd_call_cancel(wr->put);
 	}
-	ws->barriers = NULL;
 	if (ws->refresh) {
 		ws->refresh->ws = NULL;
 		efs_etcd_call_cancel(ws->refresh->call);
@@ -848,6 +862,7 @@ int efs_etcd_watcher_new(struct efs_etcd_watcher **ret, struct efs_etcd_watch_st
 	w = efs_mem_calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;
+	efs_list_init(&w->waits);
 	r = set_range(w, o);
 	if (r < 0) {
 		watcher_release(w);
@@ -863,10 +878,7 @@ int efs_etcd_watcher_new(struct efs_etcd_watcher **ret, struct efs_etcd_watch_st
 	w->state = W_NEW;
 	w->cb = cb;
 	w->arg = arg;
-	w->next = ws->watchers;
-	if (ws->watchers)
-		ws->watchers->prev = w;
-	ws->watchers = w;
+	efs_list_add_head(&ws->watchers, &w->link);
 	if (ws->s)
 		(void)send_create(w);
 	else
@@ -898,36 +910,36 @@ int efs_etcd_watcher_cancel(struct efs_etcd_watcher *w)
 	return 0;
 }
 
+/* Clears the watcher of the wait_reqs of |list| that are |w|'s. */
+static void forget_watcher(struct efs_list *list, const struct efs_etcd_watcher *w)
+{
+	struct efs_list *n;
+
+	efs_list_for_each(n, list)
+		if (wait_req_of(n)->w == w)
+			wait_req_of(n)->w = NULL;
+}
+
 struct efs_etcd_watcher *efs_etcd_watcher_free(struct efs_etcd_watcher *w)
 {
 	struct efs_etcd_watch_stream *ws;
+	struct efs_list *n;
 
 	if (!w)
 		return NULL;
 	ws = w->ws;
 	if (w->state == W_CREATING || w->state == W_ACTIVE)
 		(void)send_cancel(ws, w->id);
-	if (w->prev)
-		w->prev->next = w->next;
-	else
-		ws->watchers = w->next;
-	if (w->next)
-		w->next->prev = w->prev;
+	efs_list_del(&w->link);
 	/* Pending waits complete with -ECANCELED and no watcher. */
-	for (struct wait_req *wr = w->waits; wr; wr = wr->next)
-		wr->w = NULL;
-	while (w->waits) {
-		struct wait_req *wr = w->waits;
+	while ((n = efs_list_pop(&w->waits))) {
+		struct wait_req *wr = wait_req_of(n);
 
-		w->waits = wr->next;
+		wr->w = NULL;
 		ready_push(ws, wr, -ECANCELED);
 	}
-	for (struct wait_req *wr = ws->ready; wr; wr = wr->next)
-		if (wr->w == w)
-			wr->w = NULL;
-	for (struct wait_req *wr = ws->barriers; wr; wr = wr->next)
-		if (wr->w == w)
-			wr->w = NULL;
+	forget_watcher(&ws->ready, w);
+	forget_watcher(&ws->barriers, w);
 	watcher_release(w);
 	return NULL;
 }
@@ -969,14 +981,8 @@ static void barrier_put_done(struct efs_etcd_result *r, void *arg)
 		efs_mem_free(wr);
 		return;
 	}
-	for (struct wait_req **pp = &ws->barriers; *pp; pp = &(*pp)->next) {
-		if (*pp == wr) {
-			*pp = wr->next;
-			break;
-		}
-	}
+	efs_list_del(&wr->link);
 	wr->put = NULL;
-	wr->next = NULL;
 	if (r->err) {
 		ready_push(ws, wr, r->err);
 	} else if (!w || w->state == W_DONE) {
@@ -1006,8 +1012,7 @@ int efs_etcd_watch_barrier(struct efs_etcd_watcher *w, const void *key, size_t k
 		efs_mem_free(wr);
 		return r;
 	}
-	wr->next = w->ws->barriers;
-	w->ws->barriers = wr;
+	efs_list_add_head(&w->ws->barriers, &wr->link);
 	return 0;
 }
 
