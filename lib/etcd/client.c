@@ -132,11 +132,11 @@ struct efs_etcd_call {
 	char msg[EFS_GRPC_MESSAGE_MAX];
 	efs_etcd_call_cb cb;
 	void *arg;
-	struct efs_etcd_call *pool_next;
+	struct efs_etcd_call *pool_next; /* free list: a LIFO needs only one link */
 };
 
 struct sendq_item {
-	struct sendq_item *next;
+	struct efs_list link; /* in the stream's sendq */
 	size_t len, off;
 	uint8_t *buf;
 };
@@ -149,7 +149,7 @@ struct efs_etcd_stream {
 	efs_etcd_stream_msg_cb msg_cb;
 	efs_etcd_stream_close_cb close_cb;
 	void *arg;
-	struct sendq_item *sq_head, *sq_tail;
+	struct efs_list sendq; /* framed messages not yet handed to nghttp2 */
 	uint64_t last_send_ns;
 	bool finished; /* close queued */
 	bool in_close_cb;
@@ -1397,20 +1397,20 @@ ssize_t efs_rpc_read_body(struct efs_rpc *rpc, uint8_t *buf, size_t len, uint32_
 {
 	if (rpc->is_stream) {
 		struct efs_etcd_stream *s = (struct efs_etcd_stream *)rpc;
-		struct sendq_item *it = s->sq_head;
+		struct efs_list *first = efs_list_first(&s->sendq);
+		struct sendq_item *it;
 		size_t n;
 
-		if (!it)
+		if (!first)
 			return NGHTTP2_ERR_DEFERRED;
+		it = efs_list_entry(first, struct sendq_item, link);
 		n = it->len - it->off;
 		if (n > len)
 			n = len;
 		memcpy(buf, it->buf + it->off, n);
 		it->off += n;
 		if (it->off == it->len) {
-			s->sq_head = it->next;
-			if (!s->sq_head)
-				s->sq_tail = NULL;
+			efs_list_del(&it->link);
 			efs_mem_free(it->buf);
 			efs_mem_free(it);
 			/* The frame is handed to the socket within this flush. */
@@ -1500,14 +1500,14 @@ void efs_etcd_call_cancel(struct efs_etcd_call *call)
 
 static void sendq_clear(struct efs_etcd_stream *s)
 {
-	while (s->sq_head) {
-		struct sendq_item *it = s->sq_head;
+	struct efs_list *n;
 
-		s->sq_head = it->next;
+	while ((n = efs_list_pop(&s->sendq))) {
+		struct sendq_item *it = efs_list_entry(n, struct sendq_item, link);
+
 		efs_mem_free(it->buf);
 		efs_mem_free(it);
 	}
-	s->sq_tail = NULL;
 }
 
 static void stream_finish(struct efs_etcd_stream *s, int err, int gs, const char *fmt, ...)
@@ -1639,6 +1639,7 @@ int efs_etcd_stream_open(struct efs_etcd *c, enum efs_etcd_stream_kind kind,
 	s->arg = arg;
 	s->rpc.is_stream = true;
 	s->rpc.ch = (uint8_t)channel;
+	efs_list_init(&s->sendq);
 	efs_grpc_reader_init(&s->rpc.reader, c->max_recv_msg);
 	efs_grpc_status_init(&s->rpc.st);
 	live_inc(c);
@@ -1665,12 +1666,7 @@ int efs_etcd_stream_send(struct efs_etcd_stream *s, const ProtobufCMessage *msg)
 		return r;
 	}
 	it->off = 0;
-	it->next = NULL;
-	if (s->sq_tail)
-		s->sq_tail->next = it;
-	else
-		s->sq_head = it;
-	s->sq_tail = it;
+	efs_list_add_tail(&s->sendq, &it->link);
 	if (s->rpc.conn)
 		efs_conn_resume(s->rpc.conn, &s->rpc);
 	return 0;
