@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/list.h"
 #include "util/mem.h"
 
 enum metric_type {
@@ -45,7 +46,7 @@ static const char *const bounds_text[NBOUNDS] = {
 
 /* The part every metric shares: its label text and its place in a family. */
 struct metric {
-	struct metric *next;
+	struct efs_list link; /* in its family's metrics */
 	char *labels; /* "" for none */
 };
 
@@ -71,17 +72,21 @@ struct efs_histogram {
 	_Atomic uint64_t sum_ns;
 };
 
+/* Families and their metrics render in the order they were registered. */
 struct family {
-	struct family *next;
+	struct efs_list link; /* in the registry's families */
 	char *name;
 	char *help; /* NULL for none */
 	enum metric_type type;
-	struct metric *head, **tail;
+	struct efs_list metrics;
 };
 
 struct efs_metrics {
-	struct family *head, **tail;
+	struct efs_list families;
 };
+
+#define family_of(n) efs_list_entry(n, struct family, link)
+#define metric_of(n) efs_list_entry(n, struct metric, link)
 
 int efs_metrics_new(struct efs_metrics **ret)
 {
@@ -89,7 +94,7 @@ int efs_metrics_new(struct efs_metrics **ret)
 
 	if (!m)
 		return -ENOMEM;
-	m->tail = &m->head;
+	efs_list_init(&m->families);
 	*ret = m;
 	return 0;
 }
@@ -102,12 +107,10 @@ static void metric_free(struct metric *x)
 
 static void family_free(struct family *f)
 {
-	struct metric *x, *next;
+	struct efs_list *n;
 
-	for (x = f->head; x; x = next) {
-		next = x->next;
-		metric_free(x);
-	}
+	while ((n = efs_list_pop(&f->metrics)))
+		metric_free(metric_of(n));
 	efs_mem_free(f->name);
 	efs_mem_free(f->help);
 	efs_mem_free(f);
@@ -115,14 +118,12 @@ static void family_free(struct family *f)
 
 struct efs_metrics *efs_metrics_free(struct efs_metrics *m)
 {
-	struct family *f, *next;
+	struct efs_list *n;
 
 	if (!m)
 		return NULL;
-	for (f = m->head; f; f = next) {
-		next = f->next;
-		family_free(f);
-	}
+	while ((n = efs_list_pop(&m->families)))
+		family_free(family_of(n));
 	efs_mem_free(m);
 	return NULL;
 }
@@ -195,22 +196,23 @@ static struct family *family_get(struct efs_metrics *m, const char *name, const 
 				 enum metric_type type, const char *labels,
 				 struct metric **ret_found, bool *ret_created)
 {
+	struct efs_list *n, *k;
 	struct family *f;
-	struct metric *x;
 
 	*ret_found = NULL;
 	*ret_created = false;
 	if (!m || !efs_metrics_name_is_valid(name) ||
 	    !efs_metrics_labels_are_valid(labels, type == TYPE_HISTOGRAM))
 		return NULL;
-	for (f = m->head; f; f = f->next) {
+	efs_list_for_each(n, &m->families) {
+		f = family_of(n);
 		if (strcmp(f->name, name))
 			continue;
 		if (f->type != type)
 			return NULL;
-		for (x = f->head; x; x = x->next) {
-			if (!strcmp(x->labels, labels ? labels : "")) {
-				*ret_found = x;
+		efs_list_for_each(k, &f->metrics) {
+			if (!strcmp(metric_of(k)->labels, labels ? labels : "")) {
+				*ret_found = metric_of(k);
 				break;
 			}
 		}
@@ -219,6 +221,7 @@ static struct family *family_get(struct efs_metrics *m, const char *name, const 
 	f = efs_mem_calloc(1, sizeof(*f));
 	if (!f)
 		return NULL;
+	efs_list_init(&f->metrics);
 	f->name = efs_mem_strdup(name);
 	if (!f->name)
 		goto out_free;
@@ -228,7 +231,6 @@ static struct family *family_get(struct efs_metrics *m, const char *name, const 
 			goto out_free;
 	}
 	f->type = type;
-	f->tail = &f->head;
 	*ret_created = true;
 	return f;
 
@@ -249,12 +251,9 @@ static struct metric *family_add(struct efs_metrics *m, struct family *f, bool c
 			family_free(f);
 		return NULL;
 	}
-	*f->tail = x;
-	f->tail = &x->next;
-	if (created) {
-		*m->tail = f;
-		m->tail = &f->next;
-	}
+	efs_list_add_tail(&f->metrics, &x->link);
+	if (created)
+		efs_list_add_tail(&m->families, &f->link);
 	return x;
 }
 
@@ -539,45 +538,54 @@ static void render_histogram(struct buf *b, const struct family *f,
 	buf_put(b, "\n", 1);
 }
 
+/* Appends family |f|'s # HELP and # TYPE lines and every metric of it. */
+static void render_family(struct buf *b, const struct family *f)
+{
+	const struct efs_list *k;
+
+	if (f->help) {
+		buf_puts(b, "# HELP ");
+		buf_puts(b, f->name);
+		buf_put(b, " ", 1);
+		buf_put_help(b, f->help);
+		buf_put(b, "\n", 1);
+	}
+	buf_puts(b, "# TYPE ");
+	buf_puts(b, f->name);
+	buf_put(b, " ", 1);
+	buf_puts(b, type_names[f->type]);
+	buf_put(b, "\n", 1);
+	efs_list_for_each(k, &f->metrics) {
+		const struct metric *x = metric_of(k);
+
+		switch (f->type) {
+		case TYPE_COUNTER:
+			buf_put_series(b, f, "", x, NULL);
+			buf_put_u64(b, efs_counter_get((const struct efs_counter *)x));
+			break;
+		case TYPE_GAUGE:
+			buf_put_series(b, f, "", x, NULL);
+			buf_put_double(b, efs_gauge_get((const struct efs_gauge *)x));
+			break;
+		case TYPE_HISTOGRAM:
+			render_histogram(b, f, (const struct efs_histogram *)x);
+			continue;
+		}
+		buf_put(b, "\n", 1);
+	}
+}
+
 int efs_metrics_render(const struct efs_metrics *m, char **ret, size_t *ret_len)
 {
 	struct buf b = { 0 };
-	const struct family *f;
-	const struct metric *x;
+	const struct efs_list *n;
 
 	/* Even an empty registry renders as an empty, NUL-terminated text. */
 	if (buf_reserve(&b, 0))
 		b.p[0] = '\0';
-	for (f = m ? m->head : NULL; f; f = f->next) {
-		if (f->help) {
-			buf_puts(&b, "# HELP ");
-			buf_puts(&b, f->name);
-			buf_put(&b, " ", 1);
-			buf_put_help(&b, f->help);
-			buf_put(&b, "\n", 1);
-		}
-		buf_puts(&b, "# TYPE ");
-		buf_puts(&b, f->name);
-		buf_put(&b, " ", 1);
-		buf_puts(&b, type_names[f->type]);
-		buf_put(&b, "\n", 1);
-		for (x = f->head; x; x = x->next) {
-			switch (f->type) {
-			case TYPE_COUNTER:
-				buf_put_series(&b, f, "", x, NULL);
-				buf_put_u64(&b, efs_counter_get((const struct efs_counter *)x));
-				break;
-			case TYPE_GAUGE:
-				buf_put_series(&b, f, "", x, NULL);
-				buf_put_double(&b, efs_gauge_get((const struct efs_gauge *)x));
-				break;
-			case TYPE_HISTOGRAM:
-				render_histogram(&b, f, (const struct efs_histogram *)x);
-				continue;
-			}
-			buf_put(&b, "\n", 1);
-		}
-	}
+	if (m)
+		efs_list_for_each(n, &m->families)
+			render_family(&b, family_of(n));
 	if (b.err) {
 		efs_mem_free(b.p);
 		return b.err;
