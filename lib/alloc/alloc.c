@@ -11,7 +11,8 @@
  *    minus pending (allocated, unpublished) minus quarantined runs whenever
  *    one of those changes outside allocation itself.
  *  - efs_alloc_unuse goes through quarantine: a local read may have looked
- *    the unpublished extent up (data.c's merged map) and still be reading.
+ *    the unpublished extent up (the file's merged extent map, lib/fs/file/)
+ *    and still be reading.
  *  - A use whose blocks the committed map already shows as used (the map
  *    was re-read after an unknown outcome that did apply) is taken as
  *    already applied; a free of blocks already free in an owned group is a

@@ -2,19 +2,19 @@
 #pragma once
 
 /*
- * Device I/O on a worker pool (ARCHITECTURE.md section 2): the loop
- * submits reads, writes and fdatasyncs of the shared device; worker
- * threads run pread/pwrite/fdatasync on a descriptor opened with O_DIRECT
- * (where the device allows it) and hand completions back to the loop
- * through one uv_async, in batches. Many requests are in flight at once
- * (a queue-depth-32 job is a normal load); the pool reports the depth it
- * sees (etcfs_dev_inflight gauge, etcfs_dev_inflight_max gauge,
- * etcfs_dev_ios_total{op}, etcfs_dev_errors_total{op},
+ * Device I/O on a worker pool: the loop submits reads, writes and fdatasyncs
+ * of the shared device; worker threads run pread/pwrite/fdatasync on a
+ * descriptor opened with O_DIRECT (where the device allows it) and hand
+ * completions back to the loop through one uv_async, in batches. Many requests
+ * are in flight at once (a queue-depth-32 job is a normal load); the pool
+ * reports the depth it sees (etcfs_dev_inflight gauge, etcfs_dev_inflight_max
+ * gauge, etcfs_dev_ios_total{op}, etcfs_dev_errors_total{op},
  * etcfs_dev_bytes_total{op}, etcfs_dev_latency_seconds{op}).
  *
- * Fencing (section 6): workers check the pool's fence flag before every
- * write and fail it with -EIO once set. Short transfers are continued;
- * EINTR is retried; any other error is the request's result.
+ * Fencing: a node that may have lost its lease must not write the shared
+ * device, so workers check the pool's fence flag before every write and fail
+ * it with -EIO once set. Short transfers are continued; EINTR is retried; any
+ * other error is the request's result.
  *
  * Callback rule (libuv's): efs_iopool_submit returns an error now (the
  * callback never runs) or 0, and the callback runs exactly once later on

@@ -9,7 +9,7 @@
  * every field of every RPC is available to callers; typed wrappers for the
  * calls live in kv.h, lease.h and watch.h.
  *
- * Error convention (STYLE.md): 0 or -errno. A function that takes a callback
+ * Error convention: 0 or -errno. A function that takes a callback
  * either returns an error now (and the callback never runs) or returns 0 and
  * the callback runs exactly once, later, never inline.
  */
@@ -161,14 +161,13 @@ void efs_etcd_free(struct efs_etcd *c, void (*done)(void *arg), void *arg);
 uv_loop_t *efs_etcd_loop(const struct efs_etcd *c);
 
 /*
- * Starts a unary call. |req| must be the request message type of |method|;
- * it is serialised before this returns, so it may live on the caller's
- * stack. Retries follow ETCD-GRPC.md section 3: a call that never reached
- * the server (connect failure, REFUSED_STREAM, above a GOAWAY's last stream
- * id) is retried on another endpoint until its deadline; idempotent methods
- * are also retried after UNAVAILABLE or a lost connection; mutations
- * already sent are not, and report outcome_unknown. Token errors cause one
- * re-authentication and one retry.
+ * Starts a unary call. |req| must be the request message type of |method|; it
+ * is serialised before this returns, so it may live on the caller's stack.
+ * Retries: a call that never reached the server (connect failure,
+ * REFUSED_STREAM, above a GOAWAY's last stream id) is retried on another
+ * endpoint until its deadline; idempotent methods are also retried after
+ * UNAVAILABLE or a lost connection; mutations already sent are not, and report
+ * outcome_unknown. Token errors cause one re-authentication and one retry.
  *
  * |ret_call| may be NULL; when not, it receives a handle valid until the
  * callback has run. Errors: -EINVAL (wrong message type), -ENOMEM,

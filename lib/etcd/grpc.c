@@ -424,9 +424,9 @@ size_t efs_grpc_percent_decode(const uint8_t *in, size_t len, char *out, size_t 
 /* ---- Status -> errno ---- */
 
 /*
- * The one table (ETCD-GRPC.md section 3). Rows are tried in order; the first
- * whose code matches and whose |text| (when set) occurs in the message wins,
- * so each code's catch-all row comes last. etcd prefixes its texts with
+ * The client's one status -> errno table. Rows are tried in order; the
+ * first whose code matches and whose |text| (when set) occurs in the
+ * message wins, so each code's catch-all row comes last. etcd prefixes its texts with
  * "etcdserver: " or "mvcc: ", hence substring matching. Per row:
  *  - unknown: if the call was a mutation already on the wire, its outcome is
  *    unknown (it may have been applied): timeouts, a stopping server that

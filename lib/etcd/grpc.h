@@ -112,7 +112,9 @@ int efs_grpc_status_header(struct efs_grpc_status *st, const uint8_t *name, size
 /* Returns the final gRPC code (and fills message when it synthesises one). */
 int efs_grpc_status_finish(struct efs_grpc_status *st);
 
-/* gRPC code for a server RST_STREAM error code (ETCD-GRPC.md 1.4). */
+/* gRPC code for a server RST_STREAM error code, as gRPC maps them:
+ * REFUSED_STREAM (nothing processed) is UNAVAILABLE, anything unknown
+ * INTERNAL. */
 int efs_grpc_code_from_rst(uint32_t h2_error_code);
 
 /* Decodes grpc-message's %XX escapes leniently (a bad escape is copied as
@@ -121,8 +123,8 @@ int efs_grpc_code_from_rst(uint32_t h2_error_code);
 size_t efs_grpc_percent_decode(const uint8_t *in, size_t len, char *out, size_t outsize);
 
 /*
- * The one status -> errno table (ETCD-GRPC.md section 3), deciding from code
- * and message text together. |sent_mutation| says the call was a mutation
+ * The client's one status -> errno table, deciding from code and message
+ * text together. |sent_mutation| says the call was a mutation
  * that reached the wire; *ret_unknown is set to true when its outcome is
  * unknown (timeouts, DEADLINE_EXCEEDED, "request timed out"). Returns 0 for
  * OK and a negative errno otherwise; see grpc.c for the table.

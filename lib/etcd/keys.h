@@ -7,8 +7,8 @@
  * range scan returns them in numeric order) and a bounded key builder.
  *
  * etcd orders keys as unsigned bytes, shorter first on a common prefix
- * (efs_etcd_key_cmp). Range conventions (ETCD-GRPC.md 2.1): range_end empty
- * means the key alone; range_end "\0" (one zero byte) means every key >= key.
+ * (efs_etcd_key_cmp). etcd's range conventions: range_end empty means the
+ * key alone; range_end "\0" (one zero byte) means every key >= key.
  *
  * Functions filling a caller buffer return 0 or -E2BIG (buffer too small,
  * nothing written); *_dup variants allocate with efs_mem and return 0 or

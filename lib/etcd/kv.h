@@ -146,7 +146,7 @@ int efs_etcd_authenticate(struct efs_etcd *c, const char *name, const char *pass
 			  const struct efs_etcd_callopts *co, efs_etcd_authenticate_cb cb,
 			  void *arg);
 
-/* ---- Paged range (ETCD-GRPC.md 2.1) ---- */
+/* ---- Paged range ---- */
 
 struct efs_etcd_paged_opts {
 	/* The range, as in efs_etcd_range_opts. */

@@ -3,7 +3,8 @@
 
 /*
  * Leases: thin Grant/Revoke/TimeToLive wrappers and a keepalive machine made
- * for fencing (ARCHITECTURE.md section 8, ETCD-GRPC.md section 4).
+ * for fencing: a node must know, from its own clock alone, a moment by which
+ * etcd cannot yet have expired its lease.
  *
  * A keepalive set (struct efs_etcd_keepalive) owns one LeaseKeepAlive stream
  * on the priority channel and carries every lease kept alive through it;

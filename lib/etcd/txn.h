@@ -7,7 +7,7 @@
  * ready Etcdserverpb__TxnRequest for
  * efs_etcd_call(c, EFS_ETCD_TXN, &req->base, ...).
  *
- * etcd's own request checks (ETCD-GRPC.md 2.1; etcd v3rpc checkTxnRequest
+ * etcd's own request checks (etcd v3rpc checkTxnRequest
  * and checkIntervals) are applied as each item is added, so a request that
  * leaves the builder is one etcd will not reject for its shape:
  *  - max(#compare, #success, #failure) <= max_ops (etcd --max-txn-ops,

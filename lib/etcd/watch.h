@@ -8,16 +8,15 @@
  * may be open on one client (lock traffic on the priority channel, the rest
  * on the bulk one).
  *
- * When the stream ends (member killed, connection lost, leaderless member
- * with hasleader) it is reopened with backoff, and every watcher is created
- * again from the revision after the last one it delivered, so the caller
- * sees every event once, in order (ETCD-GRPC.md "Watch resumption"). etcd
- * checks the stream's auth token at each create; a create refused with
- * "invalid auth token" (an expired simple token on a long-lived stream) is
- * retried once after a unary call has made the client renew its token, on a
- * new stream that all watchers move to. A
- * response split into fragments is delivered as one update once its last
- * fragment arrives; revisions advance only after whole updates.
+ * When the stream ends (member killed, connection lost, leaderless member with
+ * hasleader) it is reopened with backoff, and every watcher is created again
+ * from the revision after the last one it delivered, so the caller sees every
+ * event once, in order. etcd checks the stream's auth token at each create; a
+ * create refused with "invalid auth token" (an expired simple token on a
+ * long-lived stream) is retried once after a unary call has made the client
+ * renew its token, on a new stream that all watchers move to. A response split
+ * into fragments is delivered as one update once its last fragment arrives;
+ * revisions advance only after whole updates.
  *
  * Everything runs on the client's loop thread. Callbacks never run inline
  * from the call that registered them.
@@ -151,7 +150,8 @@ int efs_etcd_watch_wait_rev(struct efs_etcd_watcher *w, int64_t rev, efs_etcd_wa
  * A sync barrier: Puts |key| (a sentinel inside |w|'s range, value empty)
  * and waits until |w| has delivered that Put's event, so everything
  * committed before the barrier has been delivered too. Progress replies
- * alone cannot do this on etcd 3.4.23 (TESTING.md). The sentinel's own
+ * alone cannot do this on etcd 3.4.23: a progress reply can run ahead of
+ * events still queued for a lagging watcher. The sentinel's own
  * event is delivered to the watcher like any other. |w| must not filter
  * out puts. Errors: -EINVAL (no_put watcher), -ENOMEM, -ECANCELED.
  */

@@ -2,10 +2,10 @@
 #pragma once
 
 /*
- * The timing of a node session (session.h, ARCHITECTURE.md section 8) as a
- * pure state machine: no I/O, no clock of its own. Every input carries the
- * mono time |now| (ns) and returns a set of actions (EFS_SFSM_A_*) that the
- * caller carries out (session.c) or checks (unit tests with a fake clock).
+ * The timing of a node session (session.h) as a pure state machine: no I/O, no
+ * clock of its own. Every input carries the mono time |now| (ns) and returns a
+ * set of actions (EFS_SFSM_A_*) that the caller carries out (session.c) or
+ * checks (unit tests with a fake clock).
  *
  * Timeline of one session, all from T = the send time of the last
  * acknowledged renewal:

@@ -6,9 +6,9 @@
  * backend has a quota (--quota-backend-bytes, 2 GiB by default and in
  * Debian's package); once a member's database reaches it, etcd raises the
  * NOSPACE alarm and refuses every request that writes anything until an
- * operator (or, from issue 4 on, the elected maintenance node) compacts,
- * defragments and disarms. To keep deletes working, the filesystem refuses
- * metadata growth itself, earlier, with ENOSPC.
+ * operator (or the elected maintenance node) compacts, defragments and
+ * disarms. To keep deletes working, the filesystem refuses metadata growth
+ * itself, earlier, with ENOSPC.
  *
  * The monitor asks etcd's Maintenance Status every |interval_ms| and keeps
  * one of three states:
@@ -24,7 +24,7 @@
  *         runs 15-20 % ahead of the size in use (pages freed by bbolt's
  *         copy-on-write, measured with etcd 3.4.23): at 80 % in use etcd
  *         may already refuse. dbSize stays high after a compaction until
- *         the member is defragmented (issue 4's maintenance node, or the
+ *         the member is defragmented (the maintenance node, or the
  *         operator); |db_pct| 100 turns this criterion off.
  *   FULL  the NOSPACE alarm is active (Status lists "alarm:NOSPACE" among
  *         its errors), or an operation got etcd's "database space exceeded"

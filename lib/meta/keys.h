@@ -2,11 +2,11 @@
 #pragma once
 
 /*
- * The etcd key schema of one filesystem (ARCHITECTURE.md section 5,
- * docs/FORMAT.md), pure: no I/O. Every key lives under "/etcfs/<fsname>/";
- * integers inside keys are fixed-width big-endian so that range scans come
- * back in numeric order; variable-length parts (file and xattr names, node
- * ids) come last or are followed by a '/' that they cannot contain.
+ * The etcd key schema of one filesystem (docs/FORMAT.md), pure: no I/O. Every
+ * key lives under "/etcfs/<fsname>/"; integers inside keys are fixed-width
+ * big-endian so that range scans come back in numeric order; variable-length
+ * parts (file and xattr names, node ids) come last or are followed by a '/'
+ * that they cannot contain.
  *
  * Builders fill a caller-owned struct efs_meta_key and return 0, -EINVAL
  * (a malformed argument: inode 0, an invalid node id, a bad name or lock
@@ -30,7 +30,7 @@
 /* Inode number of the root directory; 0 is never a valid inode. */
 #define EFS_META_ROOT_INO 1
 
-/* Key families, in the order of ARCHITECTURE.md section 5. */
+/* Key families (docs/FORMAT.md gives each one's key and rules). */
 enum efs_meta_family {
 	EFS_META_K_SB = 1,	/* sb */
 	EFS_META_K_INODE,	/* i/<ino> */
@@ -51,7 +51,7 @@ enum efs_meta_family {
 	EFS_META_K_RECLAIM,	/* rc/<ino> */
 	EFS_META_K_INO_COUNTER, /* ino */
 	EFS_META_K_RENAMESEQ,	/* renameseq */
-	/* Added by issue 4 (lib/maint/maint.h). */
+	/* Of the maintenance node (lib/maint/maint.h). */
 	EFS_META_K_MAINT,	/* maint: the elected maintenance node */
 	EFS_META_K_PIN,		/* pin/<name>: a revision compaction keeps (name in |node|) */
 };

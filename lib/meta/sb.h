@@ -2,12 +2,11 @@
 #pragma once
 
 /*
- * The on-device superblock (ARCHITECTURE.md section 4, docs/FORMAT.md):
- * block 0 of the device, a fixed little-endian layout of EFS_SB_SIZE bytes
- * ending in a CRC32C of everything before it. It names the etcd keyspace
- * (the filesystem name) and carries the UUID that etcd's "sb" record must
- * match, so a device is never mounted against the wrong keyspace. Pure: the
- * caller reads and writes the bytes.
+ * The on-device superblock (docs/FORMAT.md): block 0 of the device, a fixed
+ * little-endian layout of EFS_SB_SIZE bytes ending in a CRC32C of everything
+ * before it. It names the etcd keyspace (the filesystem name) and carries the
+ * UUID that etcd's "sb" record must match, so a device is never mounted
+ * against the wrong keyspace. Pure: the caller reads and writes the bytes.
  *
  * Errors of efs_sb_decode(), in the order they are checked (each with a
  * sentence in |reason|):

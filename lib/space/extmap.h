@@ -3,19 +3,19 @@
 
 /*
  * The extent map of one file, in memory, chunked the way it is stored
- * (ARCHITECTURE.md section 5, docs/FORMAT.md): keys e/<ino><chunk> whose
- * chunk number is the first file block the chunk covers; a chunk covers
- * [its key, the next chunk's key) and holds the sorted, non-overlapping
- * extents of that range. Chunks split by extent count (a chunk that grows
- * past |chunk_max| extents splits in two halves, the second keyed by its
- * first extent's file block); a chunk left empty is dropped. The first
- * chunk of a new map has key 0, and a set that reaches below the first
- * chunk's key (after a punch dropped the chunk of key 0) creates a new chunk
- * of key 0 rather than moving a key. Keys never change otherwise: a set over
- * several chunks is cut at their boundaries, so every extent lies inside its
- * chunk's range; extents are not merged across chunks. A chunk of a loaded
- * map may hold more than |chunk_max| extents (another chunk_max wrote it): it
- * splits in halves on each change until the halves fit.
+ * (docs/FORMAT.md): keys e/<ino><chunk> whose chunk number is the first file
+ * block the chunk covers; a chunk covers [its key, the next chunk's key) and
+ * holds the sorted, non-overlapping extents of that range. Chunks split by
+ * extent count (a chunk that grows past |chunk_max| extents splits in two
+ * halves, the second keyed by its first extent's file block); a chunk left
+ * empty is dropped. The first chunk of a new map has key 0, and a set that
+ * reaches below the first chunk's key (after a punch dropped the chunk of key
+ * 0) creates a new chunk of key 0 rather than moving a key. Keys never change
+ * otherwise: a set over several chunks is cut at their boundaries, so every
+ * extent lies inside its chunk's range; extents are not merged across chunks.
+ * A chunk of a loaded map may hold more than |chunk_max| extents (another
+ * chunk_max wrote it): it splits in halves on each change until the halves
+ * fit.
  *
  * The map is the node's merged view (published extents plus the node's
  * own unpublished writes). Each chunk carries a version bumped by every

@@ -2,11 +2,10 @@
 #pragma once
 
 /*
- * One allocation group's free space as run-length runs, group-relative
- * (ARCHITECTURE.md section 6; the AgMap record of docs/FORMAT.md: runs
- * sorted, disjoint, never adjacent, inside [0, group_blocks)), plus the
- * rules for folding free intents. Pure: no I/O, all memory through
- * efs_mem; a failing call leaves the map unchanged.
+ * One allocation group's free space as run-length runs, group-relative (the
+ * AgMap record of docs/FORMAT.md: runs sorted, disjoint, never adjacent,
+ * inside [0, group_blocks)), plus the rules for folding free intents. Pure: no
+ * I/O, all memory through efs_mem; a failing call leaves the map unchanged.
  */
 
 #include <stdbool.h>
@@ -72,12 +71,12 @@ bool efs_freemap_all_free(const struct efs_freemap *fm, uint64_t start, uint64_t
 bool efs_freemap_any_free(const struct efs_freemap *fm, uint64_t start, uint64_t len);
 
 /*
- * Folds free intents (section 6): every block of |runs| (group-relative,
- * any order, possibly repeating across intents) that is in use becomes
- * free; a block that is already free — or listed twice — is a double free:
- * it is appended to |double_freed| (normalized on return) and not applied.
- * Runs leaving the group count as double frees too. Returns the number of
- * blocks freed, or -ENOMEM (map unchanged).
+ * Folds free intents: every block of |runs| (group-relative, any order,
+ * possibly repeating across intents) that is in use becomes free; a block that
+ * is already free — or listed twice — is a double free: it is appended to
+ * |double_freed| (normalized on return) and not applied. Runs leaving the
+ * group count as double frees too. Returns the number of blocks freed, or
+ * -ENOMEM (map unchanged).
  *
  * Precisely: the first listing of an in-use block frees it; every later
  * listing of it, and every listing of a block free before the fold, is a

@@ -2,13 +2,12 @@
 #pragma once
 
 /*
- * Quarantine of freed blocks (ARCHITECTURE.md section 6): a block freed by
- * a publication may still be under a device read that started before the
- * publication (a reader that looked the old extent up). Reads take an
- * epoch ticket when they look extents up and return it when the device
- * read ends; a freed run waits until every read whose ticket is not newer
- * than the free has ended, then it is handed back. Pure and
- * single-threaded (the loop's), all memory through efs_mem.
+ * Quarantine of freed blocks: a block freed by a publication may still be
+ * under a device read that started before the publication (a reader that
+ * looked the old extent up). Reads take an epoch ticket when they look extents
+ * up and return it when the device read ends; a freed run waits until every
+ * read whose ticket is not newer than the free has ended, then it is handed
+ * back. Pure and single-threaded (the loop's), all memory through efs_mem.
  */
 
 #include <stddef.h>

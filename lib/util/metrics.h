@@ -6,12 +6,15 @@
  * once at start and rendered as Prometheus text exposition format 0.0.4 on
  * demand.
  *
- * Threads: registration, rendering, gauges and histograms belong to the
- * loop thread (plain stores, no locks). Counters may be added to from any
- * thread (device-I/O workers included): efs_counter_add is one relaxed
- * atomic add, and a render reads each counter with a relaxed load, so it
- * sees every add that happened before the render, in no particular order
- * across counters.
+ * Threads: registration, rendering and gauges belong to the loop thread
+ * (plain stores, no locks). Counters and histograms may be updated from any
+ * thread (device-I/O workers included): efs_counter_add and
+ * efs_histogram_observe_ns are relaxed atomic adds, and a render reads each
+ * value with a relaxed load, so it sees every update that happened before
+ * the render, in no particular order across values. A histogram rendered
+ * while observers run stays self-consistent (its _count is the total of the
+ * buckets as read), though its _sum may include an observation its buckets
+ * do not yet show, or miss one they do.
  *
  * A metric is a family name plus an optional label set written as
  * Prometheus label text, e.g. efs_metrics_counter(m, "etcfs_fuse_ops_total",
@@ -80,7 +83,8 @@ double efs_gauge_get(const struct efs_gauge *g);
  * from 10 µs to 10 s (le="1e-05", "2e-05", "5e-05", "0.0001", ..., "5",
  * "10", then "+Inf"), observed in nanoseconds; bounds are inclusive (an
  * observation of exactly 10 µs counts in le="1e-05"). _sum renders in
- * seconds with nanosecond precision. Loop thread only.
+ * seconds with nanosecond precision. Observed from any thread; registered
+ * on the loop thread.
  */
 struct efs_histogram *efs_metrics_histogram(struct efs_metrics *m, const char *name,
 					    const char *help, const char *labels);

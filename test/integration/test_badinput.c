@@ -1,12 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Mounts that must be refused (issue 3 section 4): a device with no
- * superblock, a corrupt one, one with an unknown incompat feature, one
- * whose UUID does not match its keyspace, and etcd unreachable at mount.
- * Each in the background (the parent reports the child's error) and in
- * the foreground: a clear message, exit status 1, nothing mounted, and
- * nothing written: the device's bytes, etcd's revision, keys and leases
- * are the same before and after.
+ * Mounts that must be refused: a device with no superblock, a corrupt one, one
+ * with an unknown incompat feature, one whose UUID does not match its
+ * keyspace, and etcd unreachable at mount. Each in the background (the parent
+ * reports the child's error) and in the foreground: a clear message, exit
+ * status 1, nothing mounted, and nothing written: the device's bytes, etcd's
+ * revision, keys and leases are the same before and after.
  *
  * Then a real mount with etcd near its quota (--quota-backend-bytes 24 MiB
  * and etcfsd --etcd-quota to match), filled with junk keys outside the
@@ -287,7 +286,7 @@ Test(badinput, etcd_unreachable)
 	efs_test_assert_no_leaks();
 }
 
-/* ---- etcd near its quota (issue 3 sections 4 and 5) ---- */
+/* ---- etcd near its quota ---- */
 
 #define QUOTA	   (24ull << 20)
 #define JUNK_SIZE  (256 * 1024)
@@ -359,7 +358,7 @@ static int fill_junk(struct efs_etcd_sync *s, unsigned in_use_pct, unsigned db_p
 }
 
 /* Deletes the junk, compacts physically at the resulting revision and
- * defragments: what an operator (or issue 4's maintenance node) does. */
+ * defragments: what an operator (or the maintenance node) does. */
 static void free_junk(struct efs_etcd_sync *s)
 {
 	char rev[32], *out = NULL;

@@ -100,8 +100,8 @@ static int put(struct efs_etcd *c, const char *key, const char *value)
 }
 
 /* Deletes every key under "fill/", compacts physically at the resulting
- * revision and defragments the member: what the maintenance node of issue 4
- * (or an operator) does to give space back. */
+ * revision and defragments the member: what the maintenance node (or an
+ * operator) does to give space back. */
 static void free_space(struct efs_etcd *c)
 {
 	struct efs_etcd_delete_opts d = {.prefix = true};

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The crash test (issue 4, sections 3 and 4): kill -9 of etcfsd during a
- * write load, mount again, and every byte that fsync acknowledged is
- * there; fsck is clean once reclaim ran; no space leaked.
+ * The crash test: kill -9 of etcfsd during a write load, mount again, and
+ * every byte that fsync acknowledged is there; fsck is clean once reclaim ran;
+ * no space leaked.
  *
  * A writer child appends fixed-size records (a sequence number, the file,
  * a payload derived from both and a checksum) round-robin to several files

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The data path suite (issue 4, section 4): file contents on a real etcfs
- * mount, each Test on its own mount (test/support/datamodel.h).
+ * The data path suite: file contents on a real etcfs mount, each Test on its
+ * own mount (test/support/datamodel.h).
  *
  *  - random: a seeded random data-integrity run against an in-memory model
  *    (buffered and O_DIRECT writes, reads, truncates, every fallocate mode,

@@ -1,13 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * fcntl (POSIX and OFD) and flock locks on a real etcfs mount (issue 4
- * section 1; ARCHITECTURE.md 7.5): conflicts between processes (EAGAIN),
- * F_GETLK naming the holder, F_SETLKW waiting until the holder unlocks and
- * ending with EINTR on a signal, shared read locks, OFD locks between two
- * open file descriptions of one process, flock LOCK_EX/LOCK_SH/LOCK_NB
- * (blocking too) apart from fcntl locks, the p/ keys in etcd while locks
- * are held and gone after unlock, and locks dropped by close (FLUSH for
- * fcntl locks, RELEASE for flock locks).
+ * fcntl (POSIX and OFD) and flock locks on a real etcfs mount: conflicts
+ * between processes (EAGAIN), F_GETLK naming the holder, F_SETLKW waiting
+ * until the holder unlocks and ending with EINTR on a signal, shared read
+ * locks, OFD locks between two open file descriptions of one process, flock
+ * LOCK_EX/LOCK_SH/LOCK_NB (blocking too) apart from fcntl locks, the p/ keys
+ * in etcd while locks are held and gone after unlock, and locks dropped by
+ * close (FLUSH for fcntl locks, RELEASE for flock locks).
  *
  * The other process is a forked "remote" child that runs commands sent
  * through a pipe on its own descriptor of the file and answers each with

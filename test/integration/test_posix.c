@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The POSIX behaviour suite (issue 3, sections 3 and 5): every namespace and
- * attribute operation on a real etcfs mount, success and error cases, with
- * Linux's errno values, nanosecond timestamps, permissions as a non-root
- * user, POSIX ACLs, link counts and the rename rules.
+ * The POSIX behaviour suite: every namespace and attribute operation on a real
+ * etcfs mount, success and error cases, with Linux's errno values, nanosecond
+ * timestamps, permissions as a non-root user, POSIX ACLs, link counts and the
+ * rename rules.
  *
  * One mount serves many checks: each Test is an area (names, rename, times,
  * attributes and permissions, ACLs, xattrs, directories) that starts its own
@@ -880,12 +880,12 @@ static void snap_compare(char **a, size_t na, char **b, size_t nb)
 }
 
 /*
- * Snapshots the area's whole tree (every attribute, symlink target and
- * xattr), unmounts, runs fsck.etcfs -n on the quiet filesystem (every
- * invariant of ARCHITECTURE.md section 9 must hold after all these
- * operations), mounts again (a fresh daemon with empty caches, and a
- * kernel with none), and compares: whatever the checks saw was stored.
- * With POSIX_LOCAL_DIR it compares two snapshots of the same directory.
+ * Snapshots the area's whole tree (every attribute, symlink target and xattr),
+ * unmounts, runs fsck.etcfs -n on the quiet filesystem (every invariant fsck
+ * checks must hold after all these operations), mounts again (a fresh daemon
+ * with empty caches, and a kernel with none), and compares: whatever the
+ * checks saw was stored. With POSIX_LOCAL_DIR it compares two snapshots of the
+ * same directory.
  */
 static void remount_check(bool read_only)
 {
@@ -3615,9 +3615,9 @@ static void c_fsync_dir(void)
 
 /*
  * Names this node changed after readdir read them (the listing of an open
- * handle is read a page ahead) may still be listed, but never handed to
- * the kernel as cacheable dentries (ARCHITECTURE.md 7.1): a stat of the
- * old name must fail right after the listing ends.
+ * handle is read a page ahead) may still be listed, but never handed to the
+ * kernel as cacheable dentries: a stat of the old name must fail right after
+ * the listing ends.
  */
 static void c_readdir_stale_dentry(void)
 {

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Session faults on a real mount (issue 3 sections 2 and 3, ARCHITECTURE.md
- * section 8). The section 2 tests run over a three-member etcd started by
- * test/harness, with metadata operations running in a thread meanwhile:
+ * Session faults on a real mount. The three-member tests run over an etcd
+ * cluster started by test/harness, with metadata operations running in a
+ * thread meanwhile:
  *  - a restart after kill -9 within the lease TTL revokes the old lease,
  *    bumps g/<node> by one and keeps the tree; a second daemon with the same
  *    node id is refused with "node id in use" while the first lives on;
@@ -12,7 +12,7 @@
  *    to active and survives (g/<node> and the lease unchanged);
  *  - quorum loss longer than the daemon's bound fails operations with EIO
  *    within a bound, and the same mount serves again when quorum returns.
- * The section 3 test (one member): a lost reply of a committed namespace
+ * The lost-reply test (one member): a lost reply of a committed namespace
  * transaction (the client's fault hook, armed through the daemon's
  * ETCFS_FAULT_DROP_REPLY) is retried under its operation id: the operation
  * succeeds, applied once, and the retry counter moves.
@@ -1395,7 +1395,7 @@ Test(session_faults, quorum_loss_eio_then_serves)
 	efs_test_assert_no_leaks();
 }
 
-/* ---- 5. A lost reply of a committed transaction (issue 3 section 3) ---- */
+/* ---- 5. A lost reply of a committed transaction ---- */
 
 /* The Txn whose reply the daemon's client drops, counted after mount: past
  * the allocator's start (group claims and the orphan-group probe, a few

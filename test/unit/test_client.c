@@ -2117,14 +2117,14 @@ Test(client, failmalloc_sweep_new_range_reply_free)
 }
 
 /*
- * The same sweep with a 30 ms deadline, letting each call end by itself
- * before free: a Range whose connection cannot be made or dies for lack of
- * memory is retried and ends at its deadline with -ETIMEDOUT (ETCD-GRPC.md
- * section 3: failures before sending are retried until the deadline);
- * otherwise it ends with -ENOMEM or succeeds. Its last-error text is not
- * checked: with the in-memory peer, a failed allocation of the capture
- * buffer drops output silently (a hook artifact), and a HEADERS that
- * nghttp2 could not allocate is reported as "stream refused".
+ * The same sweep with a 30 ms deadline, letting each call end by itself before
+ * free: a Range whose connection cannot be made or dies for lack of memory is
+ * retried and ends at its deadline with -ETIMEDOUT (failures before sending
+ * are retried until the deadline); otherwise it ends with -ENOMEM or succeeds.
+ * Its last-error text is not checked: with the in-memory peer, a failed
+ * allocation of the capture buffer drops output silently (a hook artifact),
+ * and a HEADERS that nghttp2 could not allocate is reported as "stream
+ * refused".
  */
 Test(client, failmalloc_sweep_calls_end_by_themselves)
 {

@@ -843,8 +843,8 @@ struct row {
 	bool auth_retry;
 };
 
-/* Every row of ETCD-GRPC.md section 3 with etcd's exact texts, plus every
- * code's fallback. */
+/* Every row of the status -> errno table (grpc.c) with etcd's exact texts,
+ * plus every code's fallback. */
 static const struct row rows[] = {
 	{EFS_GRPC_OK, "", 0, false, false},
 	{EFS_GRPC_CANCELLED, "context canceled", -ECANCELED, false, false},
