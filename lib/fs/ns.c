@@ -151,10 +151,14 @@ static int set_name(struct efs_fs_op *op, const char *name, bool second)
 	return 0;
 }
 
+/* The entry a plan read: -ENOENT when there is none, -EIO when it is
+ * corrupt. */
 static int decode_dirent(const struct efs_fs_kv *kv, uint64_t *ino, uint32_t *type)
 {
 	Etcfs__Dirent *de = NULL;
 
+	if (!kv->found)
+		return -ENOENT;
 	if (efs_meta_dirent_decode(kv->val, kv->val_len, &de, NULL) < 0)
 		return -EIO;
 	*ino = de->ino;
@@ -789,8 +793,6 @@ static int rm_plan(struct efs_fs_op *op)
 	r = dir_check(efs_fs_rec(op, op->ino));
 	if (r < 0)
 		return r;
-	if (!op->kv[0].found)
-		return -ENOENT;
 	r = decode_dirent(&op->kv[0], &nop->child, &nop->child_type);
 	if (r < 0)
 		return r;
@@ -951,8 +953,6 @@ static int rn_plan(struct efs_fs_op *op)
 		r = dir_check(efs_fs_rec(op, nop->ino2));
 	if (r < 0)
 		return r;
-	if (!op->kv[0].found)
-		return -ENOENT;
 	r = decode_dirent(&op->kv[0], &nop->child, &nop->child_type);
 	if (r < 0)
 		return r;
