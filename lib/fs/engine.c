@@ -474,8 +474,6 @@ void efs_fs_op_finish(struct efs_fs_op *op, int err)
 		efs_fs_iput(fs, op->newin);
 	reset_out(op);
 	free_rresp(op);
-	if (op->newrec)
-		protobuf_c_message_free_unpacked(&op->newrec->base, efs_mem_protobuf());
 	if (op->priv_free)
 		op->priv_free(op);
 	efs_mem_free(op->priv);

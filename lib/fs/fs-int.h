@@ -437,7 +437,6 @@ struct efs_fs_op {
 	Etcdserverpb__TxnResponse *rresp; /* last load (owned) */
 	Etcdserverpb__RangeResponse *rresp1; /* last single-key load (owned) */
 	int read_tries;
-	uint64_t dc_mseq; /* lookup: the directory's mseq when its dirent read left */
 
 	/* Transaction being built and its inode writes. */
 	struct efs_etcd_txn *txn;
@@ -472,7 +471,6 @@ struct efs_fs_op {
 	/* Create-like operations: the engine reserves the inode number. */
 	uint64_t new_ino;
 	struct efs_fs_inode *newin; /* its cache entry (ref held) */
-	Etcfs__Inode *newrec; /* the new inode's record as written (owned) */
 	void *priv;	     /* per-operation scratch (efs_mem) */
 	void *hook_state;    /* state of the descriptor's hooks (the publisher's) */
 	void (*priv_free)(struct efs_fs_op *op); /* frees what |priv| points to */

@@ -68,6 +68,7 @@ struct ns_op {
 	uint64_t child;		  /* inode found under |name| */
 	uint64_t child2;	  /* inode found under |name2| */
 	uint32_t child_type, child2_type;
+	uint64_t dc_mseq; /* lookup: the directory's mseq when its dirent read left */
 	union {
 		struct mk_priv mk; /* create-like operations, link */
 		struct rm_priv rm;
@@ -292,14 +293,14 @@ static int lookup_plan(struct efs_fs_op *op)
 				return -E2BIG;
 			r = efs_meta_key_dirent(&fs->ns, op->ino, nop->name, nop->name_len,
 						&kv->key);
-			op->dc_mseq = pin ? pin->mseq : 0;
+			nop->dc_mseq = pin ? pin->mseq : 0;
 			return r < 0 ? r : EFS_FS_CONT;
 		}
 	}
 	if (op->nkv) {
 		kv = &op->kv[0];
 		/* Cached only if no name change of this node overlapped the read. */
-		cacheable = pin && !pin->mx_owner && pin->mseq == op->dc_mseq;
+		cacheable = pin && !pin->mx_owner && pin->mseq == nop->dc_mseq;
 		if (!kv->found) {
 			if (cacheable)
 				efs_fs_dcache_put(fs, pin, nop->name, nop->name_len, 0, 0);
