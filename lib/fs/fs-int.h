@@ -261,12 +261,13 @@ struct efs_fs_handle {
 	size_t nents, cap;
 	bool complete; /* every entry after the last one has been read */
 	uint64_t parent; /* ".." */
-	/* Files (fs/data.h): open flags, and what data.c and plock.c keep. */
+	/* Files (fs/data.h): open flags, and what the data path (file/) and
+	 * plock.c keep. */
 	int oflags;
 	bool writable, append, direct;
 	bool plocked;	     /* took fcntl locks (dropped on flush) */
 	bool flocked;	     /* took a flock lock (dropped on release) */
-	void *dpriv;	     /* data.c's per-handle state */
+	void *dpriv;	     /* the data path's per-handle state */
 	struct efs_list link; /* fs->handles */
 };
 
