@@ -1044,14 +1044,22 @@ static bool pins_kept_prep(const struct efs_locktab_entry *e)
 	return e->pin_seq == e->prep_seq;
 }
 
-/* The lowest mode a forced release of |ino| asks for (NONE when none). */
-static enum efs_lock_mode forced_to(const struct efs_lockcache *lc, uint64_t ino)
+/* The lowest mode a forced release of |ino| asks for (EXCLUSIVE: none). */
+static enum efs_lock_mode forced_target(const struct efs_lockcache *lc, uint64_t ino)
 {
 	enum efs_lock_mode to = EFS_LOCK_EXCLUSIVE;
 
 	for (const struct rwait *w = lc->rwaiters; w; w = w->next)
 		if (w->ino == ino && w->to < to)
 			to = w->to;
+	return to;
+}
+
+/* The lowest mode a forced release of |ino| asks for (NONE when none). */
+static enum efs_lock_mode forced_to(const struct efs_lockcache *lc, uint64_t ino)
+{
+	enum efs_lock_mode to = forced_target(lc, ino);
+
 	return to == EFS_LOCK_EXCLUSIVE ? EFS_LOCK_NONE : to;
 }
 
@@ -1135,6 +1143,24 @@ static void yield_scan(struct efs_lockcache *lc, const struct efs_locktab_entry 
 		a->yield_asked = true;
 		acq_wake(lc, a);
 	}
+}
+
+/*
+ * A forced release of |e| below the mode it holds is asked for: |e| is
+ * drained from this moment (see Forced releases in lock.h), not from the
+ * release's next attempt, which waits while another release transaction
+ * is in flight. So every reply from now on carries zero kernel timeouts
+ * (efs_lock_may_cache), no change is deferred under it (efs_lock_touch),
+ * and acquisitions that pin it while they wait for another lock give way.
+ * An entry being upgraded (ACQUIRING) is drained too: it is still held.
+ */
+static void recall_mark(struct efs_lockcache *lc, struct efs_locktab_entry *e)
+{
+	if (e->recalled || (e->state != EFS_LOCKTAB_HELD && e->state != EFS_LOCKTAB_ACQUIRING) ||
+	    e->mode <= (int)forced_target(lc, e->ino))
+		return;
+	e->recalled = true;
+	yield_scan(lc, e);
 }
 
 static bool acq_step(struct acq *a);
@@ -1402,8 +1428,11 @@ static void granted(struct acq *a, size_t i, enum efs_lock_mode mode,
 	a->doubt[i] = EFS_LOCK_NONE;
 	pin_for(a, i, e);
 	a->req->recs[i] = rec && rec->n_kvs > 0 ? rec->kvs[0] : NULL;
+	/* A forced release asked for before the grant (the new hold starts
+	 * undrained), or a recall key of another node that came while we
+	 * were acquiring. */
+	recall_mark(lc, e);
 	entry_changed(lc, e);
-	/* A recall key of another node that came while we were acquiring. */
 	recall_apply(lc, e->ino);
 }
 
@@ -2013,6 +2042,7 @@ static void downgraded(struct efs_lockcache *lc, struct efs_locktab_entry *e)
 	e->token = lc->token_seq;
 	e->grant_rev = lc->last_rev;
 	new_grant(lc, e);
+	recall_mark(lc, e); /* a release to NONE may be asked for too */
 	entry_changed(lc, e);
 }
 
@@ -2230,10 +2260,8 @@ static void release_start(struct efs_lockcache *lc)
 			if (o->ino == w->ino && o->to < to)
 				to = o->to;
 		e = efs_locktab_find(&lc->tab, w->ino);
-		if (e && e->state == EFS_LOCKTAB_HELD && e->mode > (int)to && !e->recalled) {
-			/* Drained from now on (see Forced releases in lock.h). */
-			e->recalled = true;
-		}
+		if (e)
+			recall_mark(lc, e); /* again after a failed preparation */
 		if (e && e->recalled)
 			yield_scan(lc, e);
 		if (e)
@@ -3017,6 +3045,7 @@ int efs_lock_release_now(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_m
 	w->arg = arg;
 	w->next = lc->rwaiters;
 	lc->rwaiters = w;
+	recall_mark(lc, e);
 	/* From the timer, so |done| never runs inline. */
 	release_kick(lc);
 	return 0;

@@ -1199,6 +1199,59 @@ Test(lock, forced_release_drains_the_lock_but_serves_writeback)
 }
 
 /*
+ * A forced release (what a recall calls) drains the lock the moment it is
+ * asked for, also while another release transaction is in flight: every
+ * reply from then on carries zero kernel timeouts (efs_lock_may_cache),
+ * no change is deferred under it (efs_lock_touch) and a plain request
+ * waits. Negative control: with the drain left to the release's next
+ * attempt (which waits for the transaction in flight), the lock may still
+ * be cached right after the call and the test fails.
+ */
+Test(lock, a_recall_drains_at_once_while_another_release_is_in_flight)
+{
+	struct efs_lockcache *lc = new_lc(s, c, 0, 60000, 0, 0);
+	struct lres a, plain;
+	struct rel f1 = {0}, f2 = {0};
+	uint64_t end;
+
+	take(lc, &a, 250, EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(lc, &a.req);
+	take(lc, &a, 251, EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(lc, &a.req);
+	cr_assert(efs_lock_may_cache(lc, 251));
+	/* 250's release transaction goes out and stays unanswered: etcd is
+	 * paused. */
+	cr_assert_eq(efs_lock_release_now(lc, 250, EFS_LOCK_NONE, on_forced, &f1), 0);
+	cr_assert_eq(efs_harness_pause(h, 0), 0);
+	end = efs_test_now_ms() + 3000;
+	while (efs_lock_held(lc, 250) != EFS_LOCK_NONE && efs_test_now_ms() < end)
+		efs_test_run_for(5);
+	efs_test_run_for(50);
+	cr_assert_eq(efs_lock_held(lc, 250), EFS_LOCK_NONE, "250 was never being released");
+	cr_assert_not(f1.done, "250's release ended while etcd was paused");
+	/* 251 is recalled meanwhile: drained at once. */
+	cr_assert_eq(efs_lock_release_now(lc, 251, EFS_LOCK_NONE, on_forced, &f2), 0);
+	cr_assert_not(efs_lock_may_cache(lc, 251),
+		      "replies under a recalled lock still carry kernel timeouts");
+	cr_assert_not(efs_lock_touch(lc, 251, EFS_LOCK_EXCLUSIVE),
+		      "a change was deferred under a recalled lock");
+	cr_assert_eq(acquire1(lc, &plain, 251, EFS_LOCK_SHARED), 0,
+		     "a plain request was served from a recalled lock");
+	efs_test_run_for(50);
+	cr_assert_not(efs_lock_may_cache(lc, 251));
+	cr_assert_eq(efs_harness_resume(h, 0), 0);
+	cr_assert(efs_test_run_until(&f1.done, 3000));
+	cr_assert(efs_test_run_until(&f2.done, 3000), "251's release never ended");
+	cr_assert_eq(f2.status, 0);
+	cr_assert(efs_test_run_until(&plain.done, 3000), "the drained request never ran");
+	cr_assert_eq(plain.status, 0);
+	efs_lock_put(lc, &plain.req);
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, 250), 0);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
+
+/*
  * A downgrade to shared is prepared once however many reads this node
  * serves meanwhile (what they cache stays valid under the shared lock,
  * and every repeated invalidation would make the kernel drop the
