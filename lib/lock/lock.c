@@ -251,6 +251,7 @@ struct efs_lockcache {
 	/* Recall keys of other nodes (struct recall), kept current by one
 	 * prefix watch on w/ (|rw|) after one listing (|rw_listing|). */
 	struct efs_list recalls;
+	uint64_t recalls_due_ns; /* recalls_check has work then (UINT64_MAX: none) */
 	struct efs_etcd_watcher *rw;
 	bool rw_listing;
 	bool recall_off; /* test switch: recall keys are not answered */
@@ -1124,7 +1125,11 @@ static void acq_wake(struct efs_lockcache *lc, struct acq *a)
 /*
  * |e| is being recalled: every acquisition still in progress that pins it
  * gives way at its next step (at once unless a transaction is in flight),
- * since it may wait for a lock the recalling node holds.
+ * since it may wait for a lock the recalling node holds. Runs when |e|
+ * becomes recalled (recall_mark) and when another recall of it arrives
+ * (one older than those known may now pass pinned_recalled); an
+ * acquisition that starts waiting with such a pin, or gets its own recall
+ * key, asks pinned_recalled itself (acq_step, single_done).
  */
 static void yield_scan(struct efs_lockcache *lc, const struct efs_locktab_entry *e)
 {
@@ -2262,8 +2267,6 @@ static void release_start(struct efs_lockcache *lc)
 		e = efs_locktab_find(&lc->tab, w->ino);
 		if (e)
 			recall_mark(lc, e); /* again after a failed preparation */
-		if (e && e->recalled)
-			yield_scan(lc, e);
 		if (e)
 			release_consider(lc, &b, e, to, true, s.now);
 		/* An op run inline may have freed the cache (and |w|). */
@@ -2409,23 +2412,45 @@ static int64_t oldest_recall_rev(const struct efs_lockcache *lc, uint64_t ino)
 	return best;
 }
 
+/* When recall |rc| is past the bound (recall_bound_ms). */
+static uint64_t recall_due(const struct efs_lockcache *lc, const struct recall *rc)
+{
+	return rc->seen_ns + (uint64_t)lc->recall_bound_ms * EFS_NSEC_PER_MSEC;
+}
+
+/* recalls_check looks again at |due| (now: at the next tick). */
+static void recalls_due_at(struct efs_lockcache *lc, uint64_t due)
+{
+	if (due < lc->recalls_due_ns)
+		lc->recalls_due_ns = due;
+}
+
 /*
  * A recall of a lock this node still holds in a mode the waiter cannot
  * share, past the bound (recall_bound_ms): logged once
  * with what keeps it, and counted (etcfs_lock_recalls_unanswered_total).
  * The release goes on; this only says that a peer waits for us.
+ * Walks the recalls only when one comes due (recalls_due_ns); one past the
+ * bound on a lock this node does not hold then is looked at again when
+ * this node is granted that lock (recall_apply).
  */
 static void recalls_check(struct efs_lockcache *lc, uint64_t now)
 {
-	uint64_t bound = (uint64_t)lc->recall_bound_ms * EFS_NSEC_PER_MSEC;
 	struct efs_list *n;
 
+	if (now < lc->recalls_due_ns)
+		return;
+	lc->recalls_due_ns = UINT64_MAX;
 	efs_list_for_each(n, &lc->recalls) {
 		struct recall *rc = efs_list_entry(n, struct recall, link);
 		const struct efs_locktab_entry *e;
 
-		if (rc->reported || now - rc->seen_ns < bound)
+		if (rc->reported)
 			continue;
+		if (now < recall_due(lc, rc)) {
+			recalls_due_at(lc, recall_due(lc, rc));
+			continue;
+		}
 		e = efs_locktab_find(&lc->tab, rc->ino);
 		if (!e || e->mode == EFS_LOCK_NONE || recall_stale(e, rc) ||
 		    (rc->want == EFS_LOCK_SHARED && e->mode == EFS_LOCK_SHARED))
@@ -2477,9 +2502,8 @@ static void recall_apply(struct efs_lockcache *lc, uint64_t ino)
 	enum efs_lock_mode to = EFS_LOCK_EXCLUSIVE;
 	const struct efs_locktab_entry *e;
 	struct efs_list *n;
+	uint64_t now = now_ns();
 
-	if (lc->recall_off)
-		return;
 	e = efs_locktab_find(&lc->tab, ino);
 	if (!e || e->mode == EFS_LOCK_NONE)
 		return;
@@ -2488,12 +2512,14 @@ static void recall_apply(struct efs_lockcache *lc, uint64_t ino)
 
 		if (rc->ino != ino || recall_stale(e, rc))
 			continue;
+		if (!rc->reported && now >= recall_due(lc, rc))
+			recalls_due_at(lc, now); /* held now: reported if it stays */
 		if (rc->want == EFS_LOCK_EXCLUSIVE)
 			to = EFS_LOCK_NONE;
 		else if (to == EFS_LOCK_EXCLUSIVE)
 			to = EFS_LOCK_SHARED;
 	}
-	if (e->mode <= (int)to)
+	if (lc->recall_off || e->mode <= (int)to)
 		return;
 	for (const struct rwait *w = lc->rwaiters; w; w = w->next)
 		if (w->ino == ino && w->to <= to)
@@ -2510,6 +2536,7 @@ static void recall_event(struct efs_lockcache *lc, const Mvccpb__KeyValue *kv, b
 {
 	struct efs_meta_key_info ki;
 	Etcfs__LockWaiter *w = NULL;
+	struct efs_locktab_entry *e;
 	struct recall *rc;
 
 	if (efs_meta_key_parse(&lc->ns, kv->key.data, kv->key.len, &ki) < 0 ||
@@ -2535,6 +2562,7 @@ static void recall_event(struct efs_lockcache *lc, const Mvccpb__KeyValue *kv, b
 		rc->seen_ns = now_ns();
 		memcpy(rc->node, ki.node, sizeof(rc->node));
 		efs_list_add_tail(&lc->recalls, &rc->link);
+		recalls_due_at(lc, recall_due(lc, rc));
 	}
 	/* A waiter record that does not decode asks for everything. */
 	rc->want = EFS_LOCK_EXCLUSIVE;
@@ -2542,6 +2570,12 @@ static void recall_event(struct efs_lockcache *lc, const Mvccpb__KeyValue *kv, b
 	    w->mode == EFS_META_LOCK_SHARED)
 		rc->want = EFS_LOCK_SHARED;
 	efs_meta_record_free(w);
+	/* Recalled already: this recall may be older than those known, and
+	 * an acquisition that pins the lock gives way to an older one only
+	 * (pinned_recalled). Else recall_apply marks it, which scans. */
+	e = efs_locktab_find(&lc->tab, ki.ino);
+	if (e && e->recalled)
+		yield_scan(lc, e);
 	recall_apply(lc, ki.ino);
 }
 
@@ -2684,6 +2718,7 @@ int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_et
 	}
 	efs_list_init(&lc->acqs);
 	efs_list_init(&lc->recalls);
+	lc->recalls_due_ns = UINT64_MAX;
 	lc->gen = efs_session_generation(s);
 	r = efs_locktab_init(&lc->tab, lc->max_cached);
 	if (r < 0)

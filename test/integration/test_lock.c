@@ -1782,6 +1782,41 @@ Test(lock, without_recall_handling_a_waiter_times_out)
 }
 #endif
 
+/*
+ * A recall this node does not answer within the bound (here its operation
+ * keeps the lock pinned) is counted once, when it comes due: the check
+ * looks only when a recall is due, so a regression that never schedules
+ * it leaves the count at 0.
+ */
+Test(lock, a_recall_not_answered_within_the_bound_is_counted_once)
+{
+	struct efs_lockcache_opts o = {.ns = &ns, .idle_ms = 60000, .recall_bound_ms = 400};
+	struct efs_lockcache *lc1 = NULL, *lc2;
+	struct lres a1, a2;
+
+	c2 = efs_test_client_new(efs_harness_endpoints(h));
+	s2 = start_session(c2, "node2");
+	cr_assert_eq(efs_lockcache_new(&lc1, &efs_test_loop, c, s, &o), 0);
+	lc2 = new_lc(s2, c2, 0, 60000, 0, 0);
+	take(lc1, &a1, 262, EFS_LOCK_EXCLUSIVE); /* pinned: the recall waits */
+	cr_assert_eq(acquire1(lc2, &a2, 262, EFS_LOCK_EXCLUSIVE), 0);
+	RUN_UNTIL(lstats(lc1).recalls == 1, 3000);
+	cr_assert_eq(lstats(lc1).recalls, 1, "the recall never came");
+	efs_test_run_for(150);
+	cr_assert_eq(lstats(lc1).recalls_unanswered, 0, "counted before the bound");
+	RUN_UNTIL(lstats(lc1).recalls_unanswered == 1, 3000);
+	cr_assert_eq(lstats(lc1).recalls_unanswered, 1, "never counted");
+	efs_test_run_for(600);
+	cr_assert_eq(lstats(lc1).recalls_unanswered, 1, "counted again");
+	efs_lock_put(lc1, &a1.req);
+	cr_assert(efs_test_run_until(&a2.done, 5000));
+	cr_assert_eq(a2.status, 0);
+	efs_lock_put(lc2, &a2.req);
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}
+
 /* ---- Takeover from a peer whose session ended ---- */
 
 struct placed {
