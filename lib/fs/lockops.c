@@ -261,6 +261,7 @@ struct efs_fs_dinval {
 	int status;
 	bool reported;	  /* |done| ran (the names timed out first) */
 	uv_timer_t *expiry; /* fires when every name submitted has timed out */
+	uint64_t wait_ms;   /* ... this long after the invalidation began */
 	struct efs_list link; /* fs->dinvals, for a kernel that goes */
 	struct efs_inval_req req[]; /* [0] attributes, then one per name */
 };
@@ -293,9 +294,9 @@ static void dinval_expired(uv_timer_t *t)
 	if (!v || v->reported)
 		return;
 	v->reported = true;
-	efs_log_debug("fs: directory %" PRIu64 ": its kernel caches timed out before the "
-		      "kernel dropped them: the release goes on",
-		      v->req[0].ino);
+	efs_log_debug("fs: directory %" PRIu64 ": its kernel caches timed out (%" PRIu64
+		      " ms) before the kernel dropped them: the release goes on",
+		      v->req[0].ino, v->wait_ms);
 	v->done(v->darg, 0);
 }
 
@@ -313,6 +314,23 @@ static void dinval_one_done(struct efs_inval_req *req, int status)
 		dinval_finish(v);
 }
 
+/*
+ * The kernel counts a timeout in jiffies from when the request's caller
+ * resumes, rounded up: past our clock's deadline by up to two jiffies (20
+ * ms at HZ=100) plus that wake-up.
+ */
+#define DINVAL_SLACK_MS 20
+
+/* Milliseconds from |now| until every kernel cache noted up to |until|
+ * has timed out (0: none can still be valid). */
+static uint64_t dinval_wait_ms(uint64_t until, uint64_t now)
+{
+	if (!until)
+		return 0;
+	until += DINVAL_SLACK_MS * EFS_NSEC_PER_MSEC;
+	return until <= now ? 0 : (until - now + EFS_NSEC_PER_MSEC - 1) / EFS_NSEC_PER_MSEC;
+}
+
 static void dir_invalidate(void *arg, uint64_t ino, enum efs_lock_mode to, efs_lock_done_cb done,
 			   void *darg)
 {
@@ -322,6 +340,7 @@ static void dir_invalidate(void *arg, uint64_t ino, enum efs_lock_mode to, efs_l
 	struct efs_fs_knames *kn;
 	struct efs_fs_dinval *v;
 	size_t n = 1, i = 1;
+	uint64_t until;
 
 	(void)to;
 	if (!fs->inval) {
@@ -332,7 +351,12 @@ static void dir_invalidate(void *arg, uint64_t ino, enum efs_lock_mode to, efs_l
 		return;
 	}
 	kn = dir ? dir->kn : NULL;
+	/* The directory's attributes (each entry handed out notes them too)
+	 * and its names. */
+	until = efs_lock_kernel_cache_until(fs->lc, ino);
 	if (kn) {
+		if (kn->until_ns > until)
+			until = kn->until_ns;
 		knames_prune(kn, now);
 		n += kn->n;
 	}
@@ -357,11 +381,13 @@ static void dir_invalidate(void *arg, uint64_t ino, enum efs_lock_mode to, efs_l
 	}
 	efs_list_add_tail(&fs->dinvals, &v->link);
 	/* Whatever the kernel caches under the lock was granted before now
-	 * (replies carry zero timeouts from the recall on) and times out
-	 * within the cache timeout. */
+	 * (from the recall on, or from this preparation on, replies carry
+	 * zero timeouts) and times out by the latest deadline noted for it:
+	 * the release never goes before that, and waits no longer either. */
 	v->expiry = efs_timer_new(fs->loop, v);
+	v->wait_ms = dinval_wait_ms(until, now);
 	if (v->expiry)
-		uv_timer_start(v->expiry, dinval_expired, fs->cache_timeout_ms + 1, 0);
+		uv_timer_start(v->expiry, dinval_expired, v->wait_ms, 0);
 	/* Counted before the first submission: completions never run inline,
 	 * but a failed submission ends its part at once. */
 	v->n = v->left = n + 1;

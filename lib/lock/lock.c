@@ -3286,6 +3286,13 @@ void efs_lock_note_kernel_cache(struct efs_lockcache *lc, uint64_t ino, uint64_t
 		efs_locktab_note_kcache(e, until_ns);
 }
 
+uint64_t efs_lock_kernel_cache_until(const struct efs_lockcache *lc, uint64_t ino)
+{
+	const struct efs_locktab_entry *e = lc ? efs_locktab_find(&lc->tab, ino) : NULL;
+
+	return e ? e->kcache_until_ns : 0;
+}
+
 void efs_lockcache_get_stats(const struct efs_lockcache *lc, struct efs_lockcache_stats *ret)
 {
 	struct efs_deaths_stats ds;

@@ -400,6 +400,9 @@ void efs_lock_forget(struct efs_lockcache *lc, uint64_t ino);
 /* The kernel may cache entries/attributes of |ino| until |until_ns| (mono);
  * the lock is not released idle before that. */
 void efs_lock_note_kernel_cache(struct efs_lockcache *lc, uint64_t ino, uint64_t until_ns);
+/* The latest deadline noted with efs_lock_note_kernel_cache for the lock of
+ * |ino| while this node has its entry (0: none, or no entry). */
+uint64_t efs_lock_kernel_cache_until(const struct efs_lockcache *lc, uint64_t ino);
 
 struct efs_lockcache_stats {
 	uint64_t held;		/* locks cached now (entries being acquired included) */
