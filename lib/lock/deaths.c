@@ -11,6 +11,7 @@
 #include "etcd/txn.h"
 #include "etcd/watch.h"
 #include "util/clock.h"
+#include "util/list.h"
 #include "util/log.h"
 #include "util/mem.h"
 
@@ -43,7 +44,7 @@ struct death {
 };
 
 struct dwait {
-	struct dwait *next;
+	struct efs_list link; /* efs_deaths.waits, or a list being answered */
 	uint64_t ino;
 	int64_t rev;
 	efs_deaths_cb cb;
@@ -78,7 +79,7 @@ struct efs_deaths {
 	size_t n_marks, n_sorted, cap_marks;
 	uint64_t all_until_ns; /* every inode is marked until then */
 
-	struct dwait *waits; /* checks waiting for the known revision */
+	struct efs_list waits; /* checks waiting for the known revision (dwait.link), newest first */
 	bool catching_up;
 	int64_t catchup_base; /* |watch_rev| when the catch-up was sent */
 	uint64_t catchup_ns;  /* when the last one was sent */
@@ -126,30 +127,28 @@ static void catchup_start(struct efs_deaths *d);
  */
 static void waits_run(struct efs_deaths *d, bool fail)
 {
-	struct dwait **pp = &d->waits, *ready = NULL;
+	struct efs_list ready, *n, *tmp;
 
-	while (*pp) {
-		struct dwait *w = *pp;
+	/* Answered oldest first. */
+	efs_list_init(&ready);
+	efs_list_for_each_safe(n, tmp, &d->waits) {
+		struct dwait *w = efs_list_entry(n, struct dwait, link);
 
 		if (fail || w->rev <= known_rev(d)) {
-			*pp = w->next;
-			w->next = ready;
-			ready = w;
-		} else {
-			pp = &w->next;
+			efs_list_del(n);
+			efs_list_add_head(&ready, n);
 		}
 	}
-	while (ready) {
-		struct dwait *w = ready;
+	while ((n = efs_list_pop(&ready))) {
+		struct dwait *w = efs_list_entry(n, struct dwait, link);
 		bool ok = !fail && !is_marked(d, w->ino, now_ns());
 
-		ready = w->next;
 		if (!ok)
 			d->stats.cow++;
 		w->cb(w->arg, ok);
 		efs_mem_free(w);
 	}
-	if (d->waits)
+	if (!efs_list_empty(&d->waits))
 		catchup_start(d);
 }
 
@@ -615,8 +614,7 @@ int efs_deaths_check(struct efs_deaths *d, uint64_t ino, int64_t grant_rev, efs_
 	w->cb = cb;
 	w->arg = arg;
 	w->since_ns = now_ns();
-	w->next = d->waits;
-	d->waits = w;
+	efs_list_add_head(&d->waits, &w->link);
 	efs_deaths_start(d);
 	catchup_start(d);
 	return -EINPROGRESS;
@@ -631,13 +629,14 @@ void efs_deaths_set_peer_cb(struct efs_deaths *d, efs_deaths_peer_cb cb, void *a
 void efs_deaths_tick(struct efs_deaths *d)
 {
 	uint64_t now = now_ns();
-	struct dwait *w;
+	bool late = false;
+	struct efs_list *n;
 
 	efs_deaths_start(d);
-	for (w = d->waits; w; w = w->next)
-		if (now - w->since_ns > (uint64_t)CATCHUP_TIMEOUT_MS * 1000000u)
-			break;
-	if (w) {
+	efs_list_for_each(n, &d->waits)
+		late = late || now - efs_list_entry(n, struct dwait, link)->since_ns >
+				       (uint64_t)CATCHUP_TIMEOUT_MS * 1000000u;
+	if (late) {
 		efs_log_warn("deaths: the node keys could not be read for %d ms: writes waiting "
 			     "for them go copy-on-write",
 			     CATCHUP_TIMEOUT_MS);
@@ -668,6 +667,7 @@ int efs_deaths_new(struct efs_deaths **ret, uv_loop_t *loop, struct efs_etcd *c,
 	}
 	d->ref->d = d;
 	d->ref->refs = 1;
+	efs_list_init(&d->waits);
 	d->loop = loop;
 	d->c = c;
 	d->ns = *o->ns;

@@ -192,8 +192,13 @@ struct rwait {
 	int status; /* nonzero: ends with this (the session was lost) */
 	efs_lock_release_cb cb;
 	void *arg;
-	struct rwait *next;
+	struct efs_list link; /* lc->rwaiters */
 };
+
+static struct rwait *rwait_of(struct efs_list *n)
+{
+	return efs_list_entry(n, struct rwait, link);
+}
 
 /* The ops preparation (invalidate, then sync) of one lock's release. */
 struct prep {
@@ -226,7 +231,7 @@ struct efs_lockcache {
 	void *kind_arg;
 	uint64_t grant_seq;	/* last grant id handed out */
 	size_t n_draining;	/* entries with |draining| set */
-	struct rwait *rwaiters; /* efs_lock_release_now callers, newest first */
+	struct efs_list rwaiters; /* efs_lock_release_now callers (rwait.link), newest first */
 	uv_timer_t *rwake;	/* ends the waits of rwaiters that are satisfied */
 
 	struct efs_locktab tab;
@@ -1049,10 +1054,14 @@ static bool pins_kept_prep(const struct efs_locktab_entry *e)
 static enum efs_lock_mode forced_target(const struct efs_lockcache *lc, uint64_t ino)
 {
 	enum efs_lock_mode to = EFS_LOCK_EXCLUSIVE;
+	const struct efs_list *n;
 
-	for (const struct rwait *w = lc->rwaiters; w; w = w->next)
+	efs_list_for_each(n, &lc->rwaiters) {
+		const struct rwait *w = efs_list_entry(n, struct rwait, link);
+
 		if (w->ino == ino && w->to < to)
 			to = w->to;
+	}
 	return to;
 }
 
@@ -1854,15 +1863,18 @@ static void rwaiters_check(struct efs_lockcache *lc)
 	struct lref *ref = lref_get(lc->ref);
 
 	while (ref->lc) {
-		struct rwait **pp, *w;
+		struct rwait *w = NULL;
+		struct efs_list *n;
 
-		for (pp = &lc->rwaiters; *pp; pp = &(*pp)->next)
-			if (rwait_over(lc, *pp))
+		efs_list_for_each(n, &lc->rwaiters) {
+			if (rwait_over(lc, rwait_of(n))) {
+				w = rwait_of(n);
 				break;
-		if (!*pp)
+			}
+		}
+		if (!w)
 			break;
-		w = *pp;
-		*pp = w->next;
+		efs_list_del(&w->link);
 		if (w->status == 0)
 			lc->stats.forced++;
 		w->cb(w->arg, w->status);
@@ -1881,7 +1893,7 @@ static void rwake_cb(uv_timer_t *t)
 
 static void rwake_soon(struct efs_lockcache *lc)
 {
-	if (lc->rwaiters && lc->rwake && !uv_is_active((uv_handle_t *)lc->rwake))
+	if (!efs_list_empty(&lc->rwaiters) && lc->rwake && !uv_is_active((uv_handle_t *)lc->rwake))
 		uv_timer_start(lc->rwake, rwake_cb, 0, 0);
 }
 
@@ -2257,18 +2269,15 @@ static void release_start(struct efs_lockcache *lc)
 	/* Forced: the lowest target asked for each inode wins. Ops may run
 	 * inline and change the table, so entries are found again by inode
 	 * number after each step. */
-	for (struct rwait *w = lc->rwaiters; w && ref->lc; w = w->next) {
-		enum efs_lock_mode to = w->to;
-		struct efs_locktab_entry *e;
+	for (struct efs_list *wn = lc->rwaiters.next; wn != &lc->rwaiters && ref->lc;
+	     wn = wn->next) {
+		struct rwait *w = rwait_of(wn);
+		struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, w->ino);
 
-		for (struct rwait *o = lc->rwaiters; o; o = o->next)
-			if (o->ino == w->ino && o->to < to)
-				to = o->to;
-		e = efs_locktab_find(&lc->tab, w->ino);
 		if (e)
 			recall_mark(lc, e); /* again after a failed preparation */
 		if (e)
-			release_consider(lc, &b, e, to, true, s.now);
+			release_consider(lc, &b, e, forced_target(lc, w->ino), true, s.now);
 		/* An op run inline may have freed the cache (and |w|). */
 		if (!ref->lc || b.ops >= b.max_ops)
 			break;
@@ -2521,8 +2530,8 @@ static void recall_apply(struct efs_lockcache *lc, uint64_t ino)
 	}
 	if (lc->recall_off || e->mode <= (int)to)
 		return;
-	for (const struct rwait *w = lc->rwaiters; w; w = w->next)
-		if (w->ino == ino && w->to <= to)
+	efs_list_for_each(n, &lc->rwaiters)
+		if (rwait_of(n)->ino == ino && rwait_of(n)->to <= to)
 			return; /* asked already */
 	lc->stats.recalls++;
 	efs_log_debug("lock: inode %" PRIu64 ": recalled, %s", ino,
@@ -2718,6 +2727,7 @@ int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_et
 	}
 	efs_list_init(&lc->acqs);
 	efs_list_init(&lc->recalls);
+	efs_list_init(&lc->rwaiters);
 	lc->recalls_due_ns = UINT64_MAX;
 	lc->gen = efs_session_generation(s);
 	r = efs_locktab_init(&lc->tab, lc->max_cached);
@@ -2773,8 +2783,8 @@ void efs_lockcache_forget_all(struct efs_lockcache *lc)
 	efs_locktab_remove_all(&lc->tab);
 	lc->n_draining = 0;
 	/* Forced releases end: the locks went with the session. */
-	for (struct rwait *w = lc->rwaiters; w; w = w->next)
-		w->status = -EIO;
+	efs_list_for_each(n, &lc->rwaiters)
+		rwait_of(n)->status = -EIO;
 	rwake_soon(lc);
 	efs_list_for_each(n, &lc->acqs) {
 		struct acq *a = acq_of(n);
@@ -2822,12 +2832,8 @@ struct efs_lockcache *efs_lockcache_free(struct efs_lockcache *lc)
 	lc->kick = efs_timer_free(lc->kick);
 	lc->retry = efs_timer_free(lc->retry);
 	lc->rwake = efs_timer_free(lc->rwake);
-	while (lc->rwaiters) {
-		struct rwait *w = lc->rwaiters;
-
-		lc->rwaiters = w->next;
-		efs_mem_free(w);
-	}
+	while (lc->rwaiters.next && !efs_list_empty(&lc->rwaiters))
+		efs_mem_free(rwait_of(efs_list_pop(&lc->rwaiters)));
 	efs_locktab_done(&lc->tab);
 	if (lc->ref) {
 		lc->ref->lc = NULL;
@@ -2950,7 +2956,7 @@ void efs_lock_put(struct efs_lockcache *lc, struct efs_lock_req *req)
 	efs_list_del(&a->link);
 	efs_mem_free(a);
 	req->priv = NULL;
-	if (lc->rwaiters || lc->n_draining)
+	if (!efs_list_empty(&lc->rwaiters) || lc->n_draining)
 		release_kick(lc); /* a forced release or an upgrade may wait for this */
 	else if (lc->max_cached && lc->tab.count > lc->max_cached)
 		release_start(lc);
@@ -3078,8 +3084,7 @@ int efs_lock_release_now(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_m
 	w->to = to;
 	w->cb = done;
 	w->arg = arg;
-	w->next = lc->rwaiters;
-	lc->rwaiters = w;
+	efs_list_add_head(&lc->rwaiters, &w->link);
 	recall_mark(lc, e);
 	/* From the timer, so |done| never runs inline. */
 	release_kick(lc);
