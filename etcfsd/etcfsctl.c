@@ -62,6 +62,7 @@ enum {
 	OPT_NAME,
 	OPT_HUMAN,
 	OPT_JSON,
+	OPT_RECALL_BOUND,
 };
 
 #define CONN_LONGOPTS EFS_CLI_ETCD_LONGOPTS(OPT_ETCD), {"help", no_argument, NULL, OPT_HELP}
@@ -973,9 +974,10 @@ out_args:
 
 /* What a command takes beyond DEVICE | --name NAME (fs_cmd_parse). */
 enum {
-	FS_CMD_HUMAN = 1 << 0,	/* -h, --human-readable */
-	FS_CMD_JSON = 1 << 1,	/* --json */
-	FS_CMD_TARGET = 1 << 2, /* one more positional argument, optional */
+	FS_CMD_HUMAN = 1 << 0,	      /* -h, --human-readable */
+	FS_CMD_JSON = 1 << 1,	      /* --json */
+	FS_CMD_TARGET = 1 << 2,	      /* one more positional argument, optional */
+	FS_CMD_RECALL_BOUND = 1 << 3, /* --recall-bound SECONDS */
 };
 
 struct fs_cmd {
@@ -985,6 +987,7 @@ struct fs_cmd {
 	const char *target; /* the positional after DEVICE (FS_CMD_TARGET), or NULL */
 	bool human;
 	bool json;
+	unsigned recall_bound_s; /* --recall-bound (0: not given) */
 	struct efs_etcd_sync *s;
 	struct efs_meta_ns ns;
 	Etcfs__FsInfo *fi;
@@ -994,6 +997,22 @@ struct fs_cmd {
 static const char fs_cmd_help[] =
 	"\nThe filesystem is named by DEVICE (its superblock is read and checked against\n"
 	"etcd) or by --name NAME (etcd alone).\n";
+
+/* --recall-bound SECONDS: whole seconds in etcfsd's range (1 to 3600). */
+static int parse_recall_bound(const char *s, unsigned *ret)
+{
+	char *end;
+	unsigned long v;
+
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || end == s || *end || s[0] == '-' || v < 1 || v > 3600) {
+		fprintf(stderr, "%s: --recall-bound '%s': seconds from 1 to 3600\n", prog, s);
+		return -EINVAL;
+	}
+	*ret = (unsigned)v;
+	return 0;
+}
 
 /*
  * Parses the shared arguments of the filesystem commands; |flags| (FS_CMD_*)
@@ -1008,6 +1027,7 @@ static int fs_cmd_parse(struct fs_cmd *f, int argc, char **argv, unsigned flags,
 		{"name", required_argument, NULL, OPT_NAME},
 		{"human-readable", no_argument, NULL, OPT_HUMAN},
 		{"json", no_argument, NULL, OPT_JSON},
+		{"recall-bound", required_argument, NULL, OPT_RECALL_BOUND},
 		{NULL, 0, NULL, 0},
 	};
 	char err[EFS_CLI_ERR_MAX] = "";
@@ -1056,6 +1076,15 @@ static int fs_cmd_parse(struct fs_cmd *f, int argc, char **argv, unsigned flags,
 			fprintf(stderr, "%s: %s has no --json\n", prog, argv[0]);
 			fprintf(stderr, "Try '%s %s --help'.\n", prog, argv[0]);
 			return EXIT_USAGE;
+		case OPT_RECALL_BOUND:
+			if (!(flags & FS_CMD_RECALL_BOUND)) {
+				fprintf(stderr, "%s: %s has no --recall-bound\n", prog, argv[0]);
+				fprintf(stderr, "Try '%s %s --help'.\n", prog, argv[0]);
+				return EXIT_USAGE;
+			}
+			if (parse_recall_bound(optarg, &f->recall_bound_s) < 0)
+				return EXIT_USAGE;
+			break;
 		default:
 			fprintf(stderr, "Try '%s %s --help'.\n", prog, argv[0]);
 			return EXIT_USAGE;
@@ -1563,8 +1592,10 @@ static const char json_cmd_options[] =
 
 /* ---- locks ---- */
 
-/* A recall older than this with a conflicting holder is flagged: the
- * daemons log and count the same bound (etcfs_lock_recalls_unanswered_total). */
+/* A recall older than this with a conflicting holder is flagged, unless
+ * --recall-bound says otherwise: etcfsd's --recall-bound and its default,
+ * after which the holder's daemon logs and counts it
+ * (etcfs_lock_recalls_unanswered_total). */
 #define LOCKS_UNANSWERED_S 30
 
 /* How long resolving a PATH (stat(2) through the mount) may take. */
@@ -1594,6 +1625,7 @@ struct locks_scan {
 	struct lock_key *w; /* waiters by inode, then arrival */
 	size_t nw, wcap;
 	unsigned unanswered;
+	unsigned bound_s; /* a recall older than this may be unanswered */
 	int64_t now_ns;
 	/* The filter (PATH | INO), 0: every lock. */
 	uint64_t ino;
@@ -1675,7 +1707,7 @@ static void locks_mark_unanswered(struct locks_scan *ls)
 		bool blocked = false;
 
 		if (w->since_ns <= 0 ||
-		    ls->now_ns - w->since_ns <= (int64_t)LOCKS_UNANSWERED_S * 1000000000)
+		    ls->now_ns - w->since_ns <= (int64_t)ls->bound_s * 1000000000)
 			continue;
 		for (size_t j = 0; j < ls->nh && !blocked; j++)
 			blocked = holder_blocks(&ls->h[j], w);
@@ -1788,8 +1820,8 @@ static void locks_print_json(const struct locks_scan *ls)
 
 	printf("{");
 	json_kstr(true, "filesystem", ls->f->fi->name);
-	printf(",\"clock\":\"realtime\",\"now_ns\":%" PRId64 ",\"unanswered_after_s\":%d",
-	       ls->now_ns, LOCKS_UNANSWERED_S);
+	printf(",\"clock\":\"realtime\",\"now_ns\":%" PRId64 ",\"unanswered_after_s\":%u",
+	       ls->now_ns, ls->bound_s);
 	if (ls->ino) {
 		printf(",\"target\":{\"ino\":%" PRIu64, ls->ino);
 		json_kstr(false, "path", ls->path);
@@ -1972,9 +2004,12 @@ static void usage_locks(FILE *f)
 		"every recall key (a node waiting for a lock: inode, the mode it wants, the\n"
 		"waiter's generation, how long it has waited, the key's create revision, and the\n"
 		"nodes whose locks keep it waiting). Ages are this host's wall clock minus the\n"
-		"node's at the grant or when it queued. A recall waiting longer than %d s behind\n"
-		"another node's lock is marked UNANSWERED: that node's daemon logs it too and\n"
-		"counts it in etcfs_lock_recalls_unanswered_total.\n"
+		"node's at the grant or when it queued. A recall waiting longer than the bound\n"
+		"behind another node's lock is marked UNANSWERED: that node's daemon logs it too\n"
+		"and counts it in etcfs_lock_recalls_unanswered_total.\n"
+		"\n"
+		"  --recall-bound SECONDS   the bound (default %d s); give the daemons' own\n"
+		"                           --recall-bound, so that both agree\n"
 		"\n"
 		"PATH (a file inside a mount of the filesystem: its st_ino is the inode) or INO\n"
 		"(an inode number in decimal; write a file named by digits as ./123) shows the\n"
@@ -2002,9 +2037,11 @@ static int cmd_locks(int argc, char **argv)
 	char err[EFS_CLI_ERR_MAX] = "";
 	int ret, r;
 
-	ret = fs_cmd_start(&f, argc, argv, FS_CMD_JSON | FS_CMD_TARGET, usage_locks);
+	ret = fs_cmd_start(&f, argc, argv, FS_CMD_JSON | FS_CMD_TARGET | FS_CMD_RECALL_BOUND,
+			   usage_locks);
 	if (ret >= 0)
 		goto out;
+	ls.bound_s = f.recall_bound_s ? f.recall_bound_s : LOCKS_UNANSWERED_S;
 	if (f.target) {
 		ret = locks_target(&ls, f.target);
 		if (ret >= 0)

@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
@@ -657,6 +658,63 @@ Test(mkfs, options_from_the_config_file_and_the_environment)
 	cr_assert_eq(run("mkfs.etcfs", "--name fsg2 %s", img), 1, "%s", out);
 	cr_assert(strstr(out, "unknown key"), "%s", out);
 	unsetenv("ETCFS_CONFIG");
+	finish();
+}
+
+/*
+ * etcfsctl locks marks a recall UNANSWERED past the same bound as the
+ * daemons': 30 s, or --recall-bound SECONDS as given to them. Negative
+ * control: with the bound fixed at 30 s, a recall queued 5 s ago is never
+ * marked.
+ */
+Test(etcfsctl, locks_marks_a_recall_unanswered_past_the_recall_bound)
+{
+	const char *img = image("r.img", 256 * MiB);
+	Etcfs__LockHolder lh = ETCFS__LOCK_HOLDER__INIT;
+	Etcfs__LockWaiter lw = ETCFS__LOCK_WAITER__INIT;
+	struct efs_meta_ns ns;
+	struct efs_meta_key k;
+	ProtobufCBinaryData v;
+	struct timespec now;
+	char args[600];
+
+	snprintf(args, sizeof(args), "--name fsr %s", img);
+	cr_assert_eq(mkfs(args), 0, "%s", out);
+	cr_assert_eq(efs_meta_ns_init(&ns, "fsr"), 0);
+	cr_assert_eq(clock_gettime(CLOCK_REALTIME, &now), 0);
+	/* node-a holds inode 5 exclusively; node-b has waited for it 5 s. */
+	lh.node = (char *)"node-a";
+	lh.mode = EFS_META_LOCK_EXCLUSIVE;
+	lh.granted_ns = ((int64_t)now.tv_sec - 60) * 1000000000 + now.tv_nsec;
+	cr_assert_eq(efs_meta_key_holder(&ns, 5, EFS_META_LOCK_EXCLUSIVE, "node-a", &k), 0);
+	cr_assert_eq(efs_meta_pack(&lh.base, &v), 0);
+	cr_assert_eq(efs_etcd_sync_put(s, k.buf, k.len, v.data, v.len, 0, NULL), 0);
+	efs_mem_free(v.data);
+	lw.node = (char *)"node-b";
+	lw.mode = EFS_META_LOCK_EXCLUSIVE;
+	lw.since_ns = ((int64_t)now.tv_sec - 5) * 1000000000 + now.tv_nsec;
+	cr_assert_eq(efs_meta_key_recall(&ns, 5, 1, "node-b", &k), 0);
+	cr_assert_eq(efs_meta_pack(&lw.base, &v), 0);
+	cr_assert_eq(efs_etcd_sync_put(s, k.buf, k.len, v.data, v.len, 0, NULL), 0);
+	efs_mem_free(v.data);
+
+	cr_assert_eq(run("etcfsctl", "locks --endpoints %s --name fsr", efs_harness_endpoints(h)),
+		     0, "%s", out);
+	cr_assert_null(strstr(out, "UNANSWERED"), "%s", out);
+	cr_assert_eq(run("etcfsctl", "locks --endpoints %s --name fsr --recall-bound 2",
+			 efs_harness_endpoints(h)),
+		     1, "%s", out);
+	cr_assert_not_null(strstr(out, "UNANSWERED"), "%s", out);
+	cr_assert_eq(run("etcfsctl", "locks --json --endpoints %s --name fsr --recall-bound 2",
+			 efs_harness_endpoints(h)),
+		     1, "%s", out);
+	cr_assert_not_null(strstr(out, "\"unanswered_after_s\":2"), "%s", out);
+	cr_assert_eq(run("etcfsctl", "locks --endpoints %s --name fsr --recall-bound 0",
+			 efs_harness_endpoints(h)),
+		     2, "%s", out);
+	cr_assert_eq(run("etcfsctl", "df --endpoints %s --name fsr --recall-bound 2",
+			 efs_harness_endpoints(h)),
+		     2, "%s", out);
 	finish();
 }
 
