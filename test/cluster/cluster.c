@@ -190,7 +190,8 @@ static int abort_conn(unsigned conn, bool only_waiting)
  * the watchdog cannot fail the check, so a failure is only reported. */
 static void dump_locks(struct efs_cl_wd *wd, char *keys, size_t size)
 {
-	const char *args[] = {"locks", "--name", FS_NAME, NULL};
+	const char *args[] = {"locks", "--name", FS_NAME, "--recall-bound",
+			      EFS_CL_RECALL_BOUND_S, NULL};
 	char out[3500];
 	int r;
 

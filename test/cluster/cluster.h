@@ -23,6 +23,10 @@
 
 #include "harness.h"
 
+/* The nodes' --recall-bound: short, so that a recall left unanswered
+ * shows in a node's log, and etcfsctl locks marks it, within a check. */
+#define EFS_CL_RECALL_BOUND_S "3"
+
 #define EFS_CL_MAX_NODES 4
 #define EFS_CL_MAX_ENV	 4
 

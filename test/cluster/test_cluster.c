@@ -44,7 +44,6 @@
 #endif
 
 #define WATCH_DELAY_MS "200"
-#define RECALL_BOUND_S "3"
 #define N_NODES	       3
 
 static struct efs_cl cl;
@@ -1251,7 +1250,7 @@ static void without_recall_answers_a_change_cannot_complete(void)
 		efs_cl_log_tail(&cl, 1, tail, sizeof(tail));
 		CL_CHECK(strstr(tail, "recall is not answered after"),
 			 "node2 did not log the recall it left unanswered past --recall-bound "
-			 RECALL_BOUND_S " s:\n%.3000s", tail);
+			 EFS_CL_RECALL_BOUND_S " s:\n%.3000s", tail);
 	}
 	/* A lock wait is interruptible. */
 	{
@@ -1704,8 +1703,8 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	/* A short recall bound: a recall left unanswered shows in the logs. */
-	static const char *const args[] = {"--recall-bound", RECALL_BOUND_S, NULL};
-	static const char *const debug_args[] = {"--recall-bound", RECALL_BOUND_S, "--log-level",
+	static const char *const args[] = {"--recall-bound", EFS_CL_RECALL_BOUND_S, NULL};
+	static const char *const debug_args[] = {"--recall-bound", EFS_CL_RECALL_BOUND_S, "--log-level",
 						 "debug", NULL};
 
 	o.mount_args = getenv("ETCFS_CLUSTER_DEBUG") ? debug_args : args;
