@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "etcd/grpc.h"
 #include "util/clock.h"
 #include "util/mem.h"
 
@@ -26,7 +27,7 @@ struct ka_stream {
 	uv_timer_t reopen;         /* backoff before the next open */
 	bool reopen_armed;
 	bool opened_once;
-	uint32_t attempt;          /* backoff exponent; reset by a reply */
+	struct efs_backoff backoff; /* reset by a reply */
 };
 
 struct efs_etcd_keepalive {
@@ -35,7 +36,6 @@ struct efs_etcd_keepalive {
 	struct ka_stream st[NSTREAMS];
 	struct efs_etcd_lease *leases; /* doubly linked */
 	uint64_t last_failover_ns;
-	uint64_t rng;
 	unsigned handles_open;
 	bool freeing;
 	bool dead; /* the client is shutting down: no more opens */
@@ -207,24 +207,6 @@ static uint64_t fifo_oldest(const struct fifo *f)
 	return f->n ? f->t[f->head] : 0;
 }
 
-static uint32_t backoff_ms(struct efs_etcd_keepalive *ka, struct ka_stream *st)
-{
-	uint64_t ms = BACKOFF_BASE_MS;
-	uint32_t jitter;
-
-	for (uint32_t i = 0; i < st->attempt && ms < BACKOFF_MAX_MS; i++)
-		ms *= 2;
-	if (ms > BACKOFF_MAX_MS)
-		ms = BACKOFF_MAX_MS;
-	if (st->attempt < 16)
-		st->attempt++;
-	ka->rng ^= ka->rng << 13;
-	ka->rng ^= ka->rng >> 7;
-	ka->rng ^= ka->rng << 17;
-	jitter = (uint32_t)(ka->rng % 41); /* 0..40 -> -20..+20 % */
-	return (uint32_t)(ms * (80 + jitter) / 100);
-}
-
 static bool stream_wanted(struct efs_etcd_keepalive *ka, int i)
 {
 	if (ka->dead || ka->freeing)
@@ -280,7 +262,7 @@ static void stream_open(struct ka_stream *st)
 	}
 	if (r < 0) {
 		st->s = NULL;
-		arm_reopen(st, backoff_ms(ka, st));
+		arm_reopen(st, efs_backoff_next(&st->backoff));
 		return;
 	}
 	now = efs_clock_mono_ns();
@@ -362,7 +344,7 @@ static void on_msg(struct efs_etcd_stream *s, const ProtobufCMessage *msg, void 
 	struct efs_etcd_lease *l;
 	uint64_t sent;
 
-	st->attempt = 0;
+	efs_backoff_reset(&st->backoff);
 	l = find_lease(ka, resp->id);
 	if (!l || l->gone)
 		return;
@@ -396,7 +378,7 @@ static void on_close(struct efs_etcd_stream *s, const struct efs_etcd_result *r,
 	/* Renewals in flight on a dead stream are never answered. */
 	for (struct efs_etcd_lease *l = ka->leases; l; l = l->next)
 		memset(&l->fifo[i], 0, sizeof(l->fifo[i]));
-	arm_reopen(st, backoff_ms(ka, st));
+	arm_reopen(st, efs_backoff_next(&st->backoff));
 }
 
 static void probe_done(int status, int64_t ttl_s, int64_t granted, void *arg)
@@ -543,12 +525,13 @@ int efs_etcd_keepalive_new(struct efs_etcd_keepalive **ret, struct efs_etcd *c)
 		return -ENOMEM;
 	ka->c = c;
 	ka->loop = efs_etcd_loop(c);
-	ka->rng = efs_clock_mono_ns() | 1;
 	for (int i = 0; i < NSTREAMS; i++) {
 		struct ka_stream *st = &ka->st[i];
 
 		st->ka = ka;
 		st->channel = i == ST_PRIO ? EFS_ETCD_CH_PRIO : EFS_ETCD_CH_BULK;
+		efs_backoff_init(&st->backoff, BACKOFF_BASE_MS, BACKOFF_MAX_MS,
+				 efs_clock_mono_ns() + (uint64_t)i);
 		uv_timer_init(ka->loop, &st->reopen);
 		st->reopen.data = st;
 		ka->handles_open++;

@@ -80,8 +80,7 @@ struct efs_etcd_watch_stream {
 	uv_timer_t reopen;
 	uv_timer_t defer;
 	bool reopen_armed;
-	uint32_t attempt;
-	uint64_t rng;
+	struct efs_backoff backoff; /* reset by a create that succeeds */
 	int64_t next_id;
 	struct efs_list watchers; /* newest first */
 	/* Ids of the creates sent and not yet answered, in order: a failed
@@ -101,22 +100,6 @@ struct efs_etcd_watch_stream {
 	bool dead;
 	struct efs_etcd_watch_stream_stats stats;
 };
-
-static uint32_t backoff_ms(struct efs_etcd_watch_stream *ws)
-{
-	uint64_t ms = BACKOFF_BASE_MS;
-
-	for (uint32_t i = 0; i < ws->attempt && ms < BACKOFF_MAX_MS; i++)
-		ms *= 2;
-	if (ms > BACKOFF_MAX_MS)
-		ms = BACKOFF_MAX_MS;
-	if (ws->attempt < 16)
-		ws->attempt++;
-	ws->rng ^= ws->rng << 13;
-	ws->rng ^= ws->rng >> 7;
-	ws->rng ^= ws->rng << 17;
-	return (uint32_t)(ms * (80 + ws->rng % 41) / 100);
-}
 
 static void kick_defer(struct efs_etcd_watch_stream *ws, uint64_t delay_ms);
 static int refresh_token(struct efs_etcd_watch_stream *ws, struct efs_etcd_watcher *w);
@@ -377,7 +360,7 @@ static void handle_created(struct efs_etcd_watch_stream *ws,
 		return;
 	w->state = W_ACTIVE;
 	w->auth_retried = false;
-	ws->attempt = 0;
+	efs_backoff_reset(&ws->backoff);
 	if (w->next_rev == 0) {
 		w->next_rev = rev + 1;
 		check_waits(w, false, 0);
@@ -526,7 +509,7 @@ static int stream_open(struct efs_etcd_watch_stream *ws)
 						     -ESHUTDOWN);
 			return r;
 		}
-		arm_reopen(ws, backoff_ms(ws));
+		arm_reopen(ws, efs_backoff_next(&ws->backoff));
 		return r;
 	}
 	ws->stats.opens++;
@@ -577,7 +560,7 @@ static void on_close(struct efs_etcd_stream *s, const struct efs_etcd_result *r,
 	struct efs_etcd_watch_stream *ws = arg;
 
 	stream_reset(ws);
-	arm_reopen(ws, backoff_ms(ws));
+	arm_reopen(ws, efs_backoff_next(&ws->backoff));
 }
 
 static void refresh_done(struct efs_etcd_result *r, void *arg)
@@ -646,7 +629,7 @@ static void on_msg(struct efs_etcd_stream *s, const ProtobufCMessage *msg, void 
 		 * with held ones is broken, so end the stream instead. */
 		efs_etcd_stream_close(ws->s);
 		stream_reset(ws);
-		arm_reopen(ws, backoff_ms(ws));
+		arm_reopen(ws, efs_backoff_next(&ws->backoff));
 		return;
 	}
 	handle_resp(ws, (const Etcdserverpb__WatchResponse *)msg);
@@ -738,7 +721,7 @@ int efs_etcd_watch_stream_new(struct efs_etcd_watch_stream **ret, struct efs_etc
 	ws->c = c;
 	ws->loop = efs_etcd_loop(c);
 	ws->channel = channel;
-	ws->rng = efs_clock_mono_ns() | 1;
+	efs_backoff_init(&ws->backoff, BACKOFF_BASE_MS, BACKOFF_MAX_MS, efs_clock_mono_ns());
 	ws->next_id = 1;
 	ws->delay_ms = efs_etcd_watch_delay_ms(c);
 	r = efs_etcd_stream_open(c, EFS_ETCD_STREAM_WATCH, channel, on_msg, on_close, ws, &ws->s);
