@@ -70,14 +70,37 @@ struct efs_etcd_lease {
 /* ---- Thin wrappers ---- */
 
 struct unary_ctx {
-	union {
+	union unary_cb {
 		efs_etcd_lease_grant_cb grant;
 		efs_etcd_lease_status_cb status;
 		efs_etcd_lease_ttl_cb ttl;
 	} cb;
 	void *arg;
-	uint64_t sent_ns;
+	uint64_t sent_ns; /* when the call started: a grant's deadline counts from it */
 };
+
+/*
+ * Starts |method| with |req|; |done| runs with a context holding |cb| (the
+ * member that |done| calls) and |arg|, and frees it. Returns -ENOMEM or
+ * efs_etcd_call()'s result: on an error |done| never runs.
+ */
+static int unary_start(struct efs_etcd *c, enum efs_etcd_method method,
+		       const ProtobufCMessage *req, efs_etcd_call_cb done, union unary_cb cb,
+		       void *arg)
+{
+	struct unary_ctx *u = efs_mem_calloc(1, sizeof(*u));
+	int r;
+
+	if (!u)
+		return -ENOMEM;
+	u->cb = cb;
+	u->arg = arg;
+	u->sent_ns = efs_clock_mono_ns();
+	r = efs_etcd_call(c, method, req, NULL, done, u, NULL);
+	if (r < 0)
+		efs_mem_free(u);
+	return r;
+}
 
 static void grant_done(struct efs_etcd_result *r, void *arg)
 {
@@ -102,23 +125,13 @@ int efs_etcd_lease_grant(struct efs_etcd *c, int64_t ttl_s, int64_t id,
 			 efs_etcd_lease_grant_cb cb, void *arg)
 {
 	Etcdserverpb__LeaseGrantRequest req = ETCDSERVERPB__LEASE_GRANT_REQUEST__INIT;
-	struct unary_ctx *u;
-	int r;
 
 	if (ttl_s <= 0 || id < 0 || !cb)
 		return -EINVAL;
-	u = efs_mem_calloc(1, sizeof(*u));
-	if (!u)
-		return -ENOMEM;
-	u->cb.grant = cb;
-	u->arg = arg;
-	u->sent_ns = efs_clock_mono_ns();
 	req.ttl = ttl_s;
 	req.id = id;
-	r = efs_etcd_call(c, EFS_ETCD_LEASE_GRANT, &req.base, NULL, grant_done, u, NULL);
-	if (r < 0)
-		efs_mem_free(u);
-	return r;
+	return unary_start(c, EFS_ETCD_LEASE_GRANT, &req.base, grant_done,
+			   (union unary_cb){.grant = cb}, arg);
 }
 
 static void revoke_done(struct efs_etcd_result *r, void *arg)
@@ -132,21 +145,12 @@ static void revoke_done(struct efs_etcd_result *r, void *arg)
 int efs_etcd_lease_revoke(struct efs_etcd *c, int64_t id, efs_etcd_lease_status_cb cb, void *arg)
 {
 	Etcdserverpb__LeaseRevokeRequest req = ETCDSERVERPB__LEASE_REVOKE_REQUEST__INIT;
-	struct unary_ctx *u;
-	int r;
 
 	if (id <= 0 || !cb)
 		return -EINVAL;
-	u = efs_mem_calloc(1, sizeof(*u));
-	if (!u)
-		return -ENOMEM;
-	u->cb.status = cb;
-	u->arg = arg;
 	req.id = id;
-	r = efs_etcd_call(c, EFS_ETCD_LEASE_REVOKE, &req.base, NULL, revoke_done, u, NULL);
-	if (r < 0)
-		efs_mem_free(u);
-	return r;
+	return unary_start(c, EFS_ETCD_LEASE_REVOKE, &req.base, revoke_done,
+			   (union unary_cb){.status = cb}, arg);
 }
 
 static void ttl_done(struct efs_etcd_result *r, void *arg)
@@ -165,21 +169,12 @@ int efs_etcd_lease_time_to_live(struct efs_etcd *c, int64_t id, efs_etcd_lease_t
 				void *arg)
 {
 	Etcdserverpb__LeaseTimeToLiveRequest req = ETCDSERVERPB__LEASE_TIME_TO_LIVE_REQUEST__INIT;
-	struct unary_ctx *u;
-	int r;
 
 	if (id <= 0 || !cb)
 		return -EINVAL;
-	u = efs_mem_calloc(1, sizeof(*u));
-	if (!u)
-		return -ENOMEM;
-	u->cb.ttl = cb;
-	u->arg = arg;
 	req.id = id;
-	r = efs_etcd_call(c, EFS_ETCD_LEASE_TIME_TO_LIVE, &req.base, NULL, ttl_done, u, NULL);
-	if (r < 0)
-		efs_mem_free(u);
-	return r;
+	return unary_start(c, EFS_ETCD_LEASE_TIME_TO_LIVE, &req.base, ttl_done,
+			   (union unary_cb){.ttl = cb}, arg);
 }
 
 /* ---- Keepalive ---- */
