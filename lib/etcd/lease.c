@@ -7,6 +7,7 @@
 #include "config.h"
 #include "etcd/grpc.h"
 #include "util/clock.h"
+#include "util/list.h"
 #include "util/mem.h"
 
 /* Renewals outstanding per lease and stream; when full no more are sent on
@@ -34,7 +35,7 @@ struct efs_etcd_keepalive {
 	struct efs_etcd *c;
 	uv_loop_t *loop;
 	struct ka_stream st[NSTREAMS];
-	struct efs_etcd_lease *leases; /* doubly linked */
+	struct efs_list leases; /* of efs_etcd_lease, newest first */
 	uint64_t last_failover_ns;
 	unsigned handles_open;
 	bool freeing;
@@ -48,7 +49,7 @@ struct fifo {
 
 struct efs_etcd_lease {
 	struct efs_etcd_keepalive *ka; /* NULL once freed or detached */
-	struct efs_etcd_lease *prev, *next;
+	struct efs_list link; /* on ka->leases while ka is set */
 	int64_t id;
 	uint64_t ttl_ns;
 	uint64_t interval_ns, failover_ns, at_risk_ns;
@@ -66,6 +67,11 @@ struct efs_etcd_lease {
 	void *arg;
 	struct efs_etcd_lease_stats stats;
 };
+
+static struct efs_etcd_lease *lease_of(struct efs_list *n)
+{
+	return efs_list_entry(n, struct efs_etcd_lease, link);
+}
 
 /* ---- Thin wrappers ---- */
 
@@ -204,9 +210,13 @@ static uint64_t fifo_oldest(const struct fifo *f)
 
 static bool stream_wanted(struct efs_etcd_keepalive *ka, int i)
 {
+	struct efs_list *n;
+
 	if (ka->dead || ka->freeing)
 		return false;
-	for (struct efs_etcd_lease *l = ka->leases; l; l = l->next) {
+	efs_list_for_each(n, &ka->leases) {
+		struct efs_etcd_lease *l = lease_of(n);
+
 		if (l->gone)
 			continue;
 		if (i == ST_PRIO || l->degraded)
@@ -244,6 +254,7 @@ static void stream_open(struct ka_stream *st)
 {
 	struct efs_etcd_keepalive *ka = st->ka;
 	int i = (int)(st - ka->st);
+	struct efs_list *n;
 	uint64_t now;
 	int r;
 
@@ -261,7 +272,9 @@ static void stream_open(struct ka_stream *st)
 		return;
 	}
 	now = efs_clock_mono_ns();
-	for (struct efs_etcd_lease *l = ka->leases; l; l = l->next) {
+	efs_list_for_each(n, &ka->leases) {
+		struct efs_etcd_lease *l = lease_of(n);
+
 		if (st->opened_once)
 			l->stats.stream_reopens++;
 		if (l->gone || l->paused || (i == ST_BULK && !l->degraded))
@@ -324,9 +337,11 @@ static void mark_gone(struct efs_etcd_lease *l)
 
 static struct efs_etcd_lease *find_lease(struct efs_etcd_keepalive *ka, int64_t id)
 {
-	for (struct efs_etcd_lease *l = ka->leases; l; l = l->next)
-		if (l->id == id)
-			return l;
+	struct efs_list *n;
+
+	efs_list_for_each(n, &ka->leases)
+		if (lease_of(n)->id == id)
+			return lease_of(n);
 	return NULL;
 }
 
@@ -368,11 +383,12 @@ static void on_close(struct efs_etcd_stream *s, const struct efs_etcd_result *r,
 	struct ka_stream *st = arg;
 	struct efs_etcd_keepalive *ka = st->ka;
 	int i = (int)(st - ka->st);
+	struct efs_list *n;
 
 	st->s = NULL;
 	/* Renewals in flight on a dead stream are never answered. */
-	for (struct efs_etcd_lease *l = ka->leases; l; l = l->next)
-		memset(&l->fifo[i], 0, sizeof(l->fifo[i]));
+	efs_list_for_each(n, &ka->leases)
+		memset(&lease_of(n)->fifo[i], 0, sizeof(lease_of(n)->fifo[i]));
 	arm_reopen(st, efs_backoff_next(&st->backoff));
 }
 
@@ -520,6 +536,7 @@ int efs_etcd_keepalive_new(struct efs_etcd_keepalive **ret, struct efs_etcd *c)
 		return -ENOMEM;
 	ka->c = c;
 	ka->loop = efs_etcd_loop(c);
+	efs_list_init(&ka->leases);
 	for (int i = 0; i < NSTREAMS; i++) {
 		struct ka_stream *st = &ka->st[i];
 
@@ -546,11 +563,13 @@ static void ka_handle_closed(uv_handle_t *h)
 
 struct efs_etcd_keepalive *efs_etcd_keepalive_free(struct efs_etcd_keepalive *ka)
 {
+	struct efs_list *n;
+
 	if (!ka)
 		return NULL;
 	ka->freeing = true;
-	while (ka->leases)
-		efs_etcd_lease_free(ka->leases);
+	while ((n = efs_list_first(&ka->leases)))
+		efs_etcd_lease_free(lease_of(n));
 	for (int i = 0; i < NSTREAMS; i++) {
 		struct ka_stream *st = &ka->st[i];
 
@@ -594,10 +613,7 @@ int efs_etcd_lease_new(struct efs_etcd_lease **ret, struct efs_etcd_keepalive *k
 	uv_timer_init(ka->loop, &l->tick);
 	l->tick.data = l;
 	l->refs = 1;
-	l->next = ka->leases;
-	if (ka->leases)
-		ka->leases->prev = l;
-	ka->leases = l;
+	efs_list_add_head(&ka->leases, &l->link);
 	/* The first tick runs on the next loop iteration and sends the first
 	 * renewal (opening the stream if needed). */
 	uv_timer_start(&l->tick, tick, 0, 0);
@@ -619,12 +635,7 @@ struct efs_etcd_lease *efs_etcd_lease_free(struct efs_etcd_lease *l)
 	ka = l->ka;
 	l->freed = true;
 	if (ka) {
-		if (l->prev)
-			l->prev->next = l->next;
-		else
-			ka->leases = l->next;
-		if (l->next)
-			l->next->prev = l->prev;
+		efs_list_del(&l->link);
 		l->ka = NULL;
 	}
 	if (l->probe)
