@@ -125,7 +125,7 @@ typedef void (*acall_fn)(struct efs_alloc *a, struct acall *c, struct efs_etcd_r
 			 Etcdserverpb__TxnResponse *resp);
 
 struct acall {
-	struct acall *next, *prev;
+	struct efs_list link; /* on a->calls until it completes */
 	struct efs_alloc *a;
 	uint64_t epoch;
 	acall_fn fn;
@@ -148,7 +148,7 @@ struct efs_alloc {
 	struct grp *groups;
 	uint64_t epoch;
 	struct efs_quarantine *q;
-	struct acall *calls;
+	struct efs_list calls; /* of acall, in flight */
 	uv_timer_t *kick, *tick;
 	struct efs_session_waiter sw;
 	bool sw_queued;
@@ -321,12 +321,7 @@ static void acall_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp,
 	struct efs_alloc *a = c->a;
 
 	if (a) {
-		if (c->prev)
-			c->prev->next = c->next;
-		else
-			a->calls = c->next;
-		if (c->next)
-			c->next->prev = c->prev;
+		efs_list_del(&c->link);
 		c->fn(a, c, r, resp);
 	}
 	efs_mem_free(c);
@@ -354,10 +349,7 @@ static int send_txn(struct efs_alloc *a, struct efs_etcd_txn *t, acall_fn fn, ui
 		efs_mem_free(c);
 		return r;
 	}
-	c->next = a->calls;
-	if (a->calls)
-		a->calls->prev = c;
-	a->calls = c;
+	efs_list_add_head(&a->calls, &c->link);
 	return 0;
 }
 
@@ -701,6 +693,7 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 		return -ENOMEM;
 	efs_list_init(&a->tokw);
 	efs_list_init(&a->getw);
+	efs_list_init(&a->calls);
 	a->loop = loop;
 	a->c = c;
 	a->s = s;
@@ -2417,10 +2410,13 @@ void efs_alloc_session_lost(struct efs_alloc *a)
 
 struct efs_alloc *efs_alloc_free(struct efs_alloc *a)
 {
+	struct efs_list *n;
+
 	if (!a)
 		return NULL;
-	for (struct acall *c = a->calls; c; c = c->next)
-		c->a = NULL; /* their callbacks only free themselves */
+	/* Calls in flight are let go: their callbacks only free themselves. */
+	while ((n = efs_list_pop(&a->calls)))
+		efs_list_entry(n, struct acall, link)->a = NULL;
 	if (a->fold)
 		fold_free(a->fold);
 	if (a->sw_queued)
