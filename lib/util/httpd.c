@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "util/list.h"
 #include "util/log.h"
 #include "util/mem.h"
 
@@ -25,7 +26,7 @@ struct conn {
 	uv_write_t wr;
 	uv_shutdown_t sd;
 	struct efs_httpd *h;
-	struct conn *prev, *next;
+	struct efs_list link; /* on h->conns until freed */
 	unsigned handles; /* handles not yet closed: 2, then 1, then freed */
 	bool closing;
 	bool answered; /* the answer is queued: later input is read and dropped */
@@ -46,7 +47,7 @@ struct efs_httpd {
 	uv_tcp_t spare;
 	bool spare_busy, accept_pending;
 	const struct efs_metrics *m;
-	struct conn *conns;
+	struct efs_list conns; /* of conn, newest first */
 	unsigned nconns;
 	unsigned handles; /* listener, spare when busy, and one per connection */
 	uint64_t timeout_ms;
@@ -77,12 +78,7 @@ static void conn_closed(uv_handle_t *handle)
 
 	if (--c->handles)
 		return;
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		h->conns = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
+	efs_list_del(&c->link);
 	h->nconns--;
 	efs_mem_free(c->body);
 	efs_mem_free(c);
@@ -311,10 +307,7 @@ static void on_connection(uv_stream_t *server, int status)
 	c->tcp.data = c;
 	c->timer.data = c;
 	c->handles = 2;
-	c->next = h->conns;
-	if (c->next)
-		c->next->prev = c;
-	h->conns = c;
+	efs_list_add_head(&h->conns, &c->link);
 	h->nconns++;
 	h->handles++;
 	if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0 ||
@@ -423,6 +416,7 @@ int efs_httpd_start(struct efs_httpd **ret, uv_loop_t *loop, const char *addr,
 	h = efs_mem_calloc(1, sizeof(*h));
 	if (!h)
 		return -ENOMEM;
+	efs_list_init(&h->conns);
 	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0) {
 		r = -errno;
@@ -484,12 +478,13 @@ static void listener_closed(uv_handle_t *handle)
 
 void efs_httpd_stop(struct efs_httpd *h, void (*done)(void *arg), void *arg)
 {
-	struct conn *c;
+	struct efs_list *n;
 
 	h->stopping = true;
 	h->done = done;
 	h->done_arg = arg;
-	for (c = h->conns; c; c = c->next)
-		conn_close(c);
+	/* conn_close only starts closing: each conn leaves the list later. */
+	efs_list_for_each(n, &h->conns)
+		conn_close(efs_list_entry(n, struct conn, link));
 	uv_close((uv_handle_t *)&h->listener, listener_closed);
 }
