@@ -519,6 +519,26 @@ static void rpc_detach(struct efs_rpc *rpc)
 		efs_conn_reset(rpc->conn, rpc, NGHTTP2_CANCEL);
 }
 
+/*
+ * Fills the result of a finished call or stream but its response: the
+ * message is formatted into |msg| from |fmt|, and a NULL |fmt| keeps the
+ * message already there.
+ */
+static void result_set(struct efs_etcd_result *res, char msg[EFS_GRPC_MESSAGE_MAX], int err,
+		       int gs, bool unknown, const char *fmt, va_list ap)
+	__attribute__((format(printf, 6, 0)));
+
+static void result_set(struct efs_etcd_result *res, char msg[EFS_GRPC_MESSAGE_MAX], int err,
+		       int gs, bool unknown, const char *fmt, va_list ap)
+{
+	if (fmt)
+		vsnprintf(msg, EFS_GRPC_MESSAGE_MAX, fmt, ap);
+	res->err = err;
+	res->grpc_status = gs;
+	res->message = msg;
+	res->outcome_unknown = unknown;
+}
+
 /* Decides |call|'s result: its callback is queued and it leaves every list
  * but the connection's (an attempt on the wire is reset and kept as an
  * orphan until its stream ends). */
@@ -538,16 +558,9 @@ static void call_finish(struct efs_etcd_call *call, int err, int gs, bool unknow
 	heap_remove(c, call);
 	arm_timer(c);
 	rpc_detach(&call->rpc);
-	/* A NULL |fmt| keeps the message already in call->msg. */
-	if (fmt) {
-		va_start(ap, fmt);
-		vsnprintf(call->msg, sizeof(call->msg), fmt, ap);
-		va_end(ap);
-	}
-	call->res.err = err;
-	call->res.grpc_status = gs;
-	call->res.message = call->msg;
-	call->res.outcome_unknown = unknown;
+	va_start(ap, fmt);
+	result_set(&call->res, call->msg, err, gs, unknown, fmt, ap);
+	va_end(ap);
 	call->res.resp = err ? NULL : call->resp;
 	if (err) {
 		c->stats.calls_failed++;
@@ -1519,16 +1532,9 @@ static void stream_finish(struct efs_etcd_stream *s, int err, int gs, const char
 		return;
 	s->finished = true;
 	rpc_detach(&s->rpc);
-	/* A NULL |fmt| keeps the message already in s->msg. */
-	if (fmt) {
-		va_start(ap, fmt);
-		vsnprintf(s->msg, sizeof(s->msg), fmt, ap);
-		va_end(ap);
-	}
-	s->res.err = err;
-	s->res.grpc_status = gs;
-	s->res.message = s->msg;
-	s->res.outcome_unknown = false;
+	va_start(ap, fmt);
+	result_set(&s->res, s->msg, err, gs, false, fmt, ap);
+	va_end(ap);
 	s->res.resp = NULL;
 	efs_list_add_tail(&c->done, &s->done_link);
 	wake(c);
