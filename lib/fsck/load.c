@@ -356,28 +356,41 @@ static int load_extent(state_t *st, const struct efs_check__family *fam,
 	return 0;
 }
 
+/*
+ * Decodes |kv|'s value with |fam|'s decoder only to check it: 0, -ENOMEM,
+ * or the decoder's error (with |reason|) for a value that does not decode.
+ */
+static int check_value(const struct efs_check__family *fam, const Mvccpb__KeyValue *kv,
+		       const char **reason)
+{
+	void *msg = NULL;
+	int r;
+
+	r = fam->decode(kv->value.data, kv->value.len, &msg, reason);
+	if (r >= 0)
+		efs_meta_record_free(msg);
+	return r;
+}
+
 /* Orphan and reclaim records: |fam|'s decoder checks the value. */
 static int load_orphan(state_t *st, const struct efs_check__family *fam,
 		       const Mvccpb__KeyValue *kv, const struct efs_meta_key_info *ki)
 {
 	const char *reason = NULL;
 	struct key_ent *k;
-	void *msg = NULL;
 	int r;
 
 	k = add_key(st, kv, ki);
 	if (!k)
 		return st->err;
-	r = fam->decode(kv->value.data, kv->value.len, &msg, &reason);
+	r = check_value(fam, kv, &reason);
 	if (r == -ENOMEM)
 		return r;
 	if (r < 0) {
 		/* The orphan stage rewrites or deletes it. */
 		k->bad = true;
 		k->b = r == -EBADMSG ? 0 : 1;
-		return 0;
 	}
-	efs_meta_record_free(msg);
 	return 0;
 }
 
@@ -391,13 +404,12 @@ static int load_leased(state_t *st, const struct efs_check__family *fam,
 {
 	const char *reason = NULL;
 	struct key_ent *k;
-	void *msg = NULL;
 	int r;
 
 	k = add_key(st, kv, ki);
 	if (!k)
 		return st->err;
-	r = fam->decode(kv->value.data, kv->value.len, &msg, &reason);
+	r = check_value(fam, kv, &reason);
 	if (r == -ENOMEM)
 		return r;
 	if (r < 0) {
@@ -407,7 +419,6 @@ static int load_leased(state_t *st, const struct efs_check__family *fam,
 		k->removed = true;
 		return st->err;
 	}
-	efs_meta_record_free(msg);
 	return 0;
 }
 
@@ -416,17 +427,15 @@ static int load_checked(state_t *st, const struct efs_check__family *fam,
 			const Mvccpb__KeyValue *kv, const struct efs_meta_key_info *ki)
 {
 	const char *reason = NULL;
-	void *msg = NULL;
 	int r;
 
-	r = fam->decode(kv->value.data, kv->value.len, &msg, &reason);
+	r = check_value(fam, kv, &reason);
 	if (r == -ENOMEM)
 		return r;
 	if (r < 0) {
 		bad_record(st, fam, kv, ki, r, reason, false);
 		return st->err;
 	}
-	efs_meta_record_free(msg);
 	return 0;
 }
 
