@@ -1575,7 +1575,6 @@ static void drain_next(struct efs_alloc *a)
 	Etcfs__FreeIntent fi = ETCFS__FREE_INTENT__INIT;
 	struct efs_etcd_txn *t = NULL;
 	struct intent *in;
-	Etcfs__Run *rv = NULL, **rp = NULL;
 	int r;
 
 	if (a->drain_busy || !session_ok(a))
@@ -1584,17 +1583,8 @@ static void drain_next(struct efs_alloc *a)
 		;
 	if (!in)
 		return;
-	rv = efs_mem_calloc(in->runs.n ? in->runs.n : 1, sizeof(*rv));
-	rp = efs_mem_calloc(in->runs.n ? in->runs.n : 1, sizeof(*rp));
-	r = rv && rp ? 0 : -ENOMEM;
-	for (size_t i = 0; r == 0 && i < in->runs.n; i++) {
-		etcfs__run__init(&rv[i]);
-		rv[i].start = in->runs.v[i].start;
-		rv[i].len = in->runs.v[i].len;
-		rp[i] = &rv[i];
-	}
+	r = efs_freemap_pb_runs(&in->runs, &fi.runs);
 	fi.n_runs = in->runs.n;
-	fi.runs = rp;
 	fi.drained = true;
 	fi.ino = in->ino;
 	if (r == 0)
@@ -1609,8 +1599,7 @@ static void drain_next(struct efs_alloc *a)
 					 in->key.buf, in->key.len, 0);
 	if (r == 0)
 		r = efs_meta_txn_put(t, EFS_ETCD_TXN_SUCCESS, &in->key, &fi.base, 0);
-	efs_mem_free(rv);
-	efs_mem_free(rp);
+	efs_mem_free(fi.runs);
 	if (r == 0) {
 		r = send_txn(a, t, drain_cb, in->id, NULL);
 		t = NULL;
@@ -2064,7 +2053,6 @@ static int build_intent(struct efs_alloc_txn *t, struct tgrp *tg, struct efs_etc
 {
 	struct efs_alloc *a = t->a;
 	Etcfs__FreeIntent fi = ETCFS__FREE_INTENT__INIT;
-	Etcfs__Run *rv, **rp;
 	int r;
 
 	r = efs_runs_normalize(&tg->fre);
@@ -2072,17 +2060,8 @@ static int build_intent(struct efs_alloc_txn *t, struct tgrp *tg, struct efs_etc
 		return r;
 	if (!tg->seq)
 		tg->seq = ++a->intent_seq;
-	rv = efs_mem_calloc(tg->fre.n, sizeof(*rv));
-	rp = efs_mem_calloc(tg->fre.n, sizeof(*rp));
-	r = rv && rp ? 0 : -ENOMEM;
-	for (size_t i = 0; r == 0 && i < tg->fre.n; i++) {
-		etcfs__run__init(&rv[i]);
-		rv[i].start = tg->fre.v[i].start;
-		rv[i].len = tg->fre.v[i].len;
-		rp[i] = &rv[i];
-	}
+	r = efs_freemap_pb_runs(&tg->fre, &fi.runs);
 	fi.n_runs = tg->fre.n;
-	fi.runs = rp;
 	fi.ino = t->ino;
 	if (r == 0) {
 		struct efs_meta_key k;
@@ -2095,8 +2074,7 @@ static int build_intent(struct efs_alloc_txn *t, struct tgrp *tg, struct efs_etc
 		if (r == 0)
 			r = efs_meta_txn_put(txn, EFS_ETCD_TXN_SUCCESS, &k, &fi.base, 0);
 	}
-	efs_mem_free(rv);
-	efs_mem_free(rp);
+	efs_mem_free(fi.runs);
 	if (r == 0)
 		tg->as_owner = false;
 	return r;

@@ -14,6 +14,7 @@
 
 #include "etcd/txn.h"
 #include "meta/records.h"
+#include "space/freemap.h"
 #include "space/runs.h"
 #include "util/mem.h"
 #include "etcfs.pb-c.h"
@@ -121,7 +122,6 @@ static int build_map_patch(struct efs_etcd_sync *s, struct efs_check_op *op, int
 {
 	Etcfs__AgMap *m = NULL, nm = ETCFS__AG_MAP__INIT;
 	struct efs_runs runs = {0}, cut = {0};
-	Etcfs__Run *rv = NULL, **rp = NULL;
 	Mvccpb__KeyValue *kv;
 	int r;
 
@@ -153,27 +153,15 @@ static int build_map_patch(struct efs_etcd_sync *s, struct efs_check_op *op, int
 	}
 	if (r == 0)
 		r = efs_runs_normalize(&runs);
+	if (r == 0)
+		r = efs_freemap_pb_runs(&runs, &nm.free);
 	if (r == 0) {
-		rv = efs_mem_calloc(runs.n + 1, sizeof(*rv));
-		rp = efs_mem_calloc(runs.n + 1, sizeof(*rp));
-		if (!rv || !rp)
-			r = -ENOMEM;
-	}
-	if (r == 0) {
-		for (size_t i = 0; i < runs.n; i++) {
-			etcfs__run__init(&rv[i]);
-			rv[i].start = runs.v[i].start;
-			rv[i].len = runs.v[i].len;
-			rp[i] = &rv[i];
-		}
-		nm.free = rp;
 		nm.n_free = runs.n;
 		nm.group_blocks = m->group_blocks;
 		*count = efs_runs_total(&runs);
 		r = efs_meta_pack(&nm.base, ret);
 	}
-	efs_mem_free(rv);
-	efs_mem_free(rp);
+	efs_mem_free(nm.free);
 	efs_runs_done(&runs);
 	efs_runs_done(&cut);
 	efs_meta_record_free(m);

@@ -76,32 +76,39 @@ int efs_freemap_from_msg(struct efs_freemap *fm, const Etcfs__AgMap *msg)
 	return 0;
 }
 
+int efs_freemap_pb_runs(const struct efs_runs *runs, Etcfs__Run ***ret)
+{
+	Etcfs__Run **ptrs = NULL, *v = NULL;
+
+	if (runs->n) {
+		/* The pointers first, then the runs: both 8-byte aligned. */
+		ptrs = efs_mem_calloc(runs->n, sizeof(*ptrs) + sizeof(*v));
+		if (!ptrs)
+			return -ENOMEM;
+		v = (Etcfs__Run *)(ptrs + runs->n);
+	}
+	for (size_t i = 0; i < runs->n; i++) {
+		etcfs__run__init(&v[i]);
+		v[i].start = runs->v[i].start;
+		v[i].len = runs->v[i].len;
+		ptrs[i] = &v[i];
+	}
+	*ret = ptrs;
+	return 0;
+}
+
 int efs_freemap_pack(const struct efs_freemap *fm, ProtobufCBinaryData *ret)
 {
 	Etcfs__AgMap msg = ETCFS__AG_MAP__INIT;
-	Etcfs__Run *runs = NULL, **ptrs = NULL;
-	size_t n = fm->free.n;
-	int err = -ENOMEM;
+	int err;
 
-	if (n) {
-		runs = efs_mem_calloc(n, sizeof(*runs));
-		ptrs = efs_mem_calloc(n, sizeof(*ptrs));
-		if (!runs || !ptrs)
-			goto out_free;
-	}
-	for (size_t i = 0; i < n; i++) {
-		etcfs__run__init(&runs[i]);
-		runs[i].start = fm->free.v[i].start;
-		runs[i].len = fm->free.v[i].len;
-		ptrs[i] = &runs[i];
-	}
+	err = efs_freemap_pb_runs(&fm->free, &msg.free);
+	if (err < 0)
+		return err;
 	msg.group_blocks = fm->group_blocks;
-	msg.n_free = n;
-	msg.free = ptrs;
+	msg.n_free = fm->free.n;
 	err = efs_meta_pack(&msg.base, ret);
-out_free:
-	efs_mem_free(ptrs);
-	efs_mem_free(runs);
+	efs_mem_free(msg.free);
 	return err;
 }
 

@@ -39,6 +39,13 @@ int efs_freemap_copy(struct efs_freemap *dst, const struct efs_freemap *src);
 int efs_freemap_from_msg(struct efs_freemap *fm, const Etcfs__AgMap *msg);
 /* Packs the AgMap (efs_mem buffer in *ret). 0 or -ENOMEM. */
 int efs_freemap_pack(const struct efs_freemap *fm, ProtobufCBinaryData *ret);
+/*
+ * Sets *|ret| to |runs| as a record's repeated Run field (AgMap free,
+ * FreeIntent runs): runs->n pointers to copies of the runs held in the same
+ * allocation, one efs_mem_free for all; NULL when |runs| is empty. 0 or
+ * -ENOMEM (*|ret| untouched).
+ */
+int efs_freemap_pb_runs(const struct efs_runs *runs, Etcfs__Run ***ret);
 
 /*
  * Takes up to |want| (>= 1) free blocks as one run: the first free run at or
