@@ -1184,11 +1184,14 @@ static void op_done(struct efs_fs_op *op, int64_t rev)
 	op->commit_rev = rev;
 	op->committed = true;
 	report_outcome(op, EFS_FS_COMMITTED, rev);
-	apply_out(op, rev);
+	/* The new inode's lock first: its record, written under that grant,
+	 * is cached under it (a record set before the grant would be
+	 * trusted under none, and read again by the next operation). */
 	if (op->granted) {
 		efs_lock_grant_committed(op->fs->lc, op->new_ino, true);
 		op->granted = false;
 	}
+	apply_out(op, rev);
 	op->d->done(op);
 	efs_fs_op_finish(op, 0);
 }
