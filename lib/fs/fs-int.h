@@ -504,7 +504,7 @@ struct efs_fs_op {
  * the inode cache frees |in| (free what hangs on it), |handle_freed| when
  * an open handle of a regular file goes (before the open count drops).
  * Any may be NULL. Registered with efs_fs_ihooks_add(), called in the
- * order of registration.
+ * order of the table (of registration, unless one was removed).
  */
 struct efs_fs_inode_hooks {
 	void (*reloaded)(struct efs_fs *fs, struct efs_fs_inode *in);
