@@ -35,6 +35,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -190,6 +191,44 @@ static void rw_report(const char *what, const struct rwhist *a, const struct rwh
 	       rw_quantile(a, b, 0.5), rw_quantile(a, b, 0.99), (b->sum - a->sum) / n * 1000, n);
 }
 
+/* ---- The summary table ---- */
+
+#define SUM_MAX 64
+static struct {
+	char what[72];
+	char value[96];
+} sum_row[SUM_MAX];
+static int sum_n;
+
+static void sum_add(const char *what, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void sum_add(const char *what, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (sum_n == SUM_MAX)
+		return;
+	snprintf(sum_row[sum_n].what, sizeof(sum_row[0].what), "%s", what);
+	va_start(ap, fmt);
+	vsnprintf(sum_row[sum_n].value, sizeof(sum_row[0].value), fmt, ap);
+	va_end(ap);
+	sum_n++;
+}
+
+static double median_ms(uint64_t *v, size_t n)
+{
+	qsort(v, n, sizeof(*v), cmp_u64);
+	return (double)v[n / 2] / 1000;
+}
+
+static double p99_ms(uint64_t *v, size_t n)
+{
+	size_t p99 = (n * 99 + 99) / 100;
+
+	qsort(v, n, sizeof(*v), cmp_u64);
+	return (double)v[(p99 ? p99 : 1) - 1] / 1000;
+}
+
 static void handover(int rounds, bool loaded)
 {
 	struct rwhist b0, b1, a0, a1;
@@ -226,6 +265,11 @@ static void handover(int rounds, bool loaded)
 	printf("handover, %s:\n", loaded ? "node A under a write load" : "idle");
 	report("  stat on B of a file A holds exclusively", stat_us, (size_t)rounds);
 	report("  rewrite on A of a file B holds shared", write_us, (size_t)rounds);
+	sum_add(loaded ? "handover, A loaded: stat on B, median / p99" : "handover, idle: stat on B, median / p99",
+		"%.2f / %.2f ms", median_ms(stat_us, (size_t)rounds), p99_ms(stat_us, (size_t)rounds));
+	sum_add(loaded ? "handover, A loaded: rewrite on A, median / p99"
+		       : "handover, idle: rewrite on A, median / p99",
+		"%.2f / %.2f ms", median_ms(write_us, (size_t)rounds), p99_ms(write_us, (size_t)rounds));
 	rw_read(1, &b1);
 	rw_read(0, &a1);
 	printf("  recall waits as the waiter measures them (its recall key's creation to its "
@@ -254,58 +298,6 @@ static double etcd_revision(void)
 	if (efs_tp_metric(url, "etcd_debugging_mvcc_current_revision", &v) < 0)
 		return -1;
 	return v;
-}
-
-/*
- * Lock ping-pong: nodes A and B keep one file open and write it in turn
- * (a 16-byte record at offset 0, no fsync), so every write takes the
- * exclusive lock over from the other node, whose buffered write is
- * published on the way. Handovers per second, the write's latency, and
- * etcd commits per handover.
- */
-static void pingpong(int rounds)
-{
-	uint64_t *us = calloc((size_t)rounds, sizeof(uint64_t));
-	int fd[2];
-	double rev0, rev1;
-	uint64_t t0, t1;
-	char rec[17], got[17] = {0};
-
-	if (!us)
-		die("calloc", "");
-	put(P(0, "pp"), "0000000000000000");
-	fd[0] = open(P(0, "pp"), O_RDWR | O_CLOEXEC);
-	fd[1] = open(P(1, "pp"), O_RDWR | O_CLOEXEC);
-	if (fd[0] < 0 || fd[1] < 0)
-		die("open", P(0, "pp"));
-	efs_cl_sleep_ms(200);
-	rev0 = etcd_revision();
-	t0 = now_us();
-	for (int k = 0; k < rounds; k++) {
-		uint64_t a = now_us();
-
-		snprintf(rec, sizeof(rec), "%016d", k);
-		if (pwrite(fd[k % 2], rec, 16, 0) != 16)
-			die("pwrite", P(k % 2, "pp"));
-		us[k] = now_us() - a;
-	}
-	t1 = now_us();
-	rev1 = etcd_revision();
-	/* The last writer's record, read on the other node. */
-	if (pread(fd[rounds % 2], got, 16, 0) != 16 || strcmp(got, rec) != 0)
-		die("read back the last record on the other node", P(rounds % 2, "pp"));
-	close(fd[0]);
-	close(fd[1]);
-	printf("lock ping-pong (A and B write one open file in turn, no fsync):\n");
-	printf("  %-50s %.0f per second (%d writes in %.2f s)\n", "handovers", rounds / ((t1 - t0) / 1e6),
-	       rounds, (t1 - t0) / 1e6);
-	report("  each write (its handover included)", us, (size_t)rounds);
-	if (rev0 >= 0 && rev1 >= 0)
-		printf("  %-50s %.2f (etcd revisions %.0f -> %.0f; every node's commits)\n",
-		       "etcd commits per handover", (rev1 - rev0) / rounds, rev0, rev1);
-	else
-		printf("  %-50s (etcd's metrics unreadable)\n", "etcd commits per handover");
-	free(us);
 }
 
 /* Node C's own writes every 10 ms; writes its worst gap (ms) to |out| when
@@ -390,6 +382,10 @@ static void takeover(int runs)
 	printf("\n");
 	report("  kill -9 to B's durable write of A's file", took, (size_t)runs);
 	report("  node C's worst gap between its own writes", gap, (size_t)runs);
+	sum_add("takeover: kill -9 to B's durable write, median / p99", "%.0f / %.0f ms (target 2500)",
+		median_ms(took, (size_t)runs), p99_ms(took, (size_t)runs));
+	sum_add("takeover: C's worst write gap, median / p99", "%.0f / %.0f ms (target 500)",
+		median_ms(gap, (size_t)runs), p99_ms(gap, (size_t)runs));
 	free(took);
 	free(gap);
 }
@@ -415,6 +411,7 @@ static void local_metadata(void)
 			die("stat", P(0, "s"));
 	took = now_us() - t0;
 	printf("local metadata on node A:\n");
+	sum_add("local: stat of one file, repeated", "%.2f us", (double)took / STATS);
 	printf("  %-50s %8.2f us per stat (%d stats)\n", "stat of one file, repeated",
 	       (double)took / STATS, STATS);
 	t0 = now_us();
@@ -436,12 +433,576 @@ static void local_metadata(void)
 	took = now_us() - t0;
 	printf("  %-50s %8.2f ms per pass (%d passes)\n", "listing: readdir + stat of 200 files",
 	       (double)took / PASSES / 1000, PASSES);
+	sum_add("local: readdir + stat of 200 files", "%.2f ms", (double)took / PASSES / 1000);
+}
+
+/* ---- Counters: what a section cost, summed over every node and member ---- */
+
+/*
+ * A snapshot of counters: every sample line of the nodes' /metrics whose
+ * name starts with one of node_prefixes, and of the etcd members'
+ * /metrics with one of etcd_prefixes, each summed over the nodes (or
+ * members) under its full name with labels. The difference of two
+ * snapshots is what happened in between on the whole cluster.
+ */
+#define SNAP_MAX 512
+struct snap {
+	double rev;
+	int n;
+	char key[SNAP_MAX][160];
+	double v[SNAP_MAX];
+};
+
+static const char *const node_prefixes[] = {
+	"etcfs_etcd_txns_total", "etcfs_lock_", "etcfs_fuse_ops_total", "etcfs_dev_ios_total",
+	"etcfs_dev_bytes_total", "etcfs_op_retries_total", "etcfs_data_publish_txns_total", NULL,
+};
+/* Requests every member served (OK only: the codes are pre-registered),
+ * and what member 0 applied (every member applies the same). */
+static const char *const etcd_prefixes[] = {"grpc_server_handled_total{grpc_code=\"OK\"", NULL};
+static const char *const etcd0_prefixes[] = {"etcd_debugging_mvcc_put_total",
+					     "etcd_debugging_mvcc_delete_total",
+					     "etcd_debugging_mvcc_txn_total",
+					     "etcd_debugging_mvcc_range_total", NULL};
+
+static void snap_add(struct snap *s, const char *line, size_t len, double v)
+{
+	int k;
+
+	if (len >= sizeof(s->key[0]))
+		len = sizeof(s->key[0]) - 1;
+	for (k = 0; k < s->n; k++)
+		if (strncmp(s->key[k], line, len) == 0 && s->key[k][len] == '\0')
+			break;
+	if (k == s->n) {
+		if (s->n == SNAP_MAX)
+			return;
+		memcpy(s->key[k], line, len);
+		s->key[k][len] = '\0';
+		s->v[s->n++] = 0;
+	}
+	s->v[k] += v;
+}
+
+/* Adds the matching samples of one /metrics text; histograms' buckets and
+ * gauges are left out (only counters, *_total, add up meaningfully). */
+static void snap_text(struct snap *s, const char *text, const char *const *prefixes)
+{
+	for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+		const char *sp = strchr(p, ' '), *nl = strchr(p, '\n');
+		bool match = false;
+
+		if (!sp || (nl && sp > nl) || *p == '#')
+			continue;
+		for (int k = 0; prefixes[k] && !match; k++)
+			match = strncmp(p, prefixes[k], strlen(prefixes[k])) == 0;
+		if (match && memmem(p, (size_t)(sp - p), "_total", 6))
+			snap_add(s, p, (size_t)(sp - p), strtod(sp + 1, NULL));
+	}
+}
+
+static void snap_take(struct snap *s)
+{
+	memset(s, 0, sizeof(*s));
+	s->rev = etcd_revision();
+	for (int i = 0; i < cl.n; i++) {
+		char *text = efs_cl_metrics_text(&cl, i);
+
+		snap_text(s, text, node_prefixes);
+		free(text);
+	}
+	for (int m = 0; m < efs_harness_members(cl.etcd); m++) {
+		const char *url = efs_harness_metrics_url(cl.etcd, m);
+		char *text = NULL;
+
+		if (url && !strncmp(url, "http://", 7) && efs_tp_metrics_get(url + 7, &text) == 0) {
+			snap_text(s, text, etcd_prefixes);
+			if (m == 0)
+				snap_text(s, text, etcd0_prefixes);
+		}
+		free(text);
+	}
+}
+
+static double snap_get(const struct snap *s, const char *key)
+{
+	for (int k = 0; k < s->n; k++)
+		if (!strcmp(s->key[k], key))
+			return s->v[k];
+	return 0;
+}
+
+/* etcd commits between two snapshots (-1: unreadable). */
+static double snap_commits(const struct snap *a, const struct snap *b)
+{
+	return a->rev >= 0 && b->rev >= 0 ? b->rev - a->rev : -1;
+}
+
+/* With --counters: every counter that moved between |a| and |b|, per |per|
+ * units of work (e.g. per handover), so that each section shows what it
+ * cost whom. */
+static bool show_counters;
+
+static void snap_print(const struct snap *a, const struct snap *b, double per, const char *unit)
+{
+	if (!show_counters || per <= 0)
+		return;
+	printf("    counters moved (whole cluster; per %s):\n", unit);
+	for (int k = 0; k < b->n; k++) {
+		double d = b->v[k] - snap_get(a, b->key[k]);
+
+		if (strstr(b->key[k], "grpc_type=\"bidi_stream\""))
+			continue;
+		if (d > 0)
+			printf("      %-100s %10.0f  %8.2f\n", b->key[k], d, d / per);
+	}
+}
+
+/* ---- Lock ping-pong ---- */
+
+/*
+ * Nodes take turns (A, B, A, ... or A, B, C, A, ...) on one file each
+ * keeps open: a step writes a 16-byte record k at offset 16 k and reads
+ * back records k - 1 and k, which must be the previous node's and its
+ * own. The write takes the exclusive lock over from the previous writer
+ * (whose state is published on the way); the read back is served under
+ * it. At most |rounds| steps and |ms| milliseconds.
+ */
+static void pingpong(int nodes, int rounds, unsigned ms)
+{
+	uint64_t *us = calloc((size_t)rounds, sizeof(uint64_t));
+	int fd[EFS_CL_MAX_NODES];
+	struct snap s0, s1;
+	uint64_t t0, t1;
+	char name[16], what[80];
+	int steps = 0;
+	double commits;
+
+	if (!us)
+		die("calloc", "");
+	snprintf(name, sizeof(name), "pp%d", nodes);
+	put(P(0, name), "");
+	for (int i = 0; i < nodes; i++) {
+		fd[i] = open(P(i, name), O_RDWR | O_CLOEXEC);
+		if (fd[i] < 0)
+			die("open", P(i, name));
+	}
+	efs_cl_sleep_ms(200);
+	snap_take(&s0);
+	t0 = now_us();
+	for (; steps < rounds && now_us() - t0 < (uint64_t)ms * 1000; steps++) {
+		int i = steps % nodes;
+		char rec[2][17], got[33] = {0};
+		uint64_t a = now_us();
+
+		snprintf(rec[1], sizeof(rec[1]), "%08d%08d", i, steps);
+		if (pwrite(fd[i], rec[1], 16, (off_t)steps * 16) != 16)
+			die("pwrite", P(i, name));
+		if (steps > 0) {
+			snprintf(rec[0], sizeof(rec[0]), "%08d%08d", (steps - 1) % nodes, steps - 1);
+			if (pread(fd[i], got, 32, (off_t)(steps - 1) * 16) != 32 ||
+			    memcmp(got, rec[0], 16) || memcmp(got + 16, rec[1], 16)) {
+				fprintf(stderr, "cluster_bench: ping-pong step %d on node %d read \"%s\"\n",
+					steps, i, got);
+				die("read back", P(i, name));
+			}
+		}
+		us[steps] = now_us() - a;
+	}
+	t1 = now_us();
+	snap_take(&s1);
+	for (int i = 0; i < nodes; i++)
+		close(fd[i]);
+	commits = snap_commits(&s0, &s1);
+	printf("lock ping-pong, %d nodes in turn (write a record, read it and the previous one back):\n",
+	       nodes);
+	printf("  %-50s %.1f per second (%d in %.2f s)\n", "handovers", steps / ((t1 - t0) / 1e6), steps,
+	       (t1 - t0) / 1e6);
+	report("  each step (its handover included)", us, (size_t)steps);
+	printf("  %-50s %.2f (etcd revision %.0f -> %.0f: every commit of every node)\n",
+	       "etcd commits per handover", commits / steps, s0.rev, s1.rev);
+	snap_print(&s0, &s1, steps, "handover");
+	snprintf(what, sizeof(what), "ping-pong %d nodes: handovers/s", nodes);
+	sum_add(what, "%.1f", steps / ((t1 - t0) / 1e6));
+	snprintf(what, sizeof(what), "ping-pong %d nodes: step median / p99", nodes);
+	sum_add(what, "%.2f / %.2f ms", median_ms(us, (size_t)steps), p99_ms(us, (size_t)steps));
+	snprintf(what, sizeof(what), "ping-pong %d nodes: etcd commits per handover", nodes);
+	sum_add(what, "%.2f (target 1)", commits / steps);
+	free(us);
+}
+
+/* ---- Profiles ---- */
+
+/* With --perf DIR: perf record -g of node |node|'s daemon into
+ * DIR/<name>.perf while a measurement runs (0: not profiling). */
+static const char *perf_dir;
+
+static pid_t perf_start(int node, const char *name)
+{
+	char out[512], pidarg[32];
+	pid_t pid;
+
+	if (!perf_dir)
+		return 0;
+	snprintf(out, sizeof(out), "%s/%s.perf", perf_dir, name);
+	snprintf(pidarg, sizeof(pidarg), "%d", (int)cl.node[node].pid);
+	pid = fork();
+	if (pid == 0) {
+		execlp("perf", "perf", "record", "-q", "-g", "-o", out, "-p", pidarg, (char *)NULL);
+		_exit(127);
+	}
+	efs_cl_sleep_ms(500); /* attached */
+	return pid < 0 ? 0 : pid;
+}
+
+static void perf_stop(pid_t pid)
+{
+	int st;
+
+	if (pid <= 0)
+		return;
+	kill(pid, SIGINT);
+	waitpid(pid, &st, 0);
+}
+
+/* ---- Cross-node handoff ---- */
+
+#define MIB (1024 * 1024)
+
+static void *mib_buf(void)
+{
+	void *buf = NULL;
+
+	if (posix_memalign(&buf, 4096, MIB) != 0)
+		die("posix_memalign", "");
+	return buf;
+}
+
+/* MiB per second of |mib| MiB in |us| microseconds. */
+static double rate(uint64_t mib, uint64_t us)
+{
+	return (double)mib / (us / 1e6);
+}
+
+/* Writes |mib| MiB sequentially to |path| (1 MiB writes, each MiB stamped
+ * with its index, then fsync); microseconds taken. */
+static uint64_t seq_write(const char *path, int flags, uint64_t mib)
+{
+	uint64_t *buf = mib_buf(), t0;
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | flags, 0644);
+
+	if (fd < 0)
+		die("open", path);
+	memset(buf, 'h', MIB);
+	t0 = now_us();
+	for (uint64_t k = 0; k < mib; k++) {
+		buf[0] = k;
+		if (write(fd, buf, MIB) != MIB)
+			die("write", path);
+	}
+	if (fsync(fd) < 0)
+		die("fsync", path);
+	t0 = now_us() - t0;
+	close(fd);
+	free(buf);
+	return t0;
+}
+
+/* Reads |path| sequentially (1 MiB reads), checking each MiB's stamp;
+ * microseconds taken. */
+static uint64_t seq_read(const char *path, int flags, uint64_t mib)
+{
+	uint64_t *buf = mib_buf(), t0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC | flags);
+
+	if (fd < 0)
+		die("open", path);
+	t0 = now_us();
+	for (uint64_t k = 0; k < mib; k++) {
+		if (read(fd, buf, MIB) != MIB)
+			die("read", path);
+		if (buf[0] != k) {
+			fprintf(stderr, "cluster_bench: MiB %llu of %s reads stamp %llu\n",
+				(unsigned long long)k, path, (unsigned long long)buf[0]);
+			die("check", path);
+		}
+	}
+	t0 = now_us() - t0;
+	close(fd);
+	free(buf);
+	return t0;
+}
+
+/*
+ * The device's own sequential read speed where the file lives: O_DIRECT
+ * reads of 1 MiB of the image file's data regions (SEEK_DATA/SEEK_HOLE:
+ * the blocks mkfs and the nodes wrote, the handoff file among them), up
+ * to |mib| MiB; microseconds taken, the MiB read in *got.
+ */
+static uint64_t image_read(uint64_t mib, uint64_t *got)
+{
+	void *buf = mib_buf();
+	int fd = open(cl.image, O_RDONLY | O_DIRECT | O_CLOEXEC);
+	off_t pos = 0, end, hole;
+	uint64_t t0, n = 0;
+
+	if (fd < 0)
+		die("open", cl.image);
+	t0 = now_us();
+	while (n < mib && (pos = lseek(fd, pos, SEEK_DATA)) >= 0) {
+		hole = lseek(fd, pos, SEEK_HOLE);
+		pos &= ~(off_t)(MIB - 1);
+		for (end = hole; pos < end && n < mib; pos += MIB, n++)
+			if (pread(fd, buf, MIB, pos) <= 0)
+				die("pread", cl.image);
+	}
+	t0 = now_us() - t0;
+	close(fd);
+	free(buf);
+	*got = n;
+	return t0;
+}
+
+/* One node's rate against the device's, printed and in the summary. */
+static void handoff_line(const char *what, const char *sum_what, double mibs, double dev)
+{
+	printf("  %-50s %8.1f MiB/s  %.2fx device\n", what, mibs, mibs / dev);
+	sum_add(sum_what, "%.0f MiB/s = %.2fx device (target 0.8x)", mibs, mibs / dev);
+}
+
+/*
+ * Node A writes |mib| MiB and fsyncs; node B reads the file with O_DIRECT,
+ * node C through its page cache; each against the device measured in the
+ * same run: an O_DIRECT write of the same size to a scratch file beside
+ * the image, and O_DIRECT reads of the image's data (before B and after
+ * C; their mean is the baseline).
+ */
+static void handoff(uint64_t mib)
+{
+	char scratch[400];
+	uint64_t wa, wraw, rb, rc, rd0, rd1, g0, g1;
+	double dev_r, dev_w;
+	struct snap s0, s1;
+	pid_t perf;
+
+	snprintf(scratch, sizeof(scratch), "%s/raw-scratch", cl.dir);
+	wraw = seq_write(scratch, O_DIRECT, mib);
+	unlink(scratch);
+	wa = seq_write(P(0, "big"), 0, mib);
+	rd0 = image_read(mib, &g0);
+	perf = perf_start(1, "handoff-B");
+	snap_take(&s0);
+	rb = seq_read(P(1, "big"), O_DIRECT, mib);
+	snap_take(&s1);
+	perf_stop(perf);
+	rc = seq_read(P(2, "big"), 0, mib);
+	rd1 = image_read(mib, &g1);
+	dev_r = (rate(g0, rd0) + rate(g1, rd1)) / 2;
+	dev_w = rate(mib, wraw);
+	printf("handoff (%llu MiB, 1 MiB requests, one process at a time):\n", (unsigned long long)mib);
+	printf("  %-50s %8.1f MiB/s\n", "device: O_DIRECT write + fsync, scratch file", dev_w);
+	printf("  %-50s %8.1f MiB/s (%.1f before B, %.1f after C)\n",
+	       "device: O_DIRECT read of the image's data", dev_r, rate(g0, rd0), rate(g1, rd1));
+	sum_add("handoff: device read / write (O_DIRECT)", "%.0f / %.0f MiB/s", dev_r, dev_w);
+	handoff_line("A writes it (write + fsync)", "handoff: A write + fsync", rate(mib, wa), dev_w);
+	handoff_line("B reads it with O_DIRECT", "handoff: B O_DIRECT read", rate(mib, rb), dev_r);
+	handoff_line("C reads it through its page cache", "handoff: C page-cache read", rate(mib, rc),
+		     dev_r);
+	snap_print(&s0, &s1, (double)mib, "MiB B read");
+}
+
+/* ---- Metadata scaling ---- */
+
+enum { PH_CREATE, PH_STAT, PH_UNLINK, PH_N };
+static const char *const ph_name[PH_N] = {"create", "stat", "unlink"};
+
+struct ph_result {
+	uint64_t ops, us;
+};
+
+/*
+ * One worker on node |node|: for each phase, waits for the go byte on
+ * |in|, then creates (stats, unlinks) "<dir>/w<node>_<k>" for k below
+ * |files| (the phase stops early after |ms|; the later phases only touch
+ * what was created) and writes a struct ph_result to |out|.
+ */
+static void scale_worker(int node, const char *dir, int files, unsigned ms, int in, int out)
+{
+	int made = files;
+
+	for (int ph = 0; ph < PH_N; ph++) {
+		struct ph_result res = {0};
+		uint64_t t0;
+		char go, path[600];
+		int k;
+
+		if (read(in, &go, 1) != 1)
+			_exit(1);
+		t0 = now_us();
+		for (k = 0; k < made && now_us() - t0 < (uint64_t)ms * 1000; k++) {
+			struct stat st;
+			int fd;
+
+			snprintf(path, sizeof(path), "%s/w%d_%d", dir, node, k);
+			if (ph == PH_CREATE) {
+				fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+				if (fd >= 0 && close(fd) == 0)
+					continue;
+			} else if ((ph == PH_STAT ? stat(path, &st) : unlink(path)) == 0) {
+				continue;
+			}
+			fprintf(stderr, "cluster_bench: %s %s: %s\n", ph_name[ph], path, strerror(errno));
+			break;
+		}
+		if (ph == PH_CREATE)
+			made = k;
+		res.ops = (uint64_t)k;
+		res.us = now_us() - t0;
+		if (write(out, &res, sizeof(res)) != sizeof(res))
+			_exit(1);
+	}
+	_exit(0);
+}
+
+/* One configuration: |nodes| workers, in one directory or one each. */
+static void scale_run(int nodes, bool shared, int files, unsigned ms)
+{
+	static int cfg;
+	int to[EFS_CL_MAX_NODES], from[EFS_CL_MAX_NODES];
+	pid_t pid[EFS_CL_MAX_NODES];
+	char rel[64], dir[EFS_CL_MAX_NODES][512], line[256], what[80];
+	int len;
+
+	cfg++;
+	for (int i = 0; i < nodes; i++) {
+		int p1[2], p2[2];
+
+		if (shared)
+			snprintf(rel, sizeof(rel), "sc%d", cfg);
+		else
+			snprintf(rel, sizeof(rel), "sc%d_%d", cfg, i);
+		/* Each own directory is made by its node; the shared one by A. */
+		if ((i == 0 || !shared) && mkdir(P(i, rel), 0755) < 0)
+			die("mkdir", P(i, rel));
+		snprintf(dir[i], sizeof(dir[i]), "%s", P(i, rel));
+		if (pipe(p1) < 0 || pipe(p2) < 0)
+			die("pipe", "");
+		pid[i] = fork();
+		if (pid[i] < 0)
+			die("fork", "");
+		if (pid[i] == 0) {
+			close(p1[1]);
+			close(p2[0]);
+			scale_worker(i, dir[i], files, ms, p1[0], p2[1]);
+		}
+		close(p1[0]);
+		close(p2[1]);
+		to[i] = p1[1];
+		from[i] = p2[0];
+	}
+	efs_cl_sleep_ms(200);
+	len = snprintf(line, sizeof(line), "  %d node%s, %-9s", nodes, nodes > 1 ? "s" : " ",
+		       shared ? "one dir" : "own dirs");
+	for (int ph = 0; ph < PH_N; ph++) {
+		struct snap s0, s1;
+		uint64_t ops = 0, us = 0;
+		double commits;
+
+		snap_take(&s0);
+		for (int i = 0; i < nodes; i++)
+			if (write(to[i], "g", 1) != 1)
+				die("write", "pipe");
+		for (int i = 0; i < nodes; i++) {
+			struct ph_result res;
+
+			if (read(from[i], &res, sizeof(res)) != sizeof(res))
+				die("worker", dir[i]);
+			ops += res.ops;
+			if (res.us > us)
+				us = res.us;
+		}
+		snap_take(&s1);
+		commits = snap_commits(&s0, &s1);
+		len += snprintf(line + len, sizeof(line) - (size_t)len, " | %8.0f %6.2f",
+				ops / (us / 1e6), ops ? commits / (double)ops : 0);
+		snprintf(what, sizeof(what), "scaling %s, %d node%s, %s: ops/s, commits/op",
+			 ph_name[ph], nodes, nodes > 1 ? "s" : "", shared ? "one dir" : "own dirs");
+		sum_add(what, "%.0f, %.2f (%llu ops)", ops / (us / 1e6), ops ? commits / (double)ops : 0,
+			(unsigned long long)ops);
+		if (show_counters && ops) {
+			printf("  %d nodes, %s, %s:\n", nodes, shared ? "one dir" : "own dirs", ph_name[ph]);
+			snap_print(&s0, &s1, (double)ops, "op");
+		}
+	}
+	for (int i = 0; i < nodes; i++) {
+		int st;
+
+		close(to[i]);
+		close(from[i]);
+		waitpid(pid[i], &st, 0);
+	}
+	printf("%s\n", line);
+}
+
+/*
+ * Metadata ops/s (create, stat, unlink of empty files; one process per
+ * node, every process at once, |files| each, a phase stopping after |ms|)
+ * at 1, 2 and 3 nodes, in one shared directory and in one directory per
+ * node. ops/s is the sum of the processes' operations over the slowest
+ * one's time.
+ */
+static void scaling(int files, unsigned ms)
+{
+	printf("metadata scaling (%d files per process, a phase stops after %u ms; ops/s, etcd commits "
+	       "per op):\n", files, ms);
+	printf("  %-20s | %15s | %15s | %15s\n", "", "create", "stat", "unlink");
+	scale_run(1, false, files, ms);
+	for (int n = 2; n <= cl.n; n++) {
+		scale_run(n, true, files, ms);
+		scale_run(n, false, files, ms);
+	}
+}
+
+static const char *const sections[] = {"local", "handover", "pingpong", "handoff", "scaling",
+					"takeover", NULL};
+
+/* The bit of each section named in the comma-separated |list|; -1 when a
+ * name is unknown. */
+static int parse_only(const char *list)
+{
+	char buf[256], *save, *tok;
+	int mask = 0;
+
+	snprintf(buf, sizeof(buf), "%s", list);
+	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		int k;
+
+		for (k = 0; sections[k] && strcmp(sections[k], tok); k++)
+			;
+		if (!sections[k]) {
+			fprintf(stderr, "cluster_bench: unknown section %s\n", tok);
+			return -1;
+		}
+		mask |= 1 << k;
+	}
+	return mask;
+}
+
+enum { S_LOCAL = 1, S_HANDOVER = 2, S_PINGPONG = 4, S_HANDOFF = 8, S_SCALING = 16, S_TAKEOVER = 32 };
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: cluster_bench [--only local,handover,pingpong,handoff,scaling,takeover]\n"
+			"       [--rounds N] [--takeovers N] [--pingpong-ms MS] [--handoff-mib N]\n"
+			"       [--files N] [--phase-ms MS] [--cache-timeout MS] [--counters]\n"
+			"       [--perf DIR]\n");
 }
 
 int main(int argc, char **argv)
 {
 	struct efs_cl_opts o = {.nodes = 3};
-	int rounds = 100, takeovers = 7;
+	int rounds = 50, takeovers = 5, only = -1, files = 200, handoff_mib = 256;
+	unsigned pp_ms = 5000, phase_ms = 4000;
 	static const char *mount_args[3];
 
 	for (int i = 1; i < argc; i++) {
@@ -449,19 +1010,33 @@ int main(int argc, char **argv)
 			rounds = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--takeovers") && i + 1 < argc)
 			takeovers = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--cache-timeout") && i + 1 < argc) {
+		else if (!strcmp(argv[i], "--pingpong-ms") && i + 1 < argc)
+			pp_ms = (unsigned)atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--handoff-mib") && i + 1 < argc)
+			handoff_mib = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--files") && i + 1 < argc)
+			files = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--phase-ms") && i + 1 < argc)
+			phase_ms = (unsigned)atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--perf") && i + 1 < argc)
+			perf_dir = argv[++i];
+		else if (!strcmp(argv[i], "--counters"))
+			show_counters = true;
+		else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
+			only = parse_only(argv[++i]);
+			if (only < 0)
+				return 2;
+		} else if (!strcmp(argv[i], "--cache-timeout") && i + 1 < argc) {
 			mount_args[0] = "--cache-timeout";
 			mount_args[1] = argv[++i];
 			o.mount_args = mount_args;
-		}
-		else {
-			fprintf(stderr, "usage: cluster_bench [--rounds N] [--takeovers N] "
-					"[--cache-timeout MS]\n");
+		} else {
+			usage();
 			return 2;
 		}
 	}
-	if (rounds < 1 || takeovers < 1) {
-		fprintf(stderr, "cluster_bench: --rounds and --takeovers must be at least 1\n");
+	if (rounds < 1 || takeovers < 1 || files < 1 || handoff_mib < 1 || pp_ms < 1 || phase_ms < 1) {
+		fprintf(stderr, "cluster_bench: every count and time must be at least 1\n");
 		return 2;
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -478,14 +1053,36 @@ int main(int argc, char **argv)
 			setenv("ETCFS_BUILD_ROOT", exe, 0);
 		}
 	}
+	/* Room for the handoff file and the rest (sparse: costs what is
+	 * written). */
+	o.image = ((uint64_t)handoff_mib + 512) << 20;
 	efs_cl_start(&cl, &o);
-	printf("cluster: 3 etcfsd nodes, one sparse image in /tmp, 3-member etcd (data in /dev/shm) at %s\n"
+	printf("cluster: 3 etcfsd nodes, one sparse image in %s (ext4 or whatever holds /tmp), "
+	       "3-member etcd (data in /dev/shm) at %s\n"
 	       "kernel cache timeout under a held lock: %s\n",
-	       cl.endpoints, o.mount_args ? mount_args[1] : "default (TTL/4: 500 ms)");
-	local_metadata();
-	handover(rounds, false);
-	handover(rounds, true);
-	pingpong(rounds);
-	takeover(takeovers);
+	       cl.dir, cl.endpoints, o.mount_args ? mount_args[1] : "default (TTL/4: 500 ms)");
+	printf("etcfsd pids: A %d, B %d, C %d\n", (int)cl.node[0].pid, (int)cl.node[1].pid,
+	       (int)cl.node[2].pid);
+	if (only & S_LOCAL)
+		local_metadata();
+	if (only & S_HANDOVER) {
+		handover(rounds, false);
+		handover(rounds, true);
+	}
+	if (only & S_PINGPONG) {
+		pingpong(2, 100000, pp_ms);
+		pingpong(3, 100000, pp_ms);
+	}
+	if (only & S_HANDOFF)
+		handoff((uint64_t)handoff_mib);
+	if (only & S_SCALING)
+		scaling(files, phase_ms);
+	if (only & S_TAKEOVER)
+		takeover(takeovers);
+	if (sum_n) {
+		printf("\nsummary (one run; absolute figures, devices measured in the same run):\n");
+		for (int k = 0; k < sum_n; k++)
+			printf("  %-58s %s\n", sum_row[k].what, sum_row[k].value);
+	}
 	return efs_cl_stop(&cl) ? 0 : 1;
 }
