@@ -455,7 +455,8 @@ struct snap {
 
 static const char *const node_prefixes[] = {
 	"etcfs_etcd_txns_total", "etcfs_lock_", "etcfs_fuse_ops_total", "etcfs_dev_ios_total",
-	"etcfs_dev_bytes_total", "etcfs_op_retries_total", "etcfs_data_publish_txns_total", NULL,
+	"etcfs_dev_bytes_total", "etcfs_op_retries_total", "etcfs_data_publish_txns_total",
+	"etcfs_fuse_op_seconds_sum", "etcfs_fuse_op_seconds_count", NULL,
 };
 /* Requests every member served (OK only: the codes are pre-registered),
  * and what member 0 applied (every member applies the same). */
@@ -484,8 +485,8 @@ static void snap_add(struct snap *s, const char *line, size_t len, double v)
 	s->v[k] += v;
 }
 
-/* Adds the matching samples of one /metrics text; histograms' buckets and
- * gauges are left out (only counters, *_total, add up meaningfully). */
+/* Adds the matching samples of one /metrics text: counters (*_total) and
+ * histograms' sums and counts (their buckets and gauges are left out). */
 static void snap_text(struct snap *s, const char *text, const char *const *prefixes)
 {
 	for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
@@ -496,7 +497,9 @@ static void snap_text(struct snap *s, const char *text, const char *const *prefi
 			continue;
 		for (int k = 0; prefixes[k] && !match; k++)
 			match = strncmp(p, prefixes[k], strlen(prefixes[k])) == 0;
-		if (match && memmem(p, (size_t)(sp - p), "_total", 6))
+		if (match && (memmem(p, (size_t)(sp - p), "_total", 6) ||
+			      memmem(p, (size_t)(sp - p), "_sum", 4) ||
+			      memmem(p, (size_t)(sp - p), "_count", 6)))
 			snap_add(s, p, (size_t)(sp - p), strtod(sp + 1, NULL));
 	}
 }
@@ -554,7 +557,7 @@ static void snap_print(const struct snap *a, const struct snap *b, double per, c
 		if (strstr(b->key[k], "grpc_type=\"bidi_stream\""))
 			continue;
 		if (d > 0)
-			printf("      %-100s %10.0f  %8.2f\n", b->key[k], d, d / per);
+			printf("      %-100s %12.6g  %10.4g\n", b->key[k], d, d / per);
 	}
 }
 
