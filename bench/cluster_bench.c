@@ -785,7 +785,7 @@ static void handoff(uint64_t mib)
 	char scratch[400];
 	uint64_t wa, wraw, rb, rc, rd0, rd1, g0, g1;
 	double dev_r, dev_w;
-	struct snap s0, s1;
+	static struct snap s0, s1, s2;
 	pid_t perf;
 
 	snprintf(scratch, sizeof(scratch), "%s/raw-scratch", cl.dir);
@@ -799,6 +799,7 @@ static void handoff(uint64_t mib)
 	snap_take(&s1);
 	perf_stop(perf);
 	rc = seq_read(P(2, "big"), 0, mib);
+	snap_take(&s2);
 	rd1 = image_read(mib, &g1);
 	dev_r = (rate(g0, rd0) + rate(g1, rd1)) / 2;
 	dev_w = rate(mib, wraw);
@@ -812,6 +813,7 @@ static void handoff(uint64_t mib)
 	handoff_line("C reads it through its page cache", "handoff: C page-cache read", rate(mib, rc),
 		     dev_r);
 	snap_print(&s0, &s1, (double)mib, "MiB B read");
+	snap_print(&s1, &s2, (double)mib, "MiB C read");
 }
 
 /* ---- Metadata scaling ---- */
