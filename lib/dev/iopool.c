@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -135,11 +136,101 @@ int efs_dev_open_data(const char *path, bool rw, bool *direct)
 	return fd;
 }
 
-void *efs_io_buf_alloc(size_t len)
+/*
+ * Freed large buffers are kept for reuse, at most IOBUF_KEEP of them and
+ * IOBUF_KEEP_BYTES in all. A large allocation is a fresh mapping whose
+ * every page faults in on first touch (the zero-fill here, or the device
+ * read) and is unmapped again at free: a 1 MiB read paid more for that
+ * than for its device I/O and the copy to the kernel together, on the loop
+ * thread. Sizes from IOBUF_MIN (glibc's default mmap threshold) up are
+ * rounded to a multiple of it so that the common sizes match; smaller
+ * buffers go back to malloc, which recycles them itself. Sanitizer builds
+ * keep nothing, so that a use after free of an I/O buffer stays visible.
+ */
+#define IOBUF_MIN	 ((size_t)128 << 10)
+#define IOBUF_KEEP	 8
+#define IOBUF_KEEP_BYTES ((size_t)8 << 20)
+#if defined(__SANITIZE_ADDRESS__)
+#define IOBUF_KEEP_ON false
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define IOBUF_KEEP_ON false
+#endif
+#endif
+#ifndef IOBUF_KEEP_ON
+#define IOBUF_KEEP_ON true
+#endif
+
+/* Protected by iobuf_mu; oldest first. */
+static pthread_mutex_t iobuf_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+	void *buf;
+	size_t size; /* malloc_usable_size */
+} iobuf_kept[IOBUF_KEEP];
+static size_t iobuf_nkept, iobuf_bytes;
+
+static void iobuf_drop_locked(size_t k)
+{
+	iobuf_bytes -= iobuf_kept[k].size;
+	memmove(&iobuf_kept[k], &iobuf_kept[k + 1], (iobuf_nkept - k - 1) * sizeof(iobuf_kept[0]));
+	iobuf_nkept--;
+}
+
+/* A kept buffer of at least |size| bytes and not much more (a quarter and
+ * one rounding step: a 1 MiB read and one that is not block-aligned share
+ * their buffers), or NULL. */
+static void *iobuf_take(size_t size)
 {
 	void *buf = NULL;
 
-	if (posix_memalign(&buf, EFS_IO_ALIGN, len ? len : 1) != 0)
+	if (!IOBUF_KEEP_ON || size < IOBUF_MIN)
+		return NULL;
+	pthread_mutex_lock(&iobuf_mu);
+	for (size_t k = iobuf_nkept; k-- > 0;) {
+		if (iobuf_kept[k].size >= size &&
+		    iobuf_kept[k].size - size <= size / 4 + IOBUF_MIN) {
+			buf = iobuf_kept[k].buf;
+			iobuf_drop_locked(k);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&iobuf_mu);
+	return buf;
+}
+
+/* Keeps |buf| for reuse (true), making room by freeing the oldest kept;
+ * false when it is not kept (small, or larger than the whole allowance). */
+static bool iobuf_keep(void *buf)
+{
+	size_t size = malloc_usable_size(buf);
+	void *old[IOBUF_KEEP];
+	size_t nold = 0;
+
+	if (!IOBUF_KEEP_ON || size < IOBUF_MIN || size > IOBUF_KEEP_BYTES)
+		return false;
+	pthread_mutex_lock(&iobuf_mu);
+	while (iobuf_nkept == IOBUF_KEEP || iobuf_bytes + size > IOBUF_KEEP_BYTES) {
+		old[nold++] = iobuf_kept[0].buf;
+		iobuf_drop_locked(0);
+	}
+	iobuf_kept[iobuf_nkept].buf = buf;
+	iobuf_kept[iobuf_nkept++].size = size;
+	iobuf_bytes += size;
+	pthread_mutex_unlock(&iobuf_mu);
+	while (nold)
+		free(old[--nold]);
+	return true;
+}
+
+void *efs_io_buf_alloc(size_t len)
+{
+	size_t size = len ? len : 1;
+	void *buf;
+
+	if (size >= IOBUF_MIN)
+		size = (size + IOBUF_MIN - 1) / IOBUF_MIN * IOBUF_MIN;
+	buf = iobuf_take(size);
+	if (!buf && posix_memalign(&buf, EFS_IO_ALIGN, size) != 0)
 		return NULL;
 	memset(buf, 0, len);
 	return buf;
@@ -147,6 +238,8 @@ void *efs_io_buf_alloc(size_t len)
 
 void efs_io_buf_free(void *buf)
 {
+	if (buf && iobuf_keep(buf))
+		return;
 	free(buf);
 }
 

@@ -137,7 +137,8 @@ struct efs_iopool *efs_iopool_free(struct efs_iopool *p);
 /*
  * Aligned buffers for direct I/O (EFS_IO_ALIGN, zero-filled); NULL on
  * ENOMEM. These come from posix_memalign, not efs_mem (efs_mem_fail_after
- * does not reach them): free them with efs_io_buf_free only.
+ * does not reach them): free them with efs_io_buf_free only, which keeps
+ * a few large ones (8 MiB in all) for the next allocations. Thread-safe.
  */
 void *efs_io_buf_alloc(size_t len);
 void efs_io_buf_free(void *buf);

@@ -715,3 +715,64 @@ Test(iopool, sync_after_writes)
 	efs_io_buf_free(rbuf);
 	efs_test_assert_no_leaks();
 }
+
+/* Whether every byte of |buf| is zero. */
+static bool all_zero(const uint8_t *buf, size_t len)
+{
+	for (size_t k = 0; k < len; k++)
+		if (buf[k])
+			return false;
+	return true;
+}
+
+/* A large buffer freed is handed out again (no fresh mapping to fault in),
+ * zero-filled like a new one; sanitizer builds keep none. */
+Test(iopool, large_buffers_are_reused_zero_filled)
+{
+	const size_t len = (1u << 20) + 4096; /* a 1 MiB read that is not aligned */
+	uint8_t *a = efs_io_buf_alloc(len), *b;
+	bool asan = false;
+
+#if defined(__SANITIZE_ADDRESS__)
+	asan = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+	asan = true;
+#endif
+#endif
+	cr_assert_not_null(a);
+	cr_assert(all_zero(a, len));
+	memset(a, 0xa5, len);
+	efs_io_buf_free(a);
+	b = efs_io_buf_alloc(1u << 20); /* an aligned 1 MiB read */
+	cr_assert_not_null(b);
+	cr_assert(all_zero(b, 1u << 20), "a reused buffer must come back zero-filled");
+	if (asan)
+		cr_log_info("sanitizer build: buffers are not kept, reuse not checked");
+	else
+		cr_assert_eq(b, a, "the freed 1 MiB buffer was not reused");
+	efs_io_buf_free(b);
+}
+
+/* More large buffers freed at once than are kept, written over first:
+ * whichever are kept, each comes back zero-filled. */
+Test(iopool, many_large_buffers_come_back_zero_filled)
+{
+	enum { N = 32 };
+	void *buf[N];
+
+	for (int k = 0; k < N; k++) {
+		buf[k] = efs_io_buf_alloc((size_t)1 << 20);
+		cr_assert_not_null(buf[k]);
+		memset(buf[k], 0xa5, (size_t)1 << 20);
+	}
+	for (int k = 0; k < N; k++)
+		efs_io_buf_free(buf[k]);
+	for (int k = 0; k < N; k++) {
+		buf[k] = efs_io_buf_alloc((size_t)1 << 20);
+		cr_assert(all_zero(buf[k], (size_t)1 << 20));
+		memset(buf[k], 0x5a, (size_t)1 << 20);
+	}
+	for (int k = 0; k < N; k++)
+		efs_io_buf_free(buf[k]);
+}
