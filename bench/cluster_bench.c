@@ -636,7 +636,8 @@ static void pingpong(int nodes, int rounds, unsigned ms)
 
 /* ---- Profiles ---- */
 
-/* With --perf DIR: perf record -g of node |node|'s daemon into
+/* With --perf DIR: perf record -g of node |node|'s daemon (A for the
+ * handoff's write, B for its O_DIRECT read) into
  * DIR/<name>.perf while a measurement runs (0: not profiling). */
 static const char *perf_dir;
 
@@ -791,7 +792,9 @@ static void handoff(uint64_t mib)
 	snprintf(scratch, sizeof(scratch), "%s/raw-scratch", cl.dir);
 	wraw = seq_write(scratch, O_DIRECT, mib);
 	unlink(scratch);
+	perf = perf_start(0, "handoff-A");
 	wa = seq_write(P(0, "big"), 0, mib);
+	perf_stop(perf);
 	rd0 = image_read(mib, &g0);
 	perf = perf_start(1, "handoff-B");
 	snap_take(&s0);
