@@ -802,14 +802,16 @@ static void handoff(uint64_t mib)
 	char scratch[400];
 	uint64_t wa, wraw, rb, rc;
 	double dev[3], dev_r, dev_w;
-	static struct snap s0, s1, s2;
+	static struct snap sa, sa1, s0, s1, s2;
 	pid_t perf;
 
 	snprintf(scratch, sizeof(scratch), "%s/raw-scratch", cl.dir);
 	wraw = seq_write(scratch, O_DIRECT, mib);
 	unlink(scratch);
 	perf = perf_start(0, "handoff-A");
+	snap_take(&sa);
 	wa = seq_write(P(0, "big"), 0, mib);
+	snap_take(&sa1);
 	perf_stop(perf);
 	dev[0] = image_rate(mib);
 	perf = perf_start(1, "handoff-B");
@@ -832,6 +834,7 @@ static void handoff(uint64_t mib)
 	handoff_line("B reads it with O_DIRECT", "handoff: B O_DIRECT read", rate(mib, rb), dev_r);
 	handoff_line("C reads it through its page cache", "handoff: C page-cache read", rate(mib, rc),
 		     dev_r);
+	snap_print(&sa, &sa1, (double)mib, "MiB A wrote");
 	snap_print(&s0, &s1, (double)mib, "MiB B read");
 	snap_print(&s1, &s2, (double)mib, "MiB C read");
 }
