@@ -535,10 +535,11 @@ static double snap_get(const struct snap *s, const char *key)
 	return 0;
 }
 
-/* etcd commits between two snapshots (-1: unreadable). */
-static double snap_commits(const struct snap *a, const struct snap *b)
+/* etcd commits between two snapshots per |per| units of work; NAN when
+ * etcd's metrics were unreadable or there was no work (printed "nan"). */
+static double snap_commits(const struct snap *a, const struct snap *b, double per)
 {
-	return a->rev >= 0 && b->rev >= 0 ? b->rev - a->rev : -1;
+	return a->rev >= 0 && b->rev >= 0 && per > 0 ? (b->rev - a->rev) / per : NAN;
 }
 
 /* With --counters: every counter that moved between |a| and |b|, per |per|
@@ -616,21 +617,21 @@ static void pingpong(int nodes, int rounds, unsigned ms)
 	snap_take(&s1);
 	for (int i = 0; i < nodes; i++)
 		close(fd[i]);
-	commits = snap_commits(&s0, &s1);
+	commits = snap_commits(&s0, &s1, steps);
 	printf("lock ping-pong, %d nodes in turn (write a record, read it and the previous one back):\n",
 	       nodes);
 	printf("  %-50s %.1f per second (%d in %.2f s)\n", "handovers", steps / ((t1 - t0) / 1e6), steps,
 	       (t1 - t0) / 1e6);
 	report("  each step (its handover included)", us, (size_t)steps);
 	printf("  %-50s %.2f (etcd revision %.0f -> %.0f: every commit of every node)\n",
-	       "etcd commits per handover", commits / steps, s0.rev, s1.rev);
+	       "etcd commits per handover", commits, s0.rev, s1.rev);
 	snap_print(&s0, &s1, steps, "handover");
 	snprintf(what, sizeof(what), "ping-pong %d nodes: handovers/s", nodes);
 	sum_add(what, "%.1f", steps / ((t1 - t0) / 1e6));
 	snprintf(what, sizeof(what), "ping-pong %d nodes: step median / p99", nodes);
 	sum_add(what, "%.2f / %.2f ms", median_ms(us, (size_t)steps), p99_ms(us, (size_t)steps));
 	snprintf(what, sizeof(what), "ping-pong %d nodes: etcd commits per handover", nodes);
-	sum_add(what, "%.2f (target 1)", commits / steps);
+	sum_add(what, "%.2f (target 1)", commits);
 	free(us);
 }
 
@@ -934,7 +935,7 @@ static void scale_run(int nodes, bool shared, int files, unsigned ms)
 	for (int ph = 0; ph < PH_N; ph++) {
 		struct snap s0, s1;
 		uint64_t ops = 0, us = 0;
-		double commits;
+		double commits, opss;
 
 		snap_take(&s0);
 		for (int i = 0; i < nodes; i++)
@@ -950,12 +951,13 @@ static void scale_run(int nodes, bool shared, int files, unsigned ms)
 				us = res.us;
 		}
 		snap_take(&s1);
-		commits = snap_commits(&s0, &s1);
-		len += snprintf(line + len, sizeof(line) - (size_t)len, " | %8.0f %6.2f",
-				ops / (us / 1e6), ops ? commits / (double)ops : 0);
+		commits = snap_commits(&s0, &s1, (double)ops);
+		opss = us ? ops / (us / 1e6) : 0;
+		len += snprintf(line + len, sizeof(line) - (size_t)len, " | %8.0f %6.2f", opss,
+				commits);
 		snprintf(what, sizeof(what), "scaling %s, %d node%s, %s: ops/s, commits/op",
 			 ph_name[ph], nodes, nodes > 1 ? "s" : "", shared ? "one dir" : "own dirs");
-		sum_add(what, "%.0f, %.2f (%llu ops)", ops / (us / 1e6), ops ? commits / (double)ops : 0,
+		sum_add(what, "%.0f, %.2f (%llu ops)", opss, commits,
 			(unsigned long long)ops);
 		if (show_counters && ops) {
 			printf("  %d nodes, %s, %s:\n", nodes, shared ? "one dir" : "own dirs", ph_name[ph]);
