@@ -1025,7 +1025,7 @@ static void usage(void)
 	fprintf(stderr, "usage: cluster_bench [--only local,handover,pingpong,handoff,scaling,takeover]\n"
 			"       [--rounds N] [--takeovers N] [--pingpong-ms MS] [--handoff-mib N]\n"
 			"       [--files N] [--phase-ms MS] [--cache-timeout MS] [--counters]\n"
-			"       [--perf DIR]\n");
+			"       [--perf DIR] [--daemon-arg ARG]...\n");
 }
 
 int main(int argc, char **argv)
@@ -1033,7 +1033,9 @@ int main(int argc, char **argv)
 	struct efs_cl_opts o = {.nodes = 3};
 	int rounds = 50, takeovers = 5, only = -1, files = 200, handoff_mib = 256;
 	unsigned pp_ms = 5000, phase_ms = 4000;
-	static const char *mount_args[3];
+	static const char *mount_args[16];
+	const char *cache_timeout = NULL;
+	int nargs = 0;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
@@ -1057,8 +1059,12 @@ int main(int argc, char **argv)
 			if (only < 0)
 				return 2;
 		} else if (!strcmp(argv[i], "--cache-timeout") && i + 1 < argc) {
-			mount_args[0] = "--cache-timeout";
-			mount_args[1] = argv[++i];
+			cache_timeout = argv[++i];
+			mount_args[nargs++] = "--cache-timeout";
+			mount_args[nargs++] = cache_timeout;
+			o.mount_args = mount_args;
+		} else if (!strcmp(argv[i], "--daemon-arg") && i + 1 < argc && nargs < 14) {
+			mount_args[nargs++] = argv[++i];
 			o.mount_args = mount_args;
 		} else {
 			usage();
@@ -1090,7 +1096,7 @@ int main(int argc, char **argv)
 	printf("cluster: 3 etcfsd nodes, one sparse image in %s (ext4 or whatever holds /tmp), "
 	       "3-member etcd (data in /dev/shm) at %s\n"
 	       "kernel cache timeout under a held lock: %s\n",
-	       cl.dir, cl.endpoints, o.mount_args ? mount_args[1] : "default (TTL/4: 500 ms)");
+	       cl.dir, cl.endpoints, cache_timeout ? cache_timeout : "default (TTL/4: 500 ms)");
 	printf("etcfsd pids: A %d, B %d, C %d\n", (int)cl.node[0].pid, (int)cl.node[1].pid,
 	       (int)cl.node[2].pid);
 	if (only & S_LOCAL)
