@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/xattr.h>
 
+#include "fs/data.h"
 #include "fs/fs-int.h"
 
 #include "config.h"
@@ -416,12 +417,18 @@ static int reply_sized(struct efs_fs_op *op, const void *buf, size_t len)
  * adds, then |answer| once it is loaded; an inode without xattrs is
  * answered at once (|none| true).
  */
-static int read_plan(struct efs_fs_op *op, int (*want)(struct efs_fs_op *op),
+static int read_plan(struct efs_fs_op *op, enum efs_lock_mode mode,
+		     int (*want)(struct efs_fs_op *op),
 		     int (*answer)(struct efs_fs_op *op, bool none))
 {
 	const Etcfs__Inode *rec = NULL;
-	int r = efs_fs_plan_shared(op, &rec);
+	int r;
 
+	if (mode == EFS_LOCK_EXCLUSIVE && op->loads_done == 0) {
+		r = efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
+		return r < 0 ? r : 0;
+	}
+	r = efs_fs_plan_shared(op, &rec);
 	if (r <= 0)
 		return r;
 	if (op->nkv == 0)
@@ -438,9 +445,28 @@ static int get_answer(struct efs_fs_op *op, bool none)
 	return reply_sized(op, op->kv[0].val, op->kv[0].val_len);
 }
 
+/*
+ * The kernel asks for security.capability before every write, to drop
+ * privileges. On a node that has the file open for writing the write
+ * comes next and takes the exclusive lock, so the question takes it now:
+ * under a shared lock it would recall the last writer's exclusive hold
+ * only for the write to recall that shared hold again, two handovers
+ * where one does.
+ */
+static enum efs_lock_mode get_mode(struct efs_fs_op *op)
+{
+	static const char cap[] = "security.capability";
+	const struct xattr_op *xop = xop_of(op);
+
+	if (xop->name_len == sizeof(cap) - 1 && memcmp(xop->name, cap, sizeof(cap) - 1) == 0 &&
+	    efs_fs_data_writing(op->fs, op->ino))
+		return EFS_LOCK_EXCLUSIVE;
+	return EFS_LOCK_SHARED;
+}
+
 static int get_plan(struct efs_fs_op *op)
 {
-	return read_plan(op, want_xattr_kv, get_answer);
+	return read_plan(op, get_mode(op), want_xattr_kv, get_answer);
 }
 
 /* Every xattr key of the inode, names only. */
@@ -484,7 +510,7 @@ static int list_answer(struct efs_fs_op *op, bool none)
 
 static int list_plan(struct efs_fs_op *op)
 {
-	return read_plan(op, want_names, list_answer);
+	return read_plan(op, EFS_LOCK_SHARED, want_names, list_answer);
 }
 
 /* The plans answer. */

@@ -563,6 +563,58 @@ static void an_append_after_another_nodes_is_read_whole_on_its_node(void)
 	close(fd);
 }
 
+static double recalls_answered(void)
+{
+	double sum = 0;
+
+	for (int i = 0; i < 2; i++) {
+		double v = efs_cl_metric(&cl, i, "etcfs_lock_recalls_total");
+
+		CL_CHECK(v >= 0, "node%d's etcfs_lock_recalls_total cannot be read", i + 1);
+		sum += v;
+	}
+	return sum;
+}
+
+/*
+ * The kernel asks for security.capability before every write; a node with
+ * the file open for writing answers it under the exclusive lock the write
+ * needs next, so two nodes taking turns writing one file recall once per
+ * turn, not twice (a shared hold for the question, then the upgrade).
+ */
+static void alternating_writers_recall_once_per_turn(void)
+{
+	enum { TURNS = 40, REC = 16 };
+	char rec[REC + 1], buf[TURNS * REC];
+	int fd[2];
+	double before, per_turn;
+
+	check_dir();
+	put_file(P(0, "turns"), "", 0);
+	for (int i = 0; i < 2; i++) {
+		fd[i] = open(P(i, "turns"), O_WRONLY | O_CLOEXEC);
+		CL_CHECK(fd[i] >= 0, "open on node%d: %s", i + 1, strerror(errno));
+	}
+	before = recalls_answered();
+	for (int k = 0; k < TURNS; k++) {
+		snprintf(rec, sizeof(rec), "node%d turn %04d", k % 2 + 1, k);
+		CL_CHECK(pwrite(fd[k % 2], rec, REC, (off_t)k * REC) == REC,
+			 "turn %d: write on node%d: %s", k, k % 2 + 1, strerror(errno));
+	}
+	per_turn = (recalls_answered() - before) / TURNS;
+	for (int i = 0; i < 2; i++)
+		close(fd[i]);
+	CL_CHECK(get_file(P(2, "turns"), buf, sizeof(buf)) == sizeof(buf), "node3 reads %s",
+		 size_views(P(2, "turns")));
+	for (int k = 0; k < TURNS; k++) {
+		snprintf(rec, sizeof(rec), "node%d turn %04d", k % 2 + 1, k);
+		CL_CHECK(memcmp(buf + k * REC, rec, REC) == 0, "turn %d: node3 reads %.16s", k,
+			 buf + k * REC);
+	}
+	CL_CHECK(per_turn <= 1.3, "%.2f recalls answered per turn (one is the handover)",
+		 per_turn);
+}
+
 #define CHUNK  (64 * 1024)
 #define CHUNKS 16
 
@@ -1524,6 +1576,7 @@ static const struct check checks[] = {
 	CHECK(a_file_open_for_writing_is_read_between_its_writes, 90, RUN_FULL),
 	CHECK(o_append_from_every_node_loses_and_tears_nothing, 180, RUN_FULL),
 	CHECK(an_append_after_another_nodes_is_read_whole_on_its_node, 60, RUN_FULL),
+	CHECK(alternating_writers_recall_once_per_turn, 60, RUN_FULL),
 	CHECK(writers_of_disjoint_ranges_keep_all_their_data, 120, RUN_FULL),
 	CHECK(fcntl_and_flock_exclude_across_nodes, 90, RUN_SUBSET),
 	CHECK(a_name_created_by_two_nodes_at_once_is_one_file, 90, RUN_FULL),
