@@ -84,7 +84,7 @@ struct state_gauge {
 };
 
 /* Lock cache counters exported (register_metrics, sync_counters). */
-#define EFS_NLOCK_COUNTERS 16
+#define EFS_NLOCK_COUNTERS 17
 
 struct daemon {
 	/* options */
@@ -121,6 +121,8 @@ struct daemon {
 	bool data_direct;
 	uint32_t flush_interval_ms;
 	uint32_t recall_bound_s;
+	uint32_t max_hold_ms;	    /* efs_lockcache_opts values (0: the default) */
+	uint32_t contended_recalls;
 	bool cache_timeout_set;	  /* --cache-timeout given */
 	uint32_t cache_timeout_ms;
 	uint32_t io_threads;
@@ -202,6 +204,11 @@ static void usage(FILE *out)
 		"  --recall-bound SECONDS   log and count (etcfs_lock_recalls_unanswered_total)\n"
 		"                           a peer's recall this node has not answered\n"
 		"                           after this long (default 30)\n"
+		"  --max-hold MS            the longest minimum hold of a lock peers recall\n"
+		"                           while it is in use (0 to 1000; 0: none; default 20)\n"
+		"  --contended-recalls N    recalls of one lock within 1 s that make it\n"
+		"                           contended: no hold, no kernel caching (0: never;\n"
+		"                           default 16)\n"
 		"  --compact-interval SECONDS  when elected, compact etcd's history this\n"
 		"                           often (default 60)\n"
 		"  --compact-retain N       revisions kept behind the current one\n"
@@ -468,6 +475,8 @@ enum {
 	OPT_LOG_FILE,
 	OPT_FLUSH_INTERVAL,
 	OPT_RECALL_BOUND,
+	OPT_MAX_HOLD,
+	OPT_CONTENDED_RECALLS,
 	OPT_CACHE_TIMEOUT,
 	OPT_IO_THREADS,
 	OPT_COMPACT_INTERVAL,
@@ -488,6 +497,8 @@ static const struct option longopts[] = {
 	{"log-file", required_argument, NULL, OPT_LOG_FILE},
 	{"flush-interval", required_argument, NULL, OPT_FLUSH_INTERVAL},
 	{"recall-bound", required_argument, NULL, OPT_RECALL_BOUND},
+	{"max-hold", required_argument, NULL, OPT_MAX_HOLD},
+	{"contended-recalls", required_argument, NULL, OPT_CONTENDED_RECALLS},
 	{"cache-timeout", required_argument, NULL, OPT_CACHE_TIMEOUT},
 	{"io-threads", required_argument, NULL, OPT_IO_THREADS},
 	{"compact-interval", required_argument, NULL, OPT_COMPACT_INTERVAL},
@@ -612,6 +623,16 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 			if (int_opt("recall-bound", optarg, "seconds", 1, 3600, &num) < 0)
 				return -EINVAL;
 			d->recall_bound_s = (uint32_t)num;
+			break;
+		case OPT_MAX_HOLD:
+			if (int_opt("max-hold", optarg, "milliseconds", 0, 1000, &num) < 0)
+				return -EINVAL;
+			d->max_hold_ms = num ? (uint32_t)num : EFS_LOCK_HOLD_OFF;
+			break;
+		case OPT_CONTENDED_RECALLS:
+			if (int_opt("contended-recalls", optarg, "a number", 0, 100000, &num) < 0)
+				return -EINVAL;
+			d->contended_recalls = num ? (uint32_t)num : EFS_LOCK_HOLD_OFF;
 			break;
 		case OPT_FLUSH_INTERVAL:
 			if (int_opt("flush-interval", optarg, "a number", 10, 600000, &num) < 0)
@@ -803,15 +824,24 @@ static double gauge_renew_max_gap(void *arg)
 	return (double)st.renew_max_gap_ns / 1e9;
 }
 
+/* The lock cache's stats (all 0 before it exists). */
+static struct efs_lockcache_stats lock_stats(const struct daemon *d)
+{
+	struct efs_lockcache_stats st = {0};
+
+	if (d->locks)
+		efs_lockcache_get_stats(d->locks, &st);
+	return st;
+}
+
 static double gauge_locks_held(void *arg)
 {
-	struct daemon *d = arg;
-	struct efs_lockcache_stats st;
+	return (double)lock_stats(arg).held;
+}
 
-	if (!d->locks)
-		return 0;
-	efs_lockcache_get_stats(d->locks, &st);
-	return (double)st.held;
+static double gauge_locks_contended(void *arg)
+{
+	return (double)lock_stats(arg).contended;
 }
 
 static double gauge_inflight(void *arg)
@@ -868,6 +898,8 @@ static void register_metrics(struct daemon *d)
 		 "for the grace period)"},
 		{"etcfs_takeover_cow_writes_total",
 		 "Writes into preallocated blocks sent copy-on-write after a takeover"},
+		{"etcfs_lock_recalls_deferred_total",
+		 "Recalls of other nodes answered only once the lock's minimum hold ended"},
 	};
 	static const char *const state_labels[6] = {
 		"state=\"starting\"",  "state=\"active\"", "state=\"suspended\"",
@@ -902,6 +934,9 @@ static void register_metrics(struct daemon *d)
 		d->m_sess[i].c = efs_metrics_counter(m, sess_names[i][0], sess_names[i][1], NULL);
 	efs_metrics_gauge_fn(m, "etcfs_lock_cache_held", "Locks held in the lock cache", NULL,
 			     gauge_locks_held, d);
+	efs_metrics_gauge_fn(m, "etcfs_lock_contended",
+			     "Locks recalled so often that they get no hold and no kernel caching",
+			     NULL, gauge_locks_contended, d);
 	for (int i = 0; i < EFS_NLOCK_COUNTERS; i++)
 		d->m_lock[i].c = efs_metrics_counter(m, lock_names[i][0], lock_names[i][1], NULL);
 	d->m_fuse_requests = efs_metrics_counter(m, "etcfs_fuse_requests_received_total",
@@ -954,6 +989,7 @@ static void sync_counters(struct daemon *d)
 		counter_sync(&d->m_lock[13], l.peer_deaths);
 		counter_sync(&d->m_lock[14], l.takeover_marked);
 		counter_sync(&d->m_lock[15], l.takeover_cow);
+		counter_sync(&d->m_lock[16], l.recalls_deferred);
 	}
 	if (d->fl) {
 		uint64_t n = efs_fuseloop_requests(d->fl);
@@ -1525,7 +1561,12 @@ static char *fuse_opt_string(struct daemon *d)
 
 static int mount_fuse(struct daemon *d)
 {
-	struct efs_lockcache_opts lo = {.ns = &d->ns, .recall_bound_ms = d->recall_bound_s * 1000};
+	struct efs_lockcache_opts lo = {
+		.ns = &d->ns,
+		.recall_bound_ms = d->recall_bound_s * 1000,
+		.max_hold_ms = d->max_hold_ms,
+		.contended_recalls = d->contended_recalls,
+	};
 	struct efs_fs_opts fo = {
 		.ns = &d->ns,
 		.sb = &d->sb,

@@ -11,6 +11,7 @@
 #include "etcd/txn.h"
 #include "etcd/watch.h"
 #include "lock/deaths.h"
+#include "lock/heat.h"
 #include "lock/lock-int.h"
 #include "lock/locktab.h"
 #include "meta/records.h"
@@ -261,6 +262,9 @@ struct efs_lockcache {
 	bool rw_listing;
 	bool recall_off; /* test switch: recall keys are not answered */
 	struct efs_deaths *deaths; /* peers' session ends (copy-on-write after takeover) */
+	struct efs_heat heat;	   /* recall history: minimum holds, contention */
+	uv_timer_t *hold_timer;	   /* recalls waiting for a minimum hold, again */
+	uint64_t hold_due_ns;	   /* ... at this time (UINT64_MAX: none waits) */
 };
 
 static struct acq *acq_of(struct efs_list *n)
@@ -344,6 +348,9 @@ static bool is_transient(int err)
 static void new_grant(struct efs_lockcache *lc, struct efs_locktab_entry *e)
 {
 	e->grant = ++lc->grant_seq;
+	e->granted_ns = now_ns();
+	e->heat_noted = false;
+	e->hold_deferred = false;
 	e->prepared = false;
 	e->voided_ns = 0;
 	e->recalled = false;
@@ -2505,11 +2512,78 @@ static void recall_done(void *arg, int status)
 	(void)status;
 }
 
+/* ---- The minimum hold (lock/heat.h) ---- */
+
+static void hold_timer_cb(uv_timer_t *t)
+{
+	struct efs_lockcache *lc = t->data;
+	struct efs_list *n;
+	struct lref *ref;
+
+	if (!lc)
+		return;
+	lc->hold_due_ns = UINT64_MAX;
+	ref = lref_get(lc->ref);
+	for (n = lc->recalls.next; n != &lc->recalls;) {
+		uint64_t ino = efs_list_entry(n, struct recall, link)->ino;
+
+		n = n->next;
+		recall_apply(lc, ino);
+		if (!ref->lc)
+			break;
+	}
+	lref_put(ref);
+}
+
+/* recall_apply runs again for every known recall at |due| (or earlier). */
+static void recall_hold_at(struct efs_lockcache *lc, uint64_t due)
+{
+	uint64_t now = now_ns();
+
+	if (due >= lc->hold_due_ns)
+		return;
+	lc->hold_due_ns = due;
+	uv_timer_start(lc->hold_timer, hold_timer_cb,
+		       due > now ? (due - now + EFS_NSEC_PER_MSEC - 1) / EFS_NSEC_PER_MSEC : 0, 0);
+}
+
+/* A lock was unpinned: one whose recall waits for its hold is idle after
+ * the idle gap, and an idle lock is not kept for the hold's sake. */
+static void recall_hold_again(struct efs_lockcache *lc)
+{
+	if (lc->hold_due_ns != UINT64_MAX)
+		recall_hold_at(lc, now_ns() + EFS_HEAT_IDLE_GAP_NS);
+}
+
+/*
+ * Whether the recall of |e| waits for the minimum hold of its grant: until
+ * then the lock is neither drained nor released, so this node's next
+ * operations still find it (a lock handed over once per operation costs
+ * each side a commit per operation). The hold never passes max_hold_ms
+ * after the grant, so a peer's wait stays bounded, and the timer answers
+ * the recall when it ends; a contended lock gets none.
+ */
+static bool hold_defers(struct efs_lockcache *lc, struct efs_locktab_entry *e, uint64_t now)
+{
+	uint64_t due = efs_heat_recall_due(&lc->heat, e->ino, e->granted_ns, e->last_used_ns,
+					   e->pins > 0, now);
+
+	if (e->recalled || now >= due) {
+		e->hold_deferred = false;
+		return false;
+	}
+	if (!e->hold_deferred)
+		lc->stats.recalls_deferred++;
+	e->hold_deferred = true;
+	recall_hold_at(lc, due);
+	return true;
+}
+
 /* Releases or downgrades |ino|'s lock when a recall key asks for it. */
 static void recall_apply(struct efs_lockcache *lc, uint64_t ino)
 {
 	enum efs_lock_mode to = EFS_LOCK_EXCLUSIVE;
-	const struct efs_locktab_entry *e;
+	struct efs_locktab_entry *e;
 	struct efs_list *n;
 	uint64_t now = now_ns();
 
@@ -2528,11 +2602,20 @@ static void recall_apply(struct efs_lockcache *lc, uint64_t ino)
 		else if (to == EFS_LOCK_EXCLUSIVE)
 			to = EFS_LOCK_SHARED;
 	}
+	if (e->mode <= (int)to)
+		e->hold_deferred = false; /* the recall went (cancelled, say) */
 	if (lc->recall_off || e->mode <= (int)to)
 		return;
 	efs_list_for_each(n, &lc->rwaiters)
 		if (rwait_of(n)->ino == ino && rwait_of(n)->to <= to)
 			return; /* asked already */
+	if (!e->heat_noted) {
+		e->heat_noted = true;
+		efs_heat_note_recall(&lc->heat, ino, e->granted_ns, now,
+				     e->pins > 0 || now < e->last_used_ns + EFS_HEAT_IDLE_GAP_NS);
+	}
+	if (hold_defers(lc, e, now))
+		return;
 	lc->stats.recalls++;
 	efs_log_debug("lock: inode %" PRIu64 ": recalled, %s", ino,
 		      to == EFS_LOCK_NONE ? "releasing" : "downgrading");
@@ -2556,6 +2639,9 @@ static void recall_event(struct efs_lockcache *lc, const Mvccpb__KeyValue *kv, b
 		if (rc) {
 			efs_list_del(&rc->link);
 			efs_mem_free(rc);
+			e = efs_locktab_find(&lc->tab, ki.ino);
+			if (e && e->hold_deferred)
+				recall_apply(lc, ki.ino); /* caching may resume */
 		}
 		return;
 	}
@@ -2712,6 +2798,14 @@ int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_et
 		lc->release_batch = EFS_ETCD_TXN_MAX_OPS - 2;
 	lc->wait_timeout_ms = o->wait_timeout_ms;
 	lc->recall_bound_ms = o->recall_bound_ms ? o->recall_bound_ms : 30000;
+	efs_heat_init(&lc->heat,
+		      o->max_hold_ms == EFS_LOCK_HOLD_OFF ? 0
+		      : (uint64_t)(o->max_hold_ms ? o->max_hold_ms : EFS_LOCK_HOLD_DEFAULT_MS) *
+			      EFS_NSEC_PER_MSEC,
+		      o->contended_recalls == EFS_LOCK_HOLD_OFF ? 0
+		      : o->contended_recalls			? o->contended_recalls
+								: EFS_LOCK_CONTENDED_DEFAULT);
+	lc->hold_due_ns = UINT64_MAX;
 	{
 		struct efs_deaths_opts dopts = {
 			.ns = &lc->ns,
@@ -2743,7 +2837,8 @@ int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_et
 	lc->kick = efs_timer_new(lc->loop, lc);
 	lc->retry = efs_timer_new(lc->loop, lc);
 	lc->rwake = efs_timer_new(lc->loop, lc);
-	if (!lc->tick || !lc->kick || !lc->retry || !lc->rwake)
+	lc->hold_timer = efs_timer_new(lc->loop, lc);
+	if (!lc->tick || !lc->kick || !lc->retry || !lc->rwake || !lc->hold_timer)
 		goto fail;
 	period = lc->idle_ms / 4;
 	if (period < TICK_MIN_MS)
@@ -2832,6 +2927,7 @@ struct efs_lockcache *efs_lockcache_free(struct efs_lockcache *lc)
 	lc->kick = efs_timer_free(lc->kick);
 	lc->retry = efs_timer_free(lc->retry);
 	lc->rwake = efs_timer_free(lc->rwake);
+	lc->hold_timer = efs_timer_free(lc->hold_timer);
 	while (lc->rwaiters.next && !efs_list_empty(&lc->rwaiters))
 		efs_mem_free(rwait_of(efs_list_pop(&lc->rwaiters)));
 	efs_locktab_done(&lc->tab);
@@ -2956,6 +3052,7 @@ void efs_lock_put(struct efs_lockcache *lc, struct efs_lock_req *req)
 	efs_list_del(&a->link);
 	efs_mem_free(a);
 	req->priv = NULL;
+	recall_hold_again(lc);
 	if (!efs_list_empty(&lc->rwaiters) || lc->n_draining)
 		release_kick(lc); /* a forced release or an upgrade may wait for this */
 	else if (lc->max_cached && lc->tab.count > lc->max_cached)
@@ -2986,7 +3083,11 @@ bool efs_lock_may_cache(const struct efs_lockcache *lc, uint64_t ino)
 {
 	const struct efs_locktab_entry *e = usable_entry(lc, ino);
 
-	if (!e || e->mode == EFS_LOCK_NONE || e->recalled)
+	if (!e || e->mode == EFS_LOCK_NONE || e->recalled || e->hold_deferred)
+		return false;
+	/* Recalled again and again: each operation takes the lock anew and
+	 * nothing is cached past it (lock/heat.h). */
+	if (efs_heat_contended(&lc->heat, ino, now_ns()))
 		return false;
 	/* A preparation that pins do not void runs its invalidation once:
 	 * nothing may be cached under it from then on. Other preparations
@@ -3308,4 +3409,5 @@ void efs_lockcache_get_stats(const struct efs_lockcache *lc, struct efs_lockcach
 	ret->peer_deaths = ds.deaths;
 	ret->takeover_marked = ds.marked;
 	ret->takeover_cow = ds.cow;
+	ret->contended = efs_heat_count_contended(&lc->heat, now_ns());
 }

@@ -189,7 +189,21 @@ struct efs_lockcache_opts {
 	uint32_t takeover_grace_ms; /* copy-on-write only, after a peer's session
 				     * ended holding an inode exclusively
 				     * (lock/deaths.h; 0: 60000) */
+	uint32_t max_hold_ms;	    /* the adaptive minimum hold of a lock a peer
+				     * recalls never grows past this (lock/heat.h; 0:
+				     * EFS_LOCK_HOLD_DEFAULT_MS, EFS_LOCK_HOLD_OFF: no
+				     * hold, recalls are answered at once) */
+	uint32_t contended_recalls; /* recalls of one lock within 1 s that make it
+				     * contended: no hold, nothing cached by the
+				     * kernel, for 2 s after its last recall (0:
+				     * EFS_LOCK_CONTENDED_DEFAULT, EFS_LOCK_HOLD_OFF:
+				     * never) */
 };
+
+/* efs_lockcache_opts.max_hold_ms and .contended_recalls: off. */
+#define EFS_LOCK_HOLD_OFF	   UINT32_MAX
+#define EFS_LOCK_HOLD_DEFAULT_MS   20
+#define EFS_LOCK_CONTENDED_DEFAULT 16
 
 /* Kinds of lock, each with its own ops; a lock is of kind 0 until
  * efs_lock_set_kind says otherwise. */
@@ -294,9 +308,11 @@ void efs_lock_note_change(struct efs_lockcache *lc, uint64_t ino);
  * must get zero timeouts). */
 enum efs_lock_mode efs_lock_held(const struct efs_lockcache *lc, uint64_t ino);
 /* Whether the kernel may be handed nonzero timeouts under the lock of
- * |ino| now: it is held, no forced release of it is asked for, and no
- * release whose preparation pins do not void (serve_while_invalidating)
- * is being prepared or prepared. */
+ * |ino| now: it is held, no forced release of it is asked for, no peer's
+ * recall of it waits for its minimum hold to end, it is not contended
+ * (recalled again and again: lock/heat.h), and no release whose
+ * preparation pins do not void (serve_while_invalidating) is being
+ * prepared or prepared. */
 bool efs_lock_may_cache(const struct efs_lockcache *lc, uint64_t ino);
 
 /*
@@ -423,6 +439,8 @@ struct efs_lockcache_stats {
 	uint64_t peer_deaths;	     /* other nodes' sessions seen ending (lock/deaths.h) */
 	uint64_t takeover_marked;    /* inodes they held exclusively, marked copy-on-write */
 	uint64_t takeover_cow;	     /* writes sent copy-on-write instead of in place */
+	uint64_t recalls_deferred;   /* recalls answered only once the minimum hold ended */
+	uint64_t contended;	     /* locks contended now (a gauge) */
 };
 void efs_lockcache_get_stats(const struct efs_lockcache *lc, struct efs_lockcache_stats *ret);
 

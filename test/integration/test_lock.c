@@ -1911,3 +1911,153 @@ Test(lock, a_takeover_from_a_peer_whose_session_ended_writes_copy_on_write_for_t
 	finish(lc1);
 	efs_test_assert_no_leaks();
 }
+
+/* ---- Minimum holds and contended locks (lock/heat.h) ---- */
+
+/* Two lock caches on two sessions (as two_nodes) with the hold options. */
+static void two_nodes_hold(struct efs_lockcache **lc1, struct efs_lockcache **lc2,
+			   uint32_t max_hold_ms, uint32_t contended_recalls)
+{
+	struct efs_lockcache_opts o = {
+		.ns = &ns,
+		.idle_ms = 60000,
+		.max_hold_ms = max_hold_ms,
+		.contended_recalls = contended_recalls,
+	};
+
+	c2 = efs_test_client_new(efs_harness_endpoints(h));
+	s2 = start_session(c2, "node2");
+	cr_assert_eq(efs_lockcache_new(lc1, &efs_test_loop, c, s, &o), 0);
+	cr_assert_eq(efs_lockcache_new(lc2, &efs_test_loop, c2, s2, &o), 0);
+}
+
+static void finish_two(struct efs_lockcache *lc1, struct efs_lockcache *lc2)
+{
+	efs_lockcache_free(lc2);
+	finish(lc1);
+}
+
+/* Recalls of other nodes |lc| answered or let wait for a hold. */
+static uint64_t recalls_seen(struct efs_lockcache *lc)
+{
+	struct efs_lockcache_stats st = lstats(lc);
+
+	return st.recalls + st.recalls_deferred;
+}
+
+/*
+ * One round of |ino| between two nodes: |lc1| takes it exclusively and is
+ * still using it (pinned) when |lc2| asks for it; once |lc1| has seen the
+ * recall, its operation ends and its next one starts at once. Returns
+ * whether that next operation found the lock still cached (a hit rather
+ * than a wait for |lc2|'s turn). Every pin is put before it returns.
+ */
+static bool bounce_round(struct efs_lockcache *lc1, struct efs_lockcache *lc2, uint64_t ino)
+{
+	struct lres a1, b1, a2;
+	uint64_t seen = recalls_seen(lc1), end = efs_test_now_ms() + 5000;
+	bool hit;
+
+	take(lc1, &a1, ino, EFS_LOCK_EXCLUSIVE);
+	cr_assert_eq(acquire1(lc2, &a2, ino, EFS_LOCK_EXCLUSIVE), 0);
+	while (recalls_seen(lc1) == seen && efs_test_now_ms() < end)
+		efs_test_run_for(1);
+	cr_assert_gt(recalls_seen(lc1), seen, "node 1 never saw node 2's recall");
+	efs_lock_put(lc1, &a1.req);
+	hit = acquire1(lc1, &b1, ino, EFS_LOCK_EXCLUSIVE) == 1;
+	if (hit)
+		efs_lock_put(lc1, &b1.req);
+	cr_assert(efs_test_run_until(&a2.done, 5000), "node 2 was never granted the lock");
+	cr_assert_eq(a2.status, 0);
+	efs_lock_put(lc2, &a2.req);
+	if (!hit) {
+		cr_assert(efs_test_run_until(&b1.done, 5000), "node 1 never got the lock back");
+		cr_assert_eq(b1.status, 0);
+		efs_lock_put(lc1, &b1.req);
+	}
+	return hit;
+}
+
+Test(lock, a_lock_recalled_in_use_again_and_again_is_held_a_minimum_time)
+{
+	struct efs_lockcache *lc1, *lc2;
+	int hits = 0;
+	bool last = false;
+
+	/* A cap well above a recall's round trip here, even under the
+	 * sanitizers (the default, 20 ms, is about one); contention off, so
+	 * that the rounds keep their hold. */
+	two_nodes_hold(&lc1, &lc2, 400, EFS_LOCK_HOLD_OFF);
+	for (int i = 0; i < 12; i++) {
+		last = bounce_round(lc1, lc2, 240);
+		hits += last;
+	}
+	cr_assert(last,
+		  "node 1's operation right after node 2's recall waited for the lock (hits in "
+		  "12 rounds: %d)",
+		  hits);
+	cr_assert_geq(lstats(lc1).recalls_deferred, 1);
+	cr_assert_eq(lstats(lc1).contended, 0);
+	/* The hold ended: node 2 was granted it every round (bounce_round). */
+	cr_assert(run_until_keys(EFS_META_K_RECALL, 240, 0, 3000), "recall keys left behind");
+	finish_two(lc1, lc2);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, without_a_minimum_hold_the_holders_next_operation_waits_for_the_recall)
+{
+	struct efs_lockcache *lc1, *lc2;
+
+	two_nodes_hold(&lc1, &lc2, EFS_LOCK_HOLD_OFF, EFS_LOCK_HOLD_OFF);
+	for (int i = 0; i < 4; i++)
+		cr_assert_not(bounce_round(lc1, lc2, 241),
+			      "round %d: node 1's next operation found the recalled lock cached", i);
+	cr_assert_eq(lstats(lc1).recalls_deferred, 0);
+	cr_assert_geq(lstats(lc1).recalls, 4);
+	finish_two(lc1, lc2);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, a_lock_recalled_again_and_again_is_contended_and_not_cached_by_the_kernel)
+{
+	struct efs_lockcache *lc1, *lc2;
+	struct lres a1, o1;
+	uint64_t deferred;
+	int rounds = 0;
+
+	two_nodes_hold(&lc1, &lc2, 0, 4);
+	while (lstats(lc1).contended == 0 && rounds < 40) {
+		bounce_round(lc1, lc2, 250);
+		rounds++;
+	}
+	cr_assert_eq(lstats(lc1).contended, 1, "not contended after %d rounds", rounds);
+	/* Held, and nobody asks for it now: still no kernel caching. */
+	take(lc1, &a1, 250, EFS_LOCK_EXCLUSIVE);
+	take(lc1, &o1, 251, EFS_LOCK_EXCLUSIVE);
+	cr_assert_not(efs_lock_may_cache(lc1, 250), "a contended lock let the kernel cache");
+	cr_assert(efs_lock_may_cache(lc1, 251), "a quiet lock did not let the kernel cache");
+	efs_lock_put(lc1, &a1.req);
+	efs_lock_put(lc1, &o1.req);
+	/* Its recall is answered at once: no hold. */
+	deferred = lstats(lc1).recalls_deferred;
+	cr_assert_not(bounce_round(lc1, lc2, 250), "a contended lock was held for its next operation");
+	cr_assert_eq(lstats(lc1).recalls_deferred, deferred);
+	finish_two(lc1, lc2);
+	efs_test_assert_no_leaks();
+}
+
+Test(lock, with_contention_tracking_off_such_a_lock_stays_cached)
+{
+	struct efs_lockcache *lc1, *lc2;
+	struct lres a1;
+
+	two_nodes_hold(&lc1, &lc2, 0, EFS_LOCK_HOLD_OFF);
+	for (int i = 0; i < 12; i++)
+		bounce_round(lc1, lc2, 252);
+	take(lc1, &a1, 252, EFS_LOCK_EXCLUSIVE);
+	cr_assert(efs_lock_may_cache(lc1, 252));
+	cr_assert_eq(lstats(lc1).contended, 0);
+	efs_lock_put(lc1, &a1.req);
+	finish_two(lc1, lc2);
+	efs_test_assert_no_leaks();
+}
