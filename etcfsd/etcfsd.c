@@ -84,7 +84,7 @@ struct state_gauge {
 };
 
 /* Lock cache counters exported (register_metrics, sync_counters). */
-#define EFS_NLOCK_COUNTERS 17
+#define EFS_NLOCK_COUNTERS 18
 
 struct daemon {
 	/* options */
@@ -900,6 +900,8 @@ static void register_metrics(struct daemon *d)
 		 "Writes into preallocated blocks sent copy-on-write after a takeover"},
 		{"etcfs_lock_recalls_deferred_total",
 		 "Recalls of other nodes answered only once the lock's minimum hold ended"},
+		{"etcfs_lock_releases_early_total",
+		 "Idle locks released by a transaction the node sent anyway (early cancel)"},
 	};
 	static const char *const state_labels[6] = {
 		"state=\"starting\"",  "state=\"active\"", "state=\"suspended\"",
@@ -990,6 +992,7 @@ static void sync_counters(struct daemon *d)
 		counter_sync(&d->m_lock[14], l.takeover_marked);
 		counter_sync(&d->m_lock[15], l.takeover_cow);
 		counter_sync(&d->m_lock[16], l.recalls_deferred);
+		counter_sync(&d->m_lock[17], l.releases_early);
 	}
 	if (d->fl) {
 		uint64_t n = efs_fuseloop_requests(d->fl);

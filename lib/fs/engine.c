@@ -429,6 +429,14 @@ static void ready_push(struct efs_fs_op *op, int state)
 
 static void report_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t rev)
 {
+	if (op->nride) {
+		efs_lock_ride_outcome(op->fs->lc, op->ride, op->nride,
+				      oc == EFS_FS_COMMITTED ? EFS_LOCK_TXN_COMMITTED
+				      : oc == EFS_FS_FAILED  ? EFS_LOCK_TXN_FAILED
+							     : EFS_LOCK_TXN_UNKNOWN,
+				      rev);
+		op->nride = 0;
+	}
 	if (op->d->outcome)
 		op->d->outcome(op, oc, rev);
 }
@@ -1724,6 +1732,9 @@ static void step_build(struct efs_fs_op *op)
 		efs_fs_op_finish(op, r == -ENOLCK ? -EIO : r == -ENOMEM ? -ENOMEM : -EIO);
 		return;
 	}
+	/* Last, after the guards: idle releases ride what goes out anyway. */
+	r = efs_lock_ride_idle(fs->lc, op->txn, op->ride, EFS_LOCK_RIDE_MAX);
+	op->nride = r > 0 ? (size_t)r : 0;
 	r = efs_etcd_txn(fs->c, efs_etcd_txn_request(op->txn), NULL, commit_cb, op);
 	if (r < 0) {
 		report_outcome(op, EFS_FS_FAILED, 0);

@@ -428,6 +428,10 @@ struct efs_fs_op {
 	struct efs_lock_req lr;
 	unsigned lock_flags; /* EFS_LOCK_F_* of its lock requests */
 	enum efs_lock_mode held_before[EFS_LOCK_REQ_MAX];
+	/* Idle locks whose releases ride its transaction (early cancel):
+	 * their outcome is told with the operation's (report_outcome). */
+	size_t nride;
+	uint64_t ride[EFS_LOCK_RIDE_MAX];
 
 	/* Inodes of the plan, in inode number order, deduplicated. */
 	size_t nslots;

@@ -379,6 +379,32 @@ enum efs_lock_txn_outcome {
 void efs_lock_release_in_txn_outcome(struct efs_lockcache *lc, uint64_t ino,
 				     enum efs_lock_txn_outcome oc, int64_t rev);
 
+/* At most this many idle releases ride one transaction. */
+#define EFS_LOCK_RIDE_MAX 8
+
+/*
+ * Early cancel: adds to |t|, a transaction this node sends anyway and
+ * that carries the session guard, the holder-key deletes of up to |max|
+ * (at most EFS_LOCK_RIDE_MAX) idle locks due for release now or nearly
+ * (within the next tick, or unused for three quarters of the idle time):
+ * held, unpinned, with no local acquisition or forced
+ * release waiting for them, no kernel cache still valid under them, and
+ * whose ops either need not run or ran since the lock was last used
+ * (nothing is released before its caches and dirty data were dealt
+ * with). Their inode numbers go to |ret_ino|, and no acquisition is
+ * served from them until the outcome is told, exactly once, with
+ * efs_lock_ride_outcome. Add them last: they stop at the transaction's
+ * operation limit. Returns how many rode (0: none), or -EINVAL.
+ */
+int efs_lock_ride_idle(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t *ret_ino,
+		       size_t max);
+/* What became of the transaction the releases of the |n| inodes |ino|
+ * rode (efs_lock_ride_idle), as for efs_lock_release_in_txn_outcome:
+ * committed, they are released; failed, they are held again and go the
+ * usual way; unknown, the lock cache settles their holder keys. */
+void efs_lock_ride_outcome(struct efs_lockcache *lc, const uint64_t *ino, size_t n,
+			   enum efs_lock_txn_outcome oc, int64_t rev);
+
 /*
  * Adds to |t| a compare that this node's holder key for |ino| in |mode|
  * still exists on the session lease (1 compare: the key's lease equals the
@@ -441,6 +467,7 @@ struct efs_lockcache_stats {
 	uint64_t takeover_cow;	     /* writes sent copy-on-write instead of in place */
 	uint64_t recalls_deferred;   /* recalls answered only once the minimum hold ended */
 	uint64_t contended;	     /* locks contended now (a gauge) */
+	uint64_t releases_early;     /* idle releases that rode another transaction */
 };
 void efs_lockcache_get_stats(const struct efs_lockcache *lc, struct efs_lockcache_stats *ret);
 

@@ -57,6 +57,7 @@ struct efs_locktab_entry {
 	uint64_t granted_ns;	  /* when its current hold was granted (monotonic) */
 	bool heat_noted;	  /* a peer's recall of this hold was noted (lock/heat.h) */
 	bool hold_deferred;	  /* ... and waits for the minimum hold to end (lock.c) */
+	bool rel_early;		  /* rel_txn: an idle release riding another transaction */
 	void *owner;		  /* for the table's user (lock.c: waiting acquisitions) */
 	/* private */
 	struct efs_locktab_entry *hnext;

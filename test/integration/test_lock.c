@@ -2061,3 +2061,109 @@ Test(lock, with_contention_tracking_off_such_a_lock_stays_cached)
 	finish_two(lc1, lc2);
 	efs_test_assert_no_leaks();
 }
+
+/* ---- Early cancel: idle releases ride other transactions ---- */
+
+/* Sends |t| (freed) through the test's own client; its revision, and
+ * whether it succeeded in |ok|. */
+static int64_t send_txn_rev(struct efs_etcd_txn *t, bool *ok)
+{
+	Etcdserverpb__TxnResponse *resp = NULL;
+	int64_t rev;
+
+	cr_assert_eq(efs_etcd_sync_txn(sc, efs_etcd_txn_request(t), &resp), 0);
+	*ok = resp->succeeded;
+	rev = resp->header ? resp->header->revision : 0;
+	efs_test_pb_free(resp);
+	efs_etcd_txn_free(t);
+	return rev;
+}
+
+/* A transaction of this node's own (the session guard and a put), as the
+ * engine sends for a create or a setattr; with |fail| its compare fails. */
+static struct efs_etcd_txn *own_txn(bool fail)
+{
+	static const char key[] = "lk-unrelated";
+	struct efs_etcd_txn *t = NULL;
+
+	cr_assert_eq(efs_etcd_txn_new(&t, 0), 0);
+	cr_assert_eq(efs_session_guard(s, t), 0);
+	if (fail)
+		cr_assert_eq(efs_etcd_txn_compare(t, EFS_ETCD_CMP_VERSION, EFS_ETCD_CMP_EQUAL, key,
+						  strlen(key), 99),
+			     0);
+	cr_assert_eq(efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, key, strlen(key), "x", 1, 0), 0);
+	return t;
+}
+
+Test(lock, an_idle_release_rides_a_transaction_that_goes_out_anyway)
+{
+	/* Idle after 4 s: riding from 3 s on (three quarters), the tick's
+	 * own release from 4 s on. */
+	struct efs_lockcache *lc = new_lc(s, c, 0, 4000, 0, 0);
+	uint64_t ino[EFS_LOCK_RIDE_MAX], t0;
+	struct lres a;
+	int64_t rev0, rev;
+	bool ok;
+	int n;
+
+	take(lc, &a, 270, EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(lc, &a.req);
+	t0 = efs_test_now_ms();
+	{
+		struct efs_etcd_txn *t = own_txn(false);
+
+		cr_assert_eq(efs_lock_ride_idle(lc, t, ino, EFS_LOCK_RIDE_MAX), 0,
+			     "a lock just used rode a transaction");
+		efs_etcd_txn_free(t);
+	}
+	while (efs_test_now_ms() < t0 + 3300)
+		efs_test_run_for(10);
+	take(lc, &a, 271, EFS_LOCK_EXCLUSIVE); /* used now: not due */
+	efs_lock_put(lc, &a.req);
+	{
+		struct efs_etcd_txn *t = own_txn(false);
+
+		rev0 = send_txn_rev(own_txn(false), &ok);
+		n = efs_lock_ride_idle(lc, t, ino, EFS_LOCK_RIDE_MAX);
+		cr_assert_eq(n, 1, "%d idle releases rode the transaction", n);
+		cr_assert_eq(ino[0], 270);
+		cr_assert_eq(efs_lock_held(lc, 270), EFS_LOCK_NONE, "served while its release rides");
+		rev = send_txn_rev(t, &ok);
+	}
+	cr_assert(ok);
+	efs_lock_ride_outcome(lc, ino, (size_t)n, EFS_LOCK_TXN_COMMITTED, rev);
+	/* One commit did both: the transaction's own put and the release. */
+	cr_assert_eq(rev, rev0 + 1);
+	cr_assert_not(holder_exists(270, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	cr_assert(holder_exists(271, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	cr_assert_eq(lstats(lc).releases_early, 1);
+	cr_assert_eq(lstats(lc).held, 1);
+	/* Past the time the tick would have released it: no release commit of
+	 * its own came. */
+	while (efs_test_now_ms() < t0 + 4600)
+		efs_test_run_for(10);
+	cr_assert_eq(lstats(lc).release_txns, 0);
+
+	/* A transaction that fails leaves the lock held; the tick releases
+	 * it the usual way later. */
+	while (efs_test_now_ms() < t0 + 3300 + 3300)
+		efs_test_run_for(10);
+	{
+		struct efs_etcd_txn *t = own_txn(true);
+
+		n = efs_lock_ride_idle(lc, t, ino, EFS_LOCK_RIDE_MAX);
+		cr_assert_eq(n, 1);
+		cr_assert_eq(ino[0], 271);
+		send_txn_rev(t, &ok);
+	}
+	cr_assert_not(ok);
+	efs_lock_ride_outcome(lc, ino, (size_t)n, EFS_LOCK_TXN_FAILED, 0);
+	cr_assert_eq(efs_lock_held(lc, 271), EFS_LOCK_EXCLUSIVE, "not held after a failed ride");
+	cr_assert(holder_exists(271, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	cr_assert(run_until_held(lc, 0, 3000), "the failed ride's lock was never released");
+	cr_assert_eq(lstats(lc).release_txns, 1);
+	cr_assert_eq(lstats(lc).releases_early, 1);
+	finish(lc);
+	efs_test_assert_no_leaks();
+}
