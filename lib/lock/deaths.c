@@ -181,7 +181,8 @@ static void marks_settle(struct efs_deaths *d)
 		if (d->marks[i].until_ns > now)
 			d->marks[k++] = d->marks[i];
 	d->n_marks = k;
-	qsort(d->marks, d->n_marks, sizeof(*d->marks), mark_cmp);
+	if (k > 1) /* |marks| is NULL until the first mark, and qsort's base may not be */
+		qsort(d->marks, d->n_marks, sizeof(*d->marks), mark_cmp);
 	d->n_sorted = k;
 }
 
