@@ -84,7 +84,7 @@ struct state_gauge {
 };
 
 /* Lock cache counters exported (register_metrics, sync_counters). */
-#define EFS_NLOCK_COUNTERS 18
+#define EFS_NLOCK_COUNTERS 19
 
 struct daemon {
 	/* options */
@@ -902,6 +902,8 @@ static void register_metrics(struct daemon *d)
 		 "Recalls of other nodes answered only once the lock's minimum hold ended"},
 		{"etcfs_lock_releases_early_total",
 		 "Idle locks released by a transaction the node sent anyway (early cancel)"},
+		{"etcfs_lock_direct_grants_total",
+		 "Waiters granted a lock by the transaction that released it"},
 	};
 	static const char *const state_labels[6] = {
 		"state=\"starting\"",  "state=\"active\"", "state=\"suspended\"",
@@ -993,6 +995,7 @@ static void sync_counters(struct daemon *d)
 		counter_sync(&d->m_lock[15], l.takeover_cow);
 		counter_sync(&d->m_lock[16], l.recalls_deferred);
 		counter_sync(&d->m_lock[17], l.releases_early);
+		counter_sync(&d->m_lock[18], l.direct_grants);
 	}
 	if (d->fl) {
 		uint64_t n = efs_fuseloop_requests(d->fl);

@@ -173,6 +173,10 @@ struct lcall {
 	size_t s_rec; /* success: index of the i/ range */
 	size_t f_l, f_w, f_i;
 	bool up_plain; /* an in-place upgrade attempt (not yielding) */
+	/* Accepting a direct grant: the mode of the holder key a release put
+	 * for us (the transaction only reads the record). */
+	bool accept;
+	enum efs_lock_mode acc_mode;
 	/* Cleanups (kind != CL_NONE), listed in lc->cleanups until ended. */
 	enum cleanup_kind kind;
 	bool waiting;		 /* to be sent again from the retry timer */
@@ -182,6 +186,7 @@ struct lcall {
 	enum efs_lock_mode keep; /* CL_SETTLE: NONE or SHARED (after an upgrade) */
 	struct lcall *c_next;
 	/* Releases. */
+	bool no_grant; /* sent again without direct grants (after an error) */
 	size_t n;
 	uint64_t ino[];
 };
@@ -261,6 +266,7 @@ struct efs_lockcache {
 	struct efs_etcd_watcher *rw;
 	bool rw_listing;
 	bool recall_off; /* test switch: recall keys are not answered */
+	bool grant_off;	 /* test switch: releases grant to no waiter */
 	struct efs_deaths *deaths; /* peers' session ends (copy-on-write after takeover) */
 	struct efs_heat heat;	   /* recall history: minimum holds, contention */
 	uv_timer_t *hold_timer;	   /* recalls waiting for a minimum hold, again */
@@ -462,23 +468,84 @@ static void watchers_free(struct acq *a)
 	a->ww = efs_etcd_watcher_free(a->ww);
 }
 
+static int accept_start(struct acq *a, enum efs_lock_mode mode, int64_t rev);
+
+/*
+ * What event |ev| on l/<I> or w/<I> means to |a|, waiting for request
+ * index |cur|: 1, a release granted us the lock (the put of our holder
+ * key, on our lease, after our recall key: *|ret_mode|, *|ret_rev|); 0, a
+ * delete that may end the conflict (try again); -1, nothing (another
+ * node's put never clears a conflict; our own recall key is deleted only
+ * by the grant, whose put of our holder key the other watch brings, or
+ * with our lease, which the session handles).
+ */
+static int watch_event(const struct acq *a, const Mvccpb__Event *ev, enum efs_lock_mode *ret_mode,
+		       int64_t *ret_rev)
+{
+	struct efs_lockcache *lc = a->lc;
+	const Mvccpb__KeyValue *kv = ev->kv;
+	struct efs_meta_key_info ki;
+	bool put = ev->type == MVCCPB__EVENT__EVENT_TYPE__PUT;
+	bool ours;
+
+	if (!kv || efs_meta_key_parse(&lc->ns, kv->key.data, kv->key.len, &ki) < 0)
+		return put ? -1 : 0;
+	ours = strcmp(ki.node, efs_session_node(lc->s)) == 0;
+	if (!put)
+		return ki.family == EFS_META_K_RECALL && ours && ki.num == a->recall_seq ? -1 : 0;
+	if (ki.family != EFS_META_K_HOLDER || !ours || a->recall_rev <= 0 ||
+	    kv->lease != efs_session_lease_id(lc->s) || kv->create_revision <= a->recall_rev)
+		return -1;
+	*ret_mode = ki.mode == EFS_META_LOCK_EXCLUSIVE ? EFS_LOCK_EXCLUSIVE : EFS_LOCK_SHARED;
+	*ret_rev = kv->create_revision;
+	return *ret_mode >= a->want[a->cur] ? 1 : -1;
+}
+
 static void watch_cb(struct efs_etcd_watcher *w, int status, const struct efs_etcd_watch_update *u,
 		     void *arg)
 {
 	struct acq *a = arg;
+	enum efs_lock_mode mode = EFS_LOCK_NONE;
+	int64_t rev = 0;
+	bool again = u->kind != EFS_ETCD_WATCH_EVENTS;
 
 	(void)w;
 	(void)status;
-	if (a->wait != AW_WATCH)
+	/* After a delete the watchers stay until the retry runs (acq_step
+	 * frees them): the put of our holder key by the same transaction may
+	 * come on the other watcher right after, and is then taken instead. */
+	if (a->wait != AW_WATCH && !(a->wait == AW_KICK && (a->wl || a->ww)))
 		return;
 	if (u->kind == EFS_ETCD_WATCH_CREATED || u->kind == EFS_ETCD_WATCH_PROGRESS)
 		return;
-	if (u->kind == EFS_ETCD_WATCH_EVENTS && u->n_events == 0)
+	for (size_t i = 0; i < u->n_events && mode == EFS_LOCK_NONE; i++) {
+		int v = watch_event(a, u->events[i], &mode, &rev);
+
+		if (v == 0)
+			again = true;
+		else if (v < 0)
+			mode = EFS_LOCK_NONE;
+	}
+	if (!again && mode == EFS_LOCK_NONE)
 		return;
-	/* A delete, or the watch ended: try again (a new watch follows a
-	 * failure). Freeing our own watcher from its callback is allowed. */
+	if (mode == EFS_LOCK_NONE && u->kind == EFS_ETCD_WATCH_EVENTS) {
+		/* A delete: try again at the next kick. */
+		a->wait = AW_KICK;
+		kick_soon(a->lc);
+		return;
+	}
+	/* Our grant, or the watch ended: accept, or try again (a new watch
+	 * follows a failure). Freeing our own watcher from its callback is
+	 * allowed. */
 	watchers_free(a);
 	a->wait = AW_KICK;
+	if (mode != EFS_LOCK_NONE) {
+		/* From now on a failing end settles the key granted to us. */
+		a->doubt[a->cur] = mode;
+		if (accept_start(a, mode, rev) == 0)
+			return;
+		a->wait = AW_KICK; /* its next transaction finds the key ours */
+	}
 	kick_soon(a->lc);
 }
 
@@ -504,10 +571,10 @@ int efs_lock__watch_range(struct efs_etcd *c, struct efs_etcd_watch_stream **ws,
 	return efs_etcd_watcher_new(ret, *ws, &o, cb, arg);
 }
 
-static int watch_range(struct acq *a, const struct efs_meta_range *rg, int64_t from,
+static int watch_range(struct acq *a, const struct efs_meta_range *rg, int64_t from, bool no_put,
 		       struct efs_etcd_watcher **ret)
 {
-	return efs_lock__watch_range(a->lc->c, &a->lc->ws, rg, from, true, watch_cb, a, ret);
+	return efs_lock__watch_range(a->lc->c, &a->lc->ws, rg, from, no_put, watch_cb, a, ret);
 }
 
 /* ---- Finishing ---- */
@@ -651,26 +718,39 @@ static bool acq_finish(struct acq *a, int status)
 
 /* ---- Transactions ---- */
 
-static int put_holder(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino,
-		      enum efs_lock_mode m, uint64_t *ret_token)
+/*
+ * Puts the holder key of |node| (session generation |gen|, on |lease|) for
+ * |ino| in mode |m|: this node's own, or a waiter's that a release grants
+ * the lock to (the same key and record its own acquisition would put).
+ */
+static int holder_put(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino,
+		      enum efs_lock_mode m, const char *node, uint64_t gen, int64_t lease,
+		      uint64_t *ret_token)
 {
 	Etcfs__LockHolder h = ETCFS__LOCK_HOLDER__INIT;
 	struct efs_meta_key k;
 	int r;
 
-	r = efs_meta_key_holder(&lc->ns, ino, meta_mode(m), efs_session_node(lc->s), &k);
+	r = efs_meta_key_holder(&lc->ns, ino, meta_mode(m), node, &k);
 	if (r < 0)
 		return r;
-	h.node = (char *)efs_session_node(lc->s);
+	h.node = (char *)node;
 	h.mode = (uint32_t)meta_mode(m);
-	h.session_generation = efs_session_generation(lc->s);
+	h.session_generation = gen;
 	h.token = (efs_session_generation(lc->s) << 40) ^ ++lc->token_seq;
-	h.lease_id = efs_session_lease_id(lc->s);
+	h.lease_id = lease;
 	h.granted_ns = (int64_t)efs_clock_real_ns();
 	r = efs_meta_txn_put(t, EFS_ETCD_TXN_SUCCESS, &k, &h.base, h.lease_id);
 	if (r == 0 && ret_token)
 		*ret_token = h.token;
 	return r;
+}
+
+static int put_holder(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino,
+		      enum efs_lock_mode m, uint64_t *ret_token)
+{
+	return holder_put(lc, t, ino, m, efs_session_node(lc->s), efs_session_generation(lc->s),
+			  efs_session_lease_id(lc->s), ret_token);
 }
 
 static int cmp_none(struct efs_etcd_txn *t, const void *key, size_t klen, const void *end,
@@ -1232,6 +1312,7 @@ static bool acq_step(struct acq *a)
 	size_t need[EFS_LOCK_REQ_MAX], n_need = 0;
 	int r;
 
+	watchers_free(a); /* kept after a delete woke it (watch_cb) */
 	if (a->cancelled)
 		return acq_finish(a, -EINTR);
 	if (!efs_session_is_active(lc->s)) {
@@ -1492,6 +1573,26 @@ static bool keep_resp(struct acq *a, struct efs_etcd_result *res, Etcdserverpb__
 	return true;
 }
 
+/*
+ * The lock of |cur| is ours in |mode| and our recall key, if any, is gone
+ * (deleted by the transaction that granted it): the wait ends, the next
+ * step follows. Returns acq_step's value.
+ */
+static bool granted_after_wait(struct acq *a, enum efs_lock_mode mode,
+			       const Etcdserverpb__RangeResponse *rec, int64_t floor)
+{
+	struct efs_lockcache *lc = a->lc;
+
+	if (a->recall_ns && lc->recall_wait_cb)
+		lc->recall_wait_cb(lc->recall_wait_arg, now_ns() - a->recall_ns);
+	a->recall_seq = 0;
+	a->recall_rev = 0;
+	a->recall_ns = 0;
+	lc->stats.acquires++;
+	granted(a, a->cur, mode, rec, floor);
+	return acq_step(a);
+}
+
 static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *res,
 			Etcdserverpb__TxnResponse *outer, Etcdserverpb__TxnResponse *inner)
 {
@@ -1509,14 +1610,8 @@ static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *
 				 : outer->header ? outer->header->revision + 1
 						 : 0;
 
-		if (a->recall_ns && lc->recall_wait_cb)
-			lc->recall_wait_cb(lc->recall_wait_arg, now_ns() - a->recall_ns);
-		a->recall_seq = 0;
-		a->recall_rev = 0;
-		a->recall_ns = 0;
-		lc->stats.acquires++;
-		granted(a, i, a->want[i], keep_resp(a, res, outer) ? rec : NULL, floor);
-		return acq_step(a);
+		return granted_after_wait(a, a->want[i], keep_resp(a, res, outer) ? rec : NULL,
+					  floor);
 	}
 	r = efs_etcd_txn_resp_range(inner, k->f_l, &hold);
 	if (r == 0)
@@ -1588,10 +1683,11 @@ static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *
 		r = efs_meta_range_ino(&lc->ns, EFS_META_K_HOLDER, a->req->ino[i], &hr);
 		if (r == 0)
 			r = efs_meta_range_ino(&lc->ns, EFS_META_K_RECALL, a->req->ino[i], &wr);
+		/* Puts of holder keys too: a release may grant us the lock. */
 		if (r == 0)
-			r = watch_range(a, &hr, from, &a->wl);
+			r = watch_range(a, &hr, from, false, &a->wl);
 		if (r == 0)
-			r = watch_range(a, &wr, from, &a->ww);
+			r = watch_range(a, &wr, from, true, &a->ww);
 		if (r < 0) {
 			watchers_free(a);
 			return acq_finish(a, r);
@@ -1599,6 +1695,69 @@ static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *
 	}
 	a->wait = AW_WATCH;
 	return true;
+}
+
+/*
+ * A release granted us the lock of |cur| (its transaction put our holder
+ * key on our lease and deleted our recall key, add_grant): one read-only
+ * transaction confirms the key is the one we saw and reads the inode
+ * record with it, as an acquisition's own transaction does; the grant is a
+ * new hold like any other (new_grant). |rev|: the key's create revision.
+ */
+static int accept_start(struct acq *a, enum efs_lock_mode mode, int64_t rev)
+{
+	struct efs_lockcache *lc = a->lc;
+	uint64_t ino = a->req->ino[a->cur];
+	struct efs_etcd_txn *t = NULL, *in = NULL;
+	struct efs_meta_key hk;
+	struct lcall *k;
+	int r;
+
+	k = lcall_new(lc, a, 0);
+	if (!k)
+		return -ENOMEM;
+	k->accept = true;
+	k->acc_mode = mode;
+	r = outer_new(lc, &t, &in);
+	if (r == 0)
+		r = efs_meta_key_holder(&lc->ns, ino, meta_mode(mode), efs_session_node(lc->s),
+					&hk);
+	if (r == 0)
+		r = efs_etcd_txn_compare(in, EFS_ETCD_CMP_CREATE, EFS_ETCD_CMP_EQUAL, hk.buf,
+					 hk.len, rev);
+	if (r == 0)
+		r = efs_etcd_txn_compare(in, EFS_ETCD_CMP_LEASE, EFS_ETCD_CMP_EQUAL, hk.buf, hk.len,
+					 efs_session_lease_id(lc->s));
+	if (r == 0) {
+		k->s_rec = n_ops(in, EFS_ETCD_TXN_SUCCESS);
+		r = add_inode_range(lc, in, EFS_ETCD_TXN_SUCCESS, ino);
+	}
+	if (r == 0)
+		r = send_txn(a, t, k);
+	efs_etcd_txn_free(t);
+	if (r < 0)
+		lcall_end(k);
+	return r;
+}
+
+static bool accept_done(struct acq *a, struct lcall *k, struct efs_etcd_result *res,
+			Etcdserverpb__TxnResponse *outer, Etcdserverpb__TxnResponse *inner)
+{
+	Etcdserverpb__RangeResponse *rec = NULL;
+	int r;
+
+	if (!inner->succeeded) {
+		/* Not the key we saw any more: ask as any acquisition does
+		 * (its transaction finds a key of ours, if there is one). */
+		return acq_step(a);
+	}
+	r = efs_etcd_txn_resp_range(inner, k->s_rec, &rec);
+	if (r < 0)
+		return acq_finish(a, r);
+	/* The release granted the oldest waiter: every other recall key of
+	 * the inode was created after ours. */
+	return granted_after_wait(a, k->acc_mode, keep_resp(a, res, outer) ? rec : NULL,
+				  a->recall_rev);
 }
 
 static bool batch_done(struct acq *a, struct efs_etcd_result *res,
@@ -1691,6 +1850,8 @@ static void acq_txn_result(struct efs_lockcache *lc, struct lcall *k,
 	}
 	if (k->batch)
 		batch_done(a, res, resp, inner);
+	else if (k->accept)
+		accept_done(a, k, res, resp, inner);
 	else
 		single_done(a, k, res, resp, inner);
 }
@@ -1732,6 +1893,9 @@ static void cleanup_end(struct efs_lockcache *lc, struct lcall *k)
 	lcall_end(k);
 }
 
+static void orphan_grant(struct efs_lockcache *lc, uint64_t ino,
+			 const Etcdserverpb__TxnResponse *resp);
+
 static void cleanup_wait(struct efs_lockcache *lc, struct lcall *k)
 {
 	k->waiting = true;
@@ -1760,6 +1924,8 @@ static void cleanup_done(struct efs_etcd_result *res, Etcdserverpb__TxnResponse 
 		if (!resp->succeeded)
 			efs_log_debug("lock: cleanup of inode %" PRIu64 ": session guard failed",
 				      k->c_ino);
+		else if (k->kind == CL_RECALL)
+			orphan_grant(lc, k->c_ino, resp);
 	}
 	/* Done, or the session that owned the keys is no more. */
 	cleanup_end(lc, k);
@@ -1784,6 +1950,16 @@ static int cleanup_send(struct efs_lockcache *lc, struct lcall *k)
 		if (r == 0)
 			r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, wk.buf, wk.len, NULL, 0,
 						false);
+		/* A release may have granted the lock to the key first: our
+		 * holder keys, exclusive then shared (orphan_grant). */
+		for (int m = 0; r == 0 && m < 2; m++) {
+			r = efs_meta_key_holder(&lc->ns, k->c_ino,
+						m ? EFS_META_LOCK_SHARED : EFS_META_LOCK_EXCLUSIVE,
+						node, &xk);
+			if (r == 0)
+				r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, xk.buf, xk.len,
+						       NULL, 0);
+		}
 	} else if (r == 0) {
 		r = efs_meta_key_holder(&lc->ns, k->c_ino, EFS_META_LOCK_SHARED, node, &sk);
 		if (r == 0)
@@ -2056,6 +2232,9 @@ static bool is_prepared(const struct efs_locktab_entry *e, enum efs_lock_mode to
 /* ---- Releases ---- */
 
 static void release_send(struct efs_lockcache *lc, struct lcall *k);
+static int add_grant(struct efs_lockcache *lc, struct efs_etcd_txn *t,
+		     const struct efs_locktab_entry *e, enum efs_lock_mode to, size_t room);
+static void grants_count(struct efs_lockcache *lc, const Etcdserverpb__TxnResponse *resp);
 
 /* |e|'s release to SHARED committed: a new, shared hold. */
 static void downgraded(struct efs_lockcache *lc, struct efs_locktab_entry *e)
@@ -2087,10 +2266,15 @@ static void release_txn_done(struct efs_etcd_result *res, Etcdserverpb__TxnRespo
 		 * locks stay RELEASING, unusable, until then). */
 		efs_log_debug("lock: release txn: %s", res->message);
 		lc->stats.txn_retries++;
+		/* Without grants: a waiter's put is what may have failed it
+		 * (a lease etcd no longer knows), and the release must go. */
+		k->no_grant = true;
 		lc->rel_retry = k;
 		return;
 	}
 	note_rev(lc, resp->header);
+	if (ok)
+		grants_count(lc, resp);
 	for (size_t j = 0; j < k->n; j++) {
 		struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, k->ino[j]);
 
@@ -2136,6 +2320,42 @@ static void release_all_check(struct efs_lockcache *lc, int status)
 		done(status, lc->release_all_arg);
 }
 
+/*
+ * Adds the direct grants of release |k| to |t| once every release of the
+ * batch is in it: each grant is a nested transaction, which may use what
+ * the outer one leaves of etcd's operation budget, and the outer one grows
+ * by one operation per grant.
+ */
+static int release_grants(struct efs_lockcache *lc, struct efs_etcd_txn *t,
+			  const struct lcall *k)
+{
+	const Etcdserverpb__TxnRequest *req = efs_etcd_txn_request(t);
+	size_t g = 0, used;
+
+	for (size_t j = 0; j < k->n; j++) {
+		const struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, k->ino[j]);
+
+		if (e && e->state == EFS_LOCKTAB_RELEASING && e->mode == EFS_LOCK_EXCLUSIVE)
+			g++;
+	}
+	used = req->n_success + g;
+	if (used < req->n_compare)
+		used = req->n_compare;
+	if (g == 0 || used >= EFS_ETCD_TXN_MAX_OPS)
+		return 0;
+	for (size_t j = 0; j < k->n; j++) {
+		const struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, k->ino[j]);
+		int r;
+
+		if (!e || e->state != EFS_LOCKTAB_RELEASING || e->mode != EFS_LOCK_EXCLUSIVE)
+			continue;
+		r = add_grant(lc, t, e, (enum efs_lock_mode)e->rel_to, EFS_ETCD_TXN_MAX_OPS - used);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
 /* Sends the deletes of |k| (its inodes still RELEASING); takes |k|. A
  * downgrade replaces the exclusive key by a shared one. */
 static void release_send(struct efs_lockcache *lc, struct lcall *k)
@@ -2163,6 +2383,8 @@ static void release_send(struct efs_lockcache *lc, struct lcall *k)
 			r = put_holder(lc, t, e->ino, EFS_LOCK_SHARED, NULL);
 		n++;
 	}
+	if (r == 0 && n > 0 && !k->no_grant)
+		r = release_grants(lc, t, k);
 	if (r == 0 && n == 0) {
 		efs_etcd_txn_free(t);
 		lcall_end(k);
@@ -2172,8 +2394,9 @@ static void release_send(struct efs_lockcache *lc, struct lcall *k)
 		r = efs_etcd_txn(lc->c, efs_etcd_txn_request(t), &co, release_txn_done, k);
 	efs_etcd_txn_free(t);
 	if (r < 0) {
-		/* Try again at the next tick. */
+		/* Try again at the next tick (without grants). */
 		efs_log_debug("lock: release: %s", strerror(-r));
+		k->no_grant = true;
 		lc->rel_retry = k;
 		return;
 	}
@@ -2395,6 +2618,8 @@ struct recall {
 	char node[EFS_META_NODE_MAX + 1];
 	enum efs_lock_mode want;
 	int64_t create_rev; /* orders its waiter among every node's */
+	int64_t lease;	    /* the key's lease: the waiter's session */
+	uint64_t gen;	    /* the waiter's session generation (its record) */
 	uint64_t seen_ns;   /* when this node first saw it (monotonic) */
 	bool reported;	    /* logged and counted as unanswered */
 };
@@ -2654,6 +2879,7 @@ static void recall_event(struct efs_lockcache *lc, const Mvccpb__KeyValue *kv, b
 		rc->ino = ki.ino;
 		rc->seq = ki.num;
 		rc->create_rev = kv->create_revision;
+		rc->lease = kv->lease;
 		rc->seen_ns = now_ns();
 		memcpy(rc->node, ki.node, sizeof(rc->node));
 		efs_list_add_tail(&lc->recalls, &rc->link);
@@ -2661,9 +2887,11 @@ static void recall_event(struct efs_lockcache *lc, const Mvccpb__KeyValue *kv, b
 	}
 	/* A waiter record that does not decode asks for everything. */
 	rc->want = EFS_LOCK_EXCLUSIVE;
-	if (efs_meta_waiter_decode(kv->value.data, kv->value.len, &w, NULL) == 0 &&
-	    w->mode == EFS_META_LOCK_SHARED)
-		rc->want = EFS_LOCK_SHARED;
+	if (efs_meta_waiter_decode(kv->value.data, kv->value.len, &w, NULL) == 0) {
+		rc->gen = w->session_generation;
+		if (w->mode == EFS_META_LOCK_SHARED)
+			rc->want = EFS_LOCK_SHARED;
+	}
 	efs_meta_record_free(w);
 	/* Recalled already: this recall may be older than those known, and
 	 * an acquisition that pins the lock gives way to an older one only
@@ -2753,10 +2981,200 @@ static void recall_watch_start(struct efs_lockcache *lc)
 	lc->rw_listing = true;
 }
 
+/* ---- Direct grant ---- */
+
+/*
+ * A transaction that gives up an exclusive hold (a release, a downgrade,
+ * or either riding a publication) also grants the lock to the oldest
+ * waiter of another node, so a handover costs one commit, not two (the
+ * release, then the waiter's acquisition). It adds to its success branch:
+ *   a nested transaction
+ *     compares  per waiter granted: its recall key still has the create
+ *               revision and the lease we saw (it still waits, on that
+ *               lease; a revoked lease took the key with it);
+ *     success   per waiter: delete its recall key, put its holder key
+ *               (the key and record its own acquisition would put, on its
+ *               lease);
+ *     failure   nothing: the release commits alone, and the waiters
+ *               retry at the delete of our holder key, as without grants.
+ * etcd checks a put's lease only on the branch that runs, so a waiter
+ * whose session ended never fails the release. Whom: the waiter with the
+ * oldest recall key (the order its acquisition compares); when it wants
+ * a shared lock, every shared waiter queued before the first exclusive
+ * one too, as far as |room| (etcd's operation budget left to the nested
+ * transaction) goes. An exclusive waiter is granted only by a release to
+ * none, shared ones by a release or a downgrade: what our holder key
+ * after the transaction allows. Our own node's recall keys are not in
+ * the list (never answered, never granted). The waiter learns it from
+ * the put of its holder key (watch_cb), or hands it back (cleanup_done).
+ * Returns how many waiters it granted (their recall keys' create
+ * revisions are compared, so none twice).
+ */
+#define GRANT_MAX 32
+
+static bool grant_candidate(const struct efs_locktab_entry *e, const struct recall *rc)
+{
+	return rc->ino == e->ino && rc->create_rev > 0 && rc->lease != 0 && !recall_stale(e, rc);
+}
+
+static bool grant_picked(const struct recall *const *pick, size_t np, const struct recall *rc)
+{
+	for (size_t j = 0; j < np; j++)
+		if (strcmp(pick[j]->node, rc->node) == 0)
+			return true;
+	return false;
+}
+
+static int add_grant(struct efs_lockcache *lc, struct efs_etcd_txn *t,
+		     const struct efs_locktab_entry *e, enum efs_lock_mode to, size_t room)
+{
+	const struct recall *pick[GRANT_MAX];
+	const struct recall *first = NULL;
+	int64_t x_rev = INT64_MAX;
+	struct efs_etcd_txn *in = NULL;
+	struct efs_meta_key wk;
+	const struct efs_list *n;
+	size_t np = 0, max = room > 0 ? (room - 1) / 2 : 0;
+	int r;
+
+	if (lc->grant_off || e->mode != EFS_LOCK_EXCLUSIVE || to == EFS_LOCK_EXCLUSIVE)
+		return 0;
+	if (max > GRANT_MAX)
+		max = GRANT_MAX;
+	efs_list_for_each(n, &lc->recalls) {
+		const struct recall *rc = efs_list_entry(n, struct recall, link);
+
+		if (!grant_candidate(e, rc))
+			continue;
+		if (!first || rc->create_rev < first->create_rev)
+			first = rc;
+		if (rc->want == EFS_LOCK_EXCLUSIVE && rc->create_rev < x_rev)
+			x_rev = rc->create_rev;
+	}
+	if (!first || max == 0 || (first->want == EFS_LOCK_EXCLUSIVE && to != EFS_LOCK_NONE))
+		return 0;
+	pick[np++] = first;
+	while (first->want == EFS_LOCK_SHARED && np < max) {
+		const struct recall *next = NULL;
+
+		efs_list_for_each(n, &lc->recalls) {
+			const struct recall *rc = efs_list_entry(n, struct recall, link);
+
+			if (grant_candidate(e, rc) && rc->want == EFS_LOCK_SHARED &&
+			    rc->create_rev > pick[np - 1]->create_rev && rc->create_rev < x_rev &&
+			    !grant_picked(pick, np, rc) &&
+			    (!next || rc->create_rev < next->create_rev))
+				next = rc;
+		}
+		if (!next)
+			break;
+		pick[np++] = next;
+	}
+	r = efs_etcd_txn_nested(t, EFS_ETCD_TXN_SUCCESS, &in);
+	/* Only a lock we hold when the transaction applies (compares see the
+	 * state before any of its operations): our exclusive key. */
+	if (r == 0)
+		r = efs_meta_key_holder(&lc->ns, e->ino, EFS_META_LOCK_EXCLUSIVE,
+					efs_session_node(lc->s), &wk);
+	if (r == 0)
+		r = efs_etcd_txn_compare(in, EFS_ETCD_CMP_LEASE, EFS_ETCD_CMP_EQUAL, wk.buf, wk.len,
+					 efs_session_lease_id(lc->s));
+	/* Every compare first: a failure part way leaves a guarded remnant. */
+	for (size_t j = 0; r == 0 && j < np; j++) {
+		r = efs_meta_key_recall(&lc->ns, e->ino, pick[j]->seq, pick[j]->node, &wk);
+		if (r == 0)
+			r = efs_etcd_txn_compare(in, EFS_ETCD_CMP_CREATE, EFS_ETCD_CMP_EQUAL,
+						 wk.buf, wk.len, pick[j]->create_rev);
+		if (r == 0)
+			r = efs_etcd_txn_compare(in, EFS_ETCD_CMP_LEASE, EFS_ETCD_CMP_EQUAL, wk.buf,
+						 wk.len, pick[j]->lease);
+	}
+	for (size_t j = 0; r == 0 && j < np; j++) {
+		r = efs_meta_key_recall(&lc->ns, e->ino, pick[j]->seq, pick[j]->node, &wk);
+		if (r == 0)
+			r = efs_etcd_txn_delete(in, EFS_ETCD_TXN_SUCCESS, wk.buf, wk.len, NULL, 0,
+						false);
+		if (r == 0)
+			r = holder_put(lc, in, e->ino, pick[j]->want, pick[j]->node, pick[j]->gen,
+				       pick[j]->lease, NULL);
+	}
+	if (r < 0) {
+		efs_log_debug("lock: inode %" PRIu64 ": no direct grant: %s", e->ino, strerror(-r));
+		return r;
+	}
+	efs_log_debug("lock: inode %" PRIu64 ": its release grants it to %zu waiter(s), first %s",
+		      e->ino, np, first->node);
+	return (int)np;
+}
+
+/*
+ * The recall key of an acquisition that ended (cancelled, interrupted,
+ * timed out, given way) is deleted by a CL_RECALL cleanup, which also reads
+ * our holder keys of |ino| (|resp|: its reply): a release may have granted
+ * us the lock before the delete (after it, the grant's compare fails). No
+ * entry of ours for the inode means no acquisition wants it (one in
+ * progress has its entry, and its transaction finds the key ours): the
+ * grant becomes an ordinary held lock, released at once, so that it never
+ * stays on our lease unused and the next waiter is granted it by that
+ * release. Caching it idle instead would hold a lock nobody here asked
+ * for while a peer may wait behind it, for the idle period.
+ */
+static void orphan_grant(struct efs_lockcache *lc, uint64_t ino,
+			 const Etcdserverpb__TxnResponse *resp)
+{
+	enum efs_lock_mode m = EFS_LOCK_NONE;
+	struct efs_locktab_entry *e;
+
+	for (size_t i = 2; i >= 1; i--) {
+		Etcdserverpb__RangeResponse *rg = NULL;
+
+		if (efs_etcd_txn_resp_range(resp, i, &rg) < 0)
+			continue;
+		for (size_t j = 0; j < rg->n_kvs; j++)
+			if (rg->kvs[j]->lease == efs_session_lease_id(lc->s))
+				m = i == 1 ? EFS_LOCK_EXCLUSIVE : EFS_LOCK_SHARED;
+	}
+	if (m == EFS_LOCK_NONE || efs_locktab_find(&lc->tab, ino))
+		return;
+	if (efs_locktab_add(&lc->tab, ino, now_ns(), &e) < 0) {
+		efs_log_err("lock: no memory to give back the lock of inode %" PRIu64
+			    " granted after its wait ended: it stays until the session ends",
+			    ino);
+		return;
+	}
+	e->mode = m;
+	e->state = EFS_LOCKTAB_HELD;
+	e->token = lc->token_seq;
+	e->grant_rev = lc->last_rev;
+	new_grant(lc, e);
+	lc->stats.grants_returned++;
+	efs_log_debug("lock: inode %" PRIu64 ": granted after its wait ended: giving it back",
+		      ino);
+	if (efs_lock_release_now(lc, ino, EFS_LOCK_NONE, recall_done, NULL) < 0)
+		efs_log_warn("lock: inode %" PRIu64 ": no memory to give back its grant", ino);
+}
+
+/* Counts the waiters that |resp|'s nested grants (add_grant) granted. */
+static void grants_count(struct efs_lockcache *lc, const Etcdserverpb__TxnResponse *resp)
+{
+	for (size_t i = 0; i < resp->n_responses; i++) {
+		const Etcdserverpb__ResponseOp *op = resp->responses[i];
+
+		if (op->response_case == ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_TXN &&
+		    op->response_txn && op->response_txn->succeeded)
+			lc->stats.direct_grants += op->response_txn->n_responses / 2;
+	}
+}
+
 #if EFS_FAULT_HOOKS
 void efs_lockcache_fault_no_recall(struct efs_lockcache *lc, bool off)
 {
 	lc->recall_off = off;
+}
+
+void efs_lockcache_fault_no_grant(struct efs_lockcache *lc, bool off)
+{
+	lc->grant_off = off;
 }
 #endif
 
@@ -3192,6 +3610,36 @@ int efs_lock_release_now(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_m
 	return 0;
 }
 
+/*
+ * The direct grant of a release riding a publication (add_grant): the
+ * engine adds its guards (compares) and further releases after this, so
+ * the grant leaves PUB_GRANT_SPARE of etcd's budget to them and grants at
+ * most PUB_GRANT_MAX waiters. Returns how many it granted (0 on an error:
+ * the release goes on alone).
+ */
+#define PUB_GRANT_SPARE 32
+#define PUB_GRANT_MAX	8
+
+static int publication_grant(struct efs_lockcache *lc, struct efs_etcd_txn *t,
+			     const struct efs_locktab_entry *e, enum efs_lock_mode to)
+{
+	const Etcdserverpb__TxnRequest *req = efs_etcd_txn_request(t);
+	size_t used = req->n_success + 1;
+	int r;
+
+	if (used < req->n_compare)
+		used = req->n_compare;
+	if (used < req->n_failure)
+		used = req->n_failure;
+	used += PUB_GRANT_SPARE;
+	if (used >= EFS_ETCD_TXN_MAX_OPS)
+		return 0;
+	r = add_grant(lc, t, e, to,
+		      EFS_ETCD_TXN_MAX_OPS - used < 2 * PUB_GRANT_MAX ? EFS_ETCD_TXN_MAX_OPS - used
+								 : 2 * PUB_GRANT_MAX);
+	return r < 0 ? 0 : r;
+}
+
 int efs_lock_release_in_txn(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino)
 {
 	struct efs_locktab_entry *e;
@@ -3225,6 +3673,7 @@ int efs_lock_release_in_txn(struct efs_lockcache *lc, struct efs_etcd_txn *t, ui
 		r = put_holder(lc, t, ino, EFS_LOCK_SHARED, NULL);
 	if (r < 0)
 		return r;
+	e->rel_grants = (uint8_t)publication_grant(lc, t, e, to);
 	if (!e->rel_txn) {
 		e->rel_txn = true;
 		e->state = EFS_LOCKTAB_RELEASING; /* no cache hits until the outcome */
@@ -3258,6 +3707,9 @@ void efs_lock_release_in_txn_outcome(struct efs_lockcache *lc, uint64_t ino,
 			lc->stats.releases_early++;
 		else
 			lc->stats.releases_in_txn++;
+		/* The waiter's nested compare is not seen here: a grant to a
+		 * waiter gone meanwhile is counted too (rare). */
+		lc->stats.direct_grants += e->rel_grants;
 		if (e->rel_to == EFS_LOCK_SHARED) {
 			/* The publication's pin goes with its operation. */
 			downgraded(lc, e);
@@ -3351,6 +3803,7 @@ int efs_lock_ride_idle(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_
 		e->rel_to = EFS_LOCK_NONE;
 		e->rel_txn = true;
 		e->rel_early = true;
+		e->rel_grants = 0; /* an idle lock has no waiter to grant */
 		ret_ino[k++] = e->ino;
 	}
 	return (int)k;

@@ -468,6 +468,8 @@ struct efs_lockcache_stats {
 	uint64_t recalls_deferred;   /* recalls answered only once the minimum hold ended */
 	uint64_t contended;	     /* locks contended now (a gauge) */
 	uint64_t releases_early;     /* idle releases that rode another transaction */
+	uint64_t direct_grants;	     /* waiters granted a lock by its releasing txn */
+	uint64_t grants_returned;    /* locks granted after their wait ended, given back */
 };
 void efs_lockcache_get_stats(const struct efs_lockcache *lc, struct efs_lockcache_stats *ret);
 
@@ -493,3 +495,6 @@ void efs_lockcache_set_peer_gone_cb(struct efs_lockcache *lc, efs_lock_peer_gone
 /* Fault hook (EFS_FAULT_HOOKS; negative controls in tests): while |off|,
  * recall keys of other nodes are noted but never answered. */
 void efs_lockcache_fault_no_recall(struct efs_lockcache *lc, bool off);
+/* Fault hook (EFS_FAULT_HOOKS; negative controls in tests): while |off|,
+ * releases never grant the lock to a waiter (two commits per handover). */
+void efs_lockcache_fault_no_grant(struct efs_lockcache *lc, bool off);

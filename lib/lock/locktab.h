@@ -54,10 +54,11 @@ struct efs_locktab_entry {
 	bool inval_serving;	  /* its invalidate serves every request meanwhile */
 	bool prep_keeps;	  /* pins do not void its preparation (the kind's ops) */
 	bool rel_txn;		  /* its release rides a user's transaction (lock.c) */
+	uint8_t rel_grants;	  /* ... and grants the lock to this many waiters */
+	bool rel_early;		  /* rel_txn: an idle release riding another transaction */
 	uint64_t granted_ns;	  /* when its current hold was granted (monotonic) */
 	bool heat_noted;	  /* a peer's recall of this hold was noted (lock/heat.h) */
 	bool hold_deferred;	  /* ... and waits for the minimum hold to end (lock.c) */
-	bool rel_early;		  /* rel_txn: an idle release riding another transaction */
 	void *owner;		  /* for the table's user (lock.c: waiting acquisitions) */
 	/* private */
 	struct efs_locktab_entry *hnext;

@@ -2167,3 +2167,222 @@ Test(lock, an_idle_release_rides_a_transaction_that_goes_out_anyway)
 	finish(lc);
 	efs_test_assert_no_leaks();
 }
+
+/* ---- Direct grant (issue 11) ---- */
+
+/* etcd's current revision: every commit moves it by one. */
+static int64_t etcd_rev(void)
+{
+	Etcdserverpb__RangeRequest req = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	Etcdserverpb__RangeResponse *resp = NULL;
+	int64_t rev;
+
+	req.key.data = (uint8_t *)"\0";
+	req.key.len = 1;
+	req.count_only = true;
+	cr_assert_eq(efs_etcd_sync_call(sc, EFS_ETCD_RANGE, &req.base, (ProtobufCMessage **)&resp,
+					NULL),
+		     0);
+	cr_assert_not_null(resp->header);
+	rev = resp->header->revision;
+	efs_test_pb_free(resp);
+	return rev;
+}
+
+#if EFS_FAULT_HOOKS
+/*
+ * node1 holds |ino| exclusively and idle; node2 asks for it. Returns the
+ * commits from before node2's request to its grant: its recall key, then
+ * node1's release, which grants it to node2 in the same transaction; without
+ * the grant (|grant| false) node2's own acquisition follows the release.
+ */
+static int64_t handover_commits(uint64_t ino, bool grant)
+{
+	struct efs_lockcache *lc1, *lc2;
+	struct lres a1, a2;
+	int64_t rev0, n;
+
+	two_nodes(&lc1, &lc2, 20000);
+	efs_lockcache_fault_no_grant(lc1, !grant);
+	take(lc1, &a1, ino, EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(lc1, &a1.req);
+	efs_test_run_for(500); /* both recall watches run */
+	rev0 = etcd_rev();
+	cr_assert_eq(acquire1(lc2, &a2, ino, EFS_LOCK_EXCLUSIVE), 0);
+	cr_assert(efs_test_run_until(&a2.done, 10000), "the recall was not answered");
+	cr_assert_eq(a2.status, 0);
+	n = etcd_rev() - rev0;
+	cr_assert_eq(efs_lock_held(lc2, ino), EFS_LOCK_EXCLUSIVE);
+	cr_assert(run_until_mode(lc1, ino, EFS_LOCK_NONE, 3000));
+	cr_assert_eq(lstats(lc1).direct_grants, grant ? 1 : 0);
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, ino), 1);
+	cr_assert(holder_exists(ino, EFS_META_LOCK_EXCLUSIVE, "node2"));
+	cr_assert(run_until_keys(EFS_META_K_RECALL, ino, 0, 3000), "recall keys left behind");
+	/* The granted hold is an ordinary one: it goes back on a recall. */
+	cr_assert_eq(acquire1(lc1, &a1, ino, EFS_LOCK_EXCLUSIVE), 0);
+	efs_lock_put(lc2, &a2.req);
+	cr_assert(efs_test_run_until(&a1.done, 10000), "the granted lock was not recalled");
+	cr_assert_eq(a1.status, 0);
+	efs_lock_put(lc1, &a1.req);
+	efs_lockcache_free(lc2);
+	efs_lockcache_free(lc1);
+	return n;
+}
+
+Test(lock, a_release_grants_the_lock_to_the_waiter_in_one_commit)
+{
+	int64_t n = handover_commits(250, true);
+
+	cr_assert_eq(n, 2, "commits from the recall key to the grant: %" PRId64 " (want the "
+			   "recall key and the releasing transaction)",
+		     n);
+	teardown();
+	efs_test_assert_no_leaks();
+}
+
+/* The negative control of the one above: without the grant a handover
+ * takes the recall key, the release and the waiter's acquisition. */
+Test(lock, without_direct_grant_a_handover_takes_two_commits)
+{
+	int64_t n = handover_commits(251, false);
+
+	cr_assert_eq(n, 3, "commits from the recall key to the grant: %" PRId64, n);
+	teardown();
+	efs_test_assert_no_leaks();
+}
+
+/* two_nodes, with the watch events of node |late| (1 or 2) 1 s late. */
+static void two_nodes_late(struct efs_lockcache **lc1, struct efs_lockcache **lc2, int late,
+			   uint32_t wait2_ms)
+{
+	c2 = efs_test_client_new(efs_harness_endpoints(h));
+	s2 = start_session(c2, "node2");
+	efs_etcd_fault_watch_delay(late == 1 ? c : c2, 1000);
+	*lc1 = new_lc(s, c, 0, 60000, 0, 0);
+	*lc2 = new_lc(s2, c2, 0, 60000, 0, wait2_ms);
+}
+
+/*
+ * node2 stops waiting (cancelled) after node1's release granted it the
+ * lock but before node2 learnt of it (its watch events are late): node2
+ * gives the grant back at once, no holder key of node2 stays, and the
+ * next acquirer gets the lock without waiting for node2's lease.
+ */
+Test(lock, a_grant_to_a_waiter_that_stopped_waiting_is_given_back)
+{
+	struct efs_lockcache *lc1, *lc2;
+	struct lres a1, a2;
+
+	two_nodes_late(&lc1, &lc2, 2, 0);
+	take(lc1, &a1, 252, EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(lc1, &a1.req);
+	efs_test_run_for(500);
+	cr_assert_eq(acquire1(lc2, &a2, 252, EFS_LOCK_EXCLUSIVE), 0);
+	RUN_UNTIL(holder_exists(252, EFS_META_LOCK_EXCLUSIVE, "node2"), 5000);
+	cr_assert(holder_exists(252, EFS_META_LOCK_EXCLUSIVE, "node2"), "node1 granted nothing");
+	cr_assert_eq(lstats(lc1).direct_grants, 1);
+	cr_assert_not(a2.done, "node2 saw its grant before its late watch could tell it");
+	efs_lock_cancel(lc2, &a2.req);
+	cr_assert(efs_test_run_until(&a2.done, 1000));
+	cr_assert_eq(a2.status, -EINTR);
+	/* Given back: its holder key goes. */
+	RUN_UNTIL(!holder_exists(252, EFS_META_LOCK_EXCLUSIVE, "node2"), 3000);
+	cr_assert_not(holder_exists(252, EFS_META_LOCK_EXCLUSIVE, "node2"),
+		      "the grant stayed on node2's lease");
+	cr_assert_eq(lstats(lc2).grants_returned, 1);
+	cr_assert_eq(efs_lock_held(lc2, 252), EFS_LOCK_NONE);
+	/* node2's lease lives on: only the give-back lets node1 in. */
+	take(lc1, &a1, 252, EFS_LOCK_EXCLUSIVE);
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, 252), 1);
+	cr_assert(run_until_keys(EFS_META_K_RECALL, 252, 0, 3000), "recall keys left behind");
+	efs_lock_put(lc1, &a1.req);
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}
+
+/*
+ * node2's session ends (its lease revoked) while it waits and before
+ * node1, whose watch events are late, releases: the grant's compare fails
+ * (the recall key went with the lease) and the release commits alone.
+ */
+Test(lock, a_release_whose_waiter_is_gone_still_releases)
+{
+	struct efs_lockcache *lc1, *lc2;
+	struct lres a1, a2;
+
+	two_nodes_late(&lc1, &lc2, 1, 20000);
+	take(lc1, &a1, 253, EFS_LOCK_EXCLUSIVE); /* pinned until node2's lease goes */
+	efs_test_run_for(1500);			 /* node1's recall watch runs */
+	cr_assert_eq(acquire1(lc2, &a2, 253, EFS_LOCK_EXCLUSIVE), 0);
+	RUN_UNTIL(lstats(lc1).recalls >= 1, 5000);
+	cr_assert_geq(lstats(lc1).recalls, 1, "node1 never saw node2's recall");
+	{
+		Etcdserverpb__LeaseRevokeRequest req = ETCDSERVERPB__LEASE_REVOKE_REQUEST__INIT;
+
+		req.id = efs_session_lease_id(s2);
+		cr_assert_eq(efs_etcd_sync_call(sc, EFS_ETCD_LEASE_REVOKE, &req.base, NULL, NULL),
+			     0);
+	}
+	cr_assert_eq(count_keys(EFS_META_K_RECALL, 253), 0);
+	efs_lock_put(lc1, &a1.req);
+	RUN_UNTIL(lstats(lc1).releases >= 1, 3000);
+	cr_assert_eq(lstats(lc1).releases, 1, "the release did not commit");
+	cr_assert_eq(efs_lock_held(lc1, 253), EFS_LOCK_NONE);
+	cr_assert_not(holder_exists(253, EFS_META_LOCK_EXCLUSIVE, "node1"));
+	cr_assert_eq(lstats(lc1).direct_grants, 0);
+	/* node2's wait ends with its session (-EIO). */
+	cr_assert(efs_test_run_until(&a2.done, 15000), "node2's wait never ended");
+	cr_assert_eq(a2.status, -EIO, "node2: %d", a2.status);
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}
+#endif
+
+/*
+ * Two shared waiters (node2, node3) queued behind node1's exclusive hold:
+ * node1's downgrade grants both in its own transaction, keeping its shared
+ * hold: three commits in all (two recall keys, the downgrade).
+ */
+Test(lock, a_downgrade_grants_every_shared_waiter)
+{
+	struct efs_lockcache *lc1, *lc2, *lc3;
+	struct efs_session *s3;
+	struct efs_etcd *c3;
+	struct lres a1, a2, a3;
+	int64_t rev0;
+
+	two_nodes(&lc1, &lc2, 20000);
+	c3 = efs_test_client_new(efs_harness_endpoints(h));
+	s3 = start_session(c3, "node3");
+	lc3 = new_lc(s3, c3, 0, 60000, 0, 20000);
+	take(lc1, &a1, 254, EFS_LOCK_EXCLUSIVE); /* pinned until both wait */
+	efs_test_run_for(500);
+	rev0 = etcd_rev();
+	cr_assert_eq(acquire1(lc2, &a2, 254, EFS_LOCK_SHARED), 0);
+	cr_assert(run_until_keys(EFS_META_K_RECALL, 254, 1, 3000));
+	cr_assert_eq(acquire1(lc3, &a3, 254, EFS_LOCK_SHARED), 0);
+	cr_assert(run_until_keys(EFS_META_K_RECALL, 254, 2, 3000));
+	efs_test_run_for(300); /* node1 sees both */
+	efs_lock_put(lc1, &a1.req);
+	cr_assert(efs_test_run_until(&a2.done, 10000), "node2 was not granted");
+	cr_assert(efs_test_run_until(&a3.done, 10000), "node3 was not granted");
+	cr_assert_eq(a2.status, 0);
+	cr_assert_eq(a3.status, 0);
+	cr_assert_eq(lstats(lc1).direct_grants, 2);
+	cr_assert_eq(etcd_rev() - rev0, 3, "commits: %" PRId64, etcd_rev() - rev0);
+	cr_assert_eq(efs_lock_held(lc1, 254), EFS_LOCK_SHARED);
+	cr_assert_eq(efs_lock_held(lc2, 254), EFS_LOCK_SHARED);
+	cr_assert_eq(efs_lock_held(lc3, 254), EFS_LOCK_SHARED);
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, 254), 3);
+	cr_assert_eq(count_keys(EFS_META_K_RECALL, 254), 0);
+	efs_lock_put(lc2, &a2.req);
+	efs_lock_put(lc3, &a3.req);
+	efs_lockcache_free(lc3);
+	efs_session_free(s3);
+	efs_test_client_free(c3);
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}
