@@ -2992,9 +2992,9 @@ static void recall_watch_start(struct efs_lockcache *lc)
  *     compares  per waiter granted: its recall key still has the create
  *               revision and the lease we saw (it still waits, on that
  *               lease; a revoked lease took the key with it);
- *     success   per waiter: delete its recall key, put its holder key
- *               (the key and record its own acquisition would put, on its
- *               lease);
+ *     success   per waiter: put its holder key (the key and record its
+ *               own acquisition would put, on its lease), delete its
+ *               recall key;
  *     failure   nothing: the release commits alone, and the waiters
  *               retry at the delete of our holder key, as without grants.
  * etcd checks a put's lease only on the branch that runs, so a waiter
@@ -3090,13 +3090,15 @@ static int add_grant(struct efs_lockcache *lc, struct efs_etcd_txn *t,
 						 wk.len, pick[j]->lease);
 	}
 	for (size_t j = 0; r == 0 && j < np; j++) {
-		r = efs_meta_key_recall(&lc->ns, e->ino, pick[j]->seq, pick[j]->node, &wk);
+		/* The put first: one the caller's transaction refuses (a
+		 * delete of the inode's holder keys in it) leaves nothing. */
+		r = holder_put(lc, in, e->ino, pick[j]->want, pick[j]->node, pick[j]->gen,
+			       pick[j]->lease, NULL);
+		if (r == 0)
+			r = efs_meta_key_recall(&lc->ns, e->ino, pick[j]->seq, pick[j]->node, &wk);
 		if (r == 0)
 			r = efs_etcd_txn_delete(in, EFS_ETCD_TXN_SUCCESS, wk.buf, wk.len, NULL, 0,
 						false);
-		if (r == 0)
-			r = holder_put(lc, in, e->ino, pick[j]->want, pick[j]->node, pick[j]->gen,
-				       pick[j]->lease, NULL);
 	}
 	if (r < 0) {
 		efs_log_debug("lock: inode %" PRIu64 ": no direct grant: %s", e->ino, strerror(-r));
