@@ -2389,3 +2389,50 @@ Test(lock, a_downgrade_grants_every_shared_waiter)
 	finish(lc1);
 	efs_test_assert_no_leaks();
 }
+
+/*
+ * A release riding the publication that answers a recall grants the lock
+ * to the waiter in that same transaction: the recall key and the
+ * publication are the only commits of the handover.
+ */
+Test(lock, a_release_riding_a_publication_grants_the_waiter)
+{
+	struct efs_lockcache *lc1, *lc2;
+	struct fake_ops fo = {0};
+	struct lres w, a2;
+	bool ok = false;
+	int64_t rev0;
+
+	two_nodes(&lc1, &lc2, 20000);
+	cr_assert_eq(efs_lockcache_set_ops(lc1, 1, &fake_lock_ops, &fo), 0);
+	take(lc1, &w, 255, EFS_LOCK_EXCLUSIVE);
+	efs_lock_set_kind(lc1, 255, 1);
+	efs_lock_put(lc1, &w.req);
+	fo.hold_sync = true;
+	efs_test_run_for(500); /* both recall watches run */
+	rev0 = etcd_rev();
+	cr_assert_eq(acquire1(lc2, &a2, 255, EFS_LOCK_EXCLUSIVE), 0);
+	/* node2's recall key makes node1 release: its sync publishes. */
+	RUN_UNTIL(fo.syncs == 1, 5000);
+	cr_assert_eq(fo.syncs, 1, "the recall did not reach the sync op");
+	cr_assert_eq(acquire1f(lc1, &w, 255, EFS_LOCK_EXCLUSIVE, EFS_LOCK_F_WRITEBACK), 1);
+	cr_assert_eq(publish_with_release(lc1, 255, true, &ok), 1,
+		     "the release did not ride the publication");
+	cr_assert(ok, "the publication failed");
+	efs_lock_release_in_txn_outcome(lc1, 255, EFS_LOCK_TXN_COMMITTED, 0);
+	efs_lock_put(lc1, &w.req);
+	fo.hold_sync = false;
+	fake_complete(&fo, 0);
+	cr_assert(efs_test_run_until(&a2.done, 5000), "node2 was not granted");
+	cr_assert_eq(a2.status, 0);
+	cr_assert_eq(etcd_rev() - rev0, 2, "commits: %" PRId64, etcd_rev() - rev0);
+	cr_assert_eq(lstats(lc1).direct_grants, 1);
+	cr_assert_eq(lstats(lc1).releases_in_txn, 1);
+	cr_assert(holder_exists(255, EFS_META_LOCK_EXCLUSIVE, "node2"));
+	cr_assert_eq(count_keys(EFS_META_K_HOLDER, 255), 1);
+	cr_assert_eq(count_keys(EFS_META_K_RECALL, 255), 0);
+	efs_lock_put(lc2, &a2.req);
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}
