@@ -108,8 +108,6 @@ void efs_fs_data_handle_free(struct efs_fs *fs, struct efs_fs_handle *h);
 
 /* True when |ino| has unpublished data or fields. */
 bool efs_fs_data_dirty(const struct efs_fs *fs, uint64_t ino);
-/* True when a handle of this node has |ino| open for writing. */
-bool efs_fs_data_writing(const struct efs_fs *fs, uint64_t ino);
 
 /*
  * Publishes every dirty inode (clean leave, before locks are released);

@@ -225,6 +225,7 @@ struct efs_fs_inode {
 	bool gone;		    /* i/<ino> does not exist (as of |epoch|) */
 	uint64_t nlookup;	    /* kernel references */
 	uint32_t opens;		    /* open handles */
+	uint32_t wopens;	    /* ... of them open for writing (kept by file/) */
 	uint32_t refs;		    /* operations using the entry */
 	uint64_t mseq;		    /* bumped by each name change this node makes */
 	bool atime_busy;	    /* a relatime update is in flight */

@@ -12,7 +12,6 @@
 #include <string.h>
 #include <sys/xattr.h>
 
-#include "fs/data.h"
 #include "fs/fs-int.h"
 
 #include "config.h"
@@ -457,9 +456,12 @@ static enum efs_lock_mode get_mode(struct efs_fs_op *op)
 {
 	static const char cap[] = "security.capability";
 	const struct xattr_op *xop = xop_of(op);
+	const struct efs_fs_inode *in;
 
-	if (xop->name_len == sizeof(cap) - 1 && memcmp(xop->name, cap, sizeof(cap) - 1) == 0 &&
-	    efs_fs_data_writing(op->fs, op->ino))
+	if (xop->name_len != sizeof(cap) - 1 || memcmp(xop->name, cap, sizeof(cap) - 1) != 0)
+		return EFS_LOCK_SHARED;
+	in = efs_fs_ifind(op->fs, op->ino);
+	if (in && in->wopens > 0)
 		return EFS_LOCK_EXCLUSIVE;
 	return EFS_LOCK_SHARED;
 }

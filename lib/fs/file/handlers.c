@@ -37,8 +37,10 @@ static void handle_setup(struct efs_fs *fs, struct efs_fs_data *d, struct efs_fs
 	h->direct = (fi->flags & O_DIRECT) != 0;
 	if (hp)
 		hp->sid = d->sid;
-	if (h->writable)
+	if (h->writable) {
 		d->writers++;
+		d->in->wopens++;
+	}
 	fi->direct_io = h->direct || h->append;
 	/* The page cache is kept only when this node held the lock without a
 	 * break since the last open that let the kernel cache: another
@@ -155,6 +157,8 @@ void efs_fs_data_handle_free(struct efs_fs *fs, struct efs_fs_handle *h)
 		if (d->writers)
 			d->writers--;
 	}
+	if (in && h->writable && in->wopens)
+		in->wopens--;
 	efs_mem_free(hp);
 	h->dpriv = NULL;
 	/* The caller drops the open count next: the last handle frees a

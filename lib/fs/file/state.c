@@ -331,13 +331,6 @@ bool efs_fs_data_dirty(const struct efs_fs *fs, uint64_t ino)
 	return in && in->data && !in->data->broken && efs_file_state_dirty(in->data);
 }
 
-bool efs_fs_data_writing(const struct efs_fs *fs, uint64_t ino)
-{
-	struct efs_fs_inode *in = efs_fs_ifind((struct efs_fs *)fs, ino);
-
-	return in && in->data && in->data->writers > 0;
-}
-
 
 /* ---- Map loading ---- */
 
