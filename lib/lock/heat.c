@@ -35,19 +35,26 @@ uint64_t efs_heat_hold_ns(const struct efs_heat *h, uint64_t ino)
 	return sl ? sl->hold_ns : start_hold(h);
 }
 
-void efs_heat_note_recall(struct efs_heat *h, uint64_t ino, uint64_t granted_ns, uint64_t now,
-			  bool busy)
+/* |ino|'s slot; a new inode, or another one's slot, starts afresh. */
+static struct efs_heat_slot *claim(struct efs_heat *h, uint64_t ino, uint64_t now)
 {
 	struct efs_heat_slot *sl = &h->slots[slot_of(ino)];
-	uint64_t window;
 
 	if (sl->ino != ino) {
-		/* A new inode, or another one's slot: it starts afresh. */
 		memset(sl, 0, sizeof(*sl));
 		sl->ino = ino;
 		sl->hold_ns = start_hold(h);
 		sl->rate_start_ns = now;
 	}
+	return sl;
+}
+
+void efs_heat_note_recall(struct efs_heat *h, uint64_t ino, uint64_t granted_ns, uint64_t now,
+			  bool busy)
+{
+	struct efs_heat_slot *sl = claim(h, ino, now);
+	uint64_t window;
+
 	window = 2 * sl->hold_ns > EFS_HEAT_WINDOW_MIN_NS ? 2 * sl->hold_ns : EFS_HEAT_WINDOW_MIN_NS;
 	if (now > granted_ns + window) {
 		/* Recalled later than the window: peers want it less often
@@ -70,6 +77,16 @@ void efs_heat_note_recall(struct efs_heat *h, uint64_t ino, uint64_t granted_ns,
 	if (h->contended_recalls &&
 	    (sl->rate_recalls >= h->contended_recalls || now < sl->contended_until_ns))
 		sl->contended_until_ns = now + EFS_HEAT_CONTENDED_NS;
+}
+
+void efs_heat_mark_contended(struct efs_heat *h, uint64_t ino, uint64_t now)
+{
+	struct efs_heat_slot *sl;
+
+	if (!h->contended_recalls)
+		return;
+	sl = claim(h, ino, now);
+	sl->contended_until_ns = now + EFS_HEAT_CONTENDED_NS;
 }
 
 bool efs_heat_contended(const struct efs_heat *h, uint64_t ino, uint64_t now)

@@ -77,6 +77,13 @@ void efs_heat_note_recall(struct efs_heat *h, uint64_t ino, uint64_t granted_ns,
 uint64_t efs_heat_recall_due(const struct efs_heat *h, uint64_t ino, uint64_t granted_ns,
 			     uint64_t last_used_ns, bool pinned, uint64_t now);
 
+/*
+ * Makes |ino| contended from |now| for EFS_HEAT_CONTENDED_NS (when
+ * contention tracking is on): for a lock whose handover had to wait for
+ * the kernel caches granted under it to time out.
+ */
+void efs_heat_mark_contended(struct efs_heat *h, uint64_t ino, uint64_t now);
+
 /* Whether |ino| is contended at |now|. */
 bool efs_heat_contended(const struct efs_heat *h, uint64_t ino, uint64_t now);
 

@@ -270,6 +270,8 @@ struct efs_lockcache {
 	struct efs_deaths *deaths; /* peers' session ends (copy-on-write after takeover) */
 	struct efs_heat heat;	   /* recall history: minimum holds, contention */
 	uv_timer_t *hold_timer;	   /* recalls waiting for a minimum hold, again */
+	uv_timer_t *yield_timer;   /* blocked upgrades whose kernel caches time out */
+	uint64_t yield_due_ns;	   /* ... then (UINT64_MAX: none waits) */
 	uint64_t hold_due_ns;	   /* ... at this time (UINT64_MAX: none waits) */
 };
 
@@ -419,6 +421,40 @@ static void release_kick(struct efs_lockcache *lc)
 {
 	if (lc->tick)
 		uv_timer_start(lc->tick, tick_cb, 0, lc->period_ms);
+}
+
+static void yield_timer_cb(uv_timer_t *t)
+{
+	struct efs_lockcache *lc = t->data;
+
+	if (!lc)
+		return;
+	lc->yield_due_ns = UINT64_MAX;
+	release_kick(lc);
+}
+
+/*
+ * An upgrade of |e| is blocked by another holder. Its shared hold goes
+ * once the kernel caches granted under it time out (they cannot be
+ * invalidated: the kernel holds the directory's lock across the very
+ * request that waits for the upgrade), so the tick is run right then,
+ * not up to a period later; and |e| counts as contended for a while, so
+ * that the kernel caches nothing more under it and the next handover
+ * does not wait at all.
+ */
+static void yield_wake(struct efs_lockcache *lc, const struct efs_locktab_entry *e)
+{
+	uint64_t now = now_ns();
+	uint64_t due = e->kcache_until_ns;
+
+	if (due <= now)
+		return;
+	efs_heat_mark_contended(&lc->heat, e->ino, now);
+	if (due >= lc->yield_due_ns)
+		return;
+	lc->yield_due_ns = due;
+	uv_timer_start(lc->yield_timer, yield_timer_cb,
+		       (due - now + EFS_NSEC_PER_MSEC - 1) / EFS_NSEC_PER_MSEC, 0);
 }
 
 /* Acquisitions blocked on |e| (or on anything, e == NULL) run again. */
@@ -1646,8 +1682,10 @@ static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *
 		struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, a->req->ino[i]);
 
 		a->up_blocked = true;
-		if (e && e->owner == a)
+		if (e && e->owner == a) {
 			set_draining(lc, e, true);
+			yield_wake(lc, e);
+		}
 	}
 	if (!a->counted_wait) {
 		a->counted_wait = true;
@@ -3226,6 +3264,7 @@ int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_et
 		      : o->contended_recalls			? o->contended_recalls
 								: EFS_LOCK_CONTENDED_DEFAULT);
 	lc->hold_due_ns = UINT64_MAX;
+	lc->yield_due_ns = UINT64_MAX;
 	{
 		struct efs_deaths_opts dopts = {
 			.ns = &lc->ns,
@@ -3258,7 +3297,9 @@ int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_et
 	lc->retry = efs_timer_new(lc->loop, lc);
 	lc->rwake = efs_timer_new(lc->loop, lc);
 	lc->hold_timer = efs_timer_new(lc->loop, lc);
-	if (!lc->tick || !lc->kick || !lc->retry || !lc->rwake || !lc->hold_timer)
+	lc->yield_timer = efs_timer_new(lc->loop, lc);
+	if (!lc->tick || !lc->kick || !lc->retry || !lc->rwake || !lc->hold_timer ||
+	    !lc->yield_timer)
 		goto fail;
 	period = lc->idle_ms / 4;
 	if (period < TICK_MIN_MS)
@@ -3348,6 +3389,7 @@ struct efs_lockcache *efs_lockcache_free(struct efs_lockcache *lc)
 	lc->retry = efs_timer_free(lc->retry);
 	lc->rwake = efs_timer_free(lc->rwake);
 	lc->hold_timer = efs_timer_free(lc->hold_timer);
+	lc->yield_timer = efs_timer_free(lc->yield_timer);
 	while (lc->rwaiters.next && !efs_list_empty(&lc->rwaiters))
 		efs_mem_free(rwait_of(efs_list_pop(&lc->rwaiters)));
 	efs_locktab_done(&lc->tab);

@@ -2436,3 +2436,39 @@ Test(lock, a_release_riding_a_publication_grants_the_waiter)
 	finish(lc1);
 	efs_test_assert_no_leaks();
 }
+
+/*
+ * An upgrade blocked by another node waits for the kernel caches granted
+ * under its shared hold to time out before it yields (the kernel may hold
+ * the directory across the request that waits, so they cannot be
+ * invalidated): that makes the inode contended, so that nothing more is
+ * cached under it and the next handover does not wait again. Negative
+ * control: without yield_wake's mark the inode is not contended.
+ */
+Test(lock, an_upgrade_waiting_for_kernel_caches_makes_the_lock_contended)
+{
+	struct efs_lockcache *lc1, *lc2;
+	struct lres a1, a2, x1;
+	struct rel f = {0};
+
+	two_nodes(&lc1, &lc2, 0);
+	take(lc1, &a1, 236, EFS_LOCK_SHARED);
+	take(lc2, &a2, 236, EFS_LOCK_SHARED); /* pinned: node 1's upgrade is blocked */
+	efs_lock_note_kernel_cache(lc1, 236, efs_clock_mono_ns() + 400 * EFS_NSEC_PER_MSEC);
+	efs_lock_put(lc1, &a1.req);
+	cr_assert(efs_lock_may_cache(lc1, 236));
+	cr_assert_eq(acquire1(lc1, &x1, 236, EFS_LOCK_EXCLUSIVE), 0);
+	RUN_UNTIL(lstats(lc1).upgrade_yields == 1, 5000);
+	cr_assert_eq(lstats(lc1).contended, 1, "the lock is not contended after such a wait");
+	/* Node 2 gives its hold up (a recall would): node 1 gets it. */
+	efs_lock_put(lc2, &a2.req);
+	cr_assert_eq(efs_lock_release_now(lc2, 236, EFS_LOCK_NONE, on_forced, &f), 0);
+	cr_assert(efs_test_run_until(&f.done, 3000));
+	cr_assert(efs_test_run_until(&x1.done, 5000), "the upgrade never ran");
+	cr_assert_eq(x1.status, 0);
+	cr_assert_not(efs_lock_may_cache(lc1, 236), "a contended lock let the kernel cache");
+	efs_lock_put(lc1, &x1.req);
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}

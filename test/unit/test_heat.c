@@ -151,3 +151,23 @@ Test(heat, recalls_spread_over_more_than_a_second_do_not_make_it_contended)
 	cr_assert_not(efs_heat_contended(&h, 7, now));
 	efs_test_assert_no_leaks();
 }
+
+Test(heat, an_inode_marked_contended_is_so_for_two_seconds_and_keeps_its_hold)
+{
+	uint64_t now = T0;
+
+	efs_heat_init(&h, MS(20), 16);
+	recall_after(9, &now, 10, true); /* busy soon after the grant: 2 ms */
+	cr_assert_eq(efs_heat_hold_ns(&h, 9), MS(2));
+	efs_heat_mark_contended(&h, 9, now);
+	cr_assert(efs_heat_contended(&h, 9, now), "one mark is enough");
+	cr_assert_eq(efs_heat_hold_ns(&h, 9), MS(2), "the mark reset the hold");
+	cr_assert(efs_heat_contended(&h, 9, now + MS(1999)));
+	cr_assert_not(efs_heat_contended(&h, 9, now + MS(2000)));
+	cr_assert_not(efs_heat_contended(&h, 10, now), "only the inode marked");
+	/* Tracking off: marks do nothing. */
+	efs_heat_init(&h, MS(20), 0);
+	efs_heat_mark_contended(&h, 9, now);
+	cr_assert_not(efs_heat_contended(&h, 9, now));
+	efs_test_assert_no_leaks();
+}
