@@ -20,6 +20,7 @@
  */
 #include "cluster.h"
 #include "proc.h"
+#include "proof.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -1554,6 +1555,56 @@ static void etcfsctl_locks_and_members_describe_the_cluster(void)
 	CL_CHECK(close(fd) == 0, "close %s: %s", path, strerror(errno));
 }
 
+/* ---- Checks: many nodes behave as one (proof.c) ---- */
+
+static void histories_of_six_processes_on_three_nodes_are_linearizable(void)
+{
+	check_dir();
+	efs_proof_history(&cl, cur_check);
+}
+
+static void histories_with_renames_are_linearizable(void)
+{
+	check_dir();
+	efs_proof_history_with_renames(&cl, cur_check);
+}
+
+static void without_invalidations_the_history_checker_finds_a_violation(void)
+{
+	check_dir();
+	efs_proof_history_without_invalidations(&cl, cur_check);
+}
+
+static void without_recall_answers_history_operations_time_out(void)
+{
+	check_dir();
+	efs_proof_history_without_recall_answers(&cl, cur_check);
+}
+
+static void two_nodes_writing_one_file_lose_and_tear_nothing(void)
+{
+	check_dir();
+	efs_proof_file_ping_pong(&cl, cur_check, 2);
+}
+
+static void three_nodes_writing_one_file_lose_and_tear_nothing(void)
+{
+	check_dir();
+	efs_proof_file_ping_pong(&cl, cur_check, 3);
+}
+
+static void two_nodes_creating_in_one_directory_agree_on_every_name(void)
+{
+	check_dir();
+	efs_proof_dir_ping_pong(&cl, cur_check, 2);
+}
+
+static void three_nodes_creating_in_one_directory_agree_on_every_name(void)
+{
+	check_dir();
+	efs_proof_dir_ping_pong(&cl, cur_check, 3);
+}
+
 /* ---- The runner ---- */
 
 struct check {
@@ -1587,6 +1638,14 @@ static const struct check checks[] = {
 	CHECK(without_recall_answers_a_change_cannot_complete, 90, RUN_FULL),
 	CHECK(without_invalidations_a_node_sees_stale_attributes_and_names, 60, RUN_FULL),
 	CHECK(etcfsctl_locks_and_members_describe_the_cluster, 60, RUN_FULL),
+	CHECK(histories_of_six_processes_on_three_nodes_are_linearizable, 120, RUN_SUBSET),
+	CHECK(histories_with_renames_are_linearizable, 120, RUN_NAMED),
+	CHECK(without_invalidations_the_history_checker_finds_a_violation, 120, RUN_FULL),
+	CHECK(without_recall_answers_history_operations_time_out, 120, RUN_FULL),
+	CHECK(two_nodes_writing_one_file_lose_and_tear_nothing, 60, RUN_FULL),
+	CHECK(three_nodes_writing_one_file_lose_and_tear_nothing, 60, RUN_FULL),
+	CHECK(two_nodes_creating_in_one_directory_agree_on_every_name, 60, RUN_FULL),
+	CHECK(three_nodes_creating_in_one_directory_agree_on_every_name, 60, RUN_FULL),
 };
 
 #define NCHECKS (sizeof(checks) / sizeof(checks[0]))
