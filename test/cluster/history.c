@@ -672,6 +672,42 @@ static void excerpt(const struct efs_hist_op *ops, const size_t *g, size_t m,
 	}
 }
 
+/*
+ * EFS_HIST_WRITE_SIZE_LAGS: whether the PREAD |op|, which does not fit
+ * |s|, fits it with the blocks below the current size of one PWRITE still
+ * in flight (invoked before |op| answered, not yet linearized, through a
+ * handle on the same inode) already written and the size not yet moved.
+ * The write itself still takes effect whole, later: |next| is |s| after
+ * the read alone.
+ */
+static bool read_sees_a_write_in_flight(const struct mstate *s, const struct efs_hist_op *op,
+					const struct efs_hist_op *ops, const size_t *g,
+					const struct ev *head, unsigned flags, struct mstate *next)
+{
+	uint16_t id = s->h[op->proc];
+
+	if (!(flags & EFS_HIST_WRITE_SIZE_LAGS) || op->kind != EFS_HIST_PREAD || !id)
+		return false;
+	for (const struct ev *e = head->next; e && e->t <= op->ret_ns; e = e->next) {
+		const struct efs_hist_op *w = &ops[g[e->op]];
+		struct mstate partial = *s, out;
+		struct mino *in;
+
+		if (e->ret || w->kind != EFS_HIST_PWRITE || w == op || s->h[w->proc] != id)
+			continue;
+		in = ino_of(&partial, id);
+		for (unsigned b = w->off; b < (unsigned)w->off + w->len && b < in->size; b++)
+			in->blk[b] = w->fill;
+		if (step(&partial, op, 0, 0, 0, &out, NULL, 0)) {
+			*next = *s;
+			next->h[op->proc] = 0;
+			canonical(next);
+			return true;
+		}
+	}
+	return false;
+}
+
 struct frame {
 	struct ev *call;
 	struct mstate state;
@@ -743,7 +779,8 @@ static int check_group(const struct efs_hist_op *ops, const size_t *g, size_t m,
 			const struct efs_hist_op *op = &ops[g[e->op]];
 
 			if (step(&state, op, op->path - group * GP, (uint16_t)(e->op + 1), flags,
-				 &next, NULL, 0)) {
+				 &next, NULL, 0) ||
+			    read_sees_a_write_in_flight(&state, op, ops, g, head, flags, &next)) {
 				int r;
 
 				bits[e->op / 64] |= 1ull << (e->op % 64);

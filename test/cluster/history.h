@@ -124,3 +124,13 @@ int efs_hist_check(const struct efs_hist_op *ops, size_t n, unsigned flags, uint
  * failed so). Everything else is still checked.
  */
 #define EFS_HIST_ORPHAN_IO_MAY_FAIL 1u
+
+/*
+ * A flag of efs_hist_check: a PREAD that overlaps a PWRITE extending the
+ * same file may see the write's blocks below the old size written and the
+ * size not yet moved, as a read on the writer's own node may on any Linux
+ * file system (the kernel copies into the page before it moves i_size);
+ * across nodes a recall can publish the writer's state at that moment.
+ * The read must still fit the state before the write in everything else.
+ */
+#define EFS_HIST_WRITE_SIZE_LAGS 2u

@@ -16,8 +16,11 @@
 
 #include "cluster.h"
 
+/* Histories of data and attributes (names are only created). */
 void efs_proof_history(struct efs_cl *c, const char *dir);
-/* The same with renames between the paths of each pair. */
+/* The same with unlinks. */
+void efs_proof_history_with_unlinks(struct efs_cl *c, const char *dir);
+/* The same with unlinks and renames between the paths of each pair. */
 void efs_proof_history_with_renames(struct efs_cl *c, const char *dir);
 void efs_proof_history_without_invalidations(struct efs_cl *c, const char *dir);
 void efs_proof_history_without_recall_answers(struct efs_cl *c, const char *dir);

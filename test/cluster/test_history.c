@@ -271,3 +271,32 @@ Test(history, io_on_an_unlinked_file_may_fail_only_when_allowed, .init = init)
 	cr_assert_eq(check(), -EINVAL);
 	efs_test_assert_no_leaks();
 }
+
+/* With EFS_HIST_WRITE_SIZE_LAGS, a read overlapping a write that extends
+ * the file may see the write's blocks below the old size, the size not
+ * moved yet; never after the write returned, never past the old size. */
+Test(history, a_read_may_see_an_extending_write_in_flight_only_when_allowed, .init = init)
+{
+	const uint16_t old_new[] = {7, 9}, old_old[] = {7, 7};
+
+	create(0, 0, 0, 10, 0);
+	write_at(0, 0, 20, 30, 0, 2, 7);
+	op(EFS_HIST_OPEN_W, 1, 0, 40, 41, 0);
+	{
+		struct efs_hist_op *o = op(EFS_HIST_PWRITE, 1, 0, 41, 100, 0);
+
+		o->off = 1;
+		o->len = 2;
+		o->fill = 9;
+	}
+	read_saw(2, 0, 50, 60, old_new, 2);
+	read_saw(2, 0, 70, 80, old_old, 2);
+	cr_assert_eq(check(), -EINVAL);
+	flags = EFS_HIST_WRITE_SIZE_LAGS;
+	/* 7 9 then 7 7 again: the write is not linearized by the first read. */
+	cr_assert_eq(check(), 0);
+	/* After the write returned: the whole write or nothing. */
+	read_saw(2, 0, 110, 120, old_new, 2);
+	cr_assert_eq(check(), -EINVAL);
+	efs_test_assert_no_leaks();
+}
