@@ -254,7 +254,7 @@ static int hist_run(struct hist_run *r, const char *what, char *report, size_t s
 	hist_dump(all, total, r->seed, what);
 	for (size_t i = 0; i < total; i++)
 		orphan += (all[i].kind == EFS_HIST_PWRITE || all[i].kind == EFS_HIST_PREAD) &&
-			  all[i].err;
+			  (all[i].err == ENOENT || all[i].err == ESTALE);
 	free(all);
 	printf("# %s: seed %" PRIu64 ", %zu operations by %d processes (%zu I/O failed on an "
 	       "unlinked file), checked in %.2f s (%" PRIu64 " states): %s\n",
