@@ -11,7 +11,17 @@
 #include "util/clock.h"
 #include "util/mem.h"
 
-#define NCLASSES 2
+/*
+ * Queues, each with threads of its own: the two classes, and within the
+ * gating class the inode invalidations apart from the entry ones. An
+ * entry invalidation takes the directory's lock, which the kernel may
+ * hold for as long as a request on the directory waits (a create waiting
+ * for a peer's directory lock): a few of those must not hold up a file's
+ * release, whose inode invalidation waits only for pages that requests
+ * the lock cache lets through (EFS_LOCK_F_PAGES) are holding.
+ */
+#define NQUEUES	       3
+#define Q_GATING_INODE 2
 
 struct inval_class;
 
@@ -32,7 +42,7 @@ struct efs_inval {
 	uv_async_t async; /* completions and thread exits reach the loop here */
 	uv_loop_t *loop;
 	pthread_mutex_t mu;
-	struct inval_class cls[NCLASSES];
+	struct inval_class cls[NQUEUES];
 	struct efs_list done;			     /* protected by mu */
 	struct fuse_session *se;		     /* protected by mu */
 	bool stopping;				     /* protected by mu */
@@ -130,7 +140,7 @@ static void *worker(void *p)
 
 static void join_all(struct efs_inval *iv)
 {
-	for (int k = 0; k < NCLASSES; k++) {
+	for (int k = 0; k < NQUEUES; k++) {
 		for (unsigned i = 0; i < iv->cls[k].nthreads; i++)
 			pthread_join(iv->cls[k].threads[i], NULL);
 		iv->cls[k].nthreads = 0;
@@ -140,7 +150,7 @@ static void join_all(struct efs_inval *iv)
 
 static void release(struct efs_inval *iv)
 {
-	for (int k = 0; k < NCLASSES; k++) {
+	for (int k = 0; k < NQUEUES; k++) {
 		pthread_cond_destroy(&iv->cls[k].cond);
 		efs_mem_free(iv->cls[k].threads);
 		efs_mem_free(iv->cls[k].args);
@@ -237,7 +247,7 @@ static int start_threads(struct efs_inval *iv, struct inval_class *c, unsigned n
 
 int efs_inval_new(struct efs_inval **ret, uv_loop_t *loop, const struct efs_inval_opts *o)
 {
-	unsigned n[NCLASSES] = {4, 1};
+	unsigned n[NQUEUES] = {4, 1, 2};
 	struct efs_inval *iv;
 	int r;
 
@@ -252,7 +262,7 @@ int efs_inval_new(struct efs_inval **ret, uv_loop_t *loop, const struct efs_inva
 	iv->loop = loop;
 	pthread_mutex_init(&iv->mu, NULL);
 	efs_list_init(&iv->done);
-	for (int k = 0; k < NCLASSES; k++) {
+	for (int k = 0; k < NQUEUES; k++) {
 		pthread_cond_init(&iv->cls[k].cond, NULL);
 		efs_list_init(&iv->cls[k].queue);
 	}
@@ -262,7 +272,7 @@ int efs_inval_new(struct efs_inval **ret, uv_loop_t *loop, const struct efs_inva
 		return r;
 	}
 	iv->async.data = iv;
-	for (int k = 0; k < NCLASSES; k++) {
+	for (int k = 0; k < NQUEUES; k++) {
 		r = start_threads(iv, &iv->cls[k], n[k]);
 		if (r < 0)
 			goto out_stop;
@@ -295,7 +305,7 @@ int efs_inval_submit(struct efs_inval *iv, struct efs_inval_req *req)
 	struct inval_class *c;
 	int r = 0;
 
-	if (!req->cb || (unsigned)req->cls >= NCLASSES)
+	if (!req->cb || (unsigned)req->cls > EFS_INVAL_BEST_EFFORT)
 		return -EINVAL;
 	if (req->kind != EFS_INVAL_INODE && (!req->name || !req->name_len))
 		return -EINVAL;
@@ -310,7 +320,10 @@ int efs_inval_submit(struct efs_inval *iv, struct efs_inval_req *req)
 	req->status = 0;
 	req->link.next = req->link.prev = NULL;
 	req->submit_ns = efs_clock_mono_ns();
-	c = &iv->cls[req->cls];
+	if (req->cls == EFS_INVAL_GATING && req->kind == EFS_INVAL_INODE)
+		c = &iv->cls[Q_GATING_INODE];
+	else
+		c = &iv->cls[req->cls];
 
 	pthread_mutex_lock(&iv->mu);
 	if (iv->stopping) {
@@ -333,7 +346,7 @@ int efs_inval_submit(struct efs_inval *iv, struct efs_inval_req *req)
 /* Moves every queued request to the done list as cancelled (mu held). */
 static void cancel_queued_locked(struct efs_inval *iv)
 {
-	for (int k = 0; k < NCLASSES; k++) {
+	for (int k = 0; k < NQUEUES; k++) {
 		struct inval_class *c = &iv->cls[k];
 		struct efs_list *n;
 
@@ -352,7 +365,7 @@ static void begin_stop(struct efs_inval *iv)
 	if (!iv->stopping) {
 		iv->stopping = true;
 		cancel_queued_locked(iv);
-		for (int k = 0; k < NCLASSES; k++)
+		for (int k = 0; k < NQUEUES; k++)
 			pthread_cond_broadcast(&iv->cls[k].cond);
 	}
 	pthread_mutex_unlock(&iv->mu);

@@ -12,8 +12,11 @@
  * Two classes with threads of their own, so that invalidations a lock
  * release waits for (EFS_INVAL_GATING) never queue behind best-effort ones
  * (EFS_INVAL_BEST_EFFORT: directory entries of a peer's change, attribute
- * refreshes). Within a class, requests start in submission order; with
- * several threads they may finish in any order.
+ * refreshes). Within the gating class, inode invalidations have threads
+ * of their own too: an entry invalidation may wait for a directory lock
+ * the kernel holds, and a file's release must not queue behind it.
+ * Within a queue, requests start in submission order; with several
+ * threads they may finish in any order.
  *
  * ENOENT from the kernel (it does not cache the inode or entry) counts as
  * done: the status is 0. ENOSYS (a kernel without notifications) and
