@@ -2504,6 +2504,210 @@ out:
 	return ret;
 }
 
+/* ---- evict: fence a wedged node ---- */
+
+static void usage_evict(FILE *f)
+{
+	fprintf(f,
+		"Usage: %s evict [OPTIONS] DEVICE NODE | --name NAME NODE\n"
+		"\n"
+		"Fences node NODE of one filesystem (an operator's answer to a wedged node):\n"
+		"in one transaction its generation g/NODE is bumped and its session key\n"
+		"n/NODE deleted, so no transaction it builds can commit again (each compares\n"
+		"the generation its session wrote); then its session lease is revoked, so its\n"
+		"locks, open references and group ownerships pass to the other nodes. Its\n"
+		"groups are reused only after the nodes' --dead-grace (it may still write).\n"
+		"A fenced daemon that wakes up finds its session gone, fails what it had\n"
+		"open with EIO and registers a new session. Evicting a node without a\n"
+		"session changes nothing and succeeds (the command is idempotent); a NODE the\n"
+		"filesystem has never seen is an error.\n"
+		"%s"
+		"\n"
+		"%s"
+		"\n"
+		"%s"
+		"\n"
+		"Exit status: 0 success; 2 usage error; 3 cannot connect to etcd; 4 failed\n"
+		"(no such node, or etcd refused).\n",
+		prog, fs_cmd_help, json_cmd_options, efs_cli_etcd_usage());
+}
+
+/* What evict found and did. */
+struct evict_res {
+	bool has_gen, has_session, evicted, lease_revoked;
+	uint64_t gen_before, gen_after;
+	int64_t lease;
+};
+
+/* Reads n/<node> (its lease, the record's mod revision) and g/<node>. */
+static int evict_read(struct fs_cmd *f, const char *node, struct evict_res *e, int64_t *n_mod,
+		      int64_t *g_mod)
+{
+	struct efs_meta_key nk, gk;
+	Mvccpb__KeyValue *kv = NULL;
+	Etcfs__Generation *g = NULL;
+	int r;
+
+	if (efs_meta_key_node(&f->ns, node, &nk) < 0 || efs_meta_key_gen(&f->ns, node, &gk) < 0)
+		return -EINVAL;
+	r = efs_etcd_sync_get(f->s, gk.buf, gk.len, &kv, NULL);
+	if (r < 0 && r != -ENOENT)
+		return r;
+	if (r == 0) {
+		e->has_gen = true;
+		*g_mod = kv->mod_revision;
+		r = efs_meta_generation_decode(kv->value.data, kv->value.len, &g, NULL);
+		protobuf_c_message_free_unpacked(&kv->base, efs_mem_protobuf());
+		kv = NULL;
+		if (r < 0)
+			return -EBADMSG;
+		e->gen_before = e->gen_after = g->generation;
+		efs_meta_record_free(g);
+	}
+	r = efs_etcd_sync_get(f->s, nk.buf, nk.len, &kv, NULL);
+	if (r == -ENOENT)
+		return 0;
+	if (r < 0)
+		return r;
+	e->has_session = true;
+	e->lease = kv->lease;
+	*n_mod = kv->mod_revision;
+	protobuf_c_message_free_unpacked(&kv->base, efs_mem_protobuf());
+	return 0;
+}
+
+/*
+ * Bumps g/<node> and deletes n/<node> in one transaction, comparing both
+ * unchanged since |n_mod|/|g_mod|: 1 done, 0 something changed meanwhile
+ * (read again), or a negative errno.
+ */
+static int evict_fence(struct fs_cmd *f, const char *node, struct evict_res *e, int64_t n_mod,
+		       int64_t g_mod)
+{
+	Etcfs__Generation g = ETCFS__GENERATION__INIT;
+	Etcdserverpb__TxnResponse *resp = NULL;
+	struct efs_etcd_txn *t = NULL;
+	struct efs_meta_key nk, gk;
+	int r;
+
+	r = efs_meta_key_node(&f->ns, node, &nk);
+	if (r == 0)
+		r = efs_meta_key_gen(&f->ns, node, &gk);
+	if (r == 0)
+		r = efs_etcd_txn_new(&t, 0);
+	if (r == 0)
+		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, nk.buf, nk.len,
+					 n_mod);
+	if (r == 0)
+		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, gk.buf, gk.len,
+					 e->has_gen ? g_mod : 0);
+	g.generation = e->gen_before + 1;
+	if (r == 0)
+		r = efs_meta_txn_put(t, EFS_ETCD_TXN_SUCCESS, &gk, &g.base, 0);
+	if (r == 0)
+		r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, nk.buf, nk.len, NULL, 0, false);
+	if (r == 0)
+		r = efs_etcd_sync_txn(f->s, efs_etcd_txn_request(t), &resp);
+	efs_etcd_txn_free(t);
+	if (r < 0)
+		return r;
+	r = resp->succeeded ? 1 : 0;
+	protobuf_c_message_free_unpacked(&resp->base, efs_mem_protobuf());
+	if (r)
+		e->gen_after = g.generation;
+	return r;
+}
+
+static int cmd_evict(int argc, char **argv)
+{
+	struct fs_cmd f = {0};
+	struct evict_res e = {0};
+	const char *node;
+	int ret, r = 0;
+
+	ret = fs_cmd_start(&f, argc, argv, FS_CMD_JSON | FS_CMD_TARGET, usage_evict);
+	if (ret >= 0)
+		goto out;
+	node = f.target;
+	ret = EXIT_USAGE;
+	if (!node || !efs_meta_node_is_valid(node)) {
+		fprintf(stderr, "%s: evict wants a valid NODE id after the filesystem\n", prog);
+		goto out;
+	}
+	ret = EXIT_FAILED;
+	/* A registration between the read and the fence makes the compares
+	 * fail: read again (a few times, each bounded by the client). */
+	for (int tries = 0; tries < 5; tries++) {
+		int64_t n_mod = 0, g_mod = 0;
+
+		e = (struct evict_res){0};
+		r = evict_read(&f, node, &e, &n_mod, &g_mod);
+		if (r < 0 || !e.has_session)
+			break;
+		r = evict_fence(&f, node, &e, n_mod, g_mod);
+		if (r != 0)
+			break;
+	}
+	if (r == 0 && e.has_session) {
+		fprintf(stderr, "%s: node %s kept changing its session; not evicted\n", prog, node);
+		goto out;
+	}
+	if (r < 0) {
+		fprintf(stderr, "%s: evicting %s: %s\n", prog, node,
+			r == -EBADMSG ? "g/ record is corrupt" : efs_etcd_sync_last_message(f.s));
+		goto out;
+	}
+	if (!e.has_gen && !e.has_session) {
+		fprintf(stderr, "%s: filesystem %s has no node %s (no g/%s or n/%s key)\n", prog,
+			f.fi->name, node, node, node);
+		goto out;
+	}
+	e.evicted = e.has_session;
+	if (e.evicted && e.lease) {
+		Etcdserverpb__LeaseRevokeRequest rq = ETCDSERVERPB__LEASE_REVOKE_REQUEST__INIT;
+		ProtobufCMessage *resp = NULL;
+
+		/* The fence holds already; the revoke hands its keys on now
+		 * rather than at the end of the TTL. A lease already gone is
+		 * what we want. */
+		rq.id = e.lease;
+		r = efs_etcd_sync_call(f.s, EFS_ETCD_LEASE_REVOKE, &rq.base, &resp, NULL);
+		if (resp)
+			protobuf_c_message_free_unpacked(resp, efs_mem_protobuf());
+		e.lease_revoked = r == 0 || r == -ENOENT;
+		if (!e.lease_revoked)
+			fprintf(stderr,
+				"%s: %s is fenced, but revoking its lease %" PRIx64
+				" failed (%s): its keys go when the lease expires\n",
+				prog, node, (uint64_t)e.lease, efs_etcd_sync_last_message(f.s));
+	}
+	if (f.json) {
+		printf("{");
+		json_kstr(true, "filesystem", f.fi->name);
+		json_kstr(false, "node", node);
+		printf(",\"evicted\":%s,\"had_session\":%s", e.evicted ? "true" : "false",
+		       e.has_session ? "true" : "false");
+		printf(",\"generation_before\":%" PRIu64 ",\"generation\":%" PRIu64,
+		       e.gen_before, e.gen_after);
+		if (e.evicted)
+			printf(",\"lease_id\":%" PRId64 ",\"lease_revoked\":%s", e.lease,
+			       e.lease_revoked ? "true" : "false");
+		printf("}\n");
+	} else if (e.evicted) {
+		printf("node %s evicted: generation %" PRIu64 " -> %" PRIu64
+		       ", lease %" PRIx64 " %s\n",
+		       node, e.gen_before, e.gen_after, (uint64_t)e.lease,
+		       e.lease_revoked ? "revoked" : "NOT revoked (expires with its TTL)");
+	} else {
+		printf("node %s has no session (generation %" PRIu64 "): nothing to evict\n", node,
+		       e.gen_before);
+	}
+	ret = e.evicted && !e.lease_revoked ? EXIT_FAILED : EXIT_FIT;
+out:
+	fs_cmd_done(&f);
+	return ret;
+}
+
 /* ---- subcommand table ---- */
 
 struct subcmd {
@@ -2518,6 +2722,7 @@ static const struct subcmd subcmds[] = {
 	{"status", cmd_status, "identity of a filesystem and the nodes that mount it"},
 	{"locks", cmd_locks, "inode locks held and recalls waiting, across the nodes"},
 	{"members", cmd_members, "the nodes of a filesystem: sessions, leases, clock skew"},
+	{"evict", cmd_evict, "fence a wedged node: end its session, bump its generation"},
 };
 
 static void usage(FILE *f)

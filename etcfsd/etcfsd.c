@@ -35,6 +35,7 @@
 #include <uv.h>
 
 #include "cli.h"
+#include "alloc/alloc.h"
 #include "config.h"
 #include "etcd/etcd.h"
 #include "etcd/sync.h"
@@ -123,6 +124,7 @@ struct daemon {
 	uint32_t recall_bound_s;
 	uint32_t max_hold_ms;	    /* efs_lockcache_opts values (0: the default) */
 	uint32_t contended_recalls;
+	uint32_t dead_grace_s; /* --dead-grace (0: the default) */
 	bool cache_timeout_set;	  /* --cache-timeout given */
 	uint32_t cache_timeout_ms;
 	uint32_t io_threads;
@@ -209,6 +211,10 @@ static void usage(FILE *out)
 		"  --contended-recalls N    recalls of one lock within 1 s that make it\n"
 		"                           contended: no hold, no kernel caching (0: never;\n"
 		"                           default 16)\n"
+		"  --dead-grace SECONDS     a dead node's groups, free intents and files\n"
+		"                           taken over wait this long before reuse (default\n"
+		"                           300; groups handed back at a clean leave and a\n"
+		"                           restart's own groups do not wait)\n"
 		"  --compact-interval SECONDS  when elected, compact etcd's history this\n"
 		"                           often (default 60)\n"
 		"  --compact-retain N       revisions kept behind the current one\n"
@@ -477,6 +483,7 @@ enum {
 	OPT_RECALL_BOUND,
 	OPT_MAX_HOLD,
 	OPT_CONTENDED_RECALLS,
+	OPT_DEAD_GRACE,
 	OPT_CACHE_TIMEOUT,
 	OPT_IO_THREADS,
 	OPT_COMPACT_INTERVAL,
@@ -499,6 +506,7 @@ static const struct option longopts[] = {
 	{"recall-bound", required_argument, NULL, OPT_RECALL_BOUND},
 	{"max-hold", required_argument, NULL, OPT_MAX_HOLD},
 	{"contended-recalls", required_argument, NULL, OPT_CONTENDED_RECALLS},
+	{"dead-grace", required_argument, NULL, OPT_DEAD_GRACE},
 	{"cache-timeout", required_argument, NULL, OPT_CACHE_TIMEOUT},
 	{"io-threads", required_argument, NULL, OPT_IO_THREADS},
 	{"compact-interval", required_argument, NULL, OPT_COMPACT_INTERVAL},
@@ -633,6 +641,11 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 			if (int_opt("contended-recalls", optarg, "a number", 0, 100000, &num) < 0)
 				return -EINVAL;
 			d->contended_recalls = num ? (uint32_t)num : EFS_LOCK_HOLD_OFF;
+			break;
+		case OPT_DEAD_GRACE:
+			if (int_opt("dead-grace", optarg, "seconds", 1, 86400, &num) < 0)
+				return -EINVAL;
+			d->dead_grace_s = (uint32_t)num;
 			break;
 		case OPT_FLUSH_INTERVAL:
 			if (int_opt("flush-interval", optarg, "a number", 10, 600000, &num) < 0)
@@ -1567,11 +1580,13 @@ static char *fuse_opt_string(struct daemon *d)
 
 static int mount_fuse(struct daemon *d)
 {
+	uint32_t grace_ms = d->dead_grace_s ? d->dead_grace_s * 1000 : EFS_ALLOC_DEAD_GRACE_MS;
 	struct efs_lockcache_opts lo = {
 		.ns = &d->ns,
 		.recall_bound_ms = d->recall_bound_s * 1000,
 		.max_hold_ms = d->max_hold_ms,
 		.contended_recalls = d->contended_recalls,
+		.takeover_grace_ms = grace_ms,
 	};
 	struct efs_fs_opts fo = {
 		.ns = &d->ns,
@@ -1583,6 +1598,7 @@ static int mount_fuse(struct daemon *d)
 		.dev_direct = d->data_direct,
 		.io_threads = d->io_threads,
 		.flush_interval_ms = d->flush_interval_ms,
+		.dead_grace_ms = grace_ms,
 		/* Kernel caches granted before a suspension must time out before
 		 * the lease deadline: a quarter of the TTL, at most 1 s. */
 		.cache_timeout_ms = (uint32_t)(d->session_ttl_s >= 4 ? 1000

@@ -50,6 +50,7 @@
 #include "meta/records.h"
 #include "space/freemap.h"
 #include "space/quarantine.h"
+#include "lock/session-fsm.h"
 #include "util/clock.h"
 #include "util/list.h"
 #include "util/log.h"
@@ -72,6 +73,28 @@ struct grp {
 	int64_t map_rev, owner_rev;
 	bool has_intents; /* the last read saw free intents: fold soon */
 	bool other_owner; /* the last scan saw an owner key not ours */
+	/* Dead-node grace (not owned groups): when this node first saw the
+	 * group without an owner key (0: it has one, or not seen yet), what
+	 * the last scan made of its last owner, and its free count then. */
+	uint64_t ownerless_ns;
+	uint8_t verdict; /* V_* */
+	uint64_t seen_free;
+};
+
+/* What the last scan made of a group's last owner (AgFree.last). */
+enum {
+	V_UNKNOWN = 0, /* not scanned since it last had an owner key */
+	V_NOW,	       /* none recorded, released, or our own gone process: claimable */
+	V_GRACE,       /* a process that may still write: claimable after the grace */
+};
+
+/* A session of another node (or an earlier one of ours) seen ended, for
+ * the grace of its undrained free intents. */
+struct deadsess {
+	struct deadsess *next;
+	char node[EFS_META_NODE_MAX + 1];
+	uint64_t session;
+	uint64_t since_ns; /* first seen ended, by this node's clock */
 };
 
 struct intent {
@@ -145,6 +168,12 @@ struct efs_alloc {
 	uint32_t groups_initial;
 	uint64_t reserve;
 	uint32_t fold_ms;
+	uint64_t grace_ns;		/* dead-node grace */
+	uint32_t block_size;
+	struct efs_session_owner self; /* what AgFree.last names while we own a group */
+	bool prev_gone; /* a previous process of this node was found gone */
+	struct deadsess *dead;
+	uint64_t grace_blocks; /* free blocks of groups waiting out a grace */
 	struct grp *groups;
 	uint64_t epoch;
 	struct efs_quarantine *q;
@@ -189,7 +218,7 @@ struct efs_alloc {
 
 	/* Figures. */
 	uint64_t double_frees, claims;
-	struct efs_gauge *g_owned, *g_avail, *g_pending, *g_quar;
+	struct efs_gauge *g_owned, *g_avail, *g_pending, *g_quar, *g_grace;
 	struct efs_counter *c_double, *c_claims;
 	struct efs_counter *c_txn[4]; /* etcfs_etcd_txns_total{origin="space"}: ok, conflict,
 				       * error, unknown (fs.c's outcome names) */
@@ -234,6 +263,8 @@ static void update_gauges(struct efs_alloc *a)
 		efs_gauge_set(a->g_pending, (double)st.pending_blocks);
 	if (a->g_quar)
 		efs_gauge_set(a->g_quar, (double)st.quarantine_blocks);
+	if (a->g_grace)
+		efs_gauge_set(a->g_grace, (double)st.grace_blocks * a->block_size);
 }
 
 static void grp_forget(struct grp *g)
@@ -383,11 +414,40 @@ static int owner_compares(struct efs_alloc *a, struct efs_etcd_txn *t, struct gr
 	return r;
 }
 
+/*
+ * Puts ag/<g>/free: |nfree| and this node as the group's last owner
+ * (|released| at a clean leave). Every writer of the owner's map writes
+ * it, so the record always names who may still have writes in flight
+ * into the group.
+ */
+static int put_free(struct efs_alloc *a, struct efs_etcd_txn *t, uint32_t gi, uint64_t nfree,
+		    bool released)
+{
+	Etcfs__AgFree af = ETCFS__AG_FREE__INIT;
+	Etcfs__AgLastOwner lo = ETCFS__AG_LAST_OWNER__INIT;
+	struct efs_meta_key k;
+	int r;
+
+	lo.node = a->node;
+	lo.session_generation = efs_session_generation(a->s);
+	lo.released = released;
+	lo.machine_id = (char *)(a->self.machine_id ? a->self.machine_id : "");
+	lo.boot_id = (char *)(a->self.boot_id ? a->self.boot_id : "");
+	lo.pid_ns = a->self.pid_ns;
+	lo.pid = a->self.pid;
+	lo.pid_start = a->self.pid_start;
+	af.free_blocks = nfree;
+	af.last = &lo;
+	r = efs_meta_key_ag(&a->ns, gi, EFS_META_K_AG_FREE, &k);
+	if (r == 0)
+		r = efs_meta_txn_put(t, EFS_ETCD_TXN_SUCCESS, &k, &af.base, 0);
+	return r;
+}
+
 /* Puts ag/<g>/map and ag/<g>/free from |fm|. */
 static int put_map(struct efs_alloc *a, struct efs_etcd_txn *t, uint32_t gi,
 		   const struct efs_freemap *fm)
 {
-	Etcfs__AgFree af = ETCFS__AG_FREE__INIT;
 	ProtobufCBinaryData b;
 	struct efs_meta_key k;
 	int r;
@@ -401,11 +461,7 @@ static int put_map(struct efs_alloc *a, struct efs_etcd_txn *t, uint32_t gi,
 	efs_mem_free(b.data);
 	if (r < 0)
 		return r;
-	af.free_blocks = fm->nfree;
-	r = efs_meta_key_ag(&a->ns, gi, EFS_META_K_AG_FREE, &k);
-	if (r == 0)
-		r = efs_meta_txn_put(t, EFS_ETCD_TXN_SUCCESS, &k, &af.base, 0);
-	return r;
+	return put_free(a, t, gi, fm->nfree, false);
 }
 
 /* Loads a group's map from a kv: -EUCLEAN when it does not fit the group. */
@@ -708,6 +764,10 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 	a->reserve = o->reserve_blocks ? o->reserve_blocks
 				       : (a->total_blocks / 100 > 64 ? a->total_blocks / 100 : 64);
 	a->fold_ms = o->fold_interval_ms ? o->fold_interval_ms : 5000;
+	a->grace_ns = (uint64_t)(o->dead_grace_ms ? o->dead_grace_ms : EFS_ALLOC_DEAD_GRACE_MS) *
+		      1000000ull;
+	a->block_size = o->fi->block_size;
+	efs_session_owner_self(s, &a->self);
 	a->groups = efs_mem_calloc(a->ngroups, sizeof(*a->groups));
 	if (!a->groups)
 		goto fail;
@@ -731,12 +791,16 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 						 "Blocks allocated and not yet published", NULL);
 		a->g_quar = efs_metrics_gauge(o->m, "etcfs_space_quarantine_blocks",
 					      "Freed blocks waiting for older reads", NULL);
+		a->g_grace = efs_metrics_gauge(o->m, "etcfs_space_grace_bytes",
+					       "Free space of dead nodes' groups waiting out the "
+					       "dead-node grace",
+					       NULL);
 		a->c_double = efs_metrics_counter(o->m, "etcfs_space_double_frees_total",
 						  "Double frees found and refused", NULL);
 		a->c_claims = efs_metrics_counter(o->m, "etcfs_space_claims_total",
 						  "Allocation groups claimed", NULL);
-		if (!a->g_owned || !a->g_avail || !a->g_pending || !a->g_quar || !a->c_double ||
-		    !a->c_claims)
+		if (!a->g_owned || !a->g_avail || !a->g_pending || !a->g_quar || !a->g_grace ||
+		    !a->c_double || !a->c_claims)
 			goto fail;
 		for (int k = 0; k < 4; k++) {
 			static const char *const oc[4] = {"ok", "conflict", "error", "unknown"};
@@ -924,6 +988,8 @@ static void claim_next(struct efs_alloc *a)
 					 mkv->key.len, mkv->mod_revision);
 	if (r == 0)
 		r = efs_session_guard(a->s, t);
+	if (r == 0)
+		r = put_free(a, t, g->g, g->seen_free, false);
 	ow.node = a->node;
 	ow.session_generation = efs_session_generation(a->s);
 	ow.lease_id = efs_session_lease_id(a->s);
@@ -939,9 +1005,83 @@ static void claim_next(struct efs_alloc *a)
 		claim_done(a, r);
 }
 
+/*
+ * May a group with no owner key whose AgFree.last is |lo| be claimed at
+ * once? Yes when nothing is recorded (mkfs, fsck, older writers), when its
+ * last owner released it at a clean leave, or when the last owner was a
+ * process of this node that is gone (a restart on the same machine: no
+ * write of it can still be in flight). Any other last owner may be a
+ * process that is cut off, not dead, with device writes still queued:
+ * its group waits out the grace.
+ */
+static bool last_lets_claim(struct efs_alloc *a, const Etcfs__AgLastOwner *lo)
+{
+	struct efs_session_owner old;
+
+	if (!lo || !lo->node || !lo->node[0] || lo->released)
+		return true;
+	if (strcmp(lo->node, a->node) != 0)
+		return false;
+	old = (struct efs_session_owner){
+		.machine_id = lo->machine_id,
+		.boot_id = lo->boot_id,
+		.pid_ns = lo->pid_ns,
+		.pid = lo->pid,
+		.pid_start = lo->pid_start,
+	};
+	if (!efs_session_owner_gone(a->s, &old))
+		return false;
+	a->prev_gone = true;
+	return true;
+}
+
+/* Has |g|, seen without an owner key now, been ownerless for the grace?
+ * The clock starts when this node first saw it so: a death this node
+ * learnt of late only waits longer. */
+static bool grace_over(const struct efs_alloc *a, struct grp *g, uint64_t now)
+{
+	if (!g->ownerless_ns)
+		g->ownerless_ns = now;
+	return now - g->ownerless_ns >= a->grace_ns;
+}
+
+/* Notes what a scan or probe saw of group |g| not owned by us: an owner
+ * key or none. Returns true when it may be claimed now (no owner key, and
+ * its last owner lets it or its grace is over). */
+static bool grp_seen(struct efs_alloc *a, struct grp *g, bool has_owner, uint64_t now)
+{
+	if (has_owner) {
+		g->ownerless_ns = 0;
+		g->verdict = V_UNKNOWN;
+		return false;
+	}
+	if (g->verdict != V_GRACE) {
+		if (!g->ownerless_ns)
+			g->ownerless_ns = now;
+		return true;
+	}
+	return grace_over(a, g, now);
+}
+
+/* Free blocks of the groups waiting out a grace, as last seen. */
+static void grace_sum(struct efs_alloc *a, uint64_t now)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < a->ngroups; i++) {
+		struct grp *g = &a->groups[i];
+
+		if (!g->owned && g->verdict == V_GRACE && g->ownerless_ns &&
+		    now - g->ownerless_ns < a->grace_ns)
+			n += g->seen_free;
+	}
+	a->grace_blocks = n;
+}
+
 static void scan_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result *r,
 		    Etcdserverpb__TxnResponse *resp)
 {
+	uint64_t now = efs_clock_mono_ns();
 	Etcdserverpb__RangeResponse *rr = NULL;
 	uint32_t n = a->ngroups, start, stride;
 	uint64_t others = 0;
@@ -969,8 +1109,11 @@ static void scan_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result
 		claim_done(a, -ENOMEM);
 		return;
 	}
-	for (uint32_t i = 0; i < n; i++)
+	for (uint32_t i = 0; i < n; i++) {
 		a->scan_owner[i] = a->scan_map[i] = -1;
+		a->groups[i].verdict = V_NOW; /* unless its AgFree says otherwise */
+		a->groups[i].seen_free = 0;
+	}
 	for (size_t i = 0; i < rr->n_kvs; i++) {
 		struct efs_meta_key_info ki;
 		const Mvccpb__KeyValue *kv = rr->kvs[i];
@@ -997,7 +1140,11 @@ static void scan_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result
 			if (!a->groups[ki.group].owned &&
 			    efs_meta_ag_free_decode(kv->value.data, kv->value.len, &af,
 						    NULL) == 0) {
+				struct grp *g = &a->groups[ki.group];
+
 				others += af->free_blocks;
+				g->seen_free = af->free_blocks;
+				g->verdict = last_lets_claim(a, af->last) ? V_NOW : V_GRACE;
 				efs_meta_record_free(af);
 			}
 		} else if (ki.family == EFS_META_K_FREE_INTENT) {
@@ -1006,8 +1153,14 @@ static void scan_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result
 		}
 	}
 	a->others_free = others;
-	for (uint32_t i = 0; i < n; i++)
-		a->groups[i].other_owner = !a->groups[i].owned && (taken[i] & 3) == 2;
+	for (uint32_t i = 0; i < n; i++) {
+		struct grp *g = &a->groups[i];
+
+		g->other_owner = !g->owned && (taken[i] & 3) == 2;
+		if (!g->owned && !grp_seen(a, g, (taken[i] & 3) != 0, now))
+			taken[i] |= 8; /* not claimable now */
+	}
+	grace_sum(a, now);
 	/* Candidates, in the spread order hash(node) + k * stride: ours from a
 	 * previous session first, then free groups with intents (their blocks
 	 * come back with the claim's fold), then the other free groups. An
@@ -1024,7 +1177,8 @@ static void scan_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result
 			uint8_t o = taken[g] & 3;
 			bool in = taken[g] & 4;
 
-			if (a->groups[g].owned || a->scan_map[g] < 0)
+			if (a->groups[g].owned || a->scan_map[g] < 0 ||
+			    (o == 0 && (taken[g] & 8)))
 				continue;
 			if ((pass == 0 && o == 1) || (pass == 1 && o == 0 && in) ||
 			    (pass == 2 && o == 0 && !in && !a->orphan_round))
@@ -1091,6 +1245,8 @@ static void probe_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_resul
 	uint8_t *seen; /* 1: owner key, 2: intents */
 	uint32_t orphans = 0;
 	bool again = a->probe_want; /* intents made while it ran */
+	bool census = false;	    /* a group lost its owner since the last scan */
+	uint64_t now = efs_clock_mono_ns();
 
 	a->probe_busy = false;
 	a->probe_want = false;
@@ -1119,12 +1275,21 @@ static void probe_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_resul
 			seen[ki.group] |= 2;
 	}
 	for (uint32_t i = 0; i < a->ngroups; i++) {
-		a->groups[i].other_owner = !a->groups[i].owned && (seen[i] & 1);
-		if (seen[i] == 2 && !a->groups[i].owned)
+		struct grp *g = &a->groups[i];
+		bool now_ok;
+
+		g->other_owner = !g->owned && (seen[i] & 1);
+		if (g->owned)
+			continue;
+		census |= !(seen[i] & 1) && g->verdict == V_UNKNOWN;
+		now_ok = grp_seen(a, g, seen[i] & 1, now);
+		if (seen[i] == 2 && now_ok)
 			orphans++;
 	}
 	efs_mem_free(seen);
-	if (!orphans) {
+	grace_sum(a, now);
+	update_gauges(a);
+	if (!orphans && !census) {
 		if (again)
 			orphan_probe(a);
 		return;
@@ -1135,8 +1300,8 @@ static void probe_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_resul
 		a->probe_want = true;
 		return;
 	}
-	efs_log_debug("alloc: %" PRIu32 " group(s) with free intents and no owner: claiming",
-		     orphans);
+	efs_log_debug("alloc: %" PRIu32 " group(s) with free intents and no owner: claiming%s",
+		      orphans, census ? " (and reading groups that lost their owner)" : "");
 	a->orphan_round = true;
 	a->claim_need = orphans;
 	claim_round(a);
@@ -1254,7 +1419,44 @@ static void fold_end(struct efs_alloc *a, struct fold *f)
 	}
 }
 
-/* Is the intent |kv| foldable: drained, or its session is over? */
+/*
+ * Has the grace passed since this node first saw session |session| of
+ * |node| ended? Its undrained free intents wait for it: the node may be
+ * cut off rather than dead, with reads of those blocks still in flight.
+ * An earlier session of this node whose process was found gone need not
+ * wait. Entries go once twice the grace has passed (their intents are
+ * folded by then, or will wait once more).
+ */
+static bool dead_grace_over(struct efs_alloc *a, const char *node, uint64_t session)
+{
+	uint64_t now = efs_clock_mono_ns();
+	struct deadsess **pp = &a->dead, *d;
+
+	if (a->prev_gone && !strcmp(node, a->node))
+		return true;
+	while ((d = *pp)) {
+		if (!strcmp(d->node, node) && d->session == session)
+			return now - d->since_ns >= a->grace_ns;
+		if (now - d->since_ns >= 2 * a->grace_ns) {
+			*pp = d->next;
+			efs_mem_free(d);
+			continue;
+		}
+		pp = &d->next;
+	}
+	d = efs_mem_calloc(1, sizeof(*d));
+	if (!d)
+		return false; /* asked again at the next fold */
+	snprintf(d->node, sizeof(d->node), "%s", node);
+	d->session = session;
+	d->since_ns = now;
+	d->next = a->dead;
+	a->dead = d;
+	return false;
+}
+
+/* Is the intent |kv| foldable: drained, or its session is over (and the
+ * grace has passed since)? */
 static bool intent_foldable(struct efs_alloc *a, const Mvccpb__KeyValue *kv,
 			    const Etcdserverpb__RangeResponse *nodes, Etcfs__FreeIntent **ret)
 {
@@ -1296,7 +1498,7 @@ static bool intent_foldable(struct efs_alloc *a, const Mvccpb__KeyValue *kv,
 			}
 		}
 	}
-	if (!fi->drained && live) {
+	if (!fi->drained && (live || !dead_grace_over(a, ki.node, ki.session))) {
 		efs_meta_record_free(fi);
 		return false;
 	}
@@ -2233,6 +2435,7 @@ void efs_alloc_get_stats(const struct efs_alloc *a, struct efs_alloc_stats *ret)
 			ret->quarantine_blocks += efs_runs_total(&in->runs);
 	ret->reserve_blocks = a->reserve;
 	ret->double_frees = a->double_frees;
+	ret->grace_blocks = a->grace_blocks;
 }
 
 /* ---- Leave, loss, free ---- */
@@ -2297,7 +2500,10 @@ static void leave_step(struct efs_alloc *a)
 	r = efs_etcd_txn_new(&t, 0);
 	if (r == 0)
 		r = efs_session_guard(a->s, t);
-	for (uint32_t i = 0; r == 0 && i < a->ngroups && n < BATCH_MAX; i++) {
+	/* The owner key goes with the mark that the group was handed back, in
+	 * one transaction: a group without an owner key is claimable at once
+	 * exactly when its last owner released it. */
+	for (uint32_t i = 0; r == 0 && i < a->ngroups && n < BATCH_MAX / 2; i++) {
 		if (!a->groups[i].owned)
 			continue;
 		r = efs_meta_key_ag(&a->ns, i, EFS_META_K_AG_OWNER, &k);
@@ -2307,6 +2513,8 @@ static void leave_step(struct efs_alloc *a)
 		if (r == 0)
 			r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0,
 						false);
+		if (r == 0)
+			r = put_free(a, t, i, a->groups[i].committed.nfree, true);
 		n++;
 	}
 	if (r == 0 && n == 0) {
@@ -2416,6 +2624,12 @@ struct efs_alloc *efs_alloc_free(struct efs_alloc *a)
 	scan_free(a);
 	while (a->intents)
 		intent_drop(a, a->intents);
+	while (a->dead) {
+		struct deadsess *d = a->dead;
+
+		a->dead = d->next;
+		efs_mem_free(d);
+	}
 	if (a->groups)
 		for (uint32_t i = 0; i < a->ngroups; i++)
 			grp_forget(&a->groups[i]);

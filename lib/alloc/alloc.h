@@ -48,6 +48,18 @@
  * ended) are claimed by any node's sweep — or right after it made such an
  * intent — and folded; a start prefers them.
  *
+ * Dead-node grace: ag/<g>/free names the group's last owner (written by
+ * the claim and every map change, marked released by the clean leave in
+ * the transaction that deletes the owner key). A group with no owner key
+ * is claimed at once when its last owner released it, when none is
+ * recorded, or when it was an earlier process of this node found gone (a
+ * restart on the same machine); otherwise only once |dead_grace_ms| has
+ * passed since this node first saw it without an owner, so that no device
+ * write of a cut-off owner can still land in blocks handed out again.
+ * Undrained free intents of an ended session wait out the same grace
+ * before they are folded. etcfs_space_grace_bytes is the free space of
+ * groups waiting so.
+ *
  * Reserve: allocations with EFS_ALLOC_NEW (extending writes, hole fills,
  * fallocate) fail with ENOSPC when the filesystem's free blocks would fall
  * below |reserve_blocks|; overwrites (copy-on-write of blocks already
@@ -82,7 +94,11 @@ struct efs_alloc_opts {
 	uint32_t groups_initial;      /* groups claimed at start (0: 2) */
 	uint64_t reserve_blocks;      /* 0: max(1% of the data blocks, 64) */
 	uint32_t fold_interval_ms;    /* free-intent sweep (0: 5000) */
+	uint32_t dead_grace_ms;	      /* dead-node grace (0: EFS_ALLOC_DEAD_GRACE_MS) */
 };
+
+/* Default dead-node grace: see docs/DESIGN.md on dead nodes' space. */
+#define EFS_ALLOC_DEAD_GRACE_MS 300000u
 
 int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 		  struct efs_session *s, const struct efs_alloc_opts *o);
@@ -167,6 +183,7 @@ struct efs_alloc_stats {
 	uint64_t quarantine_blocks;
 	uint64_t reserve_blocks;
 	uint64_t double_frees;
+	uint64_t grace_blocks; /* free blocks of dead nodes' groups waiting out the grace */
 };
 void efs_alloc_get_stats(const struct efs_alloc *a, struct efs_alloc_stats *ret);
 

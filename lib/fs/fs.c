@@ -232,7 +232,9 @@ static void dev_fault_from_env(struct efs_fs *fs)
 static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
 {
 	struct efs_iopool_opts po = {.threads = o->io_threads, .m = fs->m};
-	struct efs_alloc_opts ao = {.ns = &fs->ns, .fi = fs->fi, .m = fs->m};
+	struct efs_alloc_opts ao = {
+		.ns = &fs->ns, .fi = fs->fi, .m = fs->m, .dead_grace_ms = o->dead_grace_ms,
+	};
 	int r;
 
 	if (fs->dev_fd < 0)

@@ -52,6 +52,7 @@ struct efs_fs_opts {
 	bool dev_direct;	    /* |dev_fd| was opened with O_DIRECT */
 	uint32_t io_threads;	    /* device workers (0: 16) */
 	uint32_t flush_interval_ms; /* deferred publication sweep (0: 1000) */
+	uint32_t dead_grace_ms;	    /* alloc/alloc.h (0: its default) */
 };
 
 /*

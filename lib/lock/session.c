@@ -635,6 +635,27 @@ static int build_keys(struct efs_session *s, struct efs_meta_key *nk, struct efs
 	return r < 0 ? r : efs_meta_key_gen(&s->ns, s->node, gk);
 }
 
+void efs_session_owner_self(const struct efs_session *s, struct efs_session_owner *ret)
+{
+	ret->machine_id = s->machine_id;
+	ret->boot_id = s->boot_id;
+	ret->pid_ns = s->pid_ns;
+	ret->pid = s->pid;
+	ret->pid_start = s->pid_start;
+}
+
+bool efs_session_owner_gone(const struct efs_session *s, const struct efs_session_owner *old)
+{
+	struct efs_session_owner me;
+	bool running = pid_is_alive(old->pid);
+
+	efs_session_owner_self(s, &me);
+	if (old->pid == me.pid && old->pid_start == me.pid_start && str_eq(old->boot_id, me.boot_id))
+		return false; /* this very process */
+	return efs_session_may_take_over(old, &me, running,
+					 running ? pid_start_time(old->pid) : 0);
+}
+
 /* The registration succeeded: start renewing and go ACTIVE. */
 static void reg_complete(struct efs_session *s, uint64_t generation, int64_t gen_mod)
 {

@@ -40,6 +40,8 @@
 #include "meta/keys.h"
 #include "util/list.h"
 
+struct efs_session_owner; /* lock/session-fsm.h */
+
 struct efs_session;
 
 enum efs_session_state {
@@ -119,6 +121,13 @@ bool efs_session_is_active(const struct efs_session *s);
  * compares), and the namespace the session was started with. */
 int64_t efs_session_gen_mod_revision(const struct efs_session *s);
 const struct efs_meta_ns *efs_session_ns(const struct efs_session *s);
+/* This process as a session owner (strings borrowed from |s|): what a
+ * record written now names, for a later start's takeover check. */
+void efs_session_owner_self(const struct efs_session *s, struct efs_session_owner *ret);
+/* Is the process |old| names gone, so that this process may take over what
+ * it held (efs_session_may_take_over on the pid as it runs now)? Reads
+ * /proc/<pid>/stat when that pid runs: a /proc read, never the disk. */
+bool efs_session_owner_gone(const struct efs_session *s, const struct efs_session_owner *old);
 
 /*
  * Adds to |t| the compares every mutation carries: n/<node> is on this

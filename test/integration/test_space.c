@@ -23,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
@@ -255,10 +257,17 @@ static void cb_done(int status, void *arg)
 	d->status = status;
 }
 
+/* The dead-node grace of the allocators alloc_start makes. */
+static uint32_t grace_ms = 300;
+
 static struct efs_alloc *alloc_start(struct efs_session *s, uint32_t initial)
 {
 	struct efs_alloc_opts o = {
-		.ns = &ns, .fi = &fi, .groups_initial = initial, .fold_interval_ms = 200,
+		.ns = &ns,
+		.fi = &fi,
+		.groups_initial = initial,
+		.fold_interval_ms = 200,
+		.dead_grace_ms = grace_ms,
 	};
 	struct efs_alloc *a = NULL;
 	struct done d = {0};
@@ -563,6 +572,12 @@ Test(alloc, intents_drained_and_folded)
 		a = alloc_start(s, 1);
 		view("n1", &v);
 		cr_assert(v.owned_by[gm], "the start did not prefer the group with intents");
+		/* n4's intent is not drained: it is folded once the grace has
+		 * passed since n1 saw n4's session ended. */
+		for (int i = 0; i < 50 && v.intents; i++) {
+			efs_test_run_for(100);
+			view("n1", &v);
+		}
 		cr_assert_eq(v.intents, 0);
 		cr_assert_eq(v.free_sum, total);
 		alloc_leave(a);
@@ -1042,4 +1057,180 @@ Test(space_mount, intents_of_unowned_groups_folded_after_kill)
 	cr_assert_eq(intents, 0);
 	cr_assert_not(log_has("DOUBLE FREE"));
 	cr_assert_not(log_has("Sanitizer"));
+}
+
+/* ---- Dead-node grace ---- */
+
+/* The group whose owner key names |node| (the first), or UINT32_MAX. */
+static uint32_t owned_group(const char *node)
+{
+	struct agview v;
+
+	view(node, &v);
+	for (uint32_t g = 0; g < lay.ag_count; g++)
+		if (v.owned_by[g])
+			return g;
+	return UINT32_MAX;
+}
+
+/* A node dies: its lease goes without a leave (what kill -9 and the TTL
+ * do), and its allocator and session are dropped. */
+static void die(struct efs_alloc *a, struct efs_session *s)
+{
+	lease_revoke(efs_session_lease_id(s));
+	efs_alloc_free(a);
+	efs_session_free(s);
+}
+
+Test(alloc, dead_nodes_group_waits_out_the_grace)
+{
+	struct efs_session *s1, *s2;
+	struct efs_alloc *a1, *a2;
+	struct efs_alloc_stats st;
+	struct efs_runs got = {0};
+	struct done d = {0};
+	struct agview v;
+	uint32_t gd;
+	int r;
+
+	/* 3 groups of 256 blocks. n2 owns one and dies. */
+	layout_init(4ull << 20);
+	cr_assert_eq(lay.ag_count, 3);
+	s2 = session("n2");
+	a2 = alloc_start(s2, 1);
+	gd = owned_group("n2");
+	cr_assert_lt(gd, lay.ag_count);
+	die(a2, s2);
+
+	/* n1 wants every group: it gets the two others, not n2's, and counts
+	 * that group's space as waiting out the grace. */
+	grace_ms = 3000;
+	s1 = session("n1");
+	a1 = alloc_start(s1, 3);
+	view("n1", &v);
+	cr_assert_eq(v.nowned, 2);
+	cr_assert_not(v.owned_by[gd], "a dead node's group was claimed before the grace");
+	efs_alloc_get_stats(a1, &st);
+	cr_assert_eq(st.grace_blocks, efs_layout_group_blocks(&lay, gd));
+	/* An allocation larger than the two groups: ENOSPC now... */
+	cr_assert_eq(efs_alloc_get(a1, 600, 0, 0, &got, cb_done, &d), -ENOSPC);
+	/* ...and once the grace has passed, the group is claimed for it. */
+	efs_test_run_for(3200);
+	r = efs_alloc_get(a1, 600, 0, 0, &got, cb_done, &d);
+	if (r == 0) {
+		cr_assert(efs_test_run_until(&d.done, 10000));
+		r = d.status;
+	}
+	cr_assert_geq(r, 0, "get after the grace: %d", r);
+	cr_assert_eq(efs_runs_total(&got), 600);
+	view("n1", &v);
+	cr_assert(v.owned_by[gd], "the dead node's group was not claimed after the grace");
+	efs_alloc_get_stats(a1, &st);
+	cr_assert_eq(st.grace_blocks, 0);
+	efs_alloc_unuse(a1, &got);
+	efs_runs_done(&got);
+	alloc_leave(a1);
+	session_end(s1);
+	efs_test_client_free(c);
+	c = NULL;
+	efs_test_assert_no_leaks();
+}
+
+Test(alloc, clean_leave_groups_claimable_at_once)
+{
+	struct efs_session *s1, *s2;
+	struct efs_alloc *a1, *a2;
+	struct agview v;
+	uint32_t gl;
+
+	layout_init(4ull << 20);
+	s2 = session("n2");
+	a2 = alloc_start(s2, 1);
+	gl = owned_group("n2");
+	cr_assert_lt(gl, lay.ag_count);
+	alloc_leave(a2);
+	session_end(s2);
+
+	grace_ms = 600000; /* nothing here may wait for it */
+	s1 = session("n1");
+	a1 = alloc_start(s1, 3);
+	view("n1", &v);
+	cr_assert_eq(v.nowned, 3);
+	cr_assert(v.owned_by[gl], "a group handed back at a clean leave was not claimed");
+	alloc_leave(a1);
+	session_end(s1);
+	efs_test_client_free(c);
+	c = NULL;
+	efs_test_assert_no_leaks();
+}
+
+/* Puts ag/<g>/free as a previous process of n1 left it: |pid| on this
+ * machine ("m1", as session() says), this boot and pid namespace. */
+static void put_last_owner(uint32_t g, int32_t pid)
+{
+	Etcfs__AgFree af = ETCFS__AG_FREE__INIT;
+	Etcfs__AgLastOwner lo = ETCFS__AG_LAST_OWNER__INIT;
+	struct efs_meta_key k;
+	ProtobufCBinaryData b;
+	char boot[64] = "";
+	struct stat sb;
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+
+	cr_assert(f);
+	cr_assert(fgets(boot, sizeof(boot), f));
+	fclose(f);
+	boot[strcspn(boot, "\n")] = '\0';
+	cr_assert_eq(stat("/proc/self/ns/pid", &sb), 0);
+	lo.node = (char *)"n1";
+	lo.session_generation = 1;
+	lo.machine_id = (char *)"m1";
+	lo.boot_id = boot;
+	lo.pid_ns = sb.st_ino;
+	lo.pid = pid;
+	af.free_blocks = efs_layout_group_blocks(&lay, g);
+	af.last = &lo;
+	cr_assert_eq(efs_meta_pack(&af.base, &b), 0);
+	cr_assert_eq(efs_meta_key_ag(&ns, g, EFS_META_K_AG_FREE, &k), 0);
+	cr_assert_eq(efs_etcd_sync_put(sc, k.buf, k.len, b.data, b.len, 0, NULL), 0);
+	efs_mem_free(b.data);
+}
+
+Test(alloc, restart_takes_its_own_groups_back_once_its_old_process_is_gone)
+{
+	struct efs_session *s;
+	struct efs_alloc *a;
+	struct agview v;
+	pid_t dead;
+	int st;
+
+	layout_init(4ull << 20);
+	grace_ms = 600000;
+	/* A process of n1 that still runs (our parent) last owned group 0: a
+	 * restart must not take it. */
+	put_last_owner(0, (int32_t)getppid());
+	s = session("n1");
+	a = alloc_start(s, 3);
+	view("n1", &v);
+	cr_assert_eq(v.nowned, 2);
+	cr_assert_not(v.owned_by[0], "a group of a running process of this node was claimed");
+	alloc_leave(a);
+	session_end(s);
+
+	/* Its last owner is a process that has exited: claimed at once. */
+	dead = fork();
+	cr_assert_geq(dead, 0);
+	if (dead == 0)
+		_exit(0);
+	cr_assert_eq(waitpid(dead, &st, 0), dead);
+	put_last_owner(0, (int32_t)dead);
+	s = session("n1");
+	a = alloc_start(s, 3);
+	view("n1", &v);
+	cr_assert_eq(v.nowned, 3);
+	cr_assert(v.owned_by[0], "this node's own group was not taken back after a restart");
+	alloc_leave(a);
+	session_end(s);
+	efs_test_client_free(c);
+	c = NULL;
+	efs_test_assert_no_leaks();
 }
