@@ -79,6 +79,7 @@ struct grp {
 	uint64_t ownerless_ns;
 	uint8_t verdict; /* V_* */
 	uint64_t seen_free;
+	bool unsure; /* at leave: the committed map may be behind etcd's */
 };
 
 /* What the last scan made of a group's last owner (AgFree.last). */
@@ -277,6 +278,7 @@ static void grp_forget(struct grp *g)
 	g->stale = false;
 	g->dirty = false;
 	g->has_intents = false;
+	g->unsure = false;
 	g->map_rev = g->owner_rev = 0;
 }
 
@@ -2491,8 +2493,10 @@ static void leave_step(struct efs_alloc *a)
 
 	/* Every owned group is dropped from memory at once; stale flags are
 	 * irrelevant to a delete compared on our lease. */
-	for (uint32_t i = 0; i < a->ngroups; i++)
+	for (uint32_t i = 0; i < a->ngroups; i++) {
+		a->groups[i].unsure |= a->groups[i].stale;
 		a->groups[i].stale = false;
+	}
 	if (!session_ok(a)) {
 		leave_end(a, -EIO);
 		return;
@@ -2513,7 +2517,10 @@ static void leave_step(struct efs_alloc *a)
 		if (r == 0)
 			r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0,
 						false);
-		if (r == 0)
+		/* A group whose map we may not know (an unknown outcome not
+		 * re-read) is left unreleased rather than given a wrong count:
+		 * it then waits out the grace. */
+		if (r == 0 && !a->groups[i].unsure)
 			r = put_free(a, t, i, a->groups[i].committed.nfree, true);
 		n++;
 	}

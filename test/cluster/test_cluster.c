@@ -1611,6 +1611,214 @@ static void three_nodes_creating_in_one_directory_agree_on_every_name(void)
 	efs_proof_dir_ping_pong(&cl, cur_check, 3);
 }
 
+/* ---- Dead nodes' space, grace and evict (issue 12) ---- */
+
+/* The nodes' --dead-grace: short, so that a dead node's groups come back
+ * within a check. */
+#define DEAD_GRACE_S "5"
+
+static const char evict_json_py[] =
+	"import json,sys\n"
+	"x=json.load(open(sys.argv[1]))\n"
+	"assert x['filesystem']=='clusterfs' and x['node']==sys.argv[2],x\n"
+	"assert x['evicted'] is (sys.argv[3]=='1') and x['had_session'] is (sys.argv[3]=='1'),x\n"
+	"if x['evicted']:\n"
+	"  assert x['generation']==x['generation_before']+1,x\n"
+	"  assert x['lease_id']!=0 and x['lease_revoked'] is True,x\n"
+	"else:\n"
+	"  assert x['generation']==x['generation_before'],x\n";
+
+/* The session generation etcfsctl members shows for node |i| (0: none). */
+static unsigned long long member_generation(int i)
+{
+	char out[16384], key[48];
+	unsigned long long gen = 0;
+	const char *row;
+	int r;
+
+	r = efs_cl_run(&cl, out, sizeof(out), "etcfsctl", "members", "--name", "clusterfs",
+		       (const char *)NULL);
+	CL_CHECK(r == 0, "etcfsctl members exited %d:\n%s", r, out);
+	snprintf(key, sizeof(key), "\n  %s ", cl.node[i].id);
+	row = strstr(out, key);
+	if (row && sscanf(row, " %*s %*s %*d %*s %llu", &gen) != 1)
+		gen = 0;
+	return gen;
+}
+
+/* Remounts node |i| with session TTL |ttl| (the fixture's TTL is every
+ * node's; this one changes only node |i|'s next mounts). */
+static void remount_with_ttl(int i, int ttl)
+{
+	int keep = cl.opts.session_ttl;
+
+	efs_cl_unmount(&cl, i);
+	cl.opts.session_ttl = ttl;
+	efs_cl_mount(&cl, i);
+	cl.opts.session_ttl = keep;
+}
+
+/*
+ * A child on node |node|: writes "ev" (holding it exclusively), says so
+ * (outside "evready"), waits for "evgo", then writes and fsyncs through
+ * the same descriptor and notes the outcome in "evres" ("1 0" or
+ * "0 errno"). The descriptor lives in this child only: a process that
+ * holds a descriptor of a stopped daemon's mount hangs in every exec
+ * (close-on-exec sends FUSE a flush), so the check's own process must
+ * hold none while node1 is stopped.
+ */
+static void evicted_writer(int node)
+{
+	char res[32];
+	int fd, ok, e;
+
+	fd = open(P(node, "ev"), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	CL_CHECK(fd >= 0, "open: %s", strerror(errno));
+	CL_CHECK(pwrite(fd, "from node1", 10, 0) == 10 && fsync(fd) == 0, "node1 writes: %s",
+		 strerror(errno));
+	put_file(outside("evready", node), "", 0);
+	while (access(outside("evgo", node), F_OK) != 0)
+		efs_cl_sleep_ms(50);
+	ok = pwrite(fd, "late node1", 10, 0) == 10 && fsync(fd) == 0;
+	e = ok ? 0 : errno;
+	close(fd);
+	snprintf(res, sizeof(res), "%d %d", ok, e);
+	put_file(outside("evres", node), res, strlen(res));
+}
+
+/*
+ * node1 holds a file exclusively (open for writing, written) and is
+ * stopped (SIGSTOP) with a lease that outlives the check's bound (a 30 s
+ * TTL: without the evict its locks would pass on only after that):
+ * etcfsctl evict fences it, node2 then writes the file durably, a second
+ * evict changes nothing, an unknown node is refused. Resumed, node1 finds
+ * itself fenced: its old descriptor fails (EIO), it registers a new
+ * session, and reads what node2 wrote. Nothing of the check's own touches
+ * node1's mount while it is stopped (that would hang): results are
+ * checked after the SIGCONT.
+ */
+static void an_evicted_node_is_fenced_and_comes_back_with_a_new_session(void)
+{
+	static char out1[4096], out2[4096], out3[4096];
+	char buf[64] = "", id[32];
+	unsigned long long gen0, gen1;
+	uint64_t t0, took = 0;
+	pid_t pid;
+	int fd2, w, r1, r2, r3, werr = 0, ok = -1, e = 0;
+	bool wrote = false;
+
+	remount_with_ttl(0, 30);
+	pid = cl.node[0].pid;
+	check_dir();
+	unlink(outside("evready", 0));
+	unlink(outside("evgo", 0));
+	unlink(outside("evres", 0));
+	w = kid_start(evicted_writer, 0);
+	t0 = efs_cl_now_ms();
+	while (access(outside("evready", 0), F_OK) != 0 && efs_cl_now_ms() - t0 < 20000)
+		efs_cl_sleep_ms(50);
+	CL_CHECK(kid_running(w), "node1's writer ended early");
+	CL_CHECK(access(outside("evready", 0), F_OK) == 0, "node1's writer did not write");
+	gen0 = member_generation(0);
+	CL_CHECK(gen0 > 0, "etcfsctl members does not show node1");
+	snprintf(id, sizeof(id), "%s", cl.node[0].id);
+	CL_CHECK(kill(pid, SIGSTOP) == 0, "SIGSTOP node1: %s", strerror(errno));
+	r1 = efs_cl_run(&cl, out1, sizeof(out1), "etcfsctl", "evict", "--json", "--name",
+			"clusterfs", id, (const char *)NULL);
+	/* Again: node1 has no session now (it is stopped: it cannot
+	 * register), so nothing changes and it succeeds. */
+	r2 = efs_cl_run(&cl, out2, sizeof(out2), "etcfsctl", "evict", "--json", "--name",
+			"clusterfs", id, (const char *)NULL);
+	r3 = efs_cl_run(&cl, out3, sizeof(out3), "etcfsctl", "evict", "--name", "clusterfs",
+			"nosuchnode", (const char *)NULL);
+	/* node2 takes the file over and writes it durably. */
+	t0 = efs_cl_now_ms();
+	fd2 = open(P(1, "ev"), O_RDWR | O_CLOEXEC);
+	if (fd2 >= 0) {
+		wrote = pwrite(fd2, "from node2", 10, 0) == 10 && fsync(fd2) == 0;
+		werr = errno;
+		close(fd2);
+	} else {
+		werr = errno;
+	}
+	took = efs_cl_now_ms() - t0;
+	CL_CHECK(kill(pid, SIGCONT) == 0, "SIGCONT node1: %s", strerror(errno));
+	/* node1 wakes up fenced: what it had open fails. */
+	put_file(outside("evgo", 0), "", 0);
+	kid_wait(w);
+	memset(buf, 0, sizeof(buf));
+	get_file(outside("evres", 0), buf, sizeof(buf) - 1);
+	CL_CHECK(sscanf(buf, "%d %d", &ok, &e) == 2, "node1's writer says '%s'", buf);
+	CL_CHECK(r1 == 0, "etcfsctl evict exited %d:\n%s", r1, out1);
+	json_check("evict --json", out1, evict_json_py, id, "1", NULL, NULL, NULL, NULL);
+	CL_CHECK(r2 == 0, "a second etcfsctl evict exited %d:\n%s", r2, out2);
+	json_check("evict --json, again", out2, evict_json_py, id, "0", NULL, NULL, NULL, NULL);
+	CL_CHECK(r3 == 4 && strstr(out3, "no node nosuchnode"),
+		 "evict of an unknown node exited %d:\n%s", r3, out3);
+	CL_CHECK(wrote, "node2 could not write the evicted node's file: %s", strerror(werr));
+	CL_CHECK(!TIMING || took < 15000, "node2's write took %llu ms after the evict",
+		 (unsigned long long)took);
+	CL_CHECK(!ok && e == EIO, "node1's old descriptor, after its eviction: %s",
+		 ok ? "it still wrote" : strerror(e));
+	/* It registers a new session (a higher generation than the fence's)
+	 * and serves again. */
+	t0 = efs_cl_now_ms();
+	while ((gen1 = member_generation(0)) <= gen0 + 1 && efs_cl_now_ms() - t0 < 20000)
+		efs_cl_sleep_ms(200);
+	CL_CHECK(gen1 > gen0 + 1, "node1 did not register again: generation %llu (was %llu)",
+		 gen1, gen0);
+	CL_CHECK(efs_cl_alive(&cl, 0) && cl.node[0].pid == pid, "node1's daemon exited");
+	memset(buf, 0, sizeof(buf));
+	get_file(P(0, "ev"), buf, 10);
+	CL_CHECK(!strcmp(buf, "from node2"), "node1 reads '%s' after coming back", buf);
+	memset(buf, 0, sizeof(buf));
+	get_file(P(2, "ev"), buf, 10);
+	CL_CHECK(!strcmp(buf, "from node2"), "node3 reads '%s'", buf);
+	printf("# %s: node2's takeover write %llu ms after the evict\n", cur_check,
+	       (unsigned long long)took);
+	remount_with_ttl(0, cl.opts.session_ttl);
+}
+
+/*
+ * A clean restart of node3 hands its groups back: the other nodes never
+ * count its space as waiting out the dead-node grace, and node3 writes
+ * again at once.
+ */
+static void a_clean_restart_leaves_no_space_waiting_for_the_grace(void)
+{
+	static char blk[65536];
+	double v;
+	uint64_t t0;
+
+	check_dir();
+	/* Space of nodes that died or were evicted in earlier checks comes
+	 * back after the grace (5 s) plus a sweep or two. */
+	t0 = efs_cl_now_ms();
+	do {
+		v = efs_cl_metric(&cl, 0, "etcfs_space_grace_bytes") +
+		    efs_cl_metric(&cl, 1, "etcfs_space_grace_bytes");
+		if (v != 0)
+			efs_cl_sleep_ms(250);
+	} while (v != 0 && efs_cl_now_ms() - t0 < 30000);
+	CL_CHECK(v == 0, "%.0f bytes still wait for the grace after 30 s", v);
+	memset(blk, 'r', sizeof(blk));
+	put_file(P(2, "before"), blk, sizeof(blk));
+	efs_cl_unmount(&cl, 2);
+	efs_cl_mount(&cl, 2);
+	put_file(P(2, "after"), blk, sizeof(blk));
+	/* Longer than a sweep (5 s) plus the grace: a group of node3 seen
+	 * waiting by a peer would show in between. */
+	t0 = efs_cl_now_ms();
+	while (efs_cl_now_ms() - t0 < 12000) {
+		for (int i = 0; i < 2; i++) {
+			v = efs_cl_metric(&cl, i, "etcfs_space_grace_bytes");
+			CL_CHECK(v == 0, "node%d counts %.0f bytes waiting for the grace after "
+				 "node3's clean restart", i + 1, v);
+		}
+		efs_cl_sleep_ms(250);
+	}
+}
+
 /* ---- The runner ---- */
 
 struct check {
@@ -1654,6 +1862,8 @@ static const struct check checks[] = {
 	CHECK(three_nodes_writing_one_file_lose_and_tear_nothing, 60, RUN_FULL),
 	CHECK(two_nodes_creating_in_one_directory_agree_on_every_name, 60, RUN_FULL),
 	CHECK(three_nodes_creating_in_one_directory_agree_on_every_name, 60, RUN_FULL),
+	CHECK(an_evicted_node_is_fenced_and_comes_back_with_a_new_session, 90, RUN_FULL),
+	CHECK(a_clean_restart_leaves_no_space_waiting_for_the_grace, 60, RUN_FULL),
 };
 
 #define NCHECKS (sizeof(checks) / sizeof(checks[0]))
@@ -1823,8 +2033,10 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	/* A short recall bound: a recall left unanswered shows in the logs. */
-	static const char *const args[] = {"--recall-bound", EFS_CL_RECALL_BOUND_S, NULL};
-	static const char *const debug_args[] = {"--recall-bound", EFS_CL_RECALL_BOUND_S, "--log-level",
+	static const char *const args[] = {"--recall-bound", EFS_CL_RECALL_BOUND_S,
+					   "--dead-grace", DEAD_GRACE_S, NULL};
+	static const char *const debug_args[] = {"--recall-bound", EFS_CL_RECALL_BOUND_S,
+						 "--dead-grace", DEAD_GRACE_S, "--log-level",
 						 "debug", NULL};
 
 	o.mount_args = getenv("ETCFS_CLUSTER_DEBUG") ? debug_args : args;
