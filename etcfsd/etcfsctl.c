@@ -2625,7 +2625,7 @@ static int cmd_evict(int argc, char **argv)
 	const char *node;
 	int ret, r = 0;
 
-	ret = fs_cmd_start(&f, argc, argv, FS_CMD_JSON | FS_CMD_TARGET, usage_evict);
+	ret = fs_cmd_parse(&f, argc, argv, FS_CMD_JSON | FS_CMD_TARGET, usage_evict);
 	if (ret >= 0)
 		goto out;
 	node = f.target;
@@ -2634,6 +2634,9 @@ static int cmd_evict(int argc, char **argv)
 		fprintf(stderr, "%s: evict wants a valid NODE id after the filesystem\n", prog);
 		goto out;
 	}
+	ret = fs_cmd_open(&f);
+	if (ret >= 0)
+		goto out;
 	ret = EXIT_FAILED;
 	/* A registration between the read and the fence makes the compares
 	 * fail: read again (a few times, each bounded by the client). */
