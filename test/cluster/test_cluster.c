@@ -1705,7 +1705,7 @@ static void an_evicted_node_is_fenced_and_comes_back_with_a_new_session(void)
 	uint64_t t0, took = 0;
 	pid_t pid;
 	int fd2, w, r1, r2, r3, werr = 0, ok = -1, e = 0;
-	bool wrote = false;
+	bool wrote = false, waiting;
 
 	remount_with_ttl(0, 30);
 	pid = cl.node[0].pid;
@@ -1760,6 +1760,13 @@ static void an_evicted_node_is_fenced_and_comes_back_with_a_new_session(void)
 		 (unsigned long long)took);
 	CL_CHECK(!ok && e == EIO, "node1's old descriptor, after its eviction: %s",
 		 ok ? "it still wrote" : strerror(e));
+	/* Its groups wait out the grace: node2 counts their space as waiting
+	 * once its sweep has seen them ownerless (within a sweep, 5 s). */
+	t0 = efs_cl_now_ms();
+	while (!(waiting = efs_cl_metric(&cl, 1, "etcfs_space_grace_bytes") > 0) &&
+	       efs_cl_now_ms() - t0 < 15000)
+		efs_cl_sleep_ms(100);
+	CL_CHECK(waiting, "node2 never counted the evicted node's groups as waiting for the grace");
 	/* It registers a new session (a higher generation than the fence's)
 	 * and serves again. */
 	t0 = efs_cl_now_ms();
