@@ -538,9 +538,13 @@ struct memo {
 	size_t max;
 };
 
+/* Where an entry's bitset starts: after its state, 8-byte aligned (entries
+ * are a multiple of 8 bytes long, so every bitset is aligned). */
+#define BITS_AT (((sizeof(struct mstate) + 7) / 8) * 8)
+
 static size_t entry_size(const struct memo *m)
 {
-	return sizeof(struct mstate) + m->words * sizeof(uint64_t);
+	return BITS_AT + m->words * sizeof(uint64_t);
 }
 
 static uint64_t hash_of(const uint64_t *bits, size_t words, const struct mstate *s)
@@ -571,7 +575,7 @@ static int memo_add(struct memo *m, const uint64_t *bits, const struct mstate *s
 		for (size_t k = 0; k < m->n; k++) {
 			const unsigned char *e = m->ent + k * es;
 
-			h = hash_of((const uint64_t *)(e + sizeof(struct mstate)), m->words,
+			h = hash_of((const uint64_t *)(e + BITS_AT), m->words,
 				    (const struct mstate *)e);
 			for (i = h & (nn - 1); ns[i]; i = (i + 1) & (nn - 1))
 				;
@@ -586,7 +590,7 @@ static int memo_add(struct memo *m, const uint64_t *bits, const struct mstate *s
 		const unsigned char *e = m->ent + (m->slot[i] - 1) * es;
 
 		if (!memcmp(e, s, sizeof(*s)) &&
-		    !memcmp(e + sizeof(*s), bits, m->words * sizeof(uint64_t)))
+		    !memcmp(e + BITS_AT, bits, m->words * sizeof(uint64_t)))
 			return 0;
 	}
 	if (m->n >= m->max)
@@ -601,7 +605,7 @@ static int memo_add(struct memo *m, const uint64_t *bits, const struct mstate *s
 		m->cap = nc;
 	}
 	memcpy(m->ent + m->n * es, s, sizeof(*s));
-	memcpy(m->ent + m->n * es + sizeof(*s), bits, m->words * sizeof(uint64_t));
+	memcpy(m->ent + m->n * es + BITS_AT, bits, m->words * sizeof(uint64_t));
 	m->slot[i] = (uint32_t)(++m->n);
 	return 1;
 }
