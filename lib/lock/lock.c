@@ -394,7 +394,11 @@ static bool drain_exempt(const struct acq *a)
 
 static bool hit_ok(const struct acq *a, const struct efs_locktab_entry *e)
 {
-	return e->state != EFS_LOCKTAB_RELEASING && !e->draining &&
+	/* A request nested in an operation that pins the lock already does
+	 * not hold an upgrade's drain up: its pin goes with that one. */
+	bool nested = (a->req->flags & EFS_LOCK_F_NESTED) != 0;
+
+	return e->state != EFS_LOCKTAB_RELEASING && (!e->draining || nested) &&
 	       (!e->recalled || e->inval_serving || drain_exempt(a));
 }
 
@@ -3491,6 +3495,23 @@ int efs_lock_acquire(struct efs_lockcache *lc, struct efs_lock_req *req)
 	a->gen = lc->gen;
 	a->wait = AW_KICK;
 	kick_soon(lc);
+	return 0;
+}
+
+int efs_lock_withdraw(struct efs_lockcache *lc, struct efs_lock_req *req)
+{
+	struct acq *a = req ? req->priv : NULL;
+
+	if (!lc || !a)
+		return -EINVAL;
+	if (a->wait != AW_KICK || a->cur != SIZE_MAX || a->recall_seq || a->cancelled)
+		return -EBUSY;
+	for (size_t i = 0; i < EFS_LOCK_REQ_MAX; i++)
+		if (a->pinned[i])
+			return -EBUSY;
+	efs_list_del(&a->link);
+	efs_mem_free(a);
+	req->priv = NULL;
 	return 0;
 }
 

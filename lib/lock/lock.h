@@ -284,6 +284,13 @@ struct efs_lockcache *efs_lockcache_free(struct efs_lockcache *lc);
 int efs_lock_acquire(struct efs_lockcache *lc, struct efs_lock_req *req);
 /* Cancels a waiting acquisition: its callback runs with -EINTR (later). */
 void efs_lock_cancel(struct efs_lockcache *lc, struct efs_lock_req *req);
+/*
+ * Ends at once, without its callback, an acquisition efs_lock_acquire has
+ * just queued (it returned 0) before the loop ran again: nothing was sent
+ * or pinned yet, so |req| may be freed right after. -EBUSY when it has
+ * moved on (then cancel it and wait for its callback).
+ */
+int efs_lock_withdraw(struct efs_lockcache *lc, struct efs_lock_req *req);
 /* Unpins what |req| acquired; the locks stay cached. */
 void efs_lock_put(struct efs_lockcache *lc, struct efs_lock_req *req);
 /*

@@ -282,8 +282,12 @@ static int prep_build(struct efs_fs_op *op)
 		lr->arg = r;
 		e = efs_lock_acquire(fs->lc, lr);
 		if (e != 1) {
-			if (e == 0)
-				efs_lock_cancel(fs->lc, lr);
+			/* Not a hit after all: the request is failed, and |lr| goes
+			 * with it, so the queued acquisition must end now (a cancel
+			 * would call back into freed memory later). */
+			if (e == 0 && efs_lock_withdraw(fs->lc, lr) < 0)
+				efs_log_err("data: inode %llu: a queued lock request could not be "
+					    "withdrawn", (unsigned long long)r->ino);
 			return -EIO;
 		}
 		*pinned = true;
