@@ -394,11 +394,7 @@ static bool drain_exempt(const struct acq *a)
 
 static bool hit_ok(const struct acq *a, const struct efs_locktab_entry *e)
 {
-	/* A request nested in an operation that pins the lock already does
-	 * not hold an upgrade's drain up: its pin goes with that one. */
-	bool nested = (a->req->flags & EFS_LOCK_F_NESTED) != 0;
-
-	return e->state != EFS_LOCKTAB_RELEASING && (!e->draining || nested) &&
+	return e->state != EFS_LOCKTAB_RELEASING && !e->draining &&
 	       (!e->recalled || e->inval_serving || drain_exempt(a));
 }
 
