@@ -128,8 +128,12 @@ static void setattr_done(struct efs_fs_op *op)
 {
 	struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
 
-	if (in && in->rec)
-		efs_fs_reply_attr(op, op->ino, in->rec);
+	if (in && in->rec) {
+		struct stat st;
+
+		efs_meta_inode_to_stat(in->rec, op->ino, op->fs->blksize, &st);
+		efs_fs_rq_attr(op->rq, &st, EFS_FS_UNVERSIONED_ATTR_TIMEOUT);
+	}
 }
 
 static const struct efs_fs_opdesc setattr_desc = {

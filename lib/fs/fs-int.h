@@ -628,6 +628,15 @@ int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inod
 void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, const char *name, size_t len,
 		       uint64_t ino, const Etcfs__Inode *rec, struct fuse_entry_param *e);
 double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino);
+/*
+ * The attribute timeout of a reply the kernel applies without its version
+ * check (the one that drops a reply older than an invalidation of the
+ * inode): a SETATTR reply, and an entry of an inode the kernel holds no
+ * reference to (the inode it creates for the reply starts with no
+ * version). Such a reply can be applied after our release's invalidation
+ * ran (for a new inode, found nothing), so it carries no timeout: 0.
+ */
+#define EFS_FS_UNVERSIONED_ATTR_TIMEOUT 0.0
 void efs_fs_reply_entry(struct efs_fs_op *op, uint64_t parent, const char *name, size_t len,
 			uint64_t ino, const Etcfs__Inode *rec);
 void efs_fs_reply_attr(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *rec);

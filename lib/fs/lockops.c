@@ -212,11 +212,15 @@ double efs_fs_entry_timeout(struct efs_fs *fs, uint64_t parent, const char *name
 void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, const char *name, size_t len,
 		       uint64_t ino, const Etcfs__Inode *rec, struct fuse_entry_param *e)
 {
+	const struct efs_fs_inode *in;
+
 	memset(e, 0, sizeof(*e));
 	e->ino = ino;
 	e->generation = rec->generation;
 	efs_meta_inode_to_stat(rec, ino, fs->blksize, &e->attr);
-	e->attr_timeout = efs_fs_attr_timeout(fs, ino);
+	in = efs_fs_ifind(fs, ino);
+	e->attr_timeout = in && in->nlookup ? efs_fs_attr_timeout(fs, ino)
+					    : EFS_FS_UNVERSIONED_ATTR_TIMEOUT;
 	e->entry_timeout = efs_fs_entry_timeout(fs, parent, name, len);
 }
 

@@ -1884,6 +1884,50 @@ Test(data, dir_release_drops_kernel_entries)
 	efs_test_assert_no_leaks();
 }
 
+/*
+ * The kernel applies a SETATTR reply without the version check that drops
+ * a reply older than an invalidation; such a reply can land after our
+ * release invalidated, so it carries no attribute timeout and the next
+ * stat asks us. A GETATTR reply is versioned and keeps its timeout. Each
+ * round runs within the timeout, or is not counted. (Entries of an inode
+ * new to the kernel get no attribute timeout either; the kernel could not
+ * be made to forget an inode here on demand, so the histories check that.)
+ */
+Test(data, unversioned_replies_carry_no_attribute_timeout)
+{
+	char path[PATH_MAX];
+	struct stat st;
+	double g0, g1, g2;
+	bool seen = false;
+	int fd;
+
+	env_start(0, NULL);
+	env_path(path, sizeof(path), "f");
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	cr_assert_geq(fd, 0, "create %s: %s", path, strerror(errno));
+	IO_EQ(close(fd), 0);
+	for (int round = 0; round < 20 && !seen; round++) {
+		uint64_t t0 = mono_ms();
+
+		IO_EQ(chmod(path, round % 2 ? 0600 : 0640), 0);
+		g0 = op_count("getattr");
+		IO_EQ(stat(path, &st), 0);
+		g1 = op_count("getattr");
+		IO_EQ(stat(path, &st), 0);
+		g2 = op_count("getattr");
+		if (mono_ms() - t0 > 300)
+			continue; /* slower than the timeout: proves nothing */
+		cr_assert_eq(st.st_mode & 0777, round % 2 ? 0600u : 0640u);
+		cr_assert_geq(g1, g0 + 1, "the stat after a chmod was answered by the kernel "
+			      "from the SETATTR reply");
+		cr_assert_eq(g2, g1, "a GETATTR reply was not cached");
+		seen = true;
+	}
+	cr_assert(seen, "no round ran within the attribute timeout");
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
 Test(data, recall)
 {
 	seed = test_seed();
