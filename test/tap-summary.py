@@ -18,6 +18,19 @@ failures = []   # one line per failed check
 details = []    # (what, lines) per failed check
 
 
+INFO_LOG = re.compile(r'^#? *\d\d:\d\d:\d\d\.\d+ (info|debug):')
+WHY = re.compile(r'[\w./-]+\.c:\d+:')
+
+
+def reason(block):
+    """The first assertion line of a failure's block, shortened."""
+    for l in block:
+        if WHY.search(l):
+            l = l.strip().lstrip('#').strip()
+            return l if len(l) <= 400 else l[:400] + '...'
+    return ''
+
+
 def block_after(out, line):
     """The YAML block Criterion writes under a 'not ok' line, up to '...'."""
     lines = out.splitlines()
@@ -29,6 +42,10 @@ def block_after(out, line):
     for l in lines[i + 1:]:
         if l.startswith('ok ') or l.startswith('not ok ') or l.strip() == '...':
             break
+        # Daemon logs the cluster suite prints after a failure: only
+        # their warnings and errors say something.
+        if INFO_LOG.match(l):
+            continue
         block.append(l)
     if len(block) > BLOCK_LINES:
         block = block[:BLOCK_LINES] + [f'  [{len(block) - BLOCK_LINES} more lines]']
@@ -55,8 +72,12 @@ for path in sys.argv[1:]:
                 bad = 1  # crashed or timed out after its last TAP line
                 failures.append(f"{where}: {rec['result']} after its last TAP line")
             for b in bad_lines:
-                failures.append(f"{where}: {b}")
-                details.append((f"{where}: {b}", block_after(out, b)))
+                block = block_after(out, b)
+                why = reason(block)
+                # The closing lines are what a short CI record keeps: each
+                # names its check's first assertion too.
+                failures.append(f"{where}: {b}" + (f" -- {why}" if why else ''))
+                details.append((f"{where}: {b}", block))
             if bad:
                 err = (rec.get('stderr') or '').splitlines()[-STDERR_LINES:]
                 if err:
