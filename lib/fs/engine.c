@@ -268,6 +268,26 @@ void efs_fs_no_done(struct efs_fs_op *op)
 	(void)op;
 }
 
+/*
+ * A node with a file open for writing never takes its lock shared. The
+ * kernel keeps the page of a write through the page cache locked while
+ * the write waits for us (a partial page not yet read), and a shared hold
+ * the write must upgrade can be recalled meanwhile: its release must drop
+ * the kernel's pages first, which waits for that page, which waits for
+ * the write, which waits for the upgrade. So every shared want on such a
+ * file asks for the exclusive lock, and (file/lockops.c) a recall for
+ * shared access releases it instead of downgrading it.
+ */
+enum efs_lock_mode efs_fs_lock_mode(struct efs_fs *fs, uint64_t ino, enum efs_lock_mode mode)
+{
+	const struct efs_fs_inode *in;
+
+	if (mode != EFS_LOCK_SHARED)
+		return mode;
+	in = efs_fs_ifind(fs, ino);
+	return in && in->wopens > 0 ? EFS_LOCK_EXCLUSIVE : mode;
+}
+
 void efs_fs_ok_done(struct efs_fs_op *op)
 {
 	efs_fs_rq_err(op->rq, 0);
@@ -498,6 +518,7 @@ int efs_fs_want(struct efs_fs_op *op, uint64_t ino, enum efs_lock_mode mode)
 
 	if (ino == 0)
 		return -EINVAL;
+	mode = efs_fs_lock_mode(op->fs, ino, mode);
 	for (i = 0; i < op->nslots; i++) {
 		if (op->slots[i].ino == ino) {
 			if (mode > op->slots[i].mode)

@@ -96,6 +96,7 @@ enum cleanup_kind {
 	CL_NONE = 0,
 	CL_RECALL,
 	CL_SETTLE,
+	CL_GIVE_BACK,
 };
 
 /* Retry delay after a transient etcd error. */
@@ -183,7 +184,9 @@ struct lcall {
 	unsigned c_pass;	 /* retry pass that last tried it */
 	uint64_t c_ino;
 	uint64_t c_seq;		 /* CL_RECALL: the recall key's seq */
-	enum efs_lock_mode keep; /* CL_SETTLE: NONE or SHARED (after an upgrade) */
+	enum efs_lock_mode keep; /* CL_SETTLE: NONE or SHARED (after an upgrade);
+				  * CL_GIVE_BACK: the mode of the key */
+	int64_t c_rev;		 /* CL_GIVE_BACK: the key's create revision */
 	struct lcall *c_next;
 	/* Releases. */
 	bool no_grant; /* sent again without direct grants (after an error) */
@@ -1006,6 +1009,15 @@ static bool recall_pending(const struct efs_lockcache *lc, uint64_t ino, uint64_
 	return false;
 }
 
+/* Our holder key of |ino| granted after its wait ended is being deleted. */
+static bool give_back_pending(const struct efs_lockcache *lc, uint64_t ino)
+{
+	for (const struct lcall *c = lc->cleanups; c; c = c->c_next)
+		if (c->kind == CL_GIVE_BACK && c->c_ino == ino)
+			return true;
+	return false;
+}
+
 /* One transaction for request index |i| (may wait). */
 static int start_single(struct acq *a, size_t i)
 {
@@ -1428,6 +1440,13 @@ static bool acq_step(struct acq *a)
 				return acq_yield(a, yino);
 			a->wait = AW_ENTRY;
 			a->blocked_on = e;
+			return true;
+		}
+		if (give_back_pending(lc, a->req->ino[i])) {
+			/* Our own key of it is being deleted: an acquisition
+			 * now would put that key again and lose it. */
+			a->wait = AW_ENTRY;
+			a->blocked_on = NULL;
 			return true;
 		}
 		need[n_need++] = i;
@@ -1914,6 +1933,8 @@ static void cleanup_end(struct efs_lockcache *lc, struct lcall *k)
 			break;
 		}
 	}
+	if (k->kind == CL_GIVE_BACK)
+		entry_changed(lc, NULL); /* acquisitions of it may go on */
 	if (k->kind == CL_SETTLE) {
 		struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, k->c_ino);
 
@@ -1998,6 +2019,20 @@ static int cleanup_send(struct efs_lockcache *lc, struct lcall *k)
 				r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, xk.buf, xk.len,
 						       NULL, 0);
 		}
+	} else if (r == 0 && k->kind == CL_GIVE_BACK) {
+		/* Only that very grant: a key put since is another hold. */
+		r = efs_meta_key_holder(&lc->ns, k->c_ino, meta_mode(k->keep), node, &xk);
+		if (r == 0)
+			r = efs_etcd_txn_nested(t, EFS_ETCD_TXN_SUCCESS, &in);
+		if (r == 0)
+			r = efs_etcd_txn_compare(in, EFS_ETCD_CMP_CREATE, EFS_ETCD_CMP_EQUAL,
+						 xk.buf, xk.len, k->c_rev);
+		if (r == 0)
+			r = efs_etcd_txn_compare(in, EFS_ETCD_CMP_LEASE, EFS_ETCD_CMP_EQUAL,
+						 xk.buf, xk.len, efs_session_lease_id(lc->s));
+		if (r == 0)
+			r = efs_etcd_txn_delete(in, EFS_ETCD_TXN_SUCCESS, xk.buf, xk.len, NULL,
+						0, false);
 	} else if (r == 0) {
 		r = efs_meta_key_holder(&lc->ns, k->c_ino, EFS_META_LOCK_SHARED, node, &sk);
 		if (r == 0)
@@ -2224,6 +2259,15 @@ static bool needs_inval(const struct efs_lockcache *lc, const struct efs_locktab
 	if (urgent || e->kcache_until_ns > now)
 		return true;
 	return ops && ops->cached && ops->cached(lc->ops[k].arg, e->ino);
+}
+
+/* Whether the kind of |e| forbids keeping it shared (ops->no_shared). */
+static bool no_shared(const struct efs_lockcache *lc, const struct efs_locktab_entry *e)
+{
+	unsigned k = kind_of(lc, e);
+	const struct efs_lock_ops *ops = lc->ops[k].ops;
+
+	return ops && ops->no_shared && ops->no_shared(lc->ops[k].arg, e->ino);
 }
 
 static int prep_start(struct efs_lockcache *lc, struct efs_locktab_entry *e,
@@ -2865,6 +2909,8 @@ static void recall_apply(struct efs_lockcache *lc, uint64_t ino)
 		else if (to == EFS_LOCK_EXCLUSIVE)
 			to = EFS_LOCK_SHARED;
 	}
+	if (to == EFS_LOCK_SHARED && no_shared(lc, e))
+		to = EFS_LOCK_NONE;
 	if (e->mode <= (int)to)
 		e->hold_deferred = false; /* the recall went (cancelled, say) */
 	if (lc->recall_off || e->mode <= (int)to)
@@ -3153,45 +3199,50 @@ static int add_grant(struct efs_lockcache *lc, struct efs_etcd_txn *t,
  * our holder keys of |ino| (|resp|: its reply): a release may have granted
  * us the lock before the delete (after it, the grant's compare fails). No
  * entry of ours for the inode means no acquisition wants it (one in
- * progress has its entry, and its transaction finds the key ours): the
- * grant becomes an ordinary held lock, released at once, so that it never
- * stays on our lease unused and the next waiter is granted it by that
- * release. Caching it idle instead would hold a lock nobody here asked
- * for while a peer may wait behind it, for the idle period.
+ * progress has its entry, and its transaction finds the key ours), so the
+ * key is deleted at once (a CL_GIVE_BACK cleanup), never left on our lease
+ * unused while a peer may wait behind it; the peer's watch sees the delete.
+ * What the reply read may be old by the time it arrives: the grant may
+ * have been accepted, used and released meanwhile, and a new hold put a
+ * key again. So the delete compares the key's create revision (the grant
+ * it saw) and nothing else is done in our lock table: turning that read
+ * into a held entry made a release of a key already gone, whose
+ * publication failed its guard and left the entry held here for ever
+ * (the three-node ping-pong hung on it).
  */
 static void orphan_grant(struct efs_lockcache *lc, uint64_t ino,
 			 const Etcdserverpb__TxnResponse *resp)
 {
-	enum efs_lock_mode m = EFS_LOCK_NONE;
-	struct efs_locktab_entry *e;
-
-	for (size_t i = 2; i >= 1; i--) {
+	for (size_t i = 1; i <= 2; i++) {
 		Etcdserverpb__RangeResponse *rg = NULL;
 
 		if (efs_etcd_txn_resp_range(resp, i, &rg) < 0)
 			continue;
-		for (size_t j = 0; j < rg->n_kvs; j++)
-			if (rg->kvs[j]->lease == efs_session_lease_id(lc->s))
-				m = i == 1 ? EFS_LOCK_EXCLUSIVE : EFS_LOCK_SHARED;
+		for (size_t j = 0; j < rg->n_kvs; j++) {
+			struct lcall *k;
+
+			if (rg->kvs[j]->lease != efs_session_lease_id(lc->s) ||
+			    efs_locktab_find(&lc->tab, ino))
+				continue;
+			k = lcall_new(lc, NULL, 0);
+			if (!k) {
+				efs_log_err("lock: no memory to give back the lock of inode %" PRIu64
+					    " granted after its wait ended: it stays until the "
+					    "session ends",
+					    ino);
+				return;
+			}
+			k->kind = CL_GIVE_BACK;
+			k->c_ino = ino;
+			k->keep = i == 1 ? EFS_LOCK_EXCLUSIVE : EFS_LOCK_SHARED;
+			k->c_rev = rg->kvs[j]->create_revision;
+			lc->stats.grants_returned++;
+			efs_log_debug("lock: inode %" PRIu64 ": granted after its wait ended "
+				      "(key revision %" PRId64 "): giving it back",
+				      ino, k->c_rev);
+			cleanup_start(lc, k);
+		}
 	}
-	if (m == EFS_LOCK_NONE || efs_locktab_find(&lc->tab, ino))
-		return;
-	if (efs_locktab_add(&lc->tab, ino, now_ns(), &e) < 0) {
-		efs_log_err("lock: no memory to give back the lock of inode %" PRIu64
-			    " granted after its wait ended: it stays until the session ends",
-			    ino);
-		return;
-	}
-	e->mode = m;
-	e->state = EFS_LOCKTAB_HELD;
-	e->token = lc->token_seq;
-	e->grant_rev = lc->last_rev;
-	new_grant(lc, e);
-	lc->stats.grants_returned++;
-	efs_log_debug("lock: inode %" PRIu64 ": granted after its wait ended: giving it back",
-		      ino);
-	if (efs_lock_release_now(lc, ino, EFS_LOCK_NONE, recall_done, NULL) < 0)
-		efs_log_warn("lock: inode %" PRIu64 ": no memory to give back its grant", ino);
 }
 
 /* Counts the waiters that |resp|'s nested grants (add_grant) granted. */

@@ -245,6 +245,10 @@ struct efs_lock_ops {
 	 * only for kinds whose |sync| has nothing an operation leaves
 	 * behind to publish (every change commits in its own transaction). */
 	bool serve_while_invalidating;
+	/* Whether a shared hold of |ino| must not be kept: a recall for
+	 * shared access then releases the lock wholly instead of downgrading
+	 * it. NULL: a downgrade is always allowed. */
+	bool (*no_shared)(void *arg, uint64_t ino);
 };
 
 /* Says which kind (< EFS_LOCK_KINDS) the lock of |ino| is, asked when its

@@ -1715,6 +1715,50 @@ Test(lock, a_shared_recall_downgrades_an_exclusive_holder)
 	efs_test_assert_no_leaks();
 }
 
+static bool never_shared(void *arg, uint64_t ino)
+{
+	(void)arg;
+	return ino == 232;
+}
+
+static const struct efs_lock_ops no_shared_ops = {
+	.invalidate = fake_invalidate,
+	.sync = fake_sync,
+	.no_shared = never_shared,
+};
+
+/*
+ * A kind whose locks must not be kept shared (a file this node has open
+ * for writing: its next page-cache write could not wait for an upgrade)
+ * answers a recall for shared access by releasing the lock wholly.
+ * Negative control: inode 233 of the same kind is downgraded as usual.
+ */
+Test(lock, a_shared_recall_releases_a_lock_that_must_not_be_kept_shared)
+{
+	struct efs_lockcache *lc1, *lc2;
+	struct fake_ops fo = {0};
+	struct lres a1, a2;
+
+	two_nodes(&lc1, &lc2, 20000);
+	cr_assert_eq(efs_lockcache_set_ops(lc1, 1, &no_shared_ops, &fo), 0);
+	for (uint64_t ino = 232; ino <= 233; ino++) {
+		take(lc1, &a1, ino, EFS_LOCK_EXCLUSIVE);
+		efs_lock_set_kind(lc1, ino, 1);
+		efs_lock_put(lc1, &a1.req);
+		cr_assert_eq(acquire1(lc2, &a2, ino, EFS_LOCK_SHARED), 0);
+		cr_assert(efs_test_run_until(&a2.done, 10000), "the shared recall was not answered");
+		cr_assert_eq(a2.status, 0);
+		cr_assert_eq(efs_lock_held(lc2, ino), EFS_LOCK_SHARED);
+		efs_lock_put(lc2, &a2.req);
+	}
+	cr_assert_eq(efs_lock_held(lc1, 232), EFS_LOCK_NONE, "kept shared though it must not be");
+	cr_assert_not(holder_exists(232, EFS_META_LOCK_SHARED, "node1"));
+	cr_assert_eq(efs_lock_held(lc1, 233), EFS_LOCK_SHARED, "the control was not downgraded");
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}
+
 #if EFS_FAULT_HOOKS
 /*
  * A recall key this node still sees only because its delete event is

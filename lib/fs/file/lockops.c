@@ -152,10 +152,19 @@ static void file_sync(void *arg, uint64_t ino, enum efs_lock_mode to, efs_lock_d
 	}
 }
 
+/* A file open for writing here is never kept shared (efs_fs_lock_mode). */
+static bool file_no_shared(void *arg, uint64_t ino)
+{
+	const struct efs_fs_inode *in = efs_fs_ifind(arg, ino);
+
+	return in && in->wopens > 0;
+}
+
 static const struct efs_lock_ops file_lock_ops = {
 	.invalidate = file_invalidate,
 	.sync = file_sync,
 	.cached = file_cached,
+	.no_shared = file_no_shared,
 };
 
 /* ---- ETCFS_FAULT_RECALL ---- */

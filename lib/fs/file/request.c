@@ -183,6 +183,11 @@ void efs_file_prep(struct dreq *r, enum efs_lock_mode mode, void (*cont)(struct 
 	bool *pinned = r->kind == RK_CFR && r->phase == 0 ? &r->pinned_in : &r->pinned;
 	int e;
 
+	/* Shared becomes exclusive on a file open for writing here, except
+	 * under a shared hold: the kernel may keep pages locked for this very
+	 * request (readahead), and an upgrade must never wait with them. */
+	if (efs_lock_held(fs->lc, r->ino) != EFS_LOCK_SHARED)
+		mode = efs_fs_lock_mode(fs, r->ino, mode);
 	r->mode = mode;
 	r->cont = cont;
 	if (!efs_file_state_ready(fs, r->ino, mode)) {
