@@ -185,6 +185,7 @@ static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *r
 
 	if (r->err) {
 		/* A read changes nothing: after a lost reply, read again. */
+		efs_fs_op_note(op, r->err, "attribute read", r->message);
 		if ((r->outcome_unknown || r->err == -ETIMEDOUT) &&
 		    ++op->read_tries <= EFS_FS_RETRY_MAX && fetch_attrs(op) == 0) {
 			efs_counter_inc(op->fs->m_retries);
@@ -352,6 +353,7 @@ static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 	int e;
 
 	if (r->err) {
+		efs_fs_op_note(op, r->err, "listing read", r->message);
 		efs_fs_op_resume_prepare(op, -EIO);
 		return;
 	}

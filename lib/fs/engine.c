@@ -8,6 +8,7 @@
 #include "fs/fs.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -463,10 +464,50 @@ static void report_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t 
 
 /* ---- Finish ---- */
 
-void efs_fs_op_finish(struct efs_fs_op *op, int err)
+void efs_fs_op_note(struct efs_fs_op *op, int err, const char *what, const char *msg)
+{
+	op->last_err = err;
+	snprintf(op->last_why, sizeof(op->last_why), "%s: %s", what,
+		 msg && *msg ? msg : strerror(err < 0 ? -err : err));
+}
+
+/*
+ * The warning of an EIO answer: the errno says nothing to the caller, and
+ * a burst of them (a retry budget spent during an etcd pause) must be
+ * readable from the log alone. At most EFS_FS_EIO_LOG_PER_S a second; the
+ * rest are counted and the count is logged with the next one.
+ */
+static void explain_eio(struct efs_fs_op *op, const char *func, int line)
+{
+	struct efs_fs *fs = op->fs;
+	uint64_t now = efs_clock_mono_ns();
+
+	if (now - fs->eio_win_ns >= 1000000000ull) {
+		if (fs->eio_quiet)
+			efs_log_warn("fs: %llu more EIO answers in the last second, not logged",
+				     (unsigned long long)fs->eio_quiet);
+		fs->eio_win_ns = now;
+		fs->eio_logged = 0;
+		fs->eio_quiet = 0;
+	}
+	if (fs->eio_logged >= EFS_FS_EIO_LOG_PER_S) {
+		fs->eio_quiet++;
+		return;
+	}
+	fs->eio_logged++;
+	efs_log_warn("fs: %s%s of inode %llu: EIO from %s:%d after %d retries, %d replans, "
+		     "%d read retries; last failure: %s",
+		     efs_fs_op_names[op->d->code], op->rq->req ? "" : " (internal)",
+		     (unsigned long long)op->ino, func, line, op->retries, op->replans,
+		     op->read_tries, op->last_why[0] ? op->last_why : "none seen");
+}
+
+void efs_fs_op_finish_at(struct efs_fs_op *op, int err, const char *func, int line)
 {
 	struct efs_fs *fs = op->fs;
 
+	if (err == -EIO)
+		explain_eio(op, func, line);
 	if (!op->handed_on && op->rq->req && !efs_fs_rq_replied(op->rq)) {
 		/* 0: a path that did not answer (a record that could not be
 		 * decoded): never leave the kernel hanging. */
@@ -759,6 +800,7 @@ static void session_cb(struct efs_session_waiter *w, int status, bool generation
 
 	(void)generation_changed;
 	if (status < 0) {
+		efs_fs_op_note(op, status, "session wait", NULL);
 		efs_fs_op_finish(op, -EIO);
 		return;
 	}
@@ -773,8 +815,10 @@ static int session_then(struct efs_fs_op *op, void (*then)(struct efs_fs_op *op)
 
 	op->after_session = then;
 	r = efs_session_wait(op->fs->s, &op->sw, session_cb, op);
-	if (r < 0)
+	if (r < 0) {
+		efs_fs_op_note(op, r, "session wait refused", NULL);
 		return -EIO;
+	}
 	if (r == 1)
 		then(op);
 	return 0;
@@ -856,6 +900,7 @@ static void step_acquire(struct efs_fs_op *op)
 	}
 	r = efs_lock_acquire(fs->lc, &op->lr);
 	if (r < 0) {
+		efs_fs_op_note(op, r, "lock acquisition", NULL);
 		efs_fs_op_finish(op, r == -EINTR ? -EINTR : -EIO);
 		return;
 	}
@@ -905,10 +950,12 @@ static void lock_yield(struct efs_fs_op *op, const struct efs_lock_req *req)
 	for (size_t i = 0; i < op->nslots; i++)
 		op->slots[i].locked = EFS_LOCK_NONE;
 	r = efs_lock_release_now(fs->lc, req->yield_ino, req->yield_to, yield_released, op);
-	if (r == 1)
+	if (r == 1) {
 		ready_push(op, RESUME_ACQUIRE);
-	else if (r < 0)
+	} else if (r < 0) {
+		efs_fs_op_note(op, r, "lock release for a recall", NULL);
 		efs_fs_op_finish(op, -EIO);
+	}
 }
 
 static void lock_cb(struct efs_lock_req *req, int status)
@@ -928,6 +975,7 @@ static void lock_cb(struct efs_lock_req *req, int status)
 		return;
 	}
 	if (status < 0) {
+		efs_fs_op_note(op, status, "lock wait", NULL);
 		efs_fs_op_finish(op, status == -EINTR ? -EINTR : -EIO);
 		return;
 	}
@@ -1029,8 +1077,10 @@ static void step_load(struct efs_fs_op *op)
 		o.count_only = one.count_only;
 		if (r == 0)
 			r = efs_etcd_range(fs->c, one.key.buf, one.key.len, &o, NULL, load1_cb, op);
-		if (r < 0)
+		if (r < 0) {
+			efs_fs_op_note(op, r, "read not sent", NULL);
 			efs_fs_op_finish(op, -EIO);
+		}
 		return;
 	}
 	r = efs_etcd_txn_new(&t, 0);
@@ -1044,8 +1094,10 @@ static void step_load(struct efs_fs_op *op)
 		if (op->slots[i].loading)
 			r = efs_fs_txn_read_inode(fs, t, op->slots[i].ino);
 	r = efs_fs_read_txn(fs, t, r, load_cb, op);
-	if (r < 0)
+	if (r < 0) {
+		efs_fs_op_note(op, r, "read not sent", NULL);
 		efs_fs_op_finish(op, r == -ENOMEM ? -ENOMEM : -EIO);
+	}
 }
 
 /* Applies the ranges of one load, in step_load's order. */
@@ -1115,6 +1167,7 @@ static void load_parse(struct efs_fs_op *op, Etcdserverpb__RangeResponse **rrs, 
 	step_loaded(op);
 	return;
 bad:
+	efs_fs_op_note(op, -EBADMSG, "read", "fewer ranges in the reply than asked");
 	efs_fs_op_finish(op, -EIO);
 }
 
@@ -1143,6 +1196,7 @@ static bool load_failed(struct efs_fs_op *op, const struct efs_etcd_result *r)
 {
 	if (!r->err)
 		return false;
+	efs_fs_op_note(op, r->err, "read", r->message);
 	if (read_retry(op, r))
 		return true;
 	efs_log_debug("fs: %s: read failed: %s", efs_fs_op_names[op->d->code], r->message);
@@ -1274,6 +1328,8 @@ static void step_loaded(struct efs_fs_op *op)
 	}
 	if (!slots_covered(op)) {
 		if (++op->replans > EFS_FS_RETRY_MAX) {
+			efs_fs_op_note(op, -EAGAIN, "plan",
+				       "the inodes to lock kept changing after each load");
 			efs_fs_op_finish(op, -EIO);
 			return;
 		}
@@ -1508,6 +1564,7 @@ static void step_prepare(struct efs_fs_op *op)
 	int r;
 
 	if (op->wait_err) {
+		efs_fs_op_note(op, op->wait_err, "inode numbers or count", NULL);
 		efs_fs_op_finish(op, op->wait_err);
 		return;
 	}
@@ -1564,10 +1621,10 @@ static void step_op_prepare(struct efs_fs_op *op)
 	step_build(op);
 }
 
-void efs_fs_op_resume_prepare(struct efs_fs_op *op, int err)
+void efs_fs_op_resume_prepare_at(struct efs_fs_op *op, int err, const char *func, int line)
 {
 	if (err < 0) {
-		efs_fs_op_finish(op, err);
+		efs_fs_op_finish_at(op, err, func, line);
 		return;
 	}
 	step_op_prepare(op);
@@ -1580,6 +1637,7 @@ void efs_fs_op_restart(struct efs_fs_op *op)
 		op->granted = false;
 	}
 	if (++op->retries > EFS_FS_RETRY_MAX) {
+		efs_fs_op_note(op, -EAGAIN, "restart", "retries spent");
 		efs_fs_op_finish(op, -EIO);
 		return;
 	}
@@ -1598,6 +1656,9 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 
 	if (r->err) {
 		efs_capacity_note_error(fs->cap, r->err);
+		efs_fs_op_note(op, r->err,
+			       oc == EFS_FS_TXN_UNKNOWN ? "commit, outcome unknown" : "commit",
+			       r->message);
 		if (oc == EFS_FS_TXN_UNKNOWN) {
 			efs_counter_inc(fs->m_retries);
 			op->unsettled = true;
@@ -1639,6 +1700,7 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 		return;
 	}
 	if (oc == EFS_FS_TXN_CONFLICT) {
+		efs_fs_op_note(op, -EAGAIN, "commit", "a compare failed");
 		efs_counter_inc(fs->m_retries);
 		report_outcome(op, EFS_FS_FAILED, 0);
 		if (op->granted) {
@@ -1731,6 +1793,8 @@ static void step_build(struct efs_fs_op *op)
 		return;
 	}
 	r = add_guards(op);
+	if (r < 0)
+		efs_fs_op_note(op, r, "guards", r == -ENOLCK ? "a lock was lost" : NULL);
 	if ((r == -ENOLCK || r == -EIO) && op->retries < EFS_FS_RETRY_MAX) {
 		/* A lock or the session went (a loss, a recall) between the
 		 * acquisition and now: wait for the session and lock again. */
@@ -1758,6 +1822,7 @@ static void step_build(struct efs_fs_op *op)
 	op->nride = r > 0 ? (size_t)r : 0;
 	r = efs_etcd_txn(fs->c, efs_etcd_txn_request(op->txn), NULL, commit_cb, op);
 	if (r < 0) {
+		efs_fs_op_note(op, r, "commit not sent", NULL);
 		report_outcome(op, EFS_FS_FAILED, 0);
 		efs_fs_op_finish(op, -EIO);
 		return;

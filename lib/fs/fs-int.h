@@ -51,6 +51,8 @@
 
 /* Transaction attempts after compare failures or unknown outcomes. */
 #define EFS_FS_RETRY_MAX 8
+/* EIO answers a second whose cause is logged (the rest are counted). */
+#define EFS_FS_EIO_LOG_PER_S 10
 /* Keys one operation reads besides inode records. */
 #define EFS_FS_KV_MAX 6
 /* Inode records one operation rewrites or creates. */
@@ -350,6 +352,12 @@ struct efs_fs {
 	struct efs_histogram *m_lat[EFS_FS_NOPS];
 	struct efs_counter *m_txns[EFS_FS_NORIGINS][EFS_FS_NOUTCOMES];
 	struct efs_counter *m_retries;
+
+	/* EIO answers explained in the log (explain_eio): at most
+	 * EFS_FS_EIO_LOG_PER_S per second, the rest counted. */
+	uint64_t eio_win_ns;
+	unsigned eio_logged;
+	uint64_t eio_quiet;
 };
 
 /* ---- Operation records ---- */
@@ -443,6 +451,10 @@ struct efs_fs_op {
 	Etcdserverpb__TxnResponse *rresp; /* last load (owned) */
 	Etcdserverpb__RangeResponse *rresp1; /* last single-key load (owned) */
 	int read_tries;
+	/* The last failure a step saw (an etcd error, a lock or session
+	 * status), for the warning an EIO answer logs. */
+	int last_err;
+	char last_why[96];
 
 	/* Transaction being built and its inode writes. */
 	struct efs_etcd_txn *txn;
@@ -581,11 +593,20 @@ int efs_fs_plan_shared(struct efs_fs_op *op, const Etcfs__Inode **ret);
 /* Starts the steps; every outcome ends in efs_fs_op_finish. */
 void efs_fs_op_run(struct efs_fs_op *op);
 /* Replies |err| (a negative errno; 0: the operation replied already) if no
- * reply was sent, releases everything and frees |op|. */
-void efs_fs_op_finish(struct efs_fs_op *op, int err);
+ * reply was sent, releases everything and frees |op|. An EIO is logged as
+ * a warning (rate-limited) with the operation, its inode, the call site
+ * (|func|, |line|: the macro passes the caller's), its retries and the
+ * last failure it saw: EIO alone tells the caller nothing. */
+void efs_fs_op_finish_at(struct efs_fs_op *op, int err, const char *func, int line);
+#define efs_fs_op_finish(op, err) efs_fs_op_finish_at((op), (err), __func__, __LINE__)
 /* Resumes an operation whose prepare returned EFS_FS_WAIT: prepare runs
  * again; |err| < 0 ends the operation with that error instead. */
-void efs_fs_op_resume_prepare(struct efs_fs_op *op, int err);
+void efs_fs_op_resume_prepare_at(struct efs_fs_op *op, int err, const char *func, int line);
+#define efs_fs_op_resume_prepare(op, err)                                                      \
+	efs_fs_op_resume_prepare_at((op), (err), __func__, __LINE__)
+/* Records why a step failed (|err|, |what|, etcd's |msg| or NULL), for the
+ * warning of an EIO that follows. */
+void efs_fs_op_note(struct efs_fs_op *op, int err, const char *what, const char *msg);
 /* Instead of resuming a waiting prepare: starts over from the session step
  * with every record reloaded and planned again (what a compare failure
  * does), as a retry; -EIO once the retries are spent. */

@@ -1029,6 +1029,7 @@ static void walk_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 	Etcfs__Inode *rec = NULL;
 
 	if (r->err) {
+		efs_fs_op_note(op, r->err, "ancestor walk read", r->message);
 		efs_fs_op_resume_prepare(op, -EIO);
 		return;
 	}
