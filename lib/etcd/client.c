@@ -729,12 +729,14 @@ static void call_attempt_end(struct efs_etcd_call *call, struct efs_conn *conn, 
 		return;
 	}
 	err = efs_grpc_status_to_errno(code, rpc->st.message, mutation_sent(call), &unknown);
-	/* "no leader", "leader changed": the member refused before proposing
-	 * anything, so even a mutation is resent, with backoff, within its
-	 * deadline: an election takes a second or two, and a caller handed
-	 * -EAGAIN at once would retry it away in milliseconds. */
-	if (code == EFS_GRPC_UNAVAILABLE && err == -EAGAIN && !unknown && !call->no_retry &&
-	    !call->internal_auth) {
+	/* "no leader", "leader changed", "raft proposal dropped" (a member
+	 * without a leader, or a leader handing over, as 3.4's raw UNKNOWN):
+	 * the member refused before proposing anything, so even a mutation
+	 * is resent, with backoff, within its deadline: an election takes a
+	 * second or two, and a caller handed -EAGAIN at once would retry it
+	 * away in milliseconds. */
+	if ((code == EFS_GRPC_UNAVAILABLE || code == EFS_GRPC_UNKNOWN) && err == -EAGAIN &&
+	    !unknown && !call->no_retry && !call->internal_auth) {
 		snprintf(call->msg, sizeof(call->msg), "%s", rpc->st.message);
 		call_schedule_retry(call);
 		return;

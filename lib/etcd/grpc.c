@@ -448,7 +448,9 @@ size_t efs_grpc_percent_decode(const uint8_t *in, size_t len, char *out, size_t 
  *    -ENOENT, auth disabled -EOPNOTSUPP, otherwise -EPERM (the cluster is not
  *    in a state that allows the operation).
  *  - ABORTED (unused by etcd) -EAGAIN; ALREADY_EXISTS -EEXIST.
- *  - DATA_LOSS ("corrupt cluster") and UNKNOWN (etcd's unmapped errors) -EIO.
+ *  - DATA_LOSS ("corrupt cluster") and UNKNOWN (etcd's unmapped errors) -EIO,
+ *    but for UNKNOWN's known raw texts: "too many requests" -EBUSY and
+ *    "raft proposal dropped" -EAGAIN (both refused before proposing).
  */
 struct status_row {
 	int code;
@@ -465,6 +467,11 @@ static const struct status_row status_table[] = {
 	 * into UNKNOWN: its rate limit (rejected before proposing, so known
 	 * not applied) and the server-side copy of our deadline firing. */
 	{EFS_GRPC_UNKNOWN, "too many requests", -EBUSY, false, false},
+	/* raft's ErrProposalDropped: a member with no leader (a follower
+	 * during an election, a candidate) or a leader handing its role over
+	 * refuses the proposal before it enters the log, so it never
+	 * applies. Like "no leader", resent within the deadline. */
+	{EFS_GRPC_UNKNOWN, "raft proposal dropped", -EAGAIN, false, false},
 	{EFS_GRPC_UNKNOWN, "context deadline exceeded", -ETIMEDOUT, true, false},
 	{EFS_GRPC_UNKNOWN, "context canceled", -ECANCELED, true, false},
 	{EFS_GRPC_UNKNOWN, NULL, -EIO, true, false},

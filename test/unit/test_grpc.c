@@ -866,6 +866,7 @@ static const struct row rows[] = {
 	 -EACCES, false, false},
 	{EFS_GRPC_DEADLINE_EXCEEDED, "context deadline exceeded", -ETIMEDOUT, true, false},
 	{EFS_GRPC_UNKNOWN, "etcdserver: too many requests", -EBUSY, false, false},
+	{EFS_GRPC_UNKNOWN, "raft proposal dropped", -EAGAIN, false, false},
 	{EFS_GRPC_UNKNOWN, "context deadline exceeded", -ETIMEDOUT, true, false},
 	{EFS_GRPC_UNKNOWN, "context canceled", -ECANCELED, true, false},
 	{EFS_GRPC_UNKNOWN, "some raw Go error", -EIO, true, false},
