@@ -446,6 +446,77 @@ static void ready_push(struct efs_fs_op *op, int state)
 	uv_idle_start(fs->idle, idle_cb);
 }
 
+/* ---- Retries after a transient failure ---- */
+
+/*
+ * True while a transient failure may be retried: |tries| (this one
+ * counted) within EFS_FS_RETRY_MAX, or, past it, while the operation is
+ * younger than the session's quorum-loss bound. etcd answers some
+ * failures at once through an election, so a count alone could be spent
+ * in milliseconds while a member was merely paused; the session's own
+ * bound already says how long an operation waits for etcd.
+ */
+static bool may_retry(const struct efs_fs_op *op, int tries)
+{
+	uint64_t window_ms;
+
+	if (tries <= EFS_FS_RETRY_MAX)
+		return true;
+	window_ms = op->fs->s ? efs_session_quorum_loss_ms(op->fs->s) : 0;
+	return efs_clock_mono_ns() - op->rq->start_ns < window_ms * EFS_NSEC_PER_MSEC;
+}
+
+static void retry_timer_cb(uv_timer_t *t)
+{
+	struct efs_fs *fs = t->data;
+	uint64_t now = efs_clock_mono_ns();
+	struct efs_list *n;
+
+	while ((n = efs_list_first(&fs->delayed))) {
+		struct efs_fs_op *op = efs_list_entry(n, struct efs_fs_op, qlink);
+
+		if (op->wake_ns > now + EFS_NSEC_PER_MSEC / 2) {
+			uv_timer_start(t, retry_timer_cb,
+				       (op->wake_ns - now + EFS_NSEC_PER_MSEC - 1) / EFS_NSEC_PER_MSEC,
+				       0);
+			return;
+		}
+		efs_list_del(n);
+		op->retry_step(op);
+	}
+}
+
+/*
+ * Goes on with |step| after a transient failure: at once the first time,
+ * then after a backoff doubling from EFS_FS_BACKOFF_MIN_MS to
+ * EFS_FS_BACKOFF_MAX_MS, so that a failure etcd answers at once (an
+ * election) is retried across the pause instead of within milliseconds.
+ */
+static void retry_later(struct efs_fs_op *op, void (*step)(struct efs_fs_op *op))
+{
+	struct efs_fs *fs = op->fs;
+	struct efs_list *n;
+	uint64_t ms;
+	int shift;
+
+	if (op->backoffs++ == 0 || !fs->retry_timer) {
+		step(op);
+		return;
+	}
+	shift = op->backoffs - 2 < 6 ? op->backoffs - 2 : 6;
+	ms = (uint64_t)EFS_FS_BACKOFF_MIN_MS << shift;
+	if (ms > EFS_FS_BACKOFF_MAX_MS)
+		ms = EFS_FS_BACKOFF_MAX_MS;
+	op->retry_step = step;
+	op->wake_ns = efs_clock_mono_ns() + ms * EFS_NSEC_PER_MSEC;
+	efs_list_for_each(n, &fs->delayed)
+		if (efs_list_entry(n, struct efs_fs_op, qlink)->wake_ns > op->wake_ns)
+			break;
+	efs_list_insert_before(n, &op->qlink);
+	if (efs_list_first(&fs->delayed) == &op->qlink)
+		uv_timer_start(fs->retry_timer, retry_timer_cb, ms, 0);
+}
+
 /* ---- Commit outcomes, to the descriptor's hook ---- */
 
 static void report_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t rev)
@@ -495,11 +566,13 @@ static void explain_eio(struct efs_fs_op *op, const char *func, int line)
 		return;
 	}
 	fs->eio_logged++;
-	efs_log_warn("fs: %s%s of inode %llu: EIO from %s:%d after %d retries, %d replans, "
-		     "%d read retries; last failure: %s",
+	efs_log_warn("fs: %s%s of inode %llu: EIO from %s:%d after %d retries, %d conflicts, "
+		     "%d replans, %d read retries in %llu ms; last failure: %s",
 		     efs_fs_op_names[op->d->code], op->rq->req ? "" : " (internal)",
-		     (unsigned long long)op->ino, func, line, op->retries, op->replans,
-		     op->read_tries, op->last_why[0] ? op->last_why : "none seen");
+		     (unsigned long long)op->ino, func, line, op->retries, op->conflicts,
+		     op->replans, op->read_tries,
+		     (unsigned long long)((now - op->rq->start_ns) / EFS_NSEC_PER_MSEC),
+		     op->last_why[0] ? op->last_why : "none seen");
 }
 
 void efs_fs_op_finish_at(struct efs_fs_op *op, int err, const char *func, int line)
@@ -1171,6 +1244,12 @@ bad:
 	efs_fs_op_finish(op, -EIO);
 }
 
+static void load_again(struct efs_fs_op *op)
+{
+	if (session_then(op, step_load) < 0)
+		efs_fs_op_finish(op, -EIO);
+}
+
 /*
  * A read that failed for a transient reason is sent again — but while the
  * session is not ACTIVE (etcd unreachable, a quorum loss) the retry first
@@ -1183,12 +1262,13 @@ static bool read_retry(struct efs_fs_op *op, const struct efs_etcd_result *r)
 	if (!(r->outcome_unknown || r->err == -ETIMEDOUT || r->err == -ECONNRESET ||
 	      r->err == -EAGAIN || r->err == -ENOTCONN))
 		return false;
-	if (++op->read_tries > EFS_FS_RETRY_MAX)
+	if (!may_retry(op, ++op->read_tries))
 		return false;
 	efs_counter_inc(op->fs->m_retries);
 	efs_log_debug("fs: %s: read failed (%s), again", efs_fs_op_names[op->d->code],
 		      r->message);
-	return session_then(op, step_load) == 0;
+	retry_later(op, load_again);
+	return true;
 }
 
 /* A load that failed is sent again or ends the operation: true then. */
@@ -1636,7 +1716,7 @@ void efs_fs_op_restart(struct efs_fs_op *op)
 		efs_lock_grant_committed(op->fs->lc, op->new_ino, false); /* never sent */
 		op->granted = false;
 	}
-	if (++op->retries > EFS_FS_RETRY_MAX) {
+	if (++op->conflicts > EFS_FS_RETRY_MAX) {
 		efs_fs_op_note(op, -EAGAIN, "restart", "retries spent");
 		efs_fs_op_finish(op, -EIO);
 		return;
@@ -1663,7 +1743,7 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 			efs_counter_inc(fs->m_retries);
 			op->unsettled = true;
 			report_outcome(op, EFS_FS_UNKNOWN, 0);
-			if (++op->retries > EFS_FS_RETRY_MAX) {
+			if (!may_retry(op, ++op->retries)) {
 				efs_fs_op_finish(op, -EIO);
 				return;
 			}
@@ -1677,11 +1757,11 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 				}
 			}
 			op->force_load = true;
-			step_session(op);
+			retry_later(op, step_session);
 			return;
 		}
 		report_outcome(op, EFS_FS_FAILED, 0);
-		if ((r->err == -EBUSY || r->err == -EAGAIN) && ++op->retries <= EFS_FS_RETRY_MAX) {
+		if ((r->err == -EBUSY || r->err == -EAGAIN) && may_retry(op, ++op->retries)) {
 			/* Refused before it applied (etcd's apply backlog): again. */
 			if (op->granted) {
 				efs_lock_grant_committed(fs->lc, op->new_ino, false);
@@ -1689,7 +1769,7 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 			}
 			efs_counter_inc(fs->m_retries);
 			op->force_load = true;
-			step_session(op);
+			retry_later(op, step_session);
 			return;
 		}
 		/* The caller gets an errno that says little: say why here. */
@@ -1707,7 +1787,7 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 			efs_lock_grant_committed(fs->lc, op->new_ino, false);
 			op->granted = false;
 		}
-		if (++op->retries > EFS_FS_RETRY_MAX) {
+		if (++op->conflicts > EFS_FS_RETRY_MAX) {
 			efs_fs_op_finish(op, -EIO);
 			return;
 		}
@@ -1795,7 +1875,7 @@ static void step_build(struct efs_fs_op *op)
 	r = add_guards(op);
 	if (r < 0)
 		efs_fs_op_note(op, r, "guards", r == -ENOLCK ? "a lock was lost" : NULL);
-	if ((r == -ENOLCK || r == -EIO) && op->retries < EFS_FS_RETRY_MAX) {
+	if ((r == -ENOLCK || r == -EIO) && may_retry(op, op->retries + 1)) {
 		/* A lock or the session went (a loss, a recall) between the
 		 * acquisition and now: wait for the session and lock again. */
 		if (op->granted) {
@@ -1807,7 +1887,7 @@ static void step_build(struct efs_fs_op *op)
 		report_outcome(op, EFS_FS_FAILED, 0);
 		op->retries++;
 		op->force_load = true;
-		step_session(op);
+		retry_later(op, step_session);
 		return;
 	}
 	if (r < 0) {

@@ -49,8 +49,15 @@
 
 /* ---- Constants ---- */
 
-/* Transaction attempts after compare failures or unknown outcomes. */
+/* Transaction attempts after compare failures. A transient failure (an
+ * unknown outcome, a refusal before proposing, a lock or the session lost
+ * between acquisition and commit, a failed read) is retried at least this
+ * often and, past it, for as long as the session's quorum-loss bound from
+ * the operation's start (a pause of etcd is a wait, not an error), after a
+ * backoff doubling from EFS_FS_BACKOFF_MIN_MS to EFS_FS_BACKOFF_MAX_MS. */
 #define EFS_FS_RETRY_MAX 8
+#define EFS_FS_BACKOFF_MIN_MS 10
+#define EFS_FS_BACKOFF_MAX_MS 500
 /* EIO answers a second whose cause is logged (the rest are counted). */
 #define EFS_FS_EIO_LOG_PER_S 10
 /* Keys one operation reads besides inode records. */
@@ -342,6 +349,10 @@ struct efs_fs {
 	/* Operations ready to continue (mutex hand-over), run from |idle|. */
 	struct efs_list ready; /* operations (op->qlink) */
 	uv_idle_t *idle;
+	/* Operations backing off before a retry (op->qlink), by wake time,
+	 * resumed by |retry_timer|. */
+	struct efs_list delayed;
+	uv_timer_t *retry_timer;
 
 	/* Lock cache stats already counted into the "lock" origin. */
 	uint64_t lock_txns_seen, lock_retries_seen;
@@ -413,7 +424,8 @@ struct efs_fs_op {
 	struct efs_fs_rq *rq;
 	struct efs_fs_rq own_rq;
 	const struct efs_fs_opdesc *d;
-	int retries;
+	int retries;	/* transient failures retried (may_retry) */
+	int conflicts;	/* compare failures and restarts (at most EFS_FS_RETRY_MAX) */
 	int replans;
 	bool handed_on;	  /* another record answers the request */
 	bool verify;	  /* after an unknown outcome: check op_id first */
@@ -451,6 +463,9 @@ struct efs_fs_op {
 	Etcdserverpb__TxnResponse *rresp; /* last load (owned) */
 	Etcdserverpb__RangeResponse *rresp1; /* last single-key load (owned) */
 	int read_tries;
+	int backoffs;	  /* transient failures retried (retry_later) */
+	uint64_t wake_ns; /* on fs->delayed: when it goes on */
+	void (*retry_step)(struct efs_fs_op *op); /* what it goes on with then */
 	/* The last failure a step saw (an etcd error, a lock or session
 	 * status), for the warning an EIO answer logs. */
 	int last_err;

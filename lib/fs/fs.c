@@ -165,7 +165,8 @@ static int register_metrics(struct efs_fs *fs)
 	return fs->m_retries ? 0 : -ENOMEM;
 }
 
-static void idle_close_cb(uv_handle_t *h)
+/* Frees a handle of the fs's own (|idle|, |retry_timer|) once closed. */
+static void handle_close_cb(uv_handle_t *h)
 {
 	efs_mem_free(h);
 }
@@ -272,6 +273,7 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 	if (!fs)
 		return -ENOMEM;
 	efs_list_init(&fs->ready);
+	efs_list_init(&fs->delayed);
 	efs_list_init(&fs->ino_waiters);
 	efs_list_init(&fs->count_waiters);
 	efs_list_init(&fs->dinvals);
@@ -317,6 +319,18 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 		goto fail;
 	}
 	fs->idle->data = fs;
+	fs->retry_timer = efs_mem_calloc(1, sizeof(*fs->retry_timer));
+	if (!fs->retry_timer) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	r = uv_timer_init(loop, fs->retry_timer);
+	if (r < 0) {
+		efs_mem_free(fs->retry_timer);
+		fs->retry_timer = NULL;
+		goto fail;
+	}
+	fs->retry_timer->data = fs;
 	if (m) {
 		r = register_metrics(fs);
 		if (r < 0)
@@ -504,7 +518,11 @@ struct efs_fs *efs_fs_free(struct efs_fs *fs)
 		efs_meta_record_free(fs->fi);
 	if (fs->idle) {
 		uv_idle_stop(fs->idle);
-		uv_close((uv_handle_t *)fs->idle, idle_close_cb);
+		uv_close((uv_handle_t *)fs->idle, handle_close_cb);
+	}
+	if (fs->retry_timer) {
+		uv_timer_stop(fs->retry_timer);
+		uv_close((uv_handle_t *)fs->retry_timer, handle_close_cb);
 	}
 	efs_mem_free(fs);
 	return NULL;

@@ -406,14 +406,14 @@ void efs_fs_new_owner(const Etcfs__Inode *parent, uid_t uid, gid_t gid, mode_t m
 }
 
 /* The plan's last step for an operation that makes the name |name| in
- * |parent| (create-like operations, link): after a conflict, reads that
- * dirent once, and fails -EEXIST when the name is taken. */
+ * |parent| (create-like operations, link): after a conflict or any other
+ * retry, reads that dirent once, and fails -EEXIST when the name is taken. */
 static int check_new_name(struct efs_fs_op *op, struct mk_priv *p, uint64_t parent,
 			  const char *name, size_t len)
 {
 	int r;
 
-	if (op->retries > 0 && !p->dirent_kv) {
+	if ((op->retries > 0 || op->conflicts > 0) && !p->dirent_kv) {
 		struct efs_fs_kv *kv = efs_fs_want_kv(op);
 
 		if (!kv)

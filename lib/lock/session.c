@@ -1297,6 +1297,11 @@ uint64_t efs_session_deadline_ns(const struct efs_session *s)
 	return efs_session_fsm_deadline_ns(&s->fsm);
 }
 
+uint32_t efs_session_quorum_loss_ms(const struct efs_session *s)
+{
+	return s->quorum_loss_ms;
+}
+
 bool efs_session_is_active(const struct efs_session *s)
 {
 	return s && s->state == EFS_SESSION_ACTIVE;

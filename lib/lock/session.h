@@ -115,6 +115,9 @@ uint64_t efs_session_generation(const struct efs_session *s);
 const char *efs_session_node(const struct efs_session *s);
 /* Mono deadline of the current lease (last acked renewal send + TTL). */
 uint64_t efs_session_deadline_ns(const struct efs_session *s);
+/* How long operations wait while the session is suspended (the
+ * quorum-loss bound of efs_session_opts). */
+uint32_t efs_session_quorum_loss_ms(const struct efs_session *s);
 /* True only when ACTIVE: mutations and cached answers are allowed. */
 bool efs_session_is_active(const struct efs_session *s);
 /* mod_revision of g/<node> as this session wrote it (what the guard
