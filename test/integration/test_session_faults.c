@@ -1167,13 +1167,6 @@ Test(session_faults, leader_kill_is_a_pause)
 
 /* ---- 3. A 3-second SIGSTOP of the leader, of the daemon's member ---- */
 
-/*
- * Not built under the sanitizers: there, about one run in four to six
- * sees a burst of EIO (create, unlink) right after a member's resume while
- * the daemon logs no warning; the gcc build has never failed it. The
- * cause is open (docs/TESTING.md); a sanitizer run does not count it.
- */
-#if SLOW == 1
 
 static void stop_member_3s(int m, const char *what, const struct node_view *before)
 {
@@ -1292,7 +1285,6 @@ Test(session_faults, sigstop_3s_is_a_pause)
 	fs_stop();
 	efs_test_assert_no_leaks();
 }
-#endif
 
 /* ---- 4. Quorum loss longer than the bound ---- */
 
