@@ -1615,7 +1615,10 @@ Test(client, free_from_a_callback_cancels_the_rest, .init = setup)
 Test(client, free_from_the_callback_of_a_timed_out_call_on_the_wire, .init = setup)
 {
 	Etcdserverpb__LeaseRevokeRequest revoke = ETCDSERVERPB__LEASE_REVOKE_REQUEST__INIT;
-	struct efs_etcd_callopts co = { .timeout_ms = 40 };
+	/* Long enough that the third request reaches the server first on a
+	 * busy machine (40 ms did not always: the client was then freed
+	 * while the test still served it). */
+	struct efs_etcd_callopts co = { .timeout_ms = 500 };
 	struct res x, w;
 
 	memset(&x, 0, sizeof(x));
@@ -1627,9 +1630,10 @@ Test(client, free_from_the_callback_of_a_timed_out_call_on_the_wire, .init = set
 	/* A third call that is retried after UNAVAILABLE, unanswered since. */
 	start_range(&w);
 	wait_req(2);
+	cr_assert_not(x.done, "the call timed out before the test could serve the others");
 	srv_trailers_only(&F.req[2], http503);
 	/* The server answers nothing more, as a paused etcd. */
-	cr_assert(pump_until(&F.freed, 2000), "efs_etcd_free never finished");
+	cr_assert(pump_until(&F.freed, 5000), "efs_etcd_free never finished");
 	expect_once(&x);
 	cr_assert_eq(x.err, -ETIMEDOUT, "err %d: %s", x.err, x.msg);
 	expect_once(&other);
