@@ -140,6 +140,7 @@ enum efs_fs_origin {
 	EFS_FS_ORIG_FALLOCATE,
 	EFS_FS_ORIG_PLOCK,     /* fcntl and flock locks */
 	EFS_FS_ORIG_SPACE,     /* group claims, free-intent folds, reclaim batches */
+	EFS_FS_ORIG_OPENREF,   /* open references of their own (reclaim.c) */
 	EFS_FS_NORIGINS,
 };
 
@@ -237,6 +238,12 @@ struct efs_fs_inode {
 	uint32_t wopens;	    /* ... of them open for writing (kept by file/) */
 	uint32_t refs;		    /* operations using the entry */
 	uint64_t mseq;		    /* bumped by each name change this node makes */
+	/* This node's open reference r/<ino><node> (reclaim.c): the fs epoch
+	 * it was put under (0: none; a lost session took it with the lease)
+	 * and the revision that put it (its drop compares it). */
+	uint64_t oref_epoch;
+	int64_t oref_rev;
+	bool orphan_seen;	    /* an o/<ino> put was seen (reclaim.c's watch) */
 	bool atime_busy;	    /* a relatime update is in flight */
 	struct efs_fs_dcache *dc;   /* directories: names, valid under the lock */
 	struct efs_fs_knames *kn;   /* directories: names the kernel may cache (lockops.c) */
@@ -304,6 +311,7 @@ struct efs_fs {
 	/* The modules that hang state on inodes and handles (efs_fs_ihooks_add). */
 	const struct efs_fs_inode_hooks *ihooks[EFS_FS_NIHOOKS];
 	void *reclaim_priv; /* reclaim.c */
+	uint32_t dead_grace_ms; /* what a dead node's orphans wait (0: at once) */
 	void *plock_priv;   /* plock.c */
 	void *maint_priv;   /* maint.c */
 	struct efs_meta_ns ns;
@@ -798,8 +806,33 @@ void efs_fs_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
  */
 void efs_fs_touch_atime(struct efs_fs *fs, uint64_t ino, const Etcfs__Inode *rec);
 bool efs_fs_atime_due(const Etcfs__Inode *rec, int64_t now);
-/* Starts the reclaim of an unlinked inode whose last handle closed. */
+/*
+ * Starts the reclaim of an unlinked inode whose last handle on this node
+ * closed: under the inode's exclusive lock it drops this node's open
+ * reference and, when no other node holds one (compared in the same
+ * transaction), deletes the inode and leaves a reclaim record.
+ */
 void efs_fs_reclaim(struct efs_fs *fs, uint64_t ino);
+
+/*
+ * Open references (reclaim.c; docs/DESIGN.md "Open files across nodes").
+ * held: this node's r/<ino><node> exists under the current session.
+ * put_txn: adds its put (on the session lease) to |t|'s success branch;
+ * the caller sets |in|->oref_epoch/oref_rev once |t| committed
+ * (efs_fs_oref_set). take: the same as a transaction of its own
+ * (session guard), |cb| runs once with 0 or -EIO (not if it returns an
+ * error). cmp_alone: compares in |t| that no other node holds a
+ * reference on |ino|. count: this node's and other nodes' references in
+ * a keys-only read of the r/<ino> range.
+ */
+bool efs_fs_oref_held(const struct efs_fs *fs, const struct efs_fs_inode *in);
+int efs_fs_oref_put_txn(struct efs_fs *fs, struct efs_etcd_txn *t, uint64_t ino);
+void efs_fs_oref_set(struct efs_fs *fs, uint64_t ino, int64_t rev);
+int efs_fs_oref_take(struct efs_fs *fs, uint64_t ino, void (*cb)(void *arg, int status),
+		     void *arg);
+int efs_fs_oref_cmp_alone(struct efs_fs *fs, struct efs_etcd_txn *t, uint64_t ino);
+void efs_fs_oref_count(struct efs_fs *fs, const struct efs_fs_kv *kv, bool *mine,
+		       size_t *others);
 
 void efs_fs_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void efs_fs_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,

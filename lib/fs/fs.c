@@ -30,7 +30,7 @@ static const char *const origin_names[EFS_FS_NORIGINS] = {
 	[EFS_FS_ORIG_RECLAIM] = "reclaim", [EFS_FS_ORIG_ATIME] = "atime",
 	[EFS_FS_ORIG_PUBLISH] = "publish", [EFS_FS_ORIG_TRUNCATE] = "truncate",
 	[EFS_FS_ORIG_FALLOCATE] = "fallocate", [EFS_FS_ORIG_PLOCK] = "plock",
-	[EFS_FS_ORIG_SPACE] = "space",
+	[EFS_FS_ORIG_SPACE] = "space", [EFS_FS_ORIG_OPENREF] = "openref",
 };
 
 static const char *const outcome_names[EFS_FS_NOUTCOMES] = {
@@ -240,6 +240,7 @@ static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
 
 	if (fs->dev_fd < 0)
 		return 0;
+	fs->dead_grace_ms = o->dead_grace_ms ? o->dead_grace_ms : EFS_ALLOC_DEAD_GRACE_MS;
 	r = efs_iopool_new(&fs->pool, fs->loop, fs->dev_fd, fs->dev_direct, &po);
 	if (r < 0)
 		return r;

@@ -37,11 +37,13 @@ struct mk_priv {
 
 struct rm_priv {
 	int empty_kv; /* 1-based: the child directory's first dirent */
+	int oref_kv;  /* 1-based: the child file's open references */
 };
 
 struct rn_priv {
 	int seq_kv;    /* 1-based: renameseq */
 	int empty_kv;  /* 1-based: the replaced directory's first dirent */
+	int oref_kv;   /* 1-based: the replaced file's open references */
 	bool walk;     /* a cross-directory directory move: walk ancestors */
 	bool walked;   /* the walk found no cycle */
 	uint64_t cur;  /* walk position */
@@ -69,6 +71,7 @@ struct ns_op {
 	uint64_t child2;	  /* inode found under |name2| */
 	uint32_t child_type, child2_type;
 	uint64_t dc_mseq; /* lookup: the directory's mseq when its dirent read left */
+	uint64_t oref_gone; /* an inode deleted with this node's open reference */
 	union {
 		struct mk_priv mk; /* create-like operations, link */
 		struct rm_priv rm;
@@ -90,6 +93,12 @@ static void ns_committed(struct efs_fs_op *op)
 {
 	struct ns_op *nop = nop_of(op);
 
+	if (nop->oref_gone) {
+		struct efs_fs_inode *in = efs_fs_ifind(op->fs, nop->oref_gone);
+
+		if (in)
+			in->oref_epoch = 0;
+	}
 	if (nop->name_len)
 		efs_fs_dcache_forget(op->fs, op->ino, nop->name, nop->name_len);
 	if (nop->name2_len)
@@ -201,22 +210,50 @@ static int put_orphan(struct efs_fs_op *op, uint64_t ino)
 	return efs_meta_txn_put(op->txn, EFS_ETCD_TXN_SUCCESS, &k, &o.base, 0);
 }
 
-/* The last link of |ino| (record |rec|, nlink already 0) goes: delete it,
- * or keep it as an orphan while a handle of this node has it open. */
-static int drop_or_orphan(struct efs_fs_op *op, uint64_t ino, Etcfs__Inode *rec)
+/*
+ * The last link of |ino| (record |rec|, nlink already 0) goes: delete it,
+ * or keep it as an orphan while a handle of this node or an open
+ * reference of another node (|oref_kv|, 1-based, the r/<ino> read; 0 for
+ * none: directories) has it open. The orphan compares that the other
+ * nodes' references it saw are still there (one that went meanwhile makes
+ * the unlink plan again); the delete compares that no other node holds
+ * one, and deletes this node's own cached reference. An orphan is turned
+ * into a reclaim record by the last node to drop its reference
+ * (reclaim.c); the other nodes learn of it from their o/ watch.
+ */
+static int drop_or_orphan(struct efs_fs_op *op, uint64_t ino, Etcfs__Inode *rec, int oref_kv)
 {
 	struct efs_fs_inode *in = efs_fs_ifind(op->fs, ino);
+	const struct efs_fs_kv *kv = oref_kv ? &op->kv[oref_kv - 1] : NULL;
+	struct efs_meta_key k;
+	size_t others = 0;
+	bool mine = false;
 	int r;
 
-	if (in && in->opens > 0) {
+	if (kv)
+		efs_fs_oref_count(op->fs, kv, &mine, &others);
+	if ((in && in->opens > 0) || others) {
 		r = efs_fs_put_inode(op, ino, rec, false);
 		if (r == 0)
 			r = put_orphan(op, ino);
+		for (size_t i = 0; r == 0 && kv && i < kv->nkvs; i++)
+			r = efs_etcd_txn_compare(op->txn, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL,
+						 kv->kvs[i]->key.data, kv->kvs[i]->key.len,
+						 kv->kvs[i]->mod_revision);
 		return r;
 	}
 	r = efs_fs_del_inode(op, ino);
 	if (r == 0)
 		r = efs_fs_drop_inode_keys(op, ino, rec);
+	if (r == 0 && kv)
+		r = efs_fs_oref_cmp_alone(op->fs, op->txn, ino);
+	if (r == 0 && mine)
+		r = efs_meta_key_open(&op->fs->ns, ino, efs_session_node(op->fs->s), &k);
+	if (r == 0 && mine) {
+		r = efs_etcd_txn_delete(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0,
+					false);
+		nop_of(op)->oref_gone = ino;
+	}
 	return r;
 }
 
@@ -553,6 +590,9 @@ static int mk_build(struct efs_fs_op *op)
 	if (r == 0)
 		r = efs_fs_put_dirent(op, op->ino, nop->name, nop->name_len, op->new_ino,
 				      efs_meta_dt_from_mode(nr.mode), true, 0);
+	/* A created file is open: its reference rides the create. */
+	if (r == 0 && op->d->code == EFS_FS_OP_CREATE && fs->reclaim_priv)
+		r = efs_fs_oref_put_txn(fs, op->txn, op->new_ino);
 	if (r == 0 && store_acc)
 		r = put_xattr(op, op->new_ino, ACL_ACCESS, acc, akv->val_len);
 	if (r == 0 && akv && dir)
@@ -582,6 +622,8 @@ static void mk_done(struct efs_fs_op *op)
 		efs_fs_reply_entry(op, op->ino, nop->name, nop->name_len, op->new_ino, in->rec);
 		return;
 	}
+	if (fs->reclaim_priv)
+		efs_fs_oref_set(fs, op->new_ino, op->commit_rev);
 	{
 		int r = efs_fs_data_open_handle(fs, op->new_ino, &nop->fi, true);
 
@@ -810,6 +852,11 @@ static int rm_plan(struct efs_fs_op *op)
 		r = want_empty_kv(op, nop->child, &p->empty_kv);
 		if (r < 0)
 			return r;
+	} else if (!p->oref_kv && op->fs->reclaim_priv) {
+		r = efs_fs_want_keys(op, EFS_META_K_OPEN, nop->child, 0);
+		if (r < 0)
+			return r;
+		p->oref_kv = r;
 	}
 	if (!slot_ready(op, nop->child) || op->nkv_loaded < op->nkv)
 		return EFS_FS_CONT;
@@ -858,7 +905,7 @@ static int rm_build(struct efs_fs_op *op)
 	if (r < 0)
 		goto out;
 	if (cr->nlink == 0)
-		r = drop_or_orphan(op, nop->child, cr);
+		r = drop_or_orphan(op, nop->child, cr, rmdir ? 0 : nop->u.rm.oref_kv);
 	else
 		r = efs_fs_put_inode(op, nop->child, cr, false);
 out:
@@ -990,6 +1037,11 @@ static int rn_plan(struct efs_fs_op *op)
 		r = want_empty_kv(op, nop->child2, &p->empty_kv);
 		if (r < 0)
 			return r;
+	} else if (!exch && nop->child2 && !p->oref_kv && op->fs->reclaim_priv) {
+		r = efs_fs_want_keys(op, EFS_META_K_OPEN, nop->child2, 0);
+		if (r < 0)
+			return r;
+		p->oref_kv = r;
 	}
 	if (rn_cross_dir(op) && !p->seq_kv) {
 		kv = efs_fs_want_kv(op);
@@ -1232,7 +1284,8 @@ static int rn_build(struct efs_fs_op *op)
 		r = efs_fs_put_inode(op, nop->child, sr, false);
 	if (r == 0 && tr && nop->child2 != op->ino && nop->child2 != nop->ino2) {
 		if (tr->nlink == 0)
-			r = drop_or_orphan(op, nop->child2, tr);
+			r = drop_or_orphan(op, nop->child2, tr,
+					   S_ISDIR(tr->mode) ? 0 : p->oref_kv);
 		else
 			r = efs_fs_put_inode(op, nop->child2, tr, false);
 	}

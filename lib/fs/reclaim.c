@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "alloc/alloc.h"
+#include "etcd/watch.h"
 #include "fs/data.h"
 #include "meta/records.h"
 #include "util/log.h"
@@ -71,9 +72,15 @@ struct rc {
 	bool at_granted; /* |at| holds the map token (else it waits for it) */
 	uint64_t *bad; /* inodes whose reclaim failed for good in this process */
 	size_t nbad;
+	/* The o/ watch: an unlink elsewhere orphaned an inode this node may
+	 * hold a reference on (the request to drop it). */
+	struct efs_etcd_watch_stream *ows;
+	struct efs_etcd_watcher *ow;
+	uv_timer_t *grace_timer; /* a dead node's orphans: adopted after the grace */
 };
 
 static void pass_end(struct rc *rc, bool failed);
+static void orphan_watch_start(struct rc *rc);
 static void rec_next(struct rc *rc);
 static void batch_read(struct rc *rc);
 
@@ -271,42 +278,77 @@ static bool node_alive(struct rc *rc, const char *node, uint64_t *gen)
 	return false;
 }
 
-/* Orphans whose opener is gone: handed to the engine's reclaim operation. */
+/* How many open references the pass's r/ read (range 3) shows on |ino|:
+ * this node's (|mine|) and others'. */
+static void pass_refs(struct rc *rc, uint64_t ino, bool *mine, size_t *others)
+{
+	Etcdserverpb__RangeResponse *refs = NULL;
+	const char *me = efs_session_node(rc->fs->s);
+
+	*mine = false;
+	*others = 0;
+	if (efs_etcd_txn_resp_range(rc->list, 3, &refs) < 0) {
+		*others = 1; /* unknown: leave it */
+		return;
+	}
+	for (size_t i = 0; i < refs->n_kvs; i++) {
+		struct efs_meta_key_info ki;
+
+		if (efs_meta_key_parse(&rc->fs->ns, refs->kvs[i]->key.data,
+				       refs->kvs[i]->key.len, &ki) < 0 ||
+		    ki.family != EFS_META_K_OPEN || ki.ino != ino)
+			continue;
+		if (!strcmp(ki.node, me))
+			*mine = true;
+		else
+			(*others)++;
+	}
+}
+
+/*
+ * Orphans nobody holds open any more: handed to the engine's reclaim
+ * operation, which checks the open references again under the inode's
+ * lock. An orphan with another node's reference is that node's to turn
+ * into a reclaim record (at its last close, or when the o/ watch asks it
+ * to drop a cached reference), or ours once its lease is gone.
+ */
 static void scan_orphans(struct rc *rc)
 {
 	struct efs_fs *fs = rc->fs;
 	Etcdserverpb__RangeResponse *orph = NULL;
-	const char *me = efs_session_node(fs->s);
 
 	if (efs_etcd_txn_resp_range(rc->list, 2, &orph) < 0)
 		return;
 	for (size_t i = 0; i < orph->n_kvs; i++) {
 		const Mvccpb__KeyValue *kv = orph->kvs[i];
-		char node[EFS_META_NODE_MAX + 1];
 		struct efs_meta_key_info ki;
-		Etcfs__Orphan *o = NULL;
-		uint64_t gen = 0, seq, lgen = 0;
-		bool gone;
+		struct efs_fs_inode *in;
+		size_t others;
+		bool mine;
 
 		if (efs_meta_key_parse(&fs->ns, kv->key.data, kv->key.len, &ki) < 0 ||
 		    ki.family != EFS_META_K_ORPHAN)
 			continue;
-		if (efs_meta_orphan_decode(kv->value.data, kv->value.len, &o, NULL) < 0)
+		pass_refs(rc, ki.ino, &mine, &others);
+		in = efs_fs_ifind(fs, ki.ino);
+		if (in)
+			in->orphan_seen = true;
+		if (others || (in && in->opens > 0))
 			continue;
-		if (efs_fs_opid_decode(o->op_id.data, o->op_id.len, node, &gen, &seq) < 0) {
+		{
+			char node[EFS_META_NODE_MAX + 1] = "?";
+			Etcfs__Orphan *o = NULL;
+			uint64_t gen = 0, seq;
+
+			if (efs_meta_orphan_decode(kv->value.data, kv->value.len, &o, NULL) == 0 &&
+			    efs_fs_opid_decode(o->op_id.data, o->op_id.len, node, &gen, &seq) < 0)
+				snprintf(node, sizeof(node), "?");
 			efs_meta_record_free(o);
-			continue; /* no opener recorded: leave it to fsck */
+			/* "of N": the node whose unlink orphaned it. */
+			efs_log_info("reclaim: orphan inode %" PRIu64 " of %s (no opener left) "
+				     "adopted",
+				     ki.ino, node);
 		}
-		efs_meta_record_free(o);
-		if (!strcmp(node, me))
-			gone = gen != efs_session_generation(fs->s);
-		else
-			gone = !node_alive(rc, node, &lgen) || (lgen && lgen != gen);
-		if (!gone)
-			continue;
-		efs_log_info("reclaim: orphan inode %" PRIu64 " of %s (session %" PRIu64
-			     ") adopted",
-			     ki.ino, node, gen);
 		efs_fs_reclaim(fs, ki.ino);
 	}
 }
@@ -411,6 +453,20 @@ static void pass_start(struct rc *rc)
 	if (r == 0 && !rc->orphans_done)
 		r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, rg.key.buf, rg.key.len, rg.end.buf,
 				       rg.end.len);
+	if (r == 0 && !rc->orphans_done)
+		r = efs_meta_range_family(&fs->ns, EFS_META_K_OPEN, &rg);
+	if (r == 0 && !rc->orphans_done) {
+		Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
+
+		rq.key.data = rg.key.buf;
+		rq.key.len = rg.key.len;
+		rq.range_end.data = rg.end.buf;
+		rq.range_end.len = rg.end.len;
+		rq.keys_only = true;
+		r = efs_etcd_txn_range_req(t, EFS_ETCD_TXN_SUCCESS, &rq);
+	}
+	if (r == 0)
+		orphan_watch_start(rc);
 	if (r == 0) {
 		r = rc_send(rc, t, list_cb);
 		t = NULL;
@@ -784,8 +840,23 @@ static void batch_read(struct rc *rc)
 
 /* ---- Lifecycle ---- */
 
-/* Another node's session ended: a pass adopts its orphans and reclaim
- * records now, not only when some node starts. */
+static void grace_cb(uv_timer_t *t)
+{
+	struct rc *rc = t->data;
+
+	if (!rc)
+		return;
+	rc->orphans_done = false;
+	efs_fs_reclaim_kick(rc->fs);
+}
+
+/*
+ * Another node's session ended: a pass adopts its interrupted reclaim
+ * records now, and the orphans it alone held open (its open references
+ * went with its lease) once the dead-node grace has passed: it may have
+ * held such a file exclusively, with writes into its preallocated blocks
+ * still queued below it, and those blocks must not be handed out before.
+ */
 static void peer_gone(void *arg, const char *node)
 {
 	struct efs_fs *fs = arg;
@@ -794,8 +865,283 @@ static void peer_gone(void *arg, const char *node)
 	if (!rc)
 		return;
 	efs_log_info("reclaim: node %s's session ended: adopting what it left", node);
-	rc->orphans_done = false;
 	efs_fs_reclaim_kick(fs);
+	uv_timer_start(rc->grace_timer, grace_cb, fs->dead_grace_ms, 0);
+}
+
+/* ---- The o/ watch ---- */
+
+/* An unlink (here or elsewhere) orphaned |ino|: a reference this node
+ * keeps only cached goes now, and the last close here drops the one in
+ * use (efs_fs_release). */
+static void orphan_put(struct rc *rc, uint64_t ino)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(rc->fs, ino);
+
+	if (!in)
+		return;
+	in->orphan_seen = true;
+	if (in->opens == 0 && efs_fs_oref_held(rc->fs, in))
+		efs_fs_reclaim(rc->fs, ino);
+}
+
+static void orphan_watch_cb(struct efs_etcd_watcher *w, int status,
+			    const struct efs_etcd_watch_update *u, void *arg)
+{
+	struct rc *rc = arg;
+
+	(void)w;
+	(void)status;
+	if (u->kind == EFS_ETCD_WATCH_EVENTS) {
+		for (size_t i = 0; i < u->n_events; i++) {
+			const Mvccpb__Event *ev = u->events[i];
+			struct efs_meta_key_info ki;
+
+			if (ev->type != MVCCPB__EVENT__EVENT_TYPE__PUT || !ev->kv ||
+			    efs_meta_key_parse(&rc->fs->ns, ev->kv->key.data, ev->kv->key.len,
+					       &ki) < 0 ||
+			    ki.family != EFS_META_K_ORPHAN)
+				continue;
+			orphan_put(rc, ki.ino);
+		}
+		return;
+	}
+	if (u->kind != EFS_ETCD_WATCH_COMPACTED && u->kind != EFS_ETCD_WATCH_CANCELED)
+		return;
+	/* Events may be lost: the next pass reads every orphan (and starts
+	 * the watch again). */
+	rc->ow = efs_etcd_watcher_free(rc->ow);
+	rc->orphans_done = false;
+	efs_fs_reclaim_kick(rc->fs);
+}
+
+static void orphan_watch_start(struct rc *rc)
+{
+	struct efs_meta_range rg;
+	struct efs_etcd_watch_opts o = {0};
+	int r;
+
+	if (rc->ow)
+		return;
+	r = efs_meta_range_family(&rc->fs->ns, EFS_META_K_ORPHAN, &rg);
+	if (r == 0 && !rc->ows)
+		r = efs_etcd_watch_stream_new(&rc->ows, rc->fs->c, EFS_ETCD_CH_BULK);
+	if (r == 0) {
+		o.key = rg.key.buf;
+		o.key_len = rg.key.len;
+		o.range_end = rg.end.buf;
+		o.range_end_len = rg.end.len;
+		o.no_delete = true;
+		r = efs_etcd_watcher_new(&rc->ow, rc->ows, &o, orphan_watch_cb, rc);
+	}
+	if (r < 0)
+		efs_log_warn("reclaim: cannot watch the orphans: %s", strerror(-r));
+}
+
+/* ---- Open references ---- */
+
+bool efs_fs_oref_held(const struct efs_fs *fs, const struct efs_fs_inode *in)
+{
+	return in && in->oref_epoch != 0 && in->oref_epoch == fs->epoch;
+}
+
+int efs_fs_oref_put_txn(struct efs_fs *fs, struct efs_etcd_txn *t, uint64_t ino)
+{
+	Etcfs__OpenRef o = ETCFS__OPEN_REF__INIT;
+	struct efs_meta_key k;
+	int r;
+
+	r = efs_meta_key_open(&fs->ns, ino, efs_session_node(fs->s), &k);
+	if (r < 0)
+		return r;
+	o.node = (char *)efs_session_node(fs->s);
+	o.session_generation = efs_session_generation(fs->s);
+	o.count = 1;
+	return efs_meta_txn_put(t, EFS_ETCD_TXN_SUCCESS, &k, &o.base, efs_session_lease_id(fs->s));
+}
+
+void efs_fs_oref_set(struct efs_fs *fs, uint64_t ino, int64_t rev)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(fs, ino);
+
+	if (!in)
+		return;
+	in->oref_epoch = fs->epoch;
+	in->oref_rev = rev;
+}
+
+struct oref_call {
+	struct efs_fs *fs;
+	uint64_t ino;
+	uint64_t epoch;
+	int tries;
+	void (*cb)(void *arg, int status);
+	void *arg;
+};
+
+static int oref_send(struct oref_call *c);
+
+static void oref_take_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct oref_call *c = arg;
+	enum efs_fs_outcome oc = efs_fs_txn_outcome(c->fs, EFS_FS_ORIG_OPENREF, r, resp);
+	int status = 0;
+
+	if (oc == EFS_FS_TXN_UNKNOWN && ++c->tries < 3 && oref_send(c) == 0)
+		return; /* a put again is harmless */
+	if (oc == EFS_FS_TXN_OK && c->epoch == c->fs->epoch)
+		efs_fs_oref_set(c->fs, c->ino, resp->header ? resp->header->revision : 0);
+	else
+		status = -EIO;
+	c->cb(c->arg, status);
+	efs_mem_free(c);
+}
+
+static int oref_send(struct oref_call *c)
+{
+	struct efs_etcd_txn *t = NULL;
+	int r;
+
+	r = efs_etcd_txn_new(&t, 0);
+	if (r == 0)
+		r = efs_session_guard(c->fs->s, t);
+	if (r == 0)
+		r = efs_fs_oref_put_txn(c->fs, t, c->ino);
+	if (r == 0)
+		r = efs_etcd_txn(c->fs->c, efs_etcd_txn_request(t), NULL, oref_take_cb, c);
+	efs_etcd_txn_free(t);
+	return r;
+}
+
+int efs_fs_oref_take(struct efs_fs *fs, uint64_t ino, void (*cb)(void *arg, int status),
+		     void *arg)
+{
+	struct oref_call *c = efs_mem_calloc(1, sizeof(*c));
+	int r;
+
+	if (!c)
+		return -ENOMEM;
+	c->fs = fs;
+	c->ino = ino;
+	c->epoch = fs->epoch;
+	c->cb = cb;
+	c->arg = arg;
+	r = oref_send(c);
+	if (r < 0)
+		efs_mem_free(c);
+	return r;
+}
+
+int efs_fs_oref_cmp_alone(struct efs_fs *fs, struct efs_etcd_txn *t, uint64_t ino)
+{
+	struct efs_meta_range rg;
+	struct efs_meta_key k, after;
+	struct efs_etcd_cmp c = {0};
+	int r;
+
+	r = efs_meta_range_ino(&fs->ns, EFS_META_K_OPEN, ino, &rg);
+	if (r == 0)
+		r = efs_meta_key_open(&fs->ns, ino, efs_session_node(fs->s), &k);
+	if (r < 0)
+		return r;
+	if (k.len + 1 > sizeof(after.buf))
+		return -EINVAL;
+	/* Node ids sort after the inode: every key but ours is below it or
+	 * at or above our key followed by a zero byte. */
+	after = k;
+	after.buf[after.len++] = 0;
+	c.target = EFS_ETCD_CMP_CREATE;
+	c.result = EFS_ETCD_CMP_EQUAL;
+	c.num = 0;
+	c.key = rg.key.buf;
+	c.key_len = rg.key.len;
+	c.range_end = k.buf;
+	c.range_end_len = k.len;
+	r = efs_etcd_txn_compare_ex(t, &c);
+	if (r < 0)
+		return r;
+	c.key = after.buf;
+	c.key_len = after.len;
+	c.range_end = rg.end.buf;
+	c.range_end_len = rg.end.len;
+	return efs_etcd_txn_compare_ex(t, &c);
+}
+
+void efs_fs_oref_count(struct efs_fs *fs, const struct efs_fs_kv *kv, bool *mine, size_t *others)
+{
+	const char *me = efs_session_node(fs->s);
+
+	*mine = false;
+	*others = 0;
+	for (size_t i = 0; kv && i < kv->nkvs; i++) {
+		struct efs_meta_key_info ki;
+
+		if (efs_meta_key_parse(&fs->ns, kv->kvs[i]->key.data, kv->kvs[i]->key.len, &ki) <
+			    0 ||
+		    ki.family != EFS_META_K_OPEN)
+			continue;
+		if (!strcmp(ki.node, me))
+			*mine = true;
+		else
+			(*others)++;
+	}
+}
+
+/* The inode leaves the cache: its cached reference goes, unless the
+ * session that put it is gone (the lease took it). The delete compares
+ * the revision that put it, so it never removes a newer put of a later
+ * open; and it reads o/<ino>, since an unlink elsewhere may have found
+ * the reference and left an orphan that this drop leaves unreferenced. */
+struct oref_drop {
+	struct efs_fs *fs;
+	uint64_t ino;
+};
+
+static void oref_drop_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct oref_drop *d = arg;
+	Etcdserverpb__RangeResponse *rr = NULL;
+
+	if (efs_fs_txn_outcome(d->fs, EFS_FS_ORIG_OPENREF, r, resp) == EFS_FS_TXN_OK &&
+	    efs_etcd_txn_resp_range(resp, 1, &rr) == 0 && rr->n_kvs > 0 && rc_of(d->fs))
+		efs_fs_reclaim(d->fs, d->ino);
+	efs_mem_free(d);
+}
+
+static void inode_freed(struct efs_fs *fs, struct efs_fs_inode *in)
+{
+	struct efs_etcd_txn *t = NULL;
+	struct oref_drop *d;
+	struct efs_meta_key k, ok;
+	int r;
+
+	if (!efs_fs_oref_held(fs, in) || !efs_session_is_active(fs->s) || !rc_of(fs))
+		return;
+	in->oref_epoch = 0;
+	d = efs_mem_calloc(1, sizeof(*d));
+	if (!d)
+		return; /* it stays until the session ends; fsck tells */
+	d->fs = fs;
+	d->ino = in->ino;
+	r = efs_meta_key_open(&fs->ns, in->ino, efs_session_node(fs->s), &k);
+	if (r == 0)
+		r = efs_meta_key_orphan(&fs->ns, in->ino, &ok);
+	if (r == 0)
+		r = efs_etcd_txn_new(&t, 0);
+	if (r == 0)
+		r = efs_session_guard(fs->s, t);
+	if (r == 0)
+		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, k.buf, k.len,
+					 in->oref_rev);
+	if (r == 0)
+		r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0, false);
+	if (r == 0)
+		r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, ok.buf, ok.len, NULL, 0);
+	if (r == 0)
+		r = efs_etcd_txn(fs->c, efs_etcd_txn_request(t), NULL, oref_drop_cb, d);
+	efs_etcd_txn_free(t);
+	if (r < 0)
+		efs_mem_free(d);
 }
 
 /* An inode deleted for good may have left a reclaim record to work on. */
@@ -806,6 +1152,7 @@ static void inode_dropped(struct efs_fs *fs, uint64_t ino)
 
 static const struct efs_fs_inode_hooks reclaim_inode_hooks = {
 	.dropped = inode_dropped,
+	.freed = inode_freed,
 };
 
 int efs_fs_reclaim_init(struct efs_fs *fs)
@@ -816,7 +1163,10 @@ int efs_fs_reclaim_init(struct efs_fs *fs)
 		return -ENOMEM;
 	rc->fs = fs;
 	rc->timer = efs_timer_new(fs->loop, rc);
-	if (!rc->timer) {
+	rc->grace_timer = efs_timer_new(fs->loop, rc);
+	if (!rc->timer || !rc->grace_timer) {
+		rc->timer = efs_timer_free(rc->timer);
+		rc->grace_timer = efs_timer_free(rc->grace_timer);
 		efs_mem_free(rc);
 		return -ENOMEM;
 	}
@@ -857,6 +1207,10 @@ void efs_fs_reclaim_abandon(struct efs_fs *fs)
 
 	if (rc && rc->timer)
 		uv_timer_stop(rc->timer);
+	if (rc && rc->grace_timer)
+		uv_timer_stop(rc->grace_timer);
+	if (rc)
+		rc->ow = efs_etcd_watcher_free(rc->ow);
 	if (rc && fs->lc)
 		efs_lockcache_set_peer_gone_cb(fs->lc, NULL, NULL);
 }
@@ -890,6 +1244,9 @@ void efs_fs_reclaim_done(struct efs_fs *fs)
 		rc->call = NULL;
 	}
 	rc->timer = efs_timer_free(rc->timer);
+	rc->grace_timer = efs_timer_free(rc->grace_timer);
+	rc->ow = efs_etcd_watcher_free(rc->ow);
+	rc->ows = efs_etcd_watch_stream_free(rc->ows);
 	pass_clear(rc);
 	efs_mem_free(rc->bad);
 	efs_mem_free(rc);
@@ -898,13 +1255,31 @@ void efs_fs_reclaim_done(struct efs_fs *fs)
 
 /* ---- The reclaim of an unlinked inode at its last close ---- */
 
+/* The reclaim operation: the r/<ino> read and what it found. */
+struct rc_op {
+	struct efs_fs_op op;
+	int oref_kv;	/* 1-based: the inode's open references */
+	bool mine;	/* ... this node's among them */
+	size_t others;	/* ... and other nodes' */
+};
+
 static int rc_plan(struct efs_fs_op *op)
 {
+	struct rc_op *ro = (struct rc_op *)op;
 	const Etcfs__Inode *rec;
 	struct efs_fs_inode *in;
+	int r;
 
-	if (op->loads_done == 0)
-		return efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
+	if (op->loads_done == 0) {
+		r = efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
+		if (r < 0)
+			return r;
+		r = efs_fs_want_keys(op, EFS_META_K_OPEN, op->ino, 0);
+		if (r < 0)
+			return r;
+		ro->oref_kv = r;
+		return EFS_FS_CONT;
+	}
 	rec = efs_fs_rec(op, op->ino);
 	in = efs_fs_ifind(op->fs, op->ino);
 	if (!rec && op->fs->data_priv) {
@@ -912,27 +1287,62 @@ static int rc_plan(struct efs_fs_op *op)
 		 * applied (no apply_out runs then). */
 		efs_fs_inode_dropped(op->fs, op->ino);
 	}
+	efs_fs_oref_count(op->fs, &op->kv[ro->oref_kv - 1], &ro->mine, &ro->others);
+	if (in && !ro->mine)
+		in->oref_epoch = 0; /* a drop of ours applied, or none was put */
 	if (!rec || rec->nlink != 0 || (in && in->opens > 0))
 		return EFS_FS_DONE;
+	if (ro->others && !ro->mine)
+		return EFS_FS_DONE; /* theirs to finish */
 	return EFS_FS_CONT;
 }
 
+/*
+ * Another node still holds a reference: only ours goes, comparing that
+ * theirs are still there (else the last reference would go without
+ * anyone reclaiming: a conflict plans again and reclaims). Otherwise the
+ * inode goes, with ours, comparing that no other node holds one.
+ */
 static int rc_build(struct efs_fs_op *op)
 {
-	int r = efs_fs_del_inode(op, op->ino);
+	struct rc_op *ro = (struct rc_op *)op;
+	const struct efs_fs_kv *kv = &op->kv[ro->oref_kv - 1];
+	struct efs_meta_key k;
+	int r;
 
+	op->check_ino = 0; /* nothing to re-read: a retry plans again */
+	r = efs_fs_op_txn(op);
+	if (r == 0 && ro->mine)
+		r = efs_meta_key_open(&op->fs->ns, op->ino, efs_session_node(op->fs->s), &k);
+	if (r == 0 && ro->mine)
+		r = efs_etcd_txn_delete(op->txn, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0,
+					false);
+	if (r < 0 || ro->others) {
+		for (size_t i = 0; r == 0 && i < kv->nkvs; i++)
+			r = efs_etcd_txn_compare(op->txn, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL,
+						 kv->kvs[i]->key.data, kv->kvs[i]->key.len,
+						 kv->kvs[i]->mod_revision);
+		return r;
+	}
+	r = efs_fs_oref_cmp_alone(op->fs, op->txn, op->ino);
+	if (r == 0)
+		r = efs_fs_del_inode(op, op->ino);
 	if (r == 0)
 		r = efs_fs_drop_inode_keys(op, op->ino, efs_fs_rec(op, op->ino));
-	op->check_ino = 0; /* nothing to re-read: a retry finds the record gone */
 	return r;
 }
 
 static void rc_done(struct efs_fs_op *op)
 {
+	struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
+
+	if (in)
+		in->oref_epoch = 0;
 }
 
 static const struct efs_fs_opdesc reclaim_desc = {
 	.code = EFS_FS_OP_RECLAIM,
+	.size = sizeof(struct rc_op),
 	.origin = EFS_FS_ORIG_RECLAIM,
 	.mutates = true,
 	.plan = rc_plan,

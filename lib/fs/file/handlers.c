@@ -69,7 +69,7 @@ static struct efs_fs_handle *handle_make(struct efs_fs *fs, uint64_t ino)
 	return h;
 }
 
-static void open_cont(struct dreq *r)
+static void open_finish(struct dreq *r)
 {
 	struct efs_fs *fs = r->fs;
 	struct efs_fs_handle *h;
@@ -84,6 +84,40 @@ static void open_cont(struct dreq *r)
 	if (efs_fs_rq_open(&r->rq, &r->fi) != 0)
 		efs_fs_handle_free(fs, h);
 	efs_file_dreq_end(r, 0);
+}
+
+static void open_oref_cb(void *arg, int status)
+{
+	struct dreq *r = arg;
+
+	if (status < 0) {
+		efs_file_dreq_end(r, status);
+		return;
+	}
+	open_finish(r);
+}
+
+/*
+ * The open reference first (reclaim.c): an unlink on another node must
+ * find it before this open is answered. The request keeps the inode's
+ * lock pinned meanwhile, so an unlink, which takes the exclusive lock
+ * before it reads the references, sees it. A reference this node already
+ * holds (kept past the last close while the inode stays cached) costs
+ * nothing.
+ */
+static void open_cont(struct dreq *r)
+{
+	struct efs_fs *fs = r->fs;
+	struct efs_fs_inode *in = efs_fs_ifind(fs, r->ino);
+	int e;
+
+	if (!fs->reclaim_priv || efs_fs_oref_held(fs, in)) {
+		open_finish(r);
+		return;
+	}
+	e = efs_fs_oref_take(fs, r->ino, open_oref_cb, r);
+	if (e < 0)
+		efs_file_dreq_end(r, e == -ENOMEM ? e : -EIO);
 }
 
 void efs_fs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -818,8 +852,8 @@ static void release_finish(struct rel_ctx *x)
 	struct efs_fs_inode *in = efs_fs_ifind(fs, x->ino);
 	bool reclaim;
 
-	reclaim = in && in->opens == 1 && in->rec && !in->gone && in->rec->nlink == 0 &&
-		  h->epoch == fs->epoch;
+	reclaim = in && in->opens == 1 && h->epoch == fs->epoch &&
+		  (in->orphan_seen || (in->rec && !in->gone && in->rec->nlink == 0));
 	efs_fs_handle_free(fs, h);
 	efs_fs_rq_err(&x->rq, 0);
 	if (reclaim)
