@@ -760,6 +760,27 @@ void efs_check__stage_orphans(state_t *st)
 			k->removed = true;
 			continue;
 		}
+		if (e && orphan && !e->has_open) {
+			/* Its last opener closed it or its lease ended: a node
+			 * turns it into a reclaim record, at once or (a dead
+			 * opener) after the dead-node grace. While mounted that
+			 * may still be under way. */
+			bool mounted = st->rep->n_mounted > 0;
+
+			f = efs_check__finding(st, EFS_CHECK_INV_LINKS,
+					       mounted ? EFS_CHECK_WARNING : EFS_CHECK_ERROR,
+					       "orphan record of inode %" PRIu64
+					       ", which no node has open%s",
+					       k->ino, mounted ? " (a node may be freeing it)" : "");
+			if (mounted)
+				continue;
+			efs_check__set_repair(st, f, "delete it, and free the inode as unnamed");
+			efs_check__op_del(st, f, k->key, k->keylen, k->mod);
+			k->removed = true;
+			e->has_orphan = false;
+			unreachable_zero(st, e);
+			continue;
+		}
 		if (!e && orphan) {
 			f = efs_check__finding(
 			    st, EFS_CHECK_INV_STRAY, EFS_CHECK_ERROR,
