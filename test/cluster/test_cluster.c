@@ -21,6 +21,7 @@
 #include "cluster.h"
 #include "proc.h"
 #include "proof.h"
+#include "openref.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -1826,6 +1827,26 @@ static void a_clean_restart_leaves_no_space_waiting_for_the_grace(void)
 	}
 }
 
+/* ---- Checks: open files across nodes (openref.c) ---- */
+
+static void an_unlinked_file_stays_open_on_another_node_until_its_last_close(void)
+{
+	check_dir();
+	efs_oref_open_elsewhere(&cl, cur_check);
+}
+
+static void a_cached_open_reference_does_not_pin_an_unlinked_file(void)
+{
+	check_dir();
+	efs_oref_cached_reference(&cl, cur_check);
+}
+
+static void an_unlinked_file_of_a_killed_opener_is_freed_after_the_grace(void)
+{
+	check_dir();
+	efs_oref_killed_opener(&cl, cur_check, (unsigned)atoi(DEAD_GRACE_S));
+}
+
 /* ---- The runner ---- */
 
 struct check {
@@ -1872,6 +1893,9 @@ static const struct check checks[] = {
 	CHECK(three_nodes_creating_in_one_directory_agree_on_every_name, 60, RUN_FULL),
 	CHECK(an_evicted_node_is_fenced_and_comes_back_with_a_new_session, 90, RUN_FULL),
 	CHECK(a_clean_restart_leaves_no_space_waiting_for_the_grace, 60, RUN_FULL),
+	CHECK(an_unlinked_file_stays_open_on_another_node_until_its_last_close, 60, RUN_SUBSET),
+	CHECK(a_cached_open_reference_does_not_pin_an_unlinked_file, 60, RUN_FULL),
+	CHECK(an_unlinked_file_of_a_killed_opener_is_freed_after_the_grace, 90, RUN_FULL),
 };
 
 #define NCHECKS (sizeof(checks) / sizeof(checks[0]))

@@ -1,0 +1,23 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#pragma once
+
+/*
+ * Open files across nodes (docs/DESIGN.md "Open files across nodes"): an
+ * unlink on one node of a file another node has open leaves it readable
+ * and writable there, its space pinned until the last close anywhere, or
+ * until the opener's lease and the dead-node grace are gone; a reference
+ * only cached (the file closed) does not pin it.
+ *
+ * Each check works in |dir| (relative to every mount point), which the
+ * caller has made, and fails through CL_CHECK. |grace_s| is the nodes'
+ * --dead-grace.
+ */
+
+#include "cluster.h"
+
+/* node2 reads and writes a file node1 unlinks; space back after its close. */
+void efs_oref_open_elsewhere(struct efs_cl *c, const char *dir);
+/* node2 opened and closed it (reference cached); node1's unlink frees it. */
+void efs_oref_cached_reference(struct efs_cl *c, const char *dir);
+/* node2 is killed with the unlinked file open; a survivor frees it. */
+void efs_oref_killed_opener(struct efs_cl *c, const char *dir, unsigned grace_s);
