@@ -760,8 +760,9 @@ void efs_check__stage_orphans(state_t *st)
 			k->removed = true;
 			continue;
 		}
-		if (e && orphan && !e->has_open) {
-			/* Its last opener closed it or its lease ended: a node
+		if (e && orphan && !e->has_open && S_ISREG(e->mode)) {
+			/* Files only (directories have no open references).
+			 * Its last opener closed it or its lease ended: a node
 			 * turns it into a reclaim record, at once or (a dead
 			 * opener) after the dead-node grace. While mounted that
 			 * may still be under way. */
