@@ -243,6 +243,9 @@ struct efs_fs_inode {
 	 * and the revision that put it (its drop compares it). */
 	uint64_t oref_epoch;
 	int64_t oref_rev;
+	/* A put whose outcome is unknown (oref_epoch set, oref_rev 0): not
+	 * held, but its drop runs anyway when the entry is freed. */
+	bool oref_unsure;
 	bool orphan_seen;	    /* an o/<ino> put was seen (reclaim.c's watch) */
 	bool atime_busy;	    /* a relatime update is in flight */
 	struct efs_fs_dcache *dc;   /* directories: names, valid under the lock */
@@ -828,6 +831,8 @@ void efs_fs_reclaim(struct efs_fs *fs, uint64_t ino);
 bool efs_fs_oref_held(const struct efs_fs *fs, const struct efs_fs_inode *in);
 int efs_fs_oref_put_txn(struct efs_fs *fs, struct efs_etcd_txn *t, uint64_t ino);
 void efs_fs_oref_set(struct efs_fs *fs, uint64_t ino, int64_t rev);
+/* A take's put whose outcome is unknown: the entry's drop still runs. */
+void efs_fs_oref_set_unsure(struct efs_fs *fs, uint64_t ino);
 int efs_fs_oref_take(struct efs_fs *fs, uint64_t ino, void (*cb)(void *arg, int status),
 		     void *arg);
 int efs_fs_oref_cmp_alone(struct efs_fs *fs, struct efs_etcd_txn *t, uint64_t ino);

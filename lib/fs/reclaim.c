@@ -33,6 +33,10 @@
 #define RC_OPS_MAX  110	 /* compares/ops budget of one batch */
 #define RC_RETRY_MS 1000 /* after a failed pass */
 #define RC_KICK_MS  10	 /* coalesces kicks */
+#define OREF_DROP_MS	   20	/* a freed inode's reference drop waits for others */
+#define OREF_DROP_BATCH	   64	/* ... or goes once this many wait (one nested txn each) */
+#define OREF_DROP_INFLIGHT 2	/* drop batches in flight */
+#define OREF_DROP_RETRY_MS 1000 /* after a failed drop batch */
 
 struct rc;
 
@@ -77,6 +81,13 @@ struct rc {
 	struct efs_etcd_watch_stream *ows;
 	struct efs_etcd_watcher *ow;
 	uv_timer_t *grace_timer; /* a dead node's orphans: adopted after the grace */
+	/* Open references: transactions in flight outside the engine, and
+	 * the drops waiting for their batch (see drop_queue). */
+	struct oref_call *orefs;
+	struct oref_drop_ent *drops;
+	size_t ndrops, cdrops;
+	unsigned drop_batches; /* in flight */
+	uv_timer_t *drop_timer;
 };
 
 static void pass_end(struct rc *rc, bool failed);
@@ -942,7 +953,7 @@ static void orphan_watch_start(struct rc *rc)
 
 bool efs_fs_oref_held(const struct efs_fs *fs, const struct efs_fs_inode *in)
 {
-	return in && in->oref_epoch != 0 && in->oref_epoch == fs->epoch;
+	return in && in->oref_epoch != 0 && in->oref_epoch == fs->epoch && !in->oref_unsure;
 }
 
 int efs_fs_oref_put_txn(struct efs_fs *fs, struct efs_etcd_txn *t, uint64_t ino)
@@ -968,47 +979,132 @@ void efs_fs_oref_set(struct efs_fs *fs, uint64_t ino, int64_t rev)
 		return;
 	in->oref_epoch = fs->epoch;
 	in->oref_rev = rev;
+	in->oref_unsure = false;
 }
 
+void efs_fs_oref_set_unsure(struct efs_fs *fs, uint64_t ino)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(fs, ino);
+
+	if (!in || efs_fs_oref_held(fs, in))
+		return;
+	in->oref_epoch = fs->epoch;
+	in->oref_rev = 0;
+	in->oref_unsure = true;
+}
+
+/*
+ * An open-reference transaction sent outside the engine: a take (one
+ * open's put) or a batch of drops. It counts in no operation, so it sits
+ * on rc->orefs until its reply: efs_fs_reclaim_done detaches it (|rc|
+ * NULL) and its callback, which the etcd client still runs (with
+ * -ECANCELED when the client goes), then only frees it.
+ */
+struct oref_drop_ent {
+	uint64_t ino;
+	int64_t rev; /* the put's revision (0: unsure whether it applied) */
+};
+
 struct oref_call {
-	struct efs_fs *fs;
+	struct oref_call *next, *prev; /* on rc->orefs */
+	struct rc *rc;		       /* NULL: detached */
+	/* A take. */
 	uint64_t ino;
 	uint64_t epoch;
 	int tries;
 	void (*cb)(void *arg, int status);
 	void *arg;
+	/* A drop batch. */
+	struct oref_drop_ent *ents;
+	size_t nents;
 };
+
+static struct oref_call *oref_call_new(struct rc *rc)
+{
+	struct oref_call *c = efs_mem_calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->rc = rc;
+	c->next = rc->orefs;
+	if (rc->orefs)
+		rc->orefs->prev = c;
+	rc->orefs = c;
+	return c;
+}
+
+/* Takes |c| off its reclaimer's list and frees it. */
+static void oref_call_free(struct oref_call *c)
+{
+	if (c->rc) {
+		if (c->prev)
+			c->prev->next = c->next;
+		else
+			c->rc->orefs = c->next;
+		if (c->next)
+			c->next->prev = c->prev;
+	}
+	efs_mem_free(c->ents);
+	efs_mem_free(c);
+}
+
+/* efs_fs_reclaim_done: every call in flight forgets the file system. */
+static void oref_calls_detach(struct rc *rc)
+{
+	struct oref_call *c = rc->orefs;
+
+	while (c) {
+		struct oref_call *n = c->next;
+
+		c->rc = NULL;
+		c->next = c->prev = NULL;
+		c = n;
+	}
+	rc->orefs = NULL;
+}
 
 static int oref_send(struct oref_call *c);
 
 static void oref_take_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
 {
 	struct oref_call *c = arg;
-	enum efs_fs_outcome oc = efs_fs_txn_outcome(c->fs, EFS_FS_ORIG_OPENREF, r, resp);
+	struct efs_fs *fs;
+	enum efs_fs_outcome oc;
 	int status = 0;
 
+	if (!c->rc) {
+		oref_call_free(c);
+		return;
+	}
+	fs = c->rc->fs;
+	oc = efs_fs_txn_outcome(fs, EFS_FS_ORIG_OPENREF, r, resp);
 	if (oc == EFS_FS_TXN_UNKNOWN && ++c->tries < 3 && oref_send(c) == 0)
 		return; /* a put again is harmless */
-	if (oc == EFS_FS_TXN_OK && c->epoch == c->fs->epoch)
-		efs_fs_oref_set(c->fs, c->ino, resp->header ? resp->header->revision : 0);
-	else
+	if (oc == EFS_FS_TXN_OK && c->epoch == fs->epoch) {
+		efs_fs_oref_set(fs, c->ino, resp->header ? resp->header->revision : 0);
+	} else {
 		status = -EIO;
+		/* The put may have applied: its drop must still run. */
+		if (oc == EFS_FS_TXN_UNKNOWN && c->epoch == fs->epoch)
+			efs_fs_oref_set_unsure(fs, c->ino);
+	}
 	c->cb(c->arg, status);
-	efs_mem_free(c);
+	oref_call_free(c);
 }
 
 static int oref_send(struct oref_call *c)
 {
+	struct efs_fs *fs = c->rc->fs;
 	struct efs_etcd_txn *t = NULL;
 	int r;
 
 	r = efs_etcd_txn_new(&t, 0);
 	if (r == 0)
-		r = efs_session_guard(c->fs->s, t);
+		r = efs_session_guard(fs->s, t);
 	if (r == 0)
-		r = efs_fs_oref_put_txn(c->fs, t, c->ino);
+		r = efs_fs_oref_put_txn(fs, t, c->ino);
 	if (r == 0)
-		r = efs_etcd_txn(c->fs->c, efs_etcd_txn_request(t), NULL, oref_take_cb, c);
+		r = efs_etcd_txn(fs->c, efs_etcd_txn_request(t), NULL, oref_take_cb, c);
 	efs_etcd_txn_free(t);
 	return r;
 }
@@ -1016,19 +1112,28 @@ static int oref_send(struct oref_call *c)
 int efs_fs_oref_take(struct efs_fs *fs, uint64_t ino, void (*cb)(void *arg, int status),
 		     void *arg)
 {
-	struct oref_call *c = efs_mem_calloc(1, sizeof(*c));
+	struct rc *rc = rc_of(fs);
+	struct oref_call *c;
 	int r;
 
+	if (!rc)
+		return -EIO;
+	c = oref_call_new(rc);
 	if (!c)
 		return -ENOMEM;
-	c->fs = fs;
 	c->ino = ino;
 	c->epoch = fs->epoch;
 	c->cb = cb;
 	c->arg = arg;
+	/* A drop of an unsure put still waiting to go would remove this one:
+	 * the put supersedes it (its own drop goes when the inode does). */
+	for (size_t i = 0; i < rc->ndrops; i++) {
+		if (rc->drops[i].ino == ino && rc->drops[i].rev == 0)
+			rc->drops[i--] = rc->drops[--rc->ndrops];
+	}
 	r = oref_send(c);
 	if (r < 0)
-		efs_mem_free(c);
+		oref_call_free(c);
 	return r;
 }
 
@@ -1087,61 +1192,188 @@ void efs_fs_oref_count(struct efs_fs *fs, const struct efs_fs_kv *kv, bool *mine
 	}
 }
 
-/* The inode leaves the cache: its cached reference goes, unless the
- * session that put it is gone (the lease took it). The delete compares
- * the revision that put it, so it never removes a newer put of a later
- * open; and it reads o/<ino>, since an unlink elsewhere may have found
- * the reference and left an orphan that this drop leaves unreferenced. */
-struct oref_drop {
-	struct efs_fs *fs;
-	uint64_t ino;
-};
+/*
+ * The inode leaves the cache: its cached reference goes, unless the
+ * session that put it is gone (the lease took it). Drops wait up to
+ * OREF_DROP_MS, or until OREF_DROP_BATCH are queued, and go together in
+ * one transaction: the session guard, then one nested transaction per
+ * reference comparing the revision that put it (so it never removes the
+ * put of a later open; an unsure put, revision 0, is deleted as is) and
+ * reading o/<ino> in either branch, since an unlink elsewhere may have
+ * found the reference and left an orphan that this drop leaves
+ * unreferenced: an orphan found goes to the reclaim operation, which
+ * reads the references again under the inode's lock. At most
+ * OREF_DROP_INFLIGHT batches are in flight; a batch whose outcome is not
+ * known, or that could not go, is queued again (a drop that finds its key
+ * gone does nothing).
+ */
+static void drop_flush(struct rc *rc);
 
-static void oref_drop_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+static void drop_timer_cb(uv_timer_t *t)
 {
-	struct oref_drop *d = arg;
-	Etcdserverpb__RangeResponse *rr = NULL;
+	struct rc *rc = t->data;
 
-	if (efs_fs_txn_outcome(d->fs, EFS_FS_ORIG_OPENREF, r, resp) == EFS_FS_TXN_OK &&
-	    efs_etcd_txn_resp_range(resp, 1, &rr) == 0 && rr->n_kvs > 0 && rc_of(d->fs))
-		efs_fs_reclaim(d->fs, d->ino);
-	efs_mem_free(d);
+	if (rc)
+		drop_flush(rc);
+}
+
+static void drop_arm(struct rc *rc, uint64_t ms)
+{
+	if (!uv_is_active((uv_handle_t *)rc->drop_timer))
+		uv_timer_start(rc->drop_timer, drop_timer_cb, ms, 0);
+}
+
+static bool drop_add(struct rc *rc, uint64_t ino, int64_t rev)
+{
+	if (rc->ndrops == rc->cdrops) {
+		size_t n = rc->cdrops ? 2 * rc->cdrops : OREF_DROP_BATCH;
+		struct oref_drop_ent *d = efs_mem_realloc(rc->drops, n * sizeof(*d));
+
+		if (!d) {
+			efs_log_warn("reclaim: open reference of inode %" PRIu64
+				     " kept until the session ends: %s",
+				     ino, strerror(ENOMEM));
+			return false;
+		}
+		rc->drops = d;
+		rc->cdrops = n;
+	}
+	rc->drops[rc->ndrops].ino = ino;
+	rc->drops[rc->ndrops].rev = rev;
+	rc->ndrops++;
+	return true;
+}
+
+static void drop_queue(struct rc *rc, uint64_t ino, int64_t rev)
+{
+	if (!drop_add(rc, ino, rev))
+		return;
+	if (rc->ndrops >= OREF_DROP_BATCH)
+		drop_flush(rc);
+	else
+		drop_arm(rc, OREF_DROP_MS);
+}
+
+static void drop_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct oref_call *c = arg;
+	struct rc *rc = c->rc;
+	enum efs_fs_outcome oc;
+
+	if (!rc) {
+		oref_call_free(c);
+		return;
+	}
+	rc->drop_batches--;
+	oc = efs_fs_txn_outcome(rc->fs, EFS_FS_ORIG_OPENREF, r, resp);
+	if (oc == EFS_FS_TXN_OK) {
+		for (size_t i = 0; i < c->nents; i++) {
+			Etcdserverpb__TxnResponse *in = NULL;
+			Etcdserverpb__RangeResponse *rr = NULL;
+
+			if (efs_etcd_txn_resp_txn(resp, i, &in) < 0)
+				continue;
+			if (efs_etcd_txn_resp_range(in, in->succeeded ? 1 : 0, &rr) == 0 &&
+			    rr->n_kvs > 0)
+				efs_fs_reclaim(rc->fs, c->ents[i].ino);
+		}
+	} else if (oc == EFS_FS_TXN_CONFLICT) {
+		/* The session is gone: its lease took the references. */
+	} else if (efs_session_is_active(rc->fs->s)) {
+		efs_log_warn("reclaim: dropping %zu open references failed (%s): again later",
+			     c->nents, strerror(r->err ? -r->err : EIO));
+		for (size_t i = 0; i < c->nents; i++)
+			drop_add(rc, c->ents[i].ino, c->ents[i].rev);
+		uv_timer_stop(rc->drop_timer);
+		drop_arm(rc, OREF_DROP_RETRY_MS);
+	}
+	oref_call_free(c);
+	if (rc->ndrops && !uv_is_active((uv_handle_t *)rc->drop_timer))
+		drop_flush(rc);
+}
+
+/* One batch of the first queued drops: 0, or -errno with the queue kept. */
+static int drop_send(struct rc *rc)
+{
+	struct efs_fs *fs = rc->fs;
+	size_t n = rc->ndrops < OREF_DROP_BATCH ? rc->ndrops : OREF_DROP_BATCH;
+	struct efs_etcd_txn *t = NULL;
+	struct oref_call *c;
+	int r;
+
+	c = oref_call_new(rc);
+	if (!c)
+		return -ENOMEM;
+	c->ents = efs_mem_calloc(n, sizeof(*c->ents));
+	r = c->ents ? efs_etcd_txn_new(&t, 0) : -ENOMEM;
+	if (r == 0)
+		r = efs_session_guard(fs->s, t);
+	for (size_t i = 0; r == 0 && i < n; i++) {
+		const struct oref_drop_ent *e = &rc->drops[i];
+		struct efs_etcd_txn *in = NULL;
+		struct efs_meta_key k, ok;
+
+		r = efs_meta_key_open(&fs->ns, e->ino, efs_session_node(fs->s), &k);
+		if (r == 0)
+			r = efs_meta_key_orphan(&fs->ns, e->ino, &ok);
+		if (r == 0)
+			r = efs_etcd_txn_nested(t, EFS_ETCD_TXN_SUCCESS, &in);
+		if (r == 0 && e->rev)
+			r = efs_etcd_txn_compare(in, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, k.buf,
+						 k.len, e->rev);
+		if (r == 0)
+			r = efs_etcd_txn_delete(in, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0,
+						false);
+		if (r == 0)
+			r = efs_etcd_txn_range(in, EFS_ETCD_TXN_SUCCESS, ok.buf, ok.len, NULL, 0);
+		if (r == 0 && e->rev)
+			r = efs_etcd_txn_range(in, EFS_ETCD_TXN_FAILURE, ok.buf, ok.len, NULL, 0);
+		if (r == 0)
+			c->ents[c->nents++] = *e;
+	}
+	if (r == 0)
+		r = efs_etcd_txn(fs->c, efs_etcd_txn_request(t), NULL, drop_cb, c);
+	efs_etcd_txn_free(t);
+	if (r < 0) {
+		oref_call_free(c);
+		return r;
+	}
+	rc->drop_batches++;
+	memmove(rc->drops, rc->drops + n, (rc->ndrops - n) * sizeof(*rc->drops));
+	rc->ndrops -= n;
+	return 0;
+}
+
+static void drop_flush(struct rc *rc)
+{
+	uv_timer_stop(rc->drop_timer);
+	if (!efs_session_is_active(rc->fs->s)) {
+		rc->ndrops = 0; /* the session's end takes them with its lease */
+		return;
+	}
+	while (rc->ndrops && rc->drop_batches < OREF_DROP_INFLIGHT) {
+		int r = drop_send(rc);
+
+		if (r < 0) {
+			efs_log_warn("reclaim: cannot drop %zu open references (%s): again later",
+				     rc->ndrops, strerror(-r));
+			drop_arm(rc, OREF_DROP_RETRY_MS);
+			return;
+		}
+	}
+	/* The rest goes when a batch in flight ends (drop_cb). */
 }
 
 static void inode_freed(struct efs_fs *fs, struct efs_fs_inode *in)
 {
-	struct efs_etcd_txn *t = NULL;
-	struct oref_drop *d;
-	struct efs_meta_key k, ok;
-	int r;
+	struct rc *rc = rc_of(fs);
+	bool unsure = in->oref_unsure && in->oref_epoch == fs->epoch;
 
-	if (!efs_fs_oref_held(fs, in) || !efs_session_is_active(fs->s) || !rc_of(fs))
+	if (!rc || (!efs_fs_oref_held(fs, in) && !unsure) || !efs_session_is_active(fs->s))
 		return;
+	drop_queue(rc, in->ino, unsure ? 0 : in->oref_rev);
 	in->oref_epoch = 0;
-	d = efs_mem_calloc(1, sizeof(*d));
-	if (!d)
-		return; /* it stays until the session ends; fsck tells */
-	d->fs = fs;
-	d->ino = in->ino;
-	r = efs_meta_key_open(&fs->ns, in->ino, efs_session_node(fs->s), &k);
-	if (r == 0)
-		r = efs_meta_key_orphan(&fs->ns, in->ino, &ok);
-	if (r == 0)
-		r = efs_etcd_txn_new(&t, 0);
-	if (r == 0)
-		r = efs_session_guard(fs->s, t);
-	if (r == 0)
-		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, k.buf, k.len,
-					 in->oref_rev);
-	if (r == 0)
-		r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0, false);
-	if (r == 0)
-		r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, ok.buf, ok.len, NULL, 0);
-	if (r == 0)
-		r = efs_etcd_txn(fs->c, efs_etcd_txn_request(t), NULL, oref_drop_cb, d);
-	efs_etcd_txn_free(t);
-	if (r < 0)
-		efs_mem_free(d);
+	in->oref_unsure = false;
 }
 
 /* An inode deleted for good may have left a reclaim record to work on. */
@@ -1164,9 +1396,11 @@ int efs_fs_reclaim_init(struct efs_fs *fs)
 	rc->fs = fs;
 	rc->timer = efs_timer_new(fs->loop, rc);
 	rc->grace_timer = efs_timer_new(fs->loop, rc);
-	if (!rc->timer || !rc->grace_timer) {
+	rc->drop_timer = efs_timer_new(fs->loop, rc);
+	if (!rc->timer || !rc->grace_timer || !rc->drop_timer) {
 		rc->timer = efs_timer_free(rc->timer);
 		rc->grace_timer = efs_timer_free(rc->grace_timer);
+		rc->drop_timer = efs_timer_free(rc->drop_timer);
 		efs_mem_free(rc);
 		return -ENOMEM;
 	}
@@ -1209,6 +1443,8 @@ void efs_fs_reclaim_abandon(struct efs_fs *fs)
 		uv_timer_stop(rc->timer);
 	if (rc && rc->grace_timer)
 		uv_timer_stop(rc->grace_timer);
+	if (rc && rc->drop_timer)
+		uv_timer_stop(rc->drop_timer);
 	if (rc)
 		rc->ow = efs_etcd_watcher_free(rc->ow);
 	if (rc && fs->lc)
@@ -1245,6 +1481,11 @@ void efs_fs_reclaim_done(struct efs_fs *fs)
 	}
 	rc->timer = efs_timer_free(rc->timer);
 	rc->grace_timer = efs_timer_free(rc->grace_timer);
+	rc->drop_timer = efs_timer_free(rc->drop_timer);
+	/* Takes and drops in flight: their callbacks only free them. Drops
+	 * still queued are left to the lease, which the leave deletes. */
+	oref_calls_detach(rc);
+	efs_mem_free(rc->drops);
 	rc->ow = efs_etcd_watcher_free(rc->ow);
 	rc->ows = efs_etcd_watch_stream_free(rc->ows);
 	pass_clear(rc);
