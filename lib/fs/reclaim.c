@@ -91,7 +91,7 @@ struct rc {
 };
 
 static void pass_end(struct rc *rc, bool failed);
-static void orphan_watch_start(struct rc *rc);
+static void orphan_watch_start(struct rc *rc, int64_t from);
 static void rec_next(struct rc *rc);
 static void batch_read(struct rc *rc);
 
@@ -425,7 +425,10 @@ static void list_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, 
 	}
 	rc->pending = rc->nrecs;
 	if (!rc->orphans_done) {
+		/* The watch starts right after the list's revision: no orphan
+		 * put between the two goes unseen. */
 		rc->orphans_done = true;
+		orphan_watch_start(rc, rc->list->header ? rc->list->header->revision + 1 : 0);
 		scan_orphans(rc);
 	}
 	rec_next(rc);
@@ -448,6 +451,9 @@ static void pass_start(struct rc *rc)
 	}
 	rc->busy = true;
 	rc->again = false;
+	/* No o/ watch: this pass reads every orphan and starts it. */
+	if (!rc->ow)
+		rc->orphans_done = false;
 	r = efs_etcd_txn_new(&t, 0);
 	if (r == 0)
 		r = efs_meta_range_family(&fs->ns, EFS_META_K_RECLAIM, &rg);
@@ -476,8 +482,6 @@ static void pass_start(struct rc *rc)
 		rq.keys_only = true;
 		r = efs_etcd_txn_range_req(t, EFS_ETCD_TXN_SUCCESS, &rq);
 	}
-	if (r == 0)
-		orphan_watch_start(rc);
 	if (r == 0) {
 		r = rc_send(rc, t, list_cb);
 		t = NULL;
@@ -926,7 +930,7 @@ static void orphan_watch_cb(struct efs_etcd_watcher *w, int status,
 	efs_fs_reclaim_kick(rc->fs);
 }
 
-static void orphan_watch_start(struct rc *rc)
+static void orphan_watch_start(struct rc *rc, int64_t from)
 {
 	struct efs_meta_range rg;
 	struct efs_etcd_watch_opts o = {0};
@@ -943,6 +947,7 @@ static void orphan_watch_start(struct rc *rc)
 		o.range_end = rg.end.buf;
 		o.range_end_len = rg.end.len;
 		o.no_delete = true;
+		o.start_revision = from;
 		r = efs_etcd_watcher_new(&rc->ow, rc->ows, &o, orphan_watch_cb, rc);
 	}
 	if (r < 0)
