@@ -237,6 +237,10 @@ struct efs_fs_inode {
 	uint32_t opens;		    /* open handles */
 	uint32_t wopens;	    /* ... of them open for writing (kept by file/) */
 	uint32_t refs;		    /* operations using the entry */
+	/* The handles of them opened under fs epoch |live_epoch|: after a
+	 * lost session only those still count (efs_fs_live_opens). */
+	uint32_t live_opens;
+	uint64_t live_epoch;
 	uint64_t mseq;		    /* bumped by each name change this node makes */
 	/* This node's open reference r/<ino><node> (reclaim.c): the fs epoch
 	 * it was put under (0: none; a lost session took it with the lease)
@@ -816,6 +820,15 @@ bool efs_fs_atime_due(const Etcfs__Inode *rec, int64_t now);
  * transaction), deletes the inode and leaves a reclaim record.
  */
 void efs_fs_reclaim(struct efs_fs *fs, uint64_t ino);
+/* The same for an orphan a pass found with no reference left whose
+ * unlinker may still be alive: a directory is left alone (directories
+ * keep the local rule: only their unlinker's end frees them). */
+void efs_fs_reclaim_file(struct efs_fs *fs, uint64_t ino);
+/* The next reclaim pass reads every orphan again (a lost session took
+ * this node's references and left handles that no longer count). */
+void efs_fs_reclaim_rescan(struct efs_fs *fs);
+/* This node's handles on |in| opened under the current session. */
+uint32_t efs_fs_live_opens(const struct efs_fs *fs, const struct efs_fs_inode *in);
 
 /*
  * Open references (reclaim.c; docs/DESIGN.md "Open files across nodes").

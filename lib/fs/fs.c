@@ -407,6 +407,10 @@ void efs_fs_session_changed(struct efs_fs *fs, enum efs_session_state old,
 		if (fs->alloc)
 			efs_alloc_session_lost(fs->alloc);
 		efs_fs_plock_session_lost(fs);
+		/* Orphans this node's references or handles held may now
+		 * wait for nobody: the next pass (once a session is back)
+		 * reads them all. */
+		efs_fs_reclaim_rescan(fs);
 	}
 }
 

@@ -25,6 +25,11 @@ struct efs_fs_handle *efs_fs_handle_new(struct efs_fs *fs, uint64_t ino, bool di
 		return NULL;
 	}
 	in->opens++;
+	if (in->live_epoch != fs->epoch) {
+		in->live_epoch = fs->epoch;
+		in->live_opens = 0;
+	}
+	in->live_opens++;
 	h->ino = ino;
 	h->dir = dir;
 	h->epoch = fs->epoch;
@@ -60,9 +65,16 @@ void efs_fs_handle_free(struct efs_fs *fs, struct efs_fs_handle *h)
 		in->refs++;
 		if (in->opens)
 			in->opens--;
+		if (h->epoch == in->live_epoch && in->live_opens)
+			in->live_opens--;
 		efs_fs_iput(fs, in);
 	}
 	efs_mem_free(h);
+}
+
+uint32_t efs_fs_live_opens(const struct efs_fs *fs, const struct efs_fs_inode *in)
+{
+	return in && in->live_epoch == fs->epoch ? in->live_opens : 0;
 }
 
 int efs_fs_handle_check(const struct efs_fs *fs, const struct efs_fs_handle *h)

@@ -232,7 +232,7 @@ static int drop_or_orphan(struct efs_fs_op *op, uint64_t ino, Etcfs__Inode *rec,
 
 	if (kv)
 		efs_fs_oref_count(op->fs, kv, &mine, &others);
-	if ((in && in->opens > 0) || others) {
+	if (efs_fs_live_opens(op->fs, in) > 0 || others) {
 		r = efs_fs_put_inode(op, ino, rec, false);
 		if (r == 0)
 			r = put_orphan(op, ino);

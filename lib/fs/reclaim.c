@@ -307,7 +307,7 @@ static void pass_refs(struct rc *rc, uint64_t ino, bool *mine, size_t *others)
 
 		if (efs_meta_key_parse(&rc->fs->ns, refs->kvs[i]->key.data,
 				       refs->kvs[i]->key.len, &ki) < 0 ||
-		    ki.family != EFS_META_K_OPEN || ki.ino != ino)
+		    ki.family != EFS_META_K_OPEN)
 			continue;
 		if (!strcmp(ki.node, me))
 			*mine = true;
@@ -344,23 +344,35 @@ static void scan_orphans(struct rc *rc)
 		in = efs_fs_ifind(fs, ki.ino);
 		if (in)
 			in->orphan_seen = true;
-		if (others || (in && in->opens > 0))
+		if (others || efs_fs_live_opens(fs, in) > 0)
 			continue;
 		{
 			char node[EFS_META_NODE_MAX + 1] = "?";
 			Etcfs__Orphan *o = NULL;
-			uint64_t gen = 0, seq;
+			uint64_t gen = 0, seq, lgen = 0;
+			bool gone = false;
 
+			/* Its unlinker's session gone (main's rule, which a
+			 * directory, with no references, still needs). */
 			if (efs_meta_orphan_decode(kv->value.data, kv->value.len, &o, NULL) == 0 &&
-			    efs_fs_opid_decode(o->op_id.data, o->op_id.len, node, &gen, &seq) < 0)
+			    efs_fs_opid_decode(o->op_id.data, o->op_id.len, node, &gen, &seq) == 0) {
+				if (!strcmp(node, efs_session_node(fs->s)))
+					gone = gen != efs_session_generation(fs->s);
+				else
+					gone = !node_alive(rc, node, &lgen) || (lgen && lgen != gen);
+			} else {
 				snprintf(node, sizeof(node), "?");
+			}
 			efs_meta_record_free(o);
 			/* "of N": the node whose unlink orphaned it. */
-			efs_log_info("reclaim: orphan inode %" PRIu64 " of %s (no opener left) "
-				     "adopted",
-				     ki.ino, node);
+			efs_log_info("reclaim: orphan inode %" PRIu64 " of %s (%s) adopted",
+				     ki.ino, node,
+				     gone ? "its unlinker's session ended" : "no opener left");
+			if (gone)
+				efs_fs_reclaim(fs, ki.ino);
+			else
+				efs_fs_reclaim_file(fs, ki.ino);
 		}
-		efs_fs_reclaim(fs, ki.ino);
 	}
 }
 
@@ -896,7 +908,7 @@ static void orphan_put(struct rc *rc, uint64_t ino)
 	if (!in)
 		return;
 	in->orphan_seen = true;
-	if (in->opens == 0 && efs_fs_oref_held(rc->fs, in))
+	if (efs_fs_live_opens(rc->fs, in) == 0 && efs_fs_oref_held(rc->fs, in))
 		efs_fs_reclaim(rc->fs, ino);
 }
 
@@ -1507,6 +1519,7 @@ struct rc_op {
 	int oref_kv;	/* 1-based: the inode's open references */
 	bool mine;	/* ... this node's among them */
 	size_t others;	/* ... and other nodes' */
+	bool files_only; /* efs_fs_reclaim_file */
 };
 
 static int rc_plan(struct efs_fs_op *op)
@@ -1536,7 +1549,9 @@ static int rc_plan(struct efs_fs_op *op)
 	efs_fs_oref_count(op->fs, &op->kv[ro->oref_kv - 1], &ro->mine, &ro->others);
 	if (in && !ro->mine)
 		in->oref_epoch = 0; /* a drop of ours applied, or none was put */
-	if (!rec || rec->nlink != 0 || (in && in->opens > 0))
+	if (!rec || rec->nlink != 0 || efs_fs_live_opens(op->fs, in) > 0)
+		return EFS_FS_DONE;
+	if (ro->files_only && S_ISDIR(rec->mode))
 		return EFS_FS_DONE;
 	if (ro->others && !ro->mine)
 		return EFS_FS_DONE; /* theirs to finish */
@@ -1596,7 +1611,7 @@ static const struct efs_fs_opdesc reclaim_desc = {
 	.done = rc_done,
 };
 
-void efs_fs_reclaim(struct efs_fs *fs, uint64_t ino)
+static void reclaim_start(struct efs_fs *fs, uint64_t ino, bool files_only)
 {
 	struct efs_fs_op *op = efs_fs_op_new(fs, NULL, &reclaim_desc);
 
@@ -1606,5 +1621,26 @@ void efs_fs_reclaim(struct efs_fs *fs, uint64_t ino)
 		return;
 	}
 	op->ino = ino;
+	((struct rc_op *)op)->files_only = files_only;
 	efs_fs_op_run(op);
+}
+
+void efs_fs_reclaim(struct efs_fs *fs, uint64_t ino)
+{
+	reclaim_start(fs, ino, false);
+}
+
+void efs_fs_reclaim_file(struct efs_fs *fs, uint64_t ino)
+{
+	reclaim_start(fs, ino, true);
+}
+
+void efs_fs_reclaim_rescan(struct efs_fs *fs)
+{
+	struct rc *rc = rc_of(fs);
+
+	if (!rc)
+		return;
+	rc->orphans_done = false;
+	efs_fs_reclaim_kick(fs);
 }

@@ -852,12 +852,18 @@ static void release_finish(struct rel_ctx *x)
 	struct efs_fs_inode *in = efs_fs_ifind(fs, x->ino);
 	bool reclaim;
 
-	reclaim = in && in->opens == 1 && h->epoch == fs->epoch &&
-		  (in->orphan_seen || (in->rec && !in->gone && in->rec->nlink == 0));
+	bool unlinked = in && (in->orphan_seen || (in->rec && !in->gone && in->rec->nlink == 0));
+	bool stale = h->epoch != fs->epoch;
+
+	/* Only handles of the current session count: an older one's
+	 * reference went with the lost lease. */
+	reclaim = unlinked && !stale && efs_fs_live_opens(fs, in) == 1;
 	efs_fs_handle_free(fs, h);
 	efs_fs_rq_err(&x->rq, 0);
 	if (reclaim)
 		efs_fs_reclaim(fs, x->ino);
+	else if (unlinked && stale)
+		efs_fs_reclaim_rescan(fs); /* the orphan may wait for nobody now */
 	efs_mem_free(x);
 }
 
