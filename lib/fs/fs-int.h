@@ -838,8 +838,9 @@ uint32_t efs_fs_live_opens(const struct efs_fs *fs, const struct efs_fs_inode *i
  * (efs_fs_oref_set). take: the same as a transaction of its own
  * (session guard), |cb| runs once with 0 or -EIO (not if it returns an
  * error). cmp_alone: compares in |t| that no other node holds a
- * reference on |ino|. count: this node's and other nodes' references in
- * a keys-only read of the r/<ino> range.
+ * reference on |ino|. count: this node's and other nodes' references on
+ * |ino| in a keys-only read of the r/<ino> range (keys of another inode
+ * are ignored).
  */
 bool efs_fs_oref_held(const struct efs_fs *fs, const struct efs_fs_inode *in);
 int efs_fs_oref_put_txn(struct efs_fs *fs, struct efs_etcd_txn *t, uint64_t ino);
@@ -849,7 +850,7 @@ void efs_fs_oref_set_unsure(struct efs_fs *fs, uint64_t ino);
 int efs_fs_oref_take(struct efs_fs *fs, uint64_t ino, void (*cb)(void *arg, int status),
 		     void *arg);
 int efs_fs_oref_cmp_alone(struct efs_fs *fs, struct efs_etcd_txn *t, uint64_t ino);
-void efs_fs_oref_count(struct efs_fs *fs, const struct efs_fs_kv *kv, bool *mine,
+void efs_fs_oref_count(struct efs_fs *fs, const struct efs_fs_kv *kv, uint64_t ino, bool *mine,
 		       size_t *others);
 
 void efs_fs_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);

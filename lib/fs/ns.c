@@ -38,12 +38,14 @@ struct mk_priv {
 struct rm_priv {
 	int empty_kv; /* 1-based: the child directory's first dirent */
 	int oref_kv;  /* 1-based: the child file's open references */
+	uint64_t oref_ino; /* ... the inode that read was for */
 };
 
 struct rn_priv {
 	int seq_kv;    /* 1-based: renameseq */
 	int empty_kv;  /* 1-based: the replaced directory's first dirent */
 	int oref_kv;   /* 1-based: the replaced file's open references */
+	uint64_t oref_ino; /* ... the inode that read was for */
 	bool walk;     /* a cross-directory directory move: walk ancestors */
 	bool walked;   /* the walk found no cycle */
 	uint64_t cur;  /* walk position */
@@ -231,7 +233,7 @@ static int drop_or_orphan(struct efs_fs_op *op, uint64_t ino, Etcfs__Inode *rec,
 	int r;
 
 	if (kv)
-		efs_fs_oref_count(op->fs, kv, &mine, &others);
+		efs_fs_oref_count(op->fs, kv, ino, &mine, &others);
 	if (efs_fs_live_opens(op->fs, in) > 0 || others) {
 		r = efs_fs_put_inode(op, ino, rec, false);
 		if (r == 0)
@@ -852,11 +854,13 @@ static int rm_plan(struct efs_fs_op *op)
 		r = want_empty_kv(op, nop->child, &p->empty_kv);
 		if (r < 0)
 			return r;
-	} else if (!p->oref_kv && op->fs->reclaim_priv) {
+	} else if ((!p->oref_kv || p->oref_ino != nop->child) && op->fs->reclaim_priv) {
+		/* Again when a replan found another child under the name. */
 		r = efs_fs_want_keys(op, EFS_META_K_OPEN, nop->child, 0);
 		if (r < 0)
 			return r;
 		p->oref_kv = r;
+		p->oref_ino = nop->child;
 	}
 	if (!slot_ready(op, nop->child) || op->nkv_loaded < op->nkv)
 		return EFS_FS_CONT;
@@ -1037,11 +1041,14 @@ static int rn_plan(struct efs_fs_op *op)
 		r = want_empty_kv(op, nop->child2, &p->empty_kv);
 		if (r < 0)
 			return r;
-	} else if (!exch && nop->child2 && !p->oref_kv && op->fs->reclaim_priv) {
+	} else if (!exch && nop->child2 && (!p->oref_kv || p->oref_ino != nop->child2) &&
+		   op->fs->reclaim_priv) {
+		/* Again when a replan found another inode under the name. */
 		r = efs_fs_want_keys(op, EFS_META_K_OPEN, nop->child2, 0);
 		if (r < 0)
 			return r;
 		p->oref_kv = r;
+		p->oref_ino = nop->child2;
 	}
 	if (rn_cross_dir(op) && !p->seq_kv) {
 		kv = efs_fs_want_kv(op);

@@ -307,7 +307,7 @@ static void pass_refs(struct rc *rc, uint64_t ino, bool *mine, size_t *others)
 
 		if (efs_meta_key_parse(&rc->fs->ns, refs->kvs[i]->key.data,
 				       refs->kvs[i]->key.len, &ki) < 0 ||
-		    ki.family != EFS_META_K_OPEN)
+		    ki.family != EFS_META_K_OPEN || ki.ino != ino)
 			continue;
 		if (!strcmp(ki.node, me))
 			*mine = true;
@@ -1189,7 +1189,8 @@ int efs_fs_oref_cmp_alone(struct efs_fs *fs, struct efs_etcd_txn *t, uint64_t in
 	return efs_etcd_txn_compare_ex(t, &c);
 }
 
-void efs_fs_oref_count(struct efs_fs *fs, const struct efs_fs_kv *kv, bool *mine, size_t *others)
+void efs_fs_oref_count(struct efs_fs *fs, const struct efs_fs_kv *kv, uint64_t ino, bool *mine,
+		       size_t *others)
 {
 	const char *me = efs_session_node(fs->s);
 
@@ -1200,7 +1201,7 @@ void efs_fs_oref_count(struct efs_fs *fs, const struct efs_fs_kv *kv, bool *mine
 
 		if (efs_meta_key_parse(&fs->ns, kv->kvs[i]->key.data, kv->kvs[i]->key.len, &ki) <
 			    0 ||
-		    ki.family != EFS_META_K_OPEN)
+		    ki.family != EFS_META_K_OPEN || ki.ino != ino)
 			continue;
 		if (!strcmp(ki.node, me))
 			*mine = true;
@@ -1546,7 +1547,7 @@ static int rc_plan(struct efs_fs_op *op)
 		 * applied (no apply_out runs then). */
 		efs_fs_inode_dropped(op->fs, op->ino);
 	}
-	efs_fs_oref_count(op->fs, &op->kv[ro->oref_kv - 1], &ro->mine, &ro->others);
+	efs_fs_oref_count(op->fs, &op->kv[ro->oref_kv - 1], op->ino, &ro->mine, &ro->others);
 	if (in && !ro->mine)
 		in->oref_epoch = 0; /* a drop of ours applied, or none was put */
 	if (!rec || rec->nlink != 0 || efs_fs_live_opens(op->fs, in) > 0)
