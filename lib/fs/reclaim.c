@@ -81,6 +81,8 @@ struct rc {
 	struct efs_etcd_watch_stream *ows;
 	struct efs_etcd_watcher *ow;
 	uv_timer_t *grace_timer; /* a dead node's orphans: adopted after the grace */
+	uint64_t start_ms; /* loop time of this reclaimer's start */
+	uint64_t death_ms; /* ... of the last session end seen (0: none) */
 	/* Open references: transactions in flight outside the engine, and
 	 * the drops waiting for their batch (see drop_queue). */
 	struct oref_call *orefs;
@@ -92,6 +94,7 @@ struct rc {
 
 static void pass_end(struct rc *rc, bool failed);
 static void orphan_watch_start(struct rc *rc, int64_t from);
+static void grace_cb(uv_timer_t *t);
 static void rec_next(struct rc *rc);
 static void batch_read(struct rc *rc);
 
@@ -317,6 +320,23 @@ static void pass_refs(struct rc *rc, uint64_t ino, bool *mine, size_t *others)
 }
 
 /*
+ * How long orphans without references must still wait: until the grace
+ * has passed since the last session end this node saw and since its own
+ * start (a dead opener, this node's previous process included, may have
+ * held such a file exclusively with writes into its preallocated blocks
+ * still queued). One time for every node: a death may be any orphan's
+ * opener, since a reference gone with its lease names nobody any more.
+ */
+static uint64_t adopt_wait_ms(const struct rc *rc)
+{
+	uint64_t now = uv_now(rc->fs->loop);
+	uint64_t from = rc->death_ms > rc->start_ms ? rc->death_ms : rc->start_ms;
+	uint64_t end = from + rc->fs->dead_grace_ms;
+
+	return end > now ? end - now : 0;
+}
+
+/*
  * Orphans nobody holds open any more: handed to the engine's reclaim
  * operation, which checks the open references again under the inode's
  * lock. An orphan with another node's reference is that node's to turn
@@ -327,6 +347,9 @@ static void scan_orphans(struct rc *rc)
 {
 	struct efs_fs *fs = rc->fs;
 	Etcdserverpb__RangeResponse *orph = NULL;
+
+	uint64_t wait = adopt_wait_ms(rc);
+	bool deferred = false;
 
 	if (efs_etcd_txn_resp_range(rc->list, 2, &orph) < 0)
 		return;
@@ -346,6 +369,10 @@ static void scan_orphans(struct rc *rc)
 			in->orphan_seen = true;
 		if (others || efs_fs_live_opens(fs, in) > 0)
 			continue;
+		if (wait) {
+			deferred = true;
+			continue;
+		}
 		{
 			char node[EFS_META_NODE_MAX + 1] = "?";
 			Etcfs__Orphan *o = NULL;
@@ -374,6 +401,9 @@ static void scan_orphans(struct rc *rc)
 				efs_fs_reclaim_file(fs, ki.ino);
 		}
 	}
+	/* Read again once the grace is over (a later death restarts it). */
+	if (deferred)
+		uv_timer_start(rc->grace_timer, grace_cb, wait, 0);
 }
 
 /* The first range of a read's reply, the reply kept in *|keep|; NULL
@@ -892,6 +922,7 @@ static void peer_gone(void *arg, const char *node)
 	if (!rc)
 		return;
 	efs_log_info("reclaim: node %s's session ended: adopting what it left", node);
+	rc->death_ms = uv_now(fs->loop);
 	efs_fs_reclaim_kick(fs);
 	uv_timer_start(rc->grace_timer, grace_cb, fs->dead_grace_ms, 0);
 }
@@ -1412,6 +1443,7 @@ int efs_fs_reclaim_init(struct efs_fs *fs)
 	if (!rc)
 		return -ENOMEM;
 	rc->fs = fs;
+	rc->start_ms = uv_now(fs->loop);
 	rc->timer = efs_timer_new(fs->loop, rc);
 	rc->grace_timer = efs_timer_new(fs->loop, rc);
 	rc->drop_timer = efs_timer_new(fs->loop, rc);
