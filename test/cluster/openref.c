@@ -10,8 +10,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define FILE_BLOCKS 64		/* of 64 KiB: 4 MiB */
@@ -83,6 +86,101 @@ static void sync_all(struct efs_cl *c)
 	efs_cl_sleep_ms(1200); /* statfs caches the group counts for a second */
 }
 
+
+/* ---- Open references as etcd holds them (etcdctl) ---- */
+
+static int b64val(char ch)
+{
+	if (ch >= 'A' && ch <= 'Z')
+		return ch - 'A';
+	if (ch >= 'a' && ch <= 'z')
+		return ch - 'a' + 26;
+	if (ch >= '0' && ch <= '9')
+		return ch - '0' + 52;
+	if (ch == '+')
+		return 62;
+	if (ch == '/')
+		return 63;
+	return -1;
+}
+
+/* Decodes base64 |in| (up to '"') into |out|; its length. */
+static size_t b64dec(const char *in, unsigned char *out, size_t max)
+{
+	size_t n = 0;
+	unsigned acc = 0;
+	int bits = 0, v;
+
+	for (; *in && *in != '"'; in++) {
+		if ((v = b64val(*in)) < 0)
+			continue;
+		acc = (acc << 6) | (unsigned)v;
+		bits += 6;
+		if (bits >= 8 && n < max) {
+			bits -= 8;
+			out[n++] = (unsigned char)(acc >> bits);
+		}
+	}
+	return n;
+}
+
+/* How many r/<ino><node> keys etcd holds for |ino| and node |i| (whose
+ * id is c->node[i].id): the key ends in the tag, the inode big-endian
+ * and the node id. */
+static int count_refs(struct efs_cl *c, int i, uint64_t ino)
+{
+	unsigned char pat[64], key[512];
+	size_t plen = 0, idlen = strlen(c->node[i].id);
+	char cmd[1024], *line = NULL;
+	size_t cap = 0;
+	int n = 0;
+	FILE *f;
+
+	pat[plen++] = 'r';
+	pat[plen++] = '/';
+	for (int b = 7; b >= 0; b--)
+		pat[plen++] = (unsigned char)(ino >> (8 * b));
+	memcpy(pat + plen, c->node[i].id, idlen);
+	plen += idlen;
+	snprintf(cmd, sizeof(cmd),
+		 "ETCDCTL_API=3 etcdctl --endpoints=%s get '' --from-key --keys-only -w json "
+		 "2>/dev/null | tr ',' '\\n'",
+		 c->endpoints);
+	f = popen(cmd, "r");
+	CL_CHECK(f, "etcdctl: %s", strerror(errno));
+	while (getline(&line, &cap, f) > 0) {
+		char *k = strstr(line, "\"key\":\"");
+		size_t kl;
+
+		if (!k)
+			continue;
+		kl = b64dec(k + 7, key, sizeof(key));
+		if (kl >= plen && !memcmp(key + kl - plen, pat, plen))
+			n++;
+	}
+	free(line);
+	CL_CHECK(pclose(f) == 0, "etcdctl get failed");
+	return n;
+}
+
+static double openref_txns(struct efs_cl *c, int i)
+{
+	static const char *const oc[] = {"ok", "conflict", "error", "unknown"};
+	double sum = 0;
+
+	for (size_t k = 0; k < sizeof(oc) / sizeof(oc[0]); k++) {
+		char sample[160];
+		double v;
+
+		snprintf(sample, sizeof(sample),
+			 "etcfs_etcd_txns_total{origin=\"openref\",outcome=\"%s\"}", oc[k]);
+		v = efs_cl_metric(c, i, sample);
+		CL_CHECK(v >= 0, "node%d has no %s", i + 1, sample);
+		sum += v;
+	}
+	return sum;
+}
+
 void efs_oref_open_elsewhere(struct efs_cl *c, const char *dir)
 {
 	static char got[BLK], blk[BLK];
@@ -126,6 +224,7 @@ void efs_oref_open_elsewhere(struct efs_cl *c, const char *dir)
 void efs_oref_cached_reference(struct efs_cl *c, const char *dir)
 {
 	static char got[16];
+	struct stat st;
 	unsigned long long base;
 	uint64_t took;
 	int fd;
@@ -137,9 +236,18 @@ void efs_oref_cached_reference(struct efs_cl *c, const char *dir)
 	fd = open(path_of(c, 1, dir, "g"), O_RDONLY | O_CLOEXEC);
 	CL_CHECK(fd >= 0 && read(fd, got, sizeof(got)) == (ssize_t)sizeof(got),
 		 "node2 reads g: %s", strerror(errno));
+	CL_CHECK(fstat(fd, &st) == 0, "fstat: %s", strerror(errno));
 	close(fd);
+	/* The reference outlives the close while node2 caches the inode
+	 * (main put none: this fails there). */
+	CL_CHECK(count_refs(c, 1, (uint64_t)st.st_ino) == 1,
+		 "node2's reference on g is not kept after its close");
 	CL_CHECK(unlink(path_of(c, 0, dir, "g")) == 0, "node1 unlink: %s", strerror(errno));
 	took = wait_free(c, base - BLK * 2, BACK_MS, "a cached reference on node2");
+	/* ... and goes once the unlink asked for it (o/ watch, or the drop
+	 * when node2's kernel forgot the inode). */
+	CL_CHECK(count_refs(c, 1, (uint64_t)st.st_ino) == 0,
+		 "node2's cached reference on g is still there after the reclaim");
 	printf("# cached reference: space back %llu ms after the unlink\n",
 	       (unsigned long long)took);
 }
@@ -164,6 +272,23 @@ void efs_oref_killed_opener(struct efs_cl *c, const char *dir, unsigned grace_s)
 	sync_all(c);
 	CL_CHECK(free_bytes(c) + (unsigned long long)FILE_BLOCKS * BLK / 2 <= base,
 		 "the file's space came back right after its opener's kill");
+	/* Past the lease (its references are gone) but inside the grace:
+	 * still pinned, since the dead opener's writes may still land. */
+	{
+		uint64_t ttl_ms = (uint64_t)(c->opts.session_ttl ? c->opts.session_ttl : 2) * 1000;
+		uint64_t at = t_kill + ttl_ms + 1000;
+
+		if (efs_cl_now_ms() < at)
+			efs_cl_sleep_ms((unsigned)(at - efs_cl_now_ms()));
+		sync_all(c);
+		CL_CHECK(efs_cl_now_ms() - t_kill < ttl_ms + grace_s * 1000,
+			 "too slow to look inside the grace (%llu ms after the kill)",
+			 (unsigned long long)(efs_cl_now_ms() - t_kill));
+		CL_CHECK(free_bytes(c) + (unsigned long long)FILE_BLOCKS * BLK / 2 <= base,
+			 "the file's space came back %llu ms after its opener's kill, inside "
+			 "the lease and the grace",
+			 (unsigned long long)(efs_cl_now_ms() - t_kill));
+	}
 	took = wait_free(c, base - BLK * 2,
 			 (uint64_t)(c->opts.session_ttl ? c->opts.session_ttl : 2) * 1000 +
 				 grace_s * 1000 + BACK_MS,
@@ -173,4 +298,73 @@ void efs_oref_killed_opener(struct efs_cl *c, const char *dir, unsigned grace_s)
 	(void)took;
 	efs_cl_down(c, 1);
 	efs_cl_mount(c, 1);
+}
+
+void efs_oref_first_open_races_unlink(struct efs_cl *c, const char *dir)
+{
+	static char got[BLK];
+	int opened = 0;
+
+	for (int it = 0; it < 8; it++) {
+		char fill = (char)('A' + it);
+		pid_t pid;
+		int fd, st;
+
+		make_file(c, 0, path_of(c, 0, dir, "race"), fill, false);
+		pid = fork();
+		CL_CHECK(pid >= 0, "fork: %s", strerror(errno));
+		if (pid == 0) {
+			usleep((useconds_t)it * 60000); /* 0 to 420 ms: either may win */
+			_exit(unlink(path_of(c, 0, dir, "race")) == 0 ? 0 : 1);
+		}
+		/* node2's first open of it: the reference is taken by a commit
+		 * of its own (not riding a create). */
+		fd = open(path_of(c, 1, dir, "race"), O_RDONLY | O_CLOEXEC);
+		CL_CHECK(fd >= 0 || errno == ENOENT, "node2 open: %s", strerror(errno));
+		CL_CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+			 "node1's unlink failed");
+		if (fd < 0)
+			continue;
+		opened++;
+		/* Blocks freed under node2 would be handed to this file. */
+		make_file(c, 0, path_of(c, 0, dir, "filler"), 'z', false);
+		for (int k = 0; k < FILE_BLOCKS; k += 9) {
+			CL_CHECK(pread(fd, got, sizeof(got), (off_t)k * BLK) == (ssize_t)sizeof(got),
+				 "node2 reads block %d of the file node1 unlinked: %s", k,
+				 strerror(errno));
+			CL_CHECK(got[0] == fill && got[BLK - 1] == fill,
+				 "node2 reads '%c' in block %d, '%c' expected: the file was freed "
+				 "while node2 had it open",
+				 got[0], k, fill);
+		}
+		close(fd);
+		CL_CHECK(unlink(path_of(c, 0, dir, "filler")) == 0, "unlink filler: %s",
+			 strerror(errno));
+	}
+	printf("# first open racing an unlink: %d of 8 opens won\n", opened);
+	CL_CHECK(opened > 0, "no open came before the unlink: nothing was checked");
+}
+
+void efs_oref_create_loop_costs_nothing(struct efs_cl *c, const char *dir)
+{
+	static char blk[4096];
+	double before, after;
+
+	memset(blk, 'q', sizeof(blk));
+	before = openref_txns(c, 0);
+	for (int k = 0; k < 100; k++) {
+		char name[32];
+		int fd;
+
+		snprintf(name, sizeof(name), "c%03d", k);
+		fd = open(path_of(c, 0, dir, name), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		CL_CHECK(fd >= 0, "create %s: %s", name, strerror(errno));
+		CL_CHECK(write(fd, blk, sizeof(blk)) == (ssize_t)sizeof(blk), "write: %s",
+			 strerror(errno));
+		close(fd);
+	}
+	after = openref_txns(c, 0);
+	printf("# create-write-close x100: %.0f openref commits\n", after - before);
+	CL_CHECK(after == before, "100 creates sent %.0f openref commits, 0 expected",
+		 after - before);
 }

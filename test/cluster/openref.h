@@ -21,3 +21,7 @@ void efs_oref_open_elsewhere(struct efs_cl *c, const char *dir);
 void efs_oref_cached_reference(struct efs_cl *c, const char *dir);
 /* node2 is killed with the unlinked file open; a survivor frees it. */
 void efs_oref_killed_opener(struct efs_cl *c, const char *dir, unsigned grace_s);
+/* node2's first open of a file node1 created races node1's unlink. */
+void efs_oref_first_open_races_unlink(struct efs_cl *c, const char *dir);
+/* A create-write-close loop sends no open-reference commit. */
+void efs_oref_create_loop_costs_nothing(struct efs_cl *c, const char *dir);

@@ -1847,6 +1847,18 @@ static void an_unlinked_file_of_a_killed_opener_is_freed_after_the_grace(void)
 	efs_oref_killed_opener(&cl, cur_check, (unsigned)atoi(DEAD_GRACE_S));
 }
 
+static void a_first_open_elsewhere_racing_an_unlink_keeps_the_file(void)
+{
+	check_dir();
+	efs_oref_first_open_races_unlink(&cl, cur_check);
+}
+
+static void a_create_loop_sends_no_open_reference_commit(void)
+{
+	check_dir();
+	efs_oref_create_loop_costs_nothing(&cl, cur_check);
+}
+
 /* ---- The runner ---- */
 
 struct check {
@@ -1896,6 +1908,8 @@ static const struct check checks[] = {
 	CHECK(an_unlinked_file_stays_open_on_another_node_until_its_last_close, 60, RUN_SUBSET),
 	CHECK(a_cached_open_reference_does_not_pin_an_unlinked_file, 60, RUN_FULL),
 	CHECK(an_unlinked_file_of_a_killed_opener_is_freed_after_the_grace, 90, RUN_FULL),
+	CHECK(a_first_open_elsewhere_racing_an_unlink_keeps_the_file, 120, RUN_FULL),
+	CHECK(a_create_loop_sends_no_open_reference_commit, 60, RUN_SUBSET),
 };
 
 #define NCHECKS (sizeof(checks) / sizeof(checks[0]))
