@@ -127,7 +127,15 @@ static size_t b64dec(const char *in, unsigned char *out, size_t max)
 /* How many r/<ino><node> keys etcd holds for |ino| and node |i| (whose
  * id is c->node[i].id): the key ends in the tag, the inode big-endian
  * and the node id. */
+static int count_refs_of(struct efs_cl *c, int i, uint64_t ino, bool any_ino);
+
 static int count_refs(struct efs_cl *c, int i, uint64_t ino)
+{
+	return count_refs_of(c, i, ino, false);
+}
+
+/* ... of any inode when |any_ino|. */
+static int count_refs_of(struct efs_cl *c, int i, uint64_t ino, bool any_ino)
 {
 	unsigned char pat[64], key[512];
 	size_t plen = 0, idlen = strlen(c->node[i].id);
@@ -155,7 +163,9 @@ static int count_refs(struct efs_cl *c, int i, uint64_t ino)
 		if (!k)
 			continue;
 		kl = b64dec(k + 7, key, sizeof(key));
-		if (kl >= plen && !memcmp(key + kl - plen, pat, plen))
+		if (kl >= plen && !memcmp(key + kl - plen, pat, 2) &&
+		    !memcmp(key + kl - idlen, c->node[i].id, idlen) &&
+		    (any_ino || !memcmp(key + kl - plen, pat, plen)))
 			n++;
 	}
 	free(line);
@@ -367,4 +377,96 @@ void efs_oref_create_loop_costs_nothing(struct efs_cl *c, const char *dir)
 	printf("# create-write-close x100: %.0f openref commits\n", after - before);
 	CL_CHECK(after == before, "100 creates sent %.0f openref commits, 0 expected",
 		 after - before);
+}
+
+/* Drops the kernel's page cache, dentries and inodes (FUSE forgets; an
+ * inode with cached pages stays under "2"): 0, or -errno. */
+static int drop_caches(void)
+{
+	int fd = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+	int r = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (write(fd, "3", 1) != 1)
+		r = -errno;
+	close(fd);
+	return r;
+}
+
+/* Waits up to |ms| for node |i|'s openref commits to stop growing. */
+static double settled_txns(struct efs_cl *c, int i, unsigned ms)
+{
+	double v = openref_txns(c, i), prev;
+
+	do {
+		prev = v;
+		efs_cl_sleep_ms(300);
+		v = openref_txns(c, i);
+		ms = ms > 300 ? ms - 300 : 0;
+	} while ((v != prev || ms > 0) && ms > 0);
+	return v;
+}
+
+/* Opens, reads and closes each of the |nfiles| files on node |i|. */
+static void read_each(struct efs_cl *c, int i, const char *dir, int nfiles)
+{
+	static char got[512];
+
+	for (int k = 0; k < nfiles; k++) {
+		char name[32];
+		int fd;
+
+		snprintf(name, sizeof(name), "t%04d", k);
+		fd = open(path_of(c, i, dir, name), O_RDONLY | O_CLOEXEC);
+		CL_CHECK(fd >= 0 && read(fd, got, sizeof(got)) == (ssize_t)sizeof(got),
+			 "node%d reads %s: %s", i + 1, name, strerror(errno));
+		close(fd);
+	}
+}
+
+void efs_oref_forgotten_tree(struct efs_cl *c, const char *dir, int nfiles)
+{
+	static char blk[512];
+	double t[5][2];
+
+	memset(blk, 'w', sizeof(blk));
+	for (int i = 0; i < 2; i++)
+		t[0][i] = openref_txns(c, i);
+	/* node1: creates (the reference rides them), then a re-open of
+	 * each (cached reference). */
+	for (int k = 0; k < nfiles; k++) {
+		char name[32];
+		int fd;
+
+		snprintf(name, sizeof(name), "t%04d", k);
+		fd = open(path_of(c, 0, dir, name), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		CL_CHECK(fd >= 0, "create %s: %s", name, strerror(errno));
+		CL_CHECK(write(fd, blk, sizeof(blk)) == (ssize_t)sizeof(blk), "write: %s",
+			 strerror(errno));
+		close(fd);
+	}
+	read_each(c, 0, dir, nfiles);
+	t[1][0] = openref_txns(c, 0);
+	/* Forgotten: node1's drops. */
+	CL_CHECK(drop_caches() == 0, "drop_caches: %s", strerror(errno));
+	t[2][0] = settled_txns(c, 0, 3000);
+	t[2][1] = openref_txns(c, 1);
+	printf("# node1 keeps %d open references after drop_caches\n",
+	       count_refs_of(c, 0, 0, true));
+	/* node2's first opens: a take each. */
+	read_each(c, 1, dir, nfiles);
+	CL_CHECK(drop_caches() == 0, "drop_caches: %s", strerror(errno));
+	t[3][1] = settled_txns(c, 1, 3000);
+	printf("# %d files: node1 openref commits %.0f (creates, re-opens) + %.0f (drops "
+	       "after drop_caches); node2 %.0f (first opens, then drops after drop_caches)\n",
+	       nfiles, t[1][0] - t[0][0], t[2][0] - t[1][0], t[3][1] - t[2][1]);
+	CL_CHECK(t[1][0] == t[0][0], "node1's creates and re-opens sent %.0f openref commits",
+		 t[1][0] - t[0][0]);
+	CL_CHECK(t[2][0] - t[1][0] <= nfiles / 64 + 8,
+		 "node1 sent %.0f drop commits for %d forgotten files: not batched",
+		 t[2][0] - t[1][0], nfiles);
+	CL_CHECK(t[3][1] - t[2][1] <= nfiles + nfiles / 64 + 8,
+		 "node2 sent %.0f commits for %d first opens and their drops", t[3][1] - t[2][1],
+		 nfiles);
 }

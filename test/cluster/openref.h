@@ -25,3 +25,6 @@ void efs_oref_killed_opener(struct efs_cl *c, const char *dir, unsigned grace_s)
 void efs_oref_first_open_races_unlink(struct efs_cl *c, const char *dir);
 /* A create-write-close loop sends no open-reference commit. */
 void efs_oref_create_loop_costs_nothing(struct efs_cl *c, const char *dir);
+/* |nfiles| created on node1, each opened once on node1 and node2, then
+ * forgotten (drop_caches): the drops go in batches. */
+void efs_oref_forgotten_tree(struct efs_cl *c, const char *dir, int nfiles);

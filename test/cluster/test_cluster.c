@@ -1859,6 +1859,12 @@ static void a_create_loop_sends_no_open_reference_commit(void)
 	efs_oref_create_loop_costs_nothing(&cl, cur_check);
 }
 
+static void forgotten_files_drop_their_references_in_batches(void)
+{
+	check_dir();
+	efs_oref_forgotten_tree(&cl, cur_check, 1000);
+}
+
 /* ---- The runner ---- */
 
 struct check {
@@ -1910,6 +1916,7 @@ static const struct check checks[] = {
 	CHECK(an_unlinked_file_of_a_killed_opener_is_freed_after_the_grace, 90, RUN_FULL),
 	CHECK(a_first_open_elsewhere_racing_an_unlink_keeps_the_file, 120, RUN_FULL),
 	CHECK(a_create_loop_sends_no_open_reference_commit, 60, RUN_SUBSET),
+	CHECK(forgotten_files_drop_their_references_in_batches, 180, RUN_FULL),
 };
 
 #define NCHECKS (sizeof(checks) / sizeof(checks[0]))
