@@ -355,6 +355,23 @@ void efs_oref_first_open_races_unlink(struct efs_cl *c, const char *dir)
 	CL_CHECK(opened > 0, "no open came before the unlink: nothing was checked");
 }
 
+/* Creates, writes (|len| bytes of |data|) and closes <prefix>%04d for
+ * k < |n| on node |i|. */
+static void create_files(struct efs_cl *c, int i, const char *dir, const char *prefix, int n,
+			 const char *data, size_t len)
+{
+	for (int k = 0; k < n; k++) {
+		char name[32];
+		int fd;
+
+		snprintf(name, sizeof(name), "%s%04d", prefix, k);
+		fd = open(path_of(c, i, dir, name), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		CL_CHECK(fd >= 0, "create %s: %s", name, strerror(errno));
+		CL_CHECK(write(fd, data, len) == (ssize_t)len, "write: %s", strerror(errno));
+		close(fd);
+	}
+}
+
 void efs_oref_create_loop_costs_nothing(struct efs_cl *c, const char *dir)
 {
 	static char blk[4096];
@@ -362,17 +379,7 @@ void efs_oref_create_loop_costs_nothing(struct efs_cl *c, const char *dir)
 
 	memset(blk, 'q', sizeof(blk));
 	before = openref_txns(c, 0);
-	for (int k = 0; k < 100; k++) {
-		char name[32];
-		int fd;
-
-		snprintf(name, sizeof(name), "c%03d", k);
-		fd = open(path_of(c, 0, dir, name), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-		CL_CHECK(fd >= 0, "create %s: %s", name, strerror(errno));
-		CL_CHECK(write(fd, blk, sizeof(blk)) == (ssize_t)sizeof(blk), "write: %s",
-			 strerror(errno));
-		close(fd);
-	}
+	create_files(c, 0, dir, "c", 100, blk, sizeof(blk));
 	after = openref_txns(c, 0);
 	printf("# create-write-close x100: %.0f openref commits\n", after - before);
 	CL_CHECK(after == before, "100 creates sent %.0f openref commits, 0 expected",
@@ -435,17 +442,7 @@ void efs_oref_forgotten_tree(struct efs_cl *c, const char *dir, int nfiles)
 		t[0][i] = openref_txns(c, i);
 	/* node1: creates (the reference rides them), then a re-open of
 	 * each (cached reference). */
-	for (int k = 0; k < nfiles; k++) {
-		char name[32];
-		int fd;
-
-		snprintf(name, sizeof(name), "t%04d", k);
-		fd = open(path_of(c, 0, dir, name), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-		CL_CHECK(fd >= 0, "create %s: %s", name, strerror(errno));
-		CL_CHECK(write(fd, blk, sizeof(blk)) == (ssize_t)sizeof(blk), "write: %s",
-			 strerror(errno));
-		close(fd);
-	}
+	create_files(c, 0, dir, "t", nfiles, blk, sizeof(blk));
 	read_each(c, 0, dir, nfiles);
 	t[1][0] = openref_txns(c, 0);
 	/* Forgotten: node1's drops. */
