@@ -81,8 +81,7 @@ struct rc {
 	struct efs_etcd_watch_stream *ows;
 	struct efs_etcd_watcher *ow;
 	uv_timer_t *grace_timer; /* a dead node's orphans: adopted after the grace */
-	uint64_t start_ms; /* loop time of this reclaimer's start */
-	uint64_t death_ms; /* ... of the last session end seen (0: none) */
+	uint64_t death_ms; /* loop time of the last session end seen (0: none) */
 	/* Open references: transactions in flight outside the engine, and
 	 * the drops waiting for their batch (see drop_queue). */
 	struct oref_call *orefs;
@@ -321,19 +320,20 @@ static void pass_refs(struct rc *rc, uint64_t ino, bool *mine, size_t *others)
 
 /*
  * How long orphans without references must still wait: until the grace
- * has passed since the last session end this node saw and since its own
- * start (a dead opener, this node's previous process included, may have
- * held such a file exclusively with writes into its preallocated blocks
- * still queued). One time for every node: a death may be any orphan's
- * opener, since a reference gone with its lease names nobody any more.
+ * has passed since the last session end this node saw (a dead opener may
+ * have held such a file exclusively with writes into its preallocated
+ * blocks still queued). One time for every node: a death may be any
+ * orphan's opener, since a reference gone with its lease names nobody
+ * any more. The node's own start does not wait, as before: a previous
+ * process of this node cut off rather than dead is not told apart here
+ * (the allocator checks its pid; left open).
  */
 static uint64_t adopt_wait_ms(const struct rc *rc)
 {
 	uint64_t now = uv_now(rc->fs->loop);
-	uint64_t from = rc->death_ms > rc->start_ms ? rc->death_ms : rc->start_ms;
-	uint64_t end = from + rc->fs->dead_grace_ms;
+	uint64_t end = rc->death_ms + rc->fs->dead_grace_ms;
 
-	return end > now ? end - now : 0;
+	return rc->death_ms && end > now ? end - now : 0;
 }
 
 /*
@@ -1443,7 +1443,6 @@ int efs_fs_reclaim_init(struct efs_fs *fs)
 	if (!rc)
 		return -ENOMEM;
 	rc->fs = fs;
-	rc->start_ms = uv_now(fs->loop);
 	rc->timer = efs_timer_new(fs->loop, rc);
 	rc->grace_timer = efs_timer_new(fs->loop, rc);
 	rc->drop_timer = efs_timer_new(fs->loop, rc);
