@@ -837,7 +837,7 @@ uint32_t efs_fs_live_opens(const struct efs_fs *fs, const struct efs_fs_inode *i
  * the caller sets |in|->oref_epoch/oref_rev once |t| committed
  * (efs_fs_oref_set). take: the same as a transaction of its own
  * (session guard), |cb| runs once with 0 or -EIO (not if it returns an
- * error). cmp_alone: compares in |t| that no other node holds a
+ * error, nor once efs_fs_reclaim_done has detached it at unmount). cmp_alone: compares in |t| that no other node holds a
  * reference on |ino|. count: this node's and other nodes' references on
  * |ino| in a keys-only read of the r/<ino> range (keys of another inode
  * are ignored).
