@@ -583,6 +583,7 @@ static const struct efs_check__family families[] = {
 	ROW(EFS_META_K_RENAMESEQ, "rename guard (renameseq)", load_renameseq, NULL),
 	ROW(EFS_META_K_MAINT, "maintenance election key (maint)", load_ignored, NULL),
 	ROW(EFS_META_K_PIN, "revision pin", load_ignored, NULL),
+	ROW(EFS_META_K_HANDOVER, "group hand-over request", load_ignored, NULL),
 #undef ROW
 };
 

@@ -29,6 +29,7 @@
 #define TAG_RECLAIM   "rc/"
 #define TAG_MAINT     "maint"
 #define TAG_PIN	      "pin/"
+#define TAG_HANDOVER  "ho/"
 #define AG_OWNER      "/owner"
 #define AG_MAP	      "/map"
 #define AG_FREE	      "/free"
@@ -327,6 +328,12 @@ int efs_meta_key_pin(const struct efs_meta_ns *ns, const char *name, struct efs_
 	return node_key(ns, TAG_PIN, name, ret);
 }
 
+int efs_meta_key_handover(const struct efs_meta_ns *ns, const char *node,
+			  struct efs_meta_key *ret)
+{
+	return node_key(ns, TAG_HANDOVER, node, ret);
+}
+
 int efs_meta_key_ag(const struct efs_meta_ns *ns, uint32_t group, enum efs_meta_family family,
 		    struct efs_meta_key *ret)
 {
@@ -541,6 +548,10 @@ static int parse_body(struct cur *c, struct efs_meta_key_info *info)
 		info->family = EFS_META_K_PIN;
 		return take_node(c, c->n, info->node) ? 0 : -EINVAL;
 	}
+	if (eat(c, TAG_HANDOVER)) {
+		info->family = EFS_META_K_HANDOVER;
+		return take_node(c, c->n, info->node) ? 0 : -EINVAL;
+	}
 	if (eat(c, TAG_MAINT)) {
 		info->family = EFS_META_K_MAINT;
 		return 0;
@@ -644,6 +655,8 @@ static const char *family_tag(enum efs_meta_family family)
 		return TAG_RECLAIM;
 	case EFS_META_K_PIN:
 		return TAG_PIN;
+	case EFS_META_K_HANDOVER:
+		return TAG_HANDOVER;
 	case EFS_META_K_SB:
 	case EFS_META_K_INO_COUNTER:
 	case EFS_META_K_RENAMESEQ:
@@ -776,6 +789,11 @@ int efs_meta_range_dirents_after(const struct efs_meta_ns *ns, uint64_t parent, 
 	tmp.end.len = efs_etcd_prefix_end(pfx.buf, plen, tmp.end.buf);
 	*ret = tmp;
 	return 0;
+}
+
+int efs_meta_range_handovers(const struct efs_meta_ns *ns, struct efs_meta_range *ret)
+{
+	return prefix_of(ns, TAG_HANDOVER, ret);
 }
 
 int efs_meta_range_pins(const struct efs_meta_ns *ns, struct efs_meta_range *ret)

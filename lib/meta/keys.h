@@ -54,6 +54,8 @@ enum efs_meta_family {
 	/* Of the maintenance node (lib/maint/maint.h). */
 	EFS_META_K_MAINT,	/* maint: the elected maintenance node */
 	EFS_META_K_PIN,		/* pin/<name>: a revision compaction keeps (name in |node|) */
+	/* Of the allocators (lib/alloc/alloc.h). */
+	EFS_META_K_HANDOVER,	/* ho/<node>: a node short of space asks owners for groups */
 };
 
 /* Lock modes, one byte inside holder keys ('S' sorts before 'X'). */
@@ -184,6 +186,11 @@ int efs_meta_key_maint(const struct efs_meta_ns *ns, struct efs_meta_key *ret);
  * node id (efs_meta_node_is_valid); the parser returns it in |node|. */
 int efs_meta_key_pin(const struct efs_meta_ns *ns, const char *name, struct efs_meta_key *ret);
 
+/* ho/<node>: a hand-over request of node |node| (value: the blocks it
+ * wants, decimal ASCII), on its session lease (lib/alloc/alloc.h). */
+int efs_meta_key_handover(const struct efs_meta_ns *ns, const char *node,
+			  struct efs_meta_key *ret);
+
 /* ---- Parser ---- */
 
 /*
@@ -231,6 +238,9 @@ int efs_meta_range_plocks_of_node(const struct efs_meta_ns *ns, uint64_t ino, co
  */
 int efs_meta_range_dirents_after(const struct efs_meta_ns *ns, uint64_t parent, const void *name,
 				 size_t len, struct efs_meta_range *ret);
+
+/* Every hand-over request (ho/<node>). */
+int efs_meta_range_handovers(const struct efs_meta_ns *ns, struct efs_meta_range *ret);
 
 /* Every revision pin (pin/<name>). */
 int efs_meta_range_pins(const struct efs_meta_ns *ns, struct efs_meta_range *ret);

@@ -306,6 +306,26 @@ Test(meta_keys, node_and_generation_round_trip, .init = ns_setup)
 	cr_assert_eq(efs_meta_key_node(&ns, "..", &k), -EINVAL);
 }
 
+Test(meta_keys, handover_request_round_trips_and_has_its_own_range, .init = ns_setup)
+{
+	struct efs_meta_key k, n;
+	struct efs_meta_key_info info;
+	struct efs_meta_range r;
+
+	cr_assert_eq(efs_meta_key_handover(&ns, "host1", &k), 0);
+	cr_assert_eq(k.len, strlen("/etcfs/fs1/ho/host1"));
+	cr_assert_eq(memcmp(k.buf, "/etcfs/fs1/ho/host1", k.len), 0);
+	info = parse_ok(&k);
+	cr_assert_eq(info.family, EFS_META_K_HANDOVER);
+	cr_assert_str_eq(info.node, "host1");
+	cr_assert_eq(efs_meta_key_handover(&ns, "a/b", &k), -EINVAL);
+	cr_assert_eq(efs_meta_range_handovers(&ns, &r), 0);
+	cr_assert_eq(efs_meta_key_handover(&ns, "host1", &k), 0);
+	cr_assert(memcmp(k.buf, r.key.buf, r.key.len) == 0);
+	cr_assert_eq(efs_meta_key_node(&ns, "host1", &n), 0);
+	cr_assert(memcmp(n.buf, r.key.buf, r.key.len) != 0, "n/ is outside ho/");
+}
+
 Test(meta_keys, group_keys_round_trip, .init = ns_setup)
 {
 	const enum efs_meta_family fams[] = {EFS_META_K_AG_OWNER, EFS_META_K_AG_MAP,
@@ -553,6 +573,7 @@ static void fill(struct keyset *s)
 	}
 	add(s, efs_meta_key_node(&ns, "n1", &s->k[s->n]));
 	add(s, efs_meta_key_gen(&ns, "n1", &s->k[s->n]));
+	add(s, efs_meta_key_handover(&ns, "n1", &s->k[s->n]));
 	for (uint32_t g = 1; g <= 2; g++) {
 		add(s, efs_meta_key_ag(&ns, g, EFS_META_K_AG_OWNER, &s->k[s->n]));
 		add(s, efs_meta_key_ag(&ns, g, EFS_META_K_AG_MAP, &s->k[s->n]));
@@ -741,6 +762,8 @@ static int rebuild(const struct efs_meta_key_info *info, struct efs_meta_key *k)
 		return efs_meta_key_maint(&ns, k);
 	case EFS_META_K_PIN:
 		return efs_meta_key_pin(&ns, info->node, k);
+	case EFS_META_K_HANDOVER:
+		return efs_meta_key_handover(&ns, info->node, k);
 	case EFS_META_K_INODE:
 		return efs_meta_key_inode(&ns, info->ino, k);
 	case EFS_META_K_ORPHAN:
