@@ -46,6 +46,7 @@
 #include <string.h>
 
 #include "etcd/kv.h"
+#include "etcd/watch.h"
 #include "alloc/alloc.h"
 #include "meta/records.h"
 #include "space/freemap.h"
@@ -61,6 +62,8 @@
 #define RESCAN_NS	 (1000ull * 1000 * 1000)
 #define BATCH_MAX	 60 /* keys compared/changed per internal transaction */
 #define TOKEN_INTERNAL	 ((struct efs_alloc_txn *)1)
+#define HO_POLL_MS	 250u /* claim rounds while a hand-over request is out */
+#define HO_QUEUE	 8    /* requests of other nodes waiting for an answer */
 
 struct grp {
 	uint32_t g;
@@ -80,6 +83,14 @@ struct grp {
 	uint8_t verdict; /* V_* */
 	uint64_t seen_free;
 	bool unsure; /* at leave: the committed map may be behind etcd's */
+	bool giving; /* owned, in a hand-over transaction: not allocated from */
+};
+
+/* A hand-over request of another node, waiting for an answer. */
+struct horeq {
+	char node[EFS_META_NODE_MAX + 1];
+	uint64_t want;
+	int64_t mod_rev; /* of its ho/<node> key: the answer compares it */
 };
 
 /* What the last scan made of a group's last owner (AgFree.last). */
@@ -213,14 +224,27 @@ struct efs_alloc {
 	bool fold_again; /* asked for while a fold ran */
 	struct fold *fold; /* in flight */
 
+	/* Hand-over (docs/DESIGN.md, issue 12). */
+	uint64_t ho_wait_ns; /* how long a request waits for an answer */
+	struct efs_etcd_watch_stream *ho_ws;
+	struct efs_etcd_watcher *ho_w; /* on ho/ */
+	uv_timer_t *ho_timer;	       /* while asking: a claim round every HO_POLL_MS */
+	bool ho_asking;		       /* our ho/<node> request is out */
+	uint64_t ho_deadline;	       /* asking: ENOSPC from then on */
+	uint64_t ho_quiet_until;       /* a request went unanswered: do not ask until then */
+	struct horeq ho_q[HO_QUEUE];   /* other nodes' requests, FIFO */
+	size_t ho_nq;
+	bool give_busy;	   /* an answer waits for the token or is in flight */
+	uint32_t *give_sel; /* the groups of the answer in flight */
+
 	/* Leave. */
 	void (*leave_cb)(int status, void *arg);
 	void *leave_arg;
 
 	/* Figures. */
-	uint64_t double_frees, claims;
+	uint64_t double_frees, claims, given;
 	struct efs_gauge *g_owned, *g_avail, *g_pending, *g_quar, *g_grace;
-	struct efs_counter *c_double, *c_claims;
+	struct efs_counter *c_double, *c_claims, *c_given;
 	struct efs_counter *c_txn[4]; /* etcfs_etcd_txns_total{origin="space"}: ok, conflict,
 				       * error, unknown (fs.c's outcome names) */
 };
@@ -234,6 +258,9 @@ static void fold_free(struct fold *f);
 static void tick_cb(uv_timer_t *t);
 static void orphan_probe(struct efs_alloc *a);
 static void fold_soon(struct efs_alloc *a);
+static void ho_watch_start(struct efs_alloc *a);
+static void ho_stop(struct efs_alloc *a);
+static void give_soon(struct efs_alloc *a);
 
 /* ---- Small helpers ---- */
 
@@ -279,6 +306,7 @@ static void grp_forget(struct grp *g)
 	g->dirty = false;
 	g->has_intents = false;
 	g->unsure = false;
+	g->giving = false;
 	g->map_rev = g->owner_rev = 0;
 }
 
@@ -769,6 +797,11 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 	a->grace_ns = (uint64_t)(o->dead_grace_ms ? o->dead_grace_ms : EFS_ALLOC_DEAD_GRACE_MS) *
 		      1000000ull;
 	a->block_size = o->fi->block_size;
+	a->ho_wait_ns = (uint64_t)(o->handover_wait_ms ? o->handover_wait_ms
+						       : (uint32_t)efs_session_ttl_s(s) * 1000u) *
+			1000000ull;
+	if (!a->ho_wait_ns)
+		a->ho_wait_ns = 2000ull * 1000000;
 	efs_session_owner_self(s, &a->self);
 	a->groups = efs_mem_calloc(a->ngroups, sizeof(*a->groups));
 	if (!a->groups)
@@ -782,7 +815,9 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 		goto fail;
 	a->kick = efs_timer_new(loop, a);
 	a->tick = efs_timer_new(loop, a);
-	if (!a->kick || !a->tick)
+	a->ho_timer = efs_timer_new(loop, a);
+	a->give_sel = efs_mem_calloc(BATCH_MAX / 3, sizeof(*a->give_sel));
+	if (!a->kick || !a->tick || !a->ho_timer || !a->give_sel)
 		goto fail;
 	if (o->m) {
 		a->g_owned = efs_metrics_gauge(o->m, "etcfs_space_groups_owned",
@@ -801,8 +836,12 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 						  "Double frees found and refused", NULL);
 		a->c_claims = efs_metrics_counter(o->m, "etcfs_space_claims_total",
 						  "Allocation groups claimed", NULL);
+		a->c_given = efs_metrics_counter(o->m, "etcfs_space_groups_given_total",
+						 "Allocation groups handed over to a node short of "
+						 "space",
+						 NULL);
 		if (!a->g_owned || !a->g_avail || !a->g_pending || !a->g_quar || !a->g_grace ||
-		    !a->c_double || !a->c_claims)
+		    !a->c_double || !a->c_claims || !a->c_given)
 			goto fail;
 		for (int k = 0; k < 4; k++) {
 			static const char *const oc[4] = {"ok", "conflict", "error", "unknown"};
@@ -862,8 +901,10 @@ static void start_finish(struct efs_alloc *a, int status)
 		uv_timer_start(a->tick, tick_cb, a->fold_ms, a->fold_ms);
 	}
 	token_release(a);
-	if (status == 0)
+	if (status == 0) {
 		orphan_probe(a); /* intents in groups nobody owns */
+		ho_watch_start(a);
+	}
 	if (cb)
 		cb(status, a->start_arg);
 	if (!efs_list_empty(&a->getw))
@@ -1829,9 +1870,372 @@ static void tick_cb(uv_timer_t *t)
 		if (owned && token_wait(a, fold_token, NULL) == 0)
 			a->fold_busy = true;
 	}
-	if (a->started && !a->starting && session_ok(a))
+	if (a->started && !a->starting && session_ok(a)) {
 		orphan_probe(a);
+		ho_watch_start(a); /* after a final update of the watcher */
+	}
 	kick(a);
+}
+
+/* ---- Hand-over ---- */
+
+/*
+ * Free blocks of groups other live nodes own, as the last scan saw them:
+ * what a hand-over request could bring.
+ */
+static uint64_t others_spare(const struct efs_alloc *a)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < a->ngroups; i++)
+		if (!a->groups[i].owned && a->groups[i].other_owner)
+			n += a->groups[i].seen_free;
+	return n;
+}
+
+/* May this node ask now (something to ask for, not just refused)? */
+static bool ho_could_ask(const struct efs_alloc *a)
+{
+	return a->ho_asking || (efs_clock_mono_ns() >= a->ho_quiet_until && others_spare(a) > 0);
+}
+
+/* Short of space itself: a node that waits for space gives none away. */
+static bool is_short(const struct efs_alloc *a)
+{
+	return a->ho_asking || !efs_list_empty(&a->getw);
+}
+
+static void ho_call_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result *r,
+		       Etcdserverpb__TxnResponse *resp)
+{
+	count_txn(a, r, resp);
+	if (r->err < 0 && c->epoch == a->epoch)
+		efs_log_warn("alloc: %s the hand-over request failed: %s",
+			     c->u ? "putting" : "deleting", r->message);
+}
+
+/* Puts (|want| > 0) or deletes (0) ho/<node> on our lease. */
+static int ho_key_send(struct efs_alloc *a, uint64_t want)
+{
+	struct efs_etcd_txn *t = NULL;
+	struct efs_meta_key k;
+	char v[24];
+	int r;
+
+	r = efs_meta_key_handover(&a->ns, a->node, &k);
+	if (r == 0)
+		r = efs_etcd_txn_new(&t, 0);
+	if (r < 0)
+		return r;
+	if (want) {
+		snprintf(v, sizeof(v), "%" PRIu64, want);
+		r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, v, strlen(v),
+				     efs_session_lease_id(a->s));
+	} else {
+		r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0, false);
+	}
+	if (r < 0) {
+		efs_etcd_txn_free(t);
+		return r;
+	}
+	return send_txn(a, t, ho_call_cb, want ? 1 : 0, NULL);
+}
+
+static void ho_timer_cb(uv_timer_t *t)
+{
+	struct efs_alloc *a = t->data;
+
+	if (!a)
+		return;
+	a->nofree_until = 0; /* a claim round: released groups are claimable */
+	kick(a);
+}
+
+/* The request is answered, or no longer wanted: delete it. */
+static void ho_stop(struct efs_alloc *a)
+{
+	if (!a->ho_asking)
+		return;
+	a->ho_asking = false;
+	uv_timer_stop(a->ho_timer);
+	if (session_ok(a) && ho_key_send(a, 0) < 0)
+		efs_log_warn("alloc: could not delete the hand-over request (it goes with the "
+			     "lease)");
+}
+
+/*
+ * The head allocation waiter found no group to claim. Returns true while
+ * it should wait for a hand-over (a request is out, before its deadline, or
+ * was put now), false when the answer is ENOSPC.
+ */
+static bool ho_wait(struct efs_alloc *a, uint64_t want)
+{
+	uint64_t now = efs_clock_mono_ns();
+	uint64_t poll;
+
+	if (a->ho_asking) {
+		if (now < a->ho_deadline)
+			return true;
+		efs_log_info("alloc: no owner handed a group over within %" PRIu64
+			     " ms: the filesystem is full",
+			     a->ho_wait_ns / 1000000);
+		a->ho_quiet_until = now + a->ho_wait_ns;
+		ho_stop(a);
+		return false;
+	}
+	if (a->left || a->leave_cb || !ho_could_ask(a))
+		return false;
+	if (ho_key_send(a, want) < 0)
+		return false;
+	efs_log_info("alloc: short of space (%" PRIu64 " blocks wanted, %" PRIu64
+		     " free in other nodes' groups): asking for a hand-over",
+		     want, others_spare(a));
+	a->ho_asking = true;
+	a->ho_deadline = now + a->ho_wait_ns;
+	poll = a->ho_wait_ns / 1000000 / 4;
+	if (poll > HO_POLL_MS)
+		poll = HO_POLL_MS;
+	uv_timer_start(a->ho_timer, ho_timer_cb, poll ? poll : 1, poll ? poll : 1);
+	return true;
+}
+
+/*
+ * Picks groups to hand over for |want| blocks, most free first, into
+ * a->give_sel (marked giving): groups with no unpublished allocation, no
+ * quarantined block (a read here may still use them) and free blocks.
+ * While this node has allocations pending it keeps one group with free
+ * space. Returns how many.
+ */
+static size_t give_pick(struct efs_alloc *a, uint64_t want)
+{
+	bool pending = false;
+	size_t n = 0, withfree = 0;
+	uint64_t got = 0;
+
+	for (uint32_t i = 0; i < a->ngroups; i++) {
+		const struct grp *g = &a->groups[i];
+
+		if (!g->owned)
+			continue;
+		pending |= g->pending.n > 0;
+		withfree += !g->stale && g->avail.nfree > 0;
+	}
+	while (n < BATCH_MAX / 3 && got < (want ? want : 1)) {
+		struct grp *best = NULL;
+
+		if (pending && withfree - n <= 1)
+			break;
+		for (uint32_t i = 0; i < a->ngroups; i++) {
+			struct grp *g = &a->groups[i];
+
+			if (!g->owned || g->stale || g->giving || g->pending.n || g->quar.n ||
+			    !g->committed.nfree)
+				continue;
+			if (!best || g->committed.nfree > best->committed.nfree)
+				best = g;
+		}
+		if (!best)
+			break;
+		best->giving = true;
+		a->give_sel[n++] = best->g;
+		got += best->committed.nfree;
+	}
+	return n;
+}
+
+static void give_end(struct efs_alloc *a)
+{
+	a->give_busy = false;
+	token_release(a);
+	update_gauges(a);
+	give_soon(a);
+}
+
+static void give_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result *r,
+		    Etcdserverpb__TxnResponse *resp)
+{
+	bool ok = c->epoch == a->epoch && r->err == 0 && resp->succeeded;
+	bool unknown = c->epoch == a->epoch && r->err < 0;
+
+	count_txn(a, r, resp);
+	for (size_t i = 0; i < c->u; i++) {
+		struct grp *g = &a->groups[a->give_sel[i]];
+
+		if (!g->owned)
+			continue; /* the session was lost meanwhile */
+		g->giving = false;
+		if (ok) {
+			efs_log_info("alloc: handed group %" PRIu32 " over (%" PRIu64
+				     " free blocks)",
+				     g->g, g->committed.nfree);
+			a->others_free += g->committed.nfree;
+			g->seen_free = g->committed.nfree;
+			grp_forget(g);
+			g->verdict = V_NOW;
+			g->ownerless_ns = 0;
+			a->given++;
+			if (a->c_given)
+				efs_counter_inc(a->c_given);
+		} else if (unknown) {
+			g->stale = true; /* the re-read tells whether it is still ours */
+		}
+	}
+	if (r->err < 0 && c->epoch == a->epoch)
+		efs_log_warn("alloc: handing groups over failed: %s", r->message);
+	give_end(a);
+}
+
+/* Under the token: answers the oldest request, releasing groups. */
+static void give_token(struct efs_alloc *a, void *arg)
+{
+	struct efs_etcd_txn *t = NULL;
+	struct efs_meta_key k;
+	struct horeq q;
+	size_t n;
+	int r;
+
+	(void)arg;
+	if (!a->ho_nq || !session_ok(a) || a->left || a->leave_cb || !a->started ||
+	    is_short(a)) {
+		a->ho_nq = 0;
+		give_end(a);
+		return;
+	}
+	q = a->ho_q[0];
+	memmove(&a->ho_q[0], &a->ho_q[1], (a->ho_nq - 1) * sizeof(a->ho_q[0]));
+	a->ho_nq--;
+	n = give_pick(a, q.want);
+	if (n == 0) {
+		efs_log_debug("alloc: node %s asks for space; no group to spare", q.node);
+		a->ho_nq = 0; /* the same answer for every other request */
+		give_end(a);
+		return;
+	}
+	/* The request must still be the one seen: a dead asker's vanished
+	 * with its lease, and an answer of another owner deleted it. */
+	r = efs_etcd_txn_new(&t, 0);
+	if (r == 0)
+		r = efs_session_guard(a->s, t);
+	if (r == 0)
+		r = efs_meta_key_handover(&a->ns, q.node, &k);
+	if (r == 0)
+		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, k.buf, k.len,
+					 q.mod_rev);
+	if (r == 0)
+		r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0, false);
+	for (size_t i = 0; r == 0 && i < n; i++) {
+		struct grp *g = &a->groups[a->give_sel[i]];
+
+		r = owner_compares(a, t, g);
+		if (r == 0)
+			r = efs_meta_key_ag(&a->ns, g->g, EFS_META_K_AG_OWNER, &k);
+		if (r == 0)
+			r = efs_etcd_txn_delete(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0,
+						false);
+		/* Released: the asker (or anyone) may claim it at once. */
+		if (r == 0)
+			r = put_free(a, t, g->g, g->committed.nfree, true);
+	}
+	if (r == 0) {
+		r = send_txn(a, t, give_cb, n, NULL);
+		t = NULL;
+	}
+	efs_etcd_txn_free(t);
+	if (r < 0) {
+		for (size_t i = 0; i < n; i++)
+			a->groups[a->give_sel[i]].giving = false;
+		efs_log_warn("alloc: answering a hand-over request: %s", strerror(-r));
+		give_end(a);
+	}
+}
+
+static void give_soon(struct efs_alloc *a)
+{
+	if (a->give_busy || !a->ho_nq)
+		return;
+	if (is_short(a) || a->left || a->leave_cb) {
+		a->ho_nq = 0;
+		return;
+	}
+	if (token_wait(a, give_token, NULL) == 0)
+		a->give_busy = true;
+}
+
+/* A request of another node (put): queued for an answer. */
+static void ho_request(struct efs_alloc *a, const char *node, const Mvccpb__KeyValue *kv)
+{
+	char v[24];
+	size_t len = kv->value.len < sizeof(v) - 1 ? kv->value.len : sizeof(v) - 1;
+	size_t i;
+
+	memcpy(v, kv->value.data, len);
+	v[len] = 0;
+	for (i = 0; i < a->ho_nq && strcmp(a->ho_q[i].node, node); i++)
+		;
+	if (i == HO_QUEUE)
+		return; /* unanswered: the asker times out */
+	if (i == a->ho_nq)
+		a->ho_nq++;
+	snprintf(a->ho_q[i].node, sizeof(a->ho_q[i].node), "%s", node);
+	a->ho_q[i].want = strtoull(v, NULL, 10);
+	a->ho_q[i].mod_rev = kv->mod_revision;
+	give_soon(a);
+}
+
+static void ho_watch_cb(struct efs_etcd_watcher *w, int status,
+			const struct efs_etcd_watch_update *u, void *arg)
+{
+	struct efs_alloc *a = arg;
+
+	(void)status;
+	if (u->kind == EFS_ETCD_WATCH_CANCELED || u->kind == EFS_ETCD_WATCH_COMPACTED) {
+		/* Made again by the tick; requests put meanwhile time out. */
+		a->ho_w = efs_etcd_watcher_free(w);
+		return;
+	}
+	if (u->kind != EFS_ETCD_WATCH_EVENTS)
+		return;
+	for (size_t i = 0; i < u->n_events; i++) {
+		const Mvccpb__Event *ev = u->events[i];
+		struct efs_meta_key_info ki;
+
+		if (!ev->kv || efs_meta_key_parse(&a->ns, ev->kv->key.data, ev->kv->key.len,
+						  &ki) < 0 ||
+		    ki.family != EFS_META_K_HANDOVER)
+			continue;
+		if (!strcmp(ki.node, a->node)) {
+			/* Our request deleted by an owner's answer: claim now. */
+			if (ev->type == MVCCPB__EVENT__EVENT_TYPE__DELETE && a->ho_asking) {
+				a->nofree_until = 0;
+				kick(a);
+			}
+		} else if (ev->type == MVCCPB__EVENT__EVENT_TYPE__PUT && a->started) {
+			ho_request(a, ki.node, ev->kv);
+		}
+	}
+}
+
+/* One watcher on ho/ (no other watch of the node covers it). */
+static void ho_watch_start(struct efs_alloc *a)
+{
+	struct efs_meta_range rg;
+	struct efs_etcd_watch_opts o = {0};
+	int r;
+
+	if (a->ho_w || a->left || a->leave_cb)
+		return;
+	r = efs_meta_range_handovers(&a->ns, &rg);
+	if (r == 0 && !a->ho_ws)
+		r = efs_etcd_watch_stream_new(&a->ho_ws, a->c, EFS_ETCD_CH_BULK);
+	if (r == 0) {
+		o.key = rg.key.buf;
+		o.key_len = rg.key.len;
+		o.range_end = rg.end.buf;
+		o.range_end_len = rg.end.len;
+		r = efs_etcd_watcher_new(&a->ho_w, a->ho_ws, &o, ho_watch_cb, a);
+	}
+	if (r < 0)
+		efs_log_warn("alloc: watching hand-over requests: %s (retried)", strerror(-r));
 }
 
 /* ---- Allocation ---- */
@@ -1892,7 +2296,7 @@ static int try_alloc(struct efs_alloc *a, uint64_t want, uint64_t goal, unsigned
 			return -ENOSPC;
 	}
 	for (uint32_t i = 0; i < a->ngroups; i++)
-		if (a->groups[i].owned && !a->groups[i].stale)
+		if (a->groups[i].owned && !a->groups[i].stale && !a->groups[i].giving)
 			total += a->groups[i].avail.nfree;
 	if (total < want)
 		return 0;
@@ -1902,7 +2306,7 @@ static int try_alloc(struct efs_alloc *a, uint64_t want, uint64_t goal, unsigned
 		struct grp *g = &a->groups[(gstart + k) % a->ngroups];
 		uint64_t gg = 0;
 
-		if (!g->owned || g->stale)
+		if (!g->owned || g->stale || g->giving)
 			continue;
 		if (k == 0 && goal >= g->start && goal < g->start + g->blocks)
 			gg = goal - g->start;
@@ -1960,6 +2364,8 @@ static void serve_getters(struct efs_alloc *a)
 					claim_round(a);
 					return;
 				}
+				if (ho_wait(a, w->want))
+					return;
 				r = -ENOSPC;
 			}
 		}
@@ -1967,6 +2373,8 @@ static void serve_getters(struct efs_alloc *a)
 		w->cb(r > 0 ? 0 : r, w->arg);
 		efs_mem_free(w);
 	}
+	ho_stop(a); /* nobody waits any more */
+	give_soon(a);
 }
 
 int efs_alloc_get(struct efs_alloc *a, uint64_t want, uint64_t goal, unsigned flags,
@@ -1983,7 +2391,7 @@ int efs_alloc_get(struct efs_alloc *a, uint64_t want, uint64_t goal, unsigned fl
 		r = try_alloc(a, want, goal, flags, out);
 		if (r != 0)
 			return r;
-		if (efs_clock_mono_ns() < a->nofree_until)
+		if (efs_clock_mono_ns() < a->nofree_until && !ho_could_ask(a))
 			return -ENOSPC;
 	}
 	w = efs_mem_calloc(1, sizeof(*w));
@@ -2451,6 +2859,9 @@ static void leave_end(struct efs_alloc *a, int err)
 	a->leave_cb = NULL;
 	a->left = true;
 	uv_timer_stop(a->tick);
+	ho_stop(a);
+	a->ho_w = efs_etcd_watcher_free(a->ho_w);
+	a->ho_nq = 0;
 	token_release(a);
 	fail_getters(a, -EIO);
 	update_gauges(a);
@@ -2556,6 +2967,9 @@ int efs_alloc_leave(struct efs_alloc *a, void (*cb)(int status, void *arg), void
 	if (!owned && !a->token && efs_list_empty(&a->tokw) && !a->starting) {
 		a->left = true;
 		uv_timer_stop(a->tick);
+		ho_stop(a);
+		a->ho_w = efs_etcd_watcher_free(a->ho_w);
+		a->ho_nq = 0;
 		fail_getters(a, -EIO);
 		return 1;
 	}
@@ -2576,6 +2990,9 @@ void efs_alloc_session_lost(struct efs_alloc *a)
 		intent_drop(a, a->intents);
 	a->started = false;
 	a->nofree_until = 0;
+	a->ho_asking = false; /* the request went with the lease */
+	uv_timer_stop(a->ho_timer);
+	a->ho_nq = 0;
 	if (a->sw_queued) {
 		efs_session_wait_cancel(a->s, &a->sw);
 		a->sw_queued = false;
@@ -2616,6 +3033,10 @@ struct efs_alloc *efs_alloc_free(struct efs_alloc *a)
 		efs_session_wait_cancel(a->s, &a->sw);
 	a->kick = efs_timer_free(a->kick);
 	a->tick = efs_timer_free(a->tick);
+	a->ho_timer = efs_timer_free(a->ho_timer);
+	a->ho_w = efs_etcd_watcher_free(a->ho_w);
+	a->ho_ws = efs_etcd_watch_stream_free(a->ho_ws);
+	efs_mem_free(a->give_sel);
 	while (a->tokw.next && !efs_list_empty(&a->tokw)) {
 		struct tokw *w = efs_list_entry(efs_list_pop(&a->tokw), struct tokw, link);
 

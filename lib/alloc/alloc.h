@@ -9,9 +9,15 @@
  * "absent" (create_revision 0) plus the session guard. At start it claims
  * |groups_initial| groups (spread: group = hash(node) + k * stride), loads
  * their map and free count, and folds their free intents; when its groups
- * cannot satisfy an allocation it claims another unowned group (async),
- * and answers ENOSPC only when no group is left to claim and its own are
- * exhausted (the cluster issue adds hand-over requests to other owners).
+ * cannot satisfy an allocation it claims another unowned group (async).
+ * When none is left it asks the other owners: a hand-over request
+ * ho/<node> on its lease, which owners watch and answer by releasing idle
+ * groups (no unpublished allocation, no quarantined block; most free
+ * first; one with free space kept while they have allocations pending;
+ * nothing given by an owner short itself), deleting the request in the
+ * same transaction. The asker claims them and retries; it answers ENOSPC
+ * when no other node's group has free blocks, or when no answer came
+ * within |handover_wait_ms| (docs/DESIGN.md, issue 12).
  *
  * In memory, per owned group: the committed map (as in etcd, with its
  * mod_revision) and the available set = committed free minus blocks
@@ -95,6 +101,7 @@ struct efs_alloc_opts {
 	uint64_t reserve_blocks;      /* 0: max(1% of the data blocks, 64) */
 	uint32_t fold_interval_ms;    /* free-intent sweep (0: 5000) */
 	uint32_t dead_grace_ms;	      /* dead-node grace (0: EFS_ALLOC_DEAD_GRACE_MS) */
+	uint32_t handover_wait_ms;    /* a hand-over request's bound (0: the session TTL) */
 };
 
 /* Default dead-node grace: see docs/DESIGN.md on dead nodes' space. */

@@ -257,8 +257,10 @@ static void cb_done(int status, void *arg)
 	d->status = status;
 }
 
-/* The dead-node grace of the allocators alloc_start makes. */
+/* The dead-node grace and the hand-over bound of the allocators
+ * alloc_start makes. */
 static uint32_t grace_ms = 300;
+static uint32_t ho_wait_ms = 600;
 
 static struct efs_alloc *alloc_start(struct efs_session *s, uint32_t initial)
 {
@@ -268,6 +270,7 @@ static struct efs_alloc *alloc_start(struct efs_session *s, uint32_t initial)
 		.groups_initial = initial,
 		.fold_interval_ms = 200,
 		.dead_grace_ms = grace_ms,
+		.handover_wait_ms = ho_wait_ms,
 	};
 	struct efs_alloc *a = NULL;
 	struct done d = {0};
@@ -694,6 +697,153 @@ Test(alloc, claims_on_demand_and_enospc)
 	efs_test_client_free(c);
 	c = NULL;
 	efs_test_assert_no_leaks();
+}
+
+/* Keys of ho/ (hand-over requests) now. */
+static size_t handover_keys(void)
+{
+	Etcdserverpb__RangeResponse *rr;
+	Etcdserverpb__TxnResponse *resp = read_family(EFS_META_K_HANDOVER, &rr);
+	size_t n = rr->n_kvs;
+
+	efs_test_pb_free(resp);
+	return n;
+}
+
+/* Two nodes leave cleanly; the test's client goes and nothing leaks. */
+static void pair_end(struct efs_alloc *a1, struct efs_session *s1, struct efs_alloc *a2,
+		     struct efs_session *s2)
+{
+	alloc_leave(a1);
+	alloc_leave(a2);
+	session_end(s1);
+	session_end(s2);
+	efs_test_client_free(c);
+	c = NULL;
+	efs_test_assert_no_leaks();
+}
+
+Test(alloc, short_node_takes_an_idle_owners_group_then_enospc_within_the_bound)
+{
+	struct efs_session *s1, *s2;
+	struct efs_alloc *a1, *a2;
+	struct efs_runs got1 = {0}, more = {0}, got2 = {0}, last = {0};
+	struct efs_alloc_stats st1, st2;
+	struct agview v2;
+	struct done d = {0};
+	uint64_t t0, ms;
+	int r;
+
+	/* 4 MiB: 3 groups of 256 blocks. n1 owns one, n2 the two others. */
+	layout_init(4ull << 20);
+	cr_assert_eq(lay.ag_count, 3);
+	s1 = session("n1");
+	a1 = alloc_start(s1, 1);
+	s2 = session("n2");
+	a2 = alloc_start(s2, 2);
+	view("n2", &v2);
+	cr_assert_eq(v2.nowned, 2);
+	efs_test_run_for(200); /* n2's watch of ho/ is in place */
+
+	/* n1 uses all of its group; more is handed over by the idle n2. */
+	efs_alloc_get_stats(a1, &st1);
+	cr_assert_eq(efs_alloc_get(a1, st1.avail_blocks, 0, 0, &got1, cb_done, &d), 1);
+	r = efs_alloc_get(a1, 10, 0, 0, &more, cb_done, &d);
+	cr_assert_eq(r, 0, "get: %d", r);
+	cr_assert(efs_test_run_until(&d.done, 5000));
+	cr_assert_eq(d.status, 0, "hand-over: %d", d.status);
+	cr_assert_eq(efs_runs_total(&more), 10);
+	cr_assert(v2.owned_by[group_of(more.v[0].start)], "not one of n2's groups");
+	efs_alloc_get_stats(a1, &st1);
+	efs_alloc_get_stats(a2, &st2);
+	cr_assert_eq(st1.groups_owned, 2);
+	cr_assert_eq(st2.groups_owned, 1);
+	efs_test_run_for(100);
+	cr_assert_eq(handover_keys(), 0, "the answered request is deleted");
+
+	/* n2 now has allocations pending in its last group: it keeps it, and
+	 * n1 gets ENOSPC once the bound has passed. */
+	cr_assert_eq(efs_alloc_get(a2, st2.avail_blocks, 0, 0, &got2, cb_done, NULL), 1);
+	efs_alloc_get_stats(a1, &st1);
+	cr_assert_eq(efs_alloc_get(a1, st1.avail_blocks, 0, 0, &last, cb_done, NULL), 1);
+	d = (struct done){0};
+	t0 = efs_test_now_ms();
+	r = efs_alloc_get(a1, 10, 0, 0, &more, cb_done, &d);
+	if (r == 0) {
+		cr_assert(efs_test_run_until(&d.done, 10000));
+		r = d.status;
+	}
+	ms = efs_test_now_ms() - t0;
+	cr_assert_eq(r, -ENOSPC, "get: %d", r);
+	cr_assert_geq(ms, ho_wait_ms / 2, "ENOSPC after %" PRIu64 " ms", ms);
+	cr_assert_leq(ms, ho_wait_ms + 3000, "ENOSPC after %" PRIu64 " ms", ms);
+	efs_alloc_get_stats(a2, &st2);
+	cr_assert_eq(st2.groups_owned, 1);
+	efs_test_run_for(100);
+	cr_assert_eq(handover_keys(), 0, "the timed-out request is deleted");
+	/* Right after, no wait: the cluster is full. */
+	d = (struct done){0};
+	r = efs_alloc_get(a1, 10, 0, 0, &more, cb_done, &d);
+	if (r == 0) {
+		cr_assert(efs_test_run_until(&d.done, 500));
+		r = d.status;
+	}
+	cr_assert_eq(r, -ENOSPC);
+
+	efs_alloc_unuse(a1, &got1);
+	efs_alloc_unuse(a1, &more);
+	efs_alloc_unuse(a1, &last);
+	efs_alloc_unuse(a2, &got2);
+	efs_runs_done(&got1);
+	efs_runs_done(&more);
+	efs_runs_done(&got2);
+	efs_runs_done(&last);
+	pair_end(a1, s1, a2, s2);
+}
+
+Test(alloc, two_short_nodes_give_each_other_nothing)
+{
+	struct efs_session *s1, *s2;
+	struct efs_alloc *a1, *a2;
+	struct efs_runs got1 = {0}, got2 = {0}, more1 = {0}, more2 = {0};
+	struct efs_alloc_stats st1, st2;
+	struct done d1 = {0}, d2 = {0};
+	int r1, r2;
+
+	/* 4 MiB: 3 groups; n1 owns one, n2 two. Both use all they have
+	 * (pending, unpublished) and both want more at once. */
+	layout_init(4ull << 20);
+	s1 = session("n1");
+	a1 = alloc_start(s1, 1);
+	s2 = session("n2");
+	a2 = alloc_start(s2, 2);
+	efs_test_run_for(200);
+	efs_alloc_get_stats(a1, &st1);
+	efs_alloc_get_stats(a2, &st2);
+	cr_assert_eq(efs_alloc_get(a1, st1.avail_blocks, 0, 0, &got1, cb_done, NULL), 1);
+	cr_assert_eq(efs_alloc_get(a2, st2.avail_blocks, 0, 0, &got2, cb_done, NULL), 1);
+	r1 = efs_alloc_get(a1, 10, 0, 0, &more1, cb_done, &d1);
+	r2 = efs_alloc_get(a2, 10, 0, 0, &more2, cb_done, &d2);
+	if (r1 == 0)
+		cr_assert(efs_test_run_until(&d1.done, 10000));
+	if (r2 == 0)
+		cr_assert(efs_test_run_until(&d2.done, 10000));
+	cr_assert_eq(r1 == 0 ? d1.status : r1, -ENOSPC);
+	cr_assert_eq(r2 == 0 ? d2.status : r2, -ENOSPC);
+	efs_alloc_get_stats(a1, &st1);
+	efs_alloc_get_stats(a2, &st2);
+	cr_assert_eq(st1.groups_owned, 1);
+	cr_assert_eq(st2.groups_owned, 2);
+	efs_test_run_for(100);
+	cr_assert_eq(handover_keys(), 0);
+
+	efs_alloc_unuse(a1, &got1);
+	efs_alloc_unuse(a2, &got2);
+	efs_runs_done(&got1);
+	efs_runs_done(&got2);
+	efs_runs_done(&more1);
+	efs_runs_done(&more2);
+	pair_end(a1, s1, a2, s2);
 }
 
 Test(alloc, session_lost_forgets_and_reclaims)
