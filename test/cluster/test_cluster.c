@@ -22,6 +22,7 @@
 #include "proc.h"
 #include "proof.h"
 #include "openref.h"
+#include "space.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -1865,6 +1866,12 @@ static void forgotten_files_drop_their_references_in_batches(void)
 	efs_oref_forgotten_tree(&cl, cur_check, 1000);
 }
 
+static void a_node_short_of_space_takes_idle_nodes_groups_until_the_device_is_full(void)
+{
+	check_dir();
+	efs_space_handover(&cl, cur_check);
+}
+
 /* ---- The runner ---- */
 
 struct check {
@@ -1917,6 +1924,10 @@ static const struct check checks[] = {
 	CHECK(a_first_open_elsewhere_racing_an_unlink_keeps_the_file, 120, RUN_FULL),
 	CHECK(a_create_loop_sends_no_open_reference_commit, 60, RUN_SUBSET),
 	CHECK(forgotten_files_drop_their_references_in_batches, 180, RUN_FULL),
+}
+
+	CHECK(a_node_short_of_space_takes_idle_nodes_groups_until_the_device_is_full, 120,
+	      RUN_FULL),
 };
 
 #define NCHECKS (sizeof(checks) / sizeof(checks[0]))
