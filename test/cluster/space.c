@@ -4,10 +4,12 @@
  * one file per STEP bytes (one file across every group would not publish:
  * an extent chunk touching that many groups does not fit a transaction);
  * node2 and node3 stay idle and own groups with free space the whole time
- * (each claimed some at mount). Without hand-over node1 stops at ENOSPC
- * with their groups still free; with it, it fills the device to within
- * the reserve and one step, and the idle nodes count the groups they
- * gave. Then 1 MiB writes use what the reserve leaves; the operation that
+ * (each writes 1 MiB first: it claims a group, or takes one back from
+ * node1 when an earlier run left node1 every group; two groups of 8 MiB
+ * hold more than the reserve and the last step, so filling the device
+ * needs them). Without hand-over node1 stops at ENOSPC with their groups
+ * still free; with it, it fills the device to within the reserve and one
+ * step, and the idle nodes count the groups they gave. Then 1 MiB writes use what the reserve leaves; the operation that
  * finds the device full must fail within ENOSPC_BOUND_MS (a request
  * nobody answers costs about one session TTL, 2 s here).
  */
@@ -74,19 +76,34 @@ static uint64_t write_until_full(const char *path, uint64_t max, int *err, uint6
 	return wrote;
 }
 
+/* Groups node2 and node3 have handed over since they were mounted. */
+static double groups_given(struct efs_cl *c)
+{
+	return efs_cl_metric(c, 1, "etcfs_space_groups_given_total") +
+	       efs_cl_metric(c, 2, "etcfs_space_groups_given_total");
+}
+
 void efs_space_handover(struct efs_cl *c, const char *dir)
 {
 	char path[512];
 	struct statvfs sv;
 	struct stat st;
 	uint64_t free0, got = 0, ms = 0, slowest = 0, wrote;
-	double given;
+	double given, given0;
 	int n = 0, err;
 
+	/* node2 writes a little first, so that it owns a group even when an
+	 * earlier run left every group to node1 (then node1 hands one over). */
+	for (int i = 1; i <= 2; i++) {
+		wrote = write_until_full(path_of(c, i, dir, path, sizeof(path), "seed", i), 1 << 20,
+					 &err, &ms);
+		CL_CHECK(wrote == 1 << 20, "node%d's write: %s", i + 1, strerror(err));
+		CL_CHECK(efs_cl_metric(c, i, "etcfs_space_groups_owned") > 0,
+			 "node%d owns no group to hand over", i + 1);
+	}
 	CL_CHECK(statvfs(c->node[0].mnt, &sv) == 0, "statvfs: %s", strerror(errno));
 	free0 = (uint64_t)sv.f_bavail * sv.f_frsize;
-	CL_CHECK(efs_cl_metric(c, 1, "etcfs_space_groups_owned") > 0,
-		 "node2 owns no group to hand over");
+	given0 = groups_given(c);
 	for (;;) {
 		err = fill_one(path_of(c, 0, dir, path, sizeof(path), "fill", n++), &ms);
 		if (err)
@@ -97,8 +114,7 @@ void efs_space_handover(struct efs_cl *c, const char *dir)
 		CL_CHECK(got <= free0 + STEP, "%" PRIu64 " bytes allocated with %" PRIu64 " free",
 			 got, free0);
 	}
-	given = efs_cl_metric(c, 1, "etcfs_space_groups_given_total") +
-		efs_cl_metric(c, 2, "etcfs_space_groups_given_total");
+	given = groups_given(c) - given0;
 	printf("# node1 allocated %" PRIu64 " of %" PRIu64 " free bytes (slowest step %" PRIu64
 	       " ms); the last step failed after %" PRIu64 " ms (%s); node2 and node3 gave "
 	       "%.0f groups\n",
@@ -133,4 +149,7 @@ void efs_space_handover(struct efs_cl *c, const char *dir)
 	}
 	CL_CHECK(unlink(path_of(c, 0, dir, path, sizeof(path), "tail", 0)) == 0, "unlink: %s",
 		 strerror(errno));
+	for (int i = 1; i <= 2; i++)
+		CL_CHECK(unlink(path_of(c, i, dir, path, sizeof(path), "seed", i)) == 0,
+			 "unlink: %s", strerror(errno));
 }
