@@ -2846,6 +2846,7 @@ void efs_alloc_get_stats(const struct efs_alloc *a, struct efs_alloc_stats *ret)
 	ret->reserve_blocks = a->reserve;
 	ret->double_frees = a->double_frees;
 	ret->grace_blocks = a->grace_blocks;
+	ret->groups_given = a->given;
 }
 
 /* ---- Leave, loss, free ---- */

@@ -191,6 +191,7 @@ struct efs_alloc_stats {
 	uint64_t reserve_blocks;
 	uint64_t double_frees;
 	uint64_t grace_blocks; /* free blocks of dead nodes' groups waiting out the grace */
+	uint64_t groups_given; /* handed over to nodes short of space */
 };
 void efs_alloc_get_stats(const struct efs_alloc *a, struct efs_alloc_stats *ret);
 

@@ -758,6 +758,7 @@ Test(alloc, short_node_takes_an_idle_owners_group_then_enospc_within_the_bound)
 	efs_alloc_get_stats(a2, &st2);
 	cr_assert_eq(st1.groups_owned, 2);
 	cr_assert_eq(st2.groups_owned, 1);
+	cr_assert_eq(st2.groups_given, 1);
 	efs_test_run_for(100);
 	cr_assert_eq(handover_keys(), 0, "the answered request is deleted");
 
@@ -834,6 +835,7 @@ Test(alloc, two_short_nodes_give_each_other_nothing)
 	efs_alloc_get_stats(a2, &st2);
 	cr_assert_eq(st1.groups_owned, 1);
 	cr_assert_eq(st2.groups_owned, 2);
+	cr_assert_eq(st1.groups_given + st2.groups_given, 0);
 	efs_test_run_for(100);
 	cr_assert_eq(handover_keys(), 0);
 
