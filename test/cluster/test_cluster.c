@@ -1924,8 +1924,6 @@ static const struct check checks[] = {
 	CHECK(a_first_open_elsewhere_racing_an_unlink_keeps_the_file, 120, RUN_FULL),
 	CHECK(a_create_loop_sends_no_open_reference_commit, 60, RUN_SUBSET),
 	CHECK(forgotten_files_drop_their_references_in_batches, 180, RUN_FULL),
-}
-
 	CHECK(a_node_short_of_space_takes_idle_nodes_groups_until_the_device_is_full, 120,
 	      RUN_FULL),
 };
