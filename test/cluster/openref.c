@@ -40,6 +40,12 @@ static unsigned long long free_bytes(struct efs_cl *c)
 	return (unsigned long long)sv.f_bfree * sv.f_frsize;
 }
 
+
+/* Drop batches of references cached by earlier checks that may go out
+ * while a check counts its own commits (the kernel forgets inodes under
+ * the pressure of a create loop). */
+#define OREF_DROP_SLACK 4
+
 /* A file of FILE_BLOCKS blocks of |fill| on node |i|, synced; its
  * descriptor (read-write), or closed when |keep| is false (-1). */
 static int make_file(struct efs_cl *c, int i, const char *path, char fill, bool keep)
@@ -382,8 +388,13 @@ void efs_oref_create_loop_costs_nothing(struct efs_cl *c, const char *dir)
 	create_files(c, 0, dir, "c", 100, blk, sizeof(blk));
 	after = openref_txns(c, 0);
 	printf("# create-write-close x100: %.0f openref commits\n", after - before);
-	CL_CHECK(after == before, "100 creates sent %.0f openref commits, 0 expected",
-		 after - before);
+	/* A create's reference rides its transaction: no commit of its own.
+	 * The counter also counts drop batches, and the kernel may forget
+	 * inodes an earlier check left cached meanwhile: a few batches, far
+	 * below one commit per file, are those. */
+	CL_CHECK(after - before <= OREF_DROP_SLACK,
+		 "100 creates sent %.0f openref commits, none expected (at most %d drop batches)",
+		 after - before, OREF_DROP_SLACK);
 }
 
 /* Drops the kernel's page cache, dentries and inodes (FUSE forgets; an
@@ -458,8 +469,10 @@ void efs_oref_forgotten_tree(struct efs_cl *c, const char *dir, int nfiles)
 	printf("# %d files: node1 openref commits %.0f (creates, re-opens) + %.0f (drops "
 	       "after drop_caches); node2 %.0f (first opens, then drops after drop_caches)\n",
 	       nfiles, t[1][0] - t[0][0], t[2][0] - t[1][0], t[3][1] - t[2][1]);
-	CL_CHECK(t[1][0] == t[0][0], "node1's creates and re-opens sent %.0f openref commits",
-		 t[1][0] - t[0][0]);
+	CL_CHECK(t[1][0] - t[0][0] <= OREF_DROP_SLACK,
+		 "node1's creates and re-opens sent %.0f openref commits (at most %d drop "
+		 "batches of earlier files expected)",
+		 t[1][0] - t[0][0], OREF_DROP_SLACK);
 	CL_CHECK(t[2][0] - t[1][0] <= nfiles / 64 + 8,
 		 "node1 sent %.0f drop commits for %d forgotten files: not batched",
 		 t[2][0] - t[1][0], nfiles);
