@@ -1356,7 +1356,6 @@ static void probe_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_resul
  */
 static void orphan_probe(struct efs_alloc *a)
 {
-	Etcdserverpb__RangeRequest req = ETCDSERVERPB__RANGE_REQUEST__INIT;
 	struct efs_meta_range rg;
 	struct efs_etcd_txn *t = NULL;
 	int r;
@@ -1371,14 +1370,9 @@ static void orphan_probe(struct efs_alloc *a)
 	r = efs_meta_range_family(&a->ns, EFS_META_K_AG_OWNER, &rg);
 	if (r == 0)
 		r = efs_etcd_txn_new(&t, 0);
-	if (r == 0) {
-		req.key.data = rg.key.buf;
-		req.key.len = rg.key.len;
-		req.range_end.data = rg.end.buf;
-		req.range_end.len = rg.end.len;
-		req.keys_only = true;
-		r = efs_etcd_txn_range_req(t, EFS_ETCD_TXN_SUCCESS, &req);
-	}
+	if (r == 0)
+		r = efs_etcd_txn_range_keys(t, EFS_ETCD_TXN_SUCCESS, rg.key.buf, rg.key.len,
+					    rg.end.buf, rg.end.len);
 	if (r == 0) {
 		r = send_txn(a, t, probe_cb, 0, NULL);
 		t = NULL;

@@ -602,8 +602,8 @@ int efs_etcd_txn_range_req(struct efs_etcd_txn *t, enum efs_etcd_txn_branch bran
 	return op_commit(t, branch, op);
 }
 
-int efs_etcd_txn_range(struct efs_etcd_txn *t, enum efs_etcd_txn_branch branch, const void *key,
-		       size_t key_len, const void *range_end, size_t range_end_len)
+static int range_of(struct efs_etcd_txn *t, enum efs_etcd_txn_branch branch, const void *key,
+		    size_t key_len, const void *range_end, size_t range_end_len, bool keys_only)
 {
 	Etcdserverpb__RangeRequest req = ETCDSERVERPB__RANGE_REQUEST__INIT;
 
@@ -611,7 +611,21 @@ int efs_etcd_txn_range(struct efs_etcd_txn *t, enum efs_etcd_txn_branch branch, 
 	req.key.len = key_len;
 	req.range_end.data = (uint8_t *)range_end;
 	req.range_end.len = range_end_len;
+	req.keys_only = keys_only;
 	return efs_etcd_txn_range_req(t, branch, &req);
+}
+
+int efs_etcd_txn_range(struct efs_etcd_txn *t, enum efs_etcd_txn_branch branch, const void *key,
+		       size_t key_len, const void *range_end, size_t range_end_len)
+{
+	return range_of(t, branch, key, key_len, range_end, range_end_len, false);
+}
+
+int efs_etcd_txn_range_keys(struct efs_etcd_txn *t, enum efs_etcd_txn_branch branch,
+			    const void *key, size_t key_len, const void *range_end,
+			    size_t range_end_len)
+{
+	return range_of(t, branch, key, key_len, range_end, range_end_len, true);
 }
 
 int efs_etcd_txn_delete_req(struct efs_etcd_txn *t, enum efs_etcd_txn_branch branch,

@@ -136,6 +136,10 @@ int efs_etcd_txn_range_req(struct efs_etcd_txn *t, enum efs_etcd_txn_branch bran
 /* Adds a range read of [key, range_end) (|range_end_len| 0: the key alone). */
 int efs_etcd_txn_range(struct efs_etcd_txn *t, enum efs_etcd_txn_branch branch, const void *key,
 		       size_t key_len, const void *range_end, size_t range_end_len);
+/* The same, keys only (no values). */
+int efs_etcd_txn_range_keys(struct efs_etcd_txn *t, enum efs_etcd_txn_branch branch,
+			    const void *key, size_t key_len, const void *range_end,
+			    size_t range_end_len);
 
 /* Adds a copy of |req|. Errors as efs_etcd_txn_put_req() (a put of a key
  * this delete covers, already in the branch, is a duplicate). */

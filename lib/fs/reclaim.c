@@ -514,16 +514,9 @@ static void pass_start(struct rc *rc)
 				       rg.end.len);
 	if (r == 0 && !rc->orphans_done)
 		r = efs_meta_range_family(&fs->ns, EFS_META_K_OPEN, &rg);
-	if (r == 0 && !rc->orphans_done) {
-		Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
-
-		rq.key.data = rg.key.buf;
-		rq.key.len = rg.key.len;
-		rq.range_end.data = rg.end.buf;
-		rq.range_end.len = rg.end.len;
-		rq.keys_only = true;
-		r = efs_etcd_txn_range_req(t, EFS_ETCD_TXN_SUCCESS, &rq);
-	}
+	if (r == 0 && !rc->orphans_done)
+		r = efs_etcd_txn_range_keys(t, EFS_ETCD_TXN_SUCCESS, rg.key.buf, rg.key.len,
+					    rg.end.buf, rg.end.len);
 	if (r == 0) {
 		r = rc_send(rc, t, list_cb);
 		t = NULL;

@@ -276,6 +276,7 @@ Test(txn, range_with_every_option_round_trips)
 	r.max_create_revision = 4;
 	cr_assert_eq(efs_etcd_txn_range_req(t, EFS_ETCD_TXN_FAILURE, &r), 0);
 	cr_assert_eq(efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, S("x"), NULL, 0), 0);
+	cr_assert_eq(efs_etcd_txn_range_keys(t, EFS_ETCD_TXN_SUCCESS, S("y"), S("z")), 0);
 	back = round_trip(t);
 	cr_assert_eq(back->n_failure, 1);
 	q = back->failure[0]->request_range;
@@ -296,6 +297,11 @@ Test(txn, range_with_every_option_round_trips)
 	assert_bytes(q->key, S("x"));
 	cr_assert_eq(q->range_end.len, 0);
 	cr_assert_eq(q->limit, 0);
+	cr_assert_not(q->keys_only);
+	q = back->success[1]->request_range;
+	assert_bytes(q->key, S("y"));
+	assert_bytes(q->range_end, S("z"));
+	cr_assert(q->keys_only);
 	etcdserverpb__txn_request__free_unpacked(back, NULL);
 	efs_etcd_txn_free(t);
 	efs_test_assert_no_leaks();
