@@ -57,6 +57,12 @@ struct efs_iopool {
 	uv_async_t *async;
 
 	atomic_bool fenced;
+	/* Mono ns from which no pwrite starts (0: none); see
+	 * efs_iopool_set_write_deadline. */
+	_Atomic uint64_t write_deadline;
+	/* Writes of an older submission epoch never start. */
+	_Atomic uint64_t min_epoch;
+	uint64_t submit_epoch; /* loop thread */
 	atomic_bool fault_armed; /* some op has a fault set: take fault_mu */
 	pthread_mutex_t fault_mu;
 	struct fault fault[EFS_IO_NOPS];
@@ -72,6 +78,7 @@ struct efs_iopool {
 
 	struct efs_gauge *g_inflight;
 	struct efs_gauge *g_inflight_max;
+	struct efs_counter *fenced_writes;
 	struct op_metrics om[EFS_IO_NOPS];
 };
 
@@ -310,6 +317,20 @@ static ssize_t do_read(struct efs_iopool *p, struct efs_io *io)
 	return (ssize_t)io->len;
 }
 
+/* Whether a pwrite may not start now: the fence is up, or the write
+ * deadline has passed. */
+static bool write_fenced(struct efs_iopool *p)
+{
+	uint64_t dl;
+
+	if (atomic_load_explicit(&p->fenced, memory_order_acquire))
+		return true;
+	dl = atomic_load_explicit(&p->write_deadline, memory_order_acquire);
+	if (!dl)
+		return false;
+	return efs_clock_mono_ns() >= dl;
+}
+
 /* Writes the whole of |len| bytes, checking the fence before each pwrite. */
 static ssize_t do_write(struct efs_iopool *p, struct efs_io *io)
 {
@@ -319,8 +340,11 @@ static ssize_t do_write(struct efs_iopool *p, struct efs_io *io)
 	while (done < io->len) {
 		ssize_t n;
 
-		if (atomic_load_explicit(&p->fenced, memory_order_acquire))
+		if (write_fenced(p) ||
+		    io->epoch < atomic_load_explicit(&p->min_epoch, memory_order_acquire)) {
+			io->fenced = true;
 			return -EIO;
+		}
 		n = pwrite(p->fd, buf + done, io->len - done, (off_t)(io->off + done));
 		if (n < 0) {
 			if (errno == EINTR)
@@ -440,6 +464,8 @@ static void deliver(struct efs_iopool *p, struct efs_io *io)
 	efs_counter_inc(om->ios);
 	if (res < 0)
 		efs_counter_inc(om->errors);
+	if (io->fenced)
+		efs_counter_inc(p->fenced_writes);
 	else
 		efs_counter_add(om->bytes, (uint64_t)res);
 	efs_histogram_observe_ns(om->latency, io->start_ns);
@@ -474,6 +500,10 @@ static void register_metrics(struct efs_iopool *p, struct efs_metrics *m)
 					  "Device requests submitted and not yet completed", NULL);
 	p->g_inflight_max = efs_metrics_gauge(m, "etcfs_dev_inflight_max",
 					      "Highest number of device requests in flight", NULL);
+	p->fenced_writes = efs_metrics_counter(
+		m, "etcfs_dev_fenced_writes_total",
+		"Device writes refused by the fence or the write deadline (session suspended)",
+		NULL);
 	for (int op = 0; op < EFS_IO_NOPS; op++) {
 		struct op_metrics *om = &p->om[op];
 
@@ -525,6 +555,8 @@ int efs_iopool_new(struct efs_iopool **ret, uv_loop_t *loop, int fd, bool direct
 	p->direct = direct;
 	p->nthreads = nthreads;
 	atomic_init(&p->fenced, false);
+	atomic_init(&p->write_deadline, 0);
+	atomic_init(&p->min_epoch, 0);
 	atomic_init(&p->fault_armed, false);
 	r = -ENOMEM;
 	p->threads = efs_mem_calloc(nthreads, sizeof(*p->threads));
@@ -592,6 +624,8 @@ int efs_iopool_submit(struct efs_iopool *p, struct efs_io *io)
 			return -EINVAL;
 	}
 	io->res = 0;
+	io->fenced = false;
+	io->epoch = p->submit_epoch;
 	io->start_ns = efs_clock_mono_ns();
 	if (p->inflight++ == 0)
 		uv_ref((uv_handle_t *)p->async);
@@ -616,6 +650,21 @@ uint64_t efs_iopool_inflight(const struct efs_iopool *p)
 void efs_iopool_set_fence(struct efs_iopool *p, bool fenced)
 {
 	atomic_store_explicit(&p->fenced, fenced, memory_order_release);
+}
+
+void efs_iopool_set_write_deadline(struct efs_iopool *p, uint64_t mono_ns)
+{
+	atomic_store_explicit(&p->write_deadline, mono_ns, memory_order_release);
+}
+
+void efs_iopool_refuse_submitted(struct efs_iopool *p)
+{
+	atomic_store_explicit(&p->min_epoch, ++p->submit_epoch, memory_order_release);
+}
+
+bool efs_iopool_fenced(struct efs_iopool *p)
+{
+	return write_fenced(p);
 }
 
 bool efs_iopool_direct(const struct efs_iopool *p)

@@ -71,6 +71,8 @@ struct efs_io {
 	struct efs_list link; /* in the pool's submission or completion FIFO */
 	ssize_t res;
 	uint64_t start_ns;
+	bool fenced; /* refused by the fence or the write deadline */
+	uint64_t epoch; /* the pool's submission epoch */
 };
 
 struct efs_iopool;
@@ -107,6 +109,17 @@ uint64_t efs_iopool_inflight(const struct efs_iopool *p);
 /* Sets or clears the fence: writes fail with -EIO from the next pwrite on
  * (a write under way is cut short there); reads and SYNC go on. */
 void efs_iopool_set_fence(struct efs_iopool *p, bool fenced);
+/* Sets or clears (0) the write deadline, a CLOCK_MONOTONIC time in ns: no
+ * pwrite starts at or after it (-EIO, as fenced). A node whose session is
+ * suspended sets it short of its lease's deadline, so that writes already
+ * past their checks may finish while the lease surely lives and none
+ * starts after; etcfs_dev_fenced_writes_total counts the refused ones. */
+void efs_iopool_set_write_deadline(struct efs_iopool *p, uint64_t mono_ns);
+/* Writes submitted before this call never start (-EIO, counted as
+ * fenced); later ones are not affected. */
+void efs_iopool_refuse_submitted(struct efs_iopool *p);
+/* Whether a write starting now would be refused. */
+bool efs_iopool_fenced(struct efs_iopool *p);
 bool efs_iopool_direct(const struct efs_iopool *p);
 /*
  * Fault injection for tests (ETCFS_FAULT_DEV=<op>:<n>[:<errno>] in the

@@ -378,6 +378,10 @@ struct efs_fs {
 	struct efs_histogram *m_lat[EFS_FS_NOPS];
 	struct efs_counter *m_txns[EFS_FS_NORIGINS][EFS_FS_NOUTCOMES];
 	struct efs_counter *m_retries;
+	struct efs_counter *m_susp_invals;
+	struct efs_gauge *m_susp_inval_ms;
+	/* The invalidations of the last suspension (fs.c). */
+	uint64_t susp_pending, susp_count, susp_start_ns;
 
 	/* EIO answers explained in the log (explain_eio): at most
 	 * EFS_FS_EIO_LOG_PER_S per second, the rest counted. */

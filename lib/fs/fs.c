@@ -6,6 +6,7 @@
 #include "fs/fs.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include "fs/data.h"
 #include "fs/plock.h"
 #include "kchan/inval.h"
+#include "util/clock.h"
 #include "util/log.h"
 #include "util/mem.h"
 
@@ -73,6 +75,17 @@ static void fs_init(void *userdata, struct fuse_conn_info *conn)
 	 * a second syscall per request. */
 	if (conn->capable & FUSE_CAP_SPLICE_READ)
 		conn->want &= ~(unsigned)FUSE_CAP_SPLICE_READ;
+	/* A read of cached pages revalidates the attributes once their
+	 * timeout has passed, and attribute timeouts end before the session
+	 * could suspend (efs_fs_cache_bound): so read(2) never serves pages
+	 * from the page cache past the point where the lock might be lost
+	 * without asking the daemon, which waits for the session. */
+	if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA)
+		conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
+	else
+		efs_log_warn("fs: the kernel cannot revalidate cached pages on read "
+			     "(no FUSE_AUTO_INVAL_DATA): a suspended node relies on its "
+			     "invalidations alone");
 	/* fcntl and flock locks live in etcd. */
 	if (conn->capable & FUSE_CAP_POSIX_LOCKS)
 		conn->want |= FUSE_CAP_POSIX_LOCKS;
@@ -157,6 +170,14 @@ static int register_metrics(struct efs_fs *fs)
 				return -ENOMEM;
 		}
 	}
+	fs->m_susp_invals = efs_metrics_counter(
+		fs->m, "etcfs_suspend_invalidations_total",
+		"Open files whose kernel pages were invalidated because the session suspended",
+		NULL);
+	fs->m_susp_inval_ms = efs_metrics_gauge(
+		fs->m, "etcfs_suspend_invalidation_seconds",
+		"How long the last suspension's invalidation of every open file's pages took",
+		NULL);
 	fs->m_retries = efs_metrics_counter(
 		fs->m, "etcfs_op_retries_total",
 		"Operations that read again and retried after a conflict or an unknown outcome "
@@ -391,10 +412,121 @@ static void kernel_gone(struct efs_fs *fs)
 		efs_fs_data_kernel_gone(fs);
 }
 
+/* One invalidation of a suspension: an open file's pages. */
+struct susp_inval {
+	struct efs_inval_req req;
+	struct efs_fs *fs;
+};
+
+static void susp_inval_done(struct efs_inval_req *req, int status)
+{
+	struct susp_inval *v = req->arg;
+	struct efs_fs *fs = v->fs;
+
+	if (status < 0 && status != -ECANCELED && status != -ENODEV && status != -EBADF)
+		efs_log_warn("fs: invalidating inode %" PRIu64 "'s pages at suspension: %s",
+			     req->ino, strerror(-status));
+	efs_mem_free(v);
+	if (--fs->susp_pending == 0 && fs->susp_start_ns) {
+		uint64_t ns = efs_clock_mono_ns() - fs->susp_start_ns;
+
+		efs_gauge_set(fs->m_susp_inval_ms, (double)ns / 1e9);
+		efs_log_info("fs: the kernel dropped the pages of %" PRIu64
+			     " open files in %.1f ms (session suspended)",
+			     fs->susp_count, (double)ns / 1e6);
+		fs->susp_start_ns = 0;
+	}
+}
+
+/*
+ * The session stopped being renewed: a peer may take this node's locks
+ * once the lease's deadline passes, so nothing the kernel caches may
+ * outlive it. Entries and attributes time out by themselves before the
+ * session suspends (efs_fs_cache_bound), and read(2) revalidates them
+ * first; the pages of open files, which a mapping reads without asking,
+ * are dropped here, every open file at once.
+ */
+static void suspend_invalidate(struct efs_fs *fs)
+{
+	if (!fs->inval)
+		return;
+	if (!fs->susp_start_ns) {
+		fs->susp_start_ns = efs_clock_mono_ns();
+		fs->susp_count = 0;
+	}
+	for (size_t i = 0; i < fs->hsize; i++) {
+		for (struct efs_fs_inode *in = fs->htab[i]; in; in = in->hnext) {
+			struct susp_inval *v;
+
+			if (!in->opens || !in->data)
+				continue;
+			v = efs_mem_calloc(1, sizeof(*v));
+			if (!v) {
+				efs_log_err("fs: no memory to invalidate inode %" PRIu64
+					    "'s pages at suspension",
+					    in->ino);
+				continue;
+			}
+			v->fs = fs;
+			v->req.kind = EFS_INVAL_INODE;
+			v->req.cls = EFS_INVAL_BEST_EFFORT;
+			v->req.ino = in->ino;
+			v->req.off = 0;
+			v->req.len = 0;
+			v->req.cb = susp_inval_done;
+			v->req.arg = v;
+			if (efs_inval_submit(fs->inval, &v->req) < 0) {
+				efs_mem_free(v);
+				continue;
+			}
+			fs->susp_pending++;
+			fs->susp_count++;
+			efs_counter_inc(fs->m_susp_invals);
+		}
+	}
+	if (!fs->susp_pending)
+		fs->susp_start_ns = 0;
+}
+
+/* How long before the lease's deadline a suspended node's device writes
+ * stop: a write that started before may still be under way at the
+ * deadline, so the margin is what such a write may take (an eighth of
+ * the TTL, between 50 ms and 1 s). */
+static uint64_t write_margin_ns(struct efs_fs *fs)
+{
+	int64_t ttl = efs_session_ttl_s(fs->s);
+	uint64_t m = ttl > 0 ? (uint64_t)ttl * EFS_NSEC_PER_SEC / 8 : 250 * EFS_NSEC_PER_MSEC;
+
+	if (m < 50 * EFS_NSEC_PER_MSEC)
+		m = 50 * EFS_NSEC_PER_MSEC;
+	if (m > EFS_NSEC_PER_SEC)
+		m = EFS_NSEC_PER_SEC;
+	return m;
+}
+
 void efs_fs_session_changed(struct efs_fs *fs, enum efs_session_state old,
 			    enum efs_session_state new_state)
 {
-	(void)old;
+	if (new_state == EFS_SESSION_SUSPENDED && fs->pool && fs->s) {
+		/* No device write starts past the lease's deadline (less the
+		 * margin): requests already past their checks may finish
+		 * before it, new ones wait for the session. */
+		uint64_t dl = efs_session_deadline_ns(fs->s);
+		uint64_t m = write_margin_ns(fs);
+
+		efs_iopool_set_write_deadline(fs->pool, dl > m ? dl - m : 1);
+	}
+	if (new_state == EFS_SESSION_SUSPENDED ||
+	    (new_state == EFS_SESSION_GONE && old == EFS_SESSION_ACTIVE))
+		suspend_invalidate(fs);
+	if (new_state == EFS_SESSION_GONE && fs->pool) {
+		/* Writes queued under the lost lease never start: their blocks
+		 * may be another node's by now. */
+		efs_iopool_refuse_submitted(fs->pool);
+		efs_iopool_set_write_deadline(fs->pool, 1);
+	}
+	if (new_state == EFS_SESSION_ACTIVE && fs->pool)
+		efs_iopool_set_write_deadline(fs->pool, 0);
 	if (new_state == EFS_SESSION_GONE) {
 		/* Every lock and open reference went with the lease: nothing
 		 * cached is trustworthy, and handles opened before fail. (The

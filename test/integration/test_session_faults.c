@@ -42,9 +42,11 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 
 #include <criterion/criterion.h>
 
@@ -1288,13 +1290,80 @@ Test(session_faults, sigstop_3s_is_a_pause)
 
 /* ---- 4. Quorum loss longer than the bound ---- */
 
+/*
+ * A process holding a file mapped, its first page read (so cached), that
+ * reads the page again when told: it exits 0 with the byte it saw, or
+ * dies of SIGBUS when the read faulted and the daemon answered an error.
+ */
+struct mapper {
+	pid_t pid;
+	int go; /* write end: one byte starts the second read */
+};
+
+static void mapper_start(struct mapper *m, const char *path)
+{
+	int fds[2], ready[2];
+	char c;
+
+	cr_assert_eq(pipe(fds), 0);
+	cr_assert_eq(pipe(ready), 0);
+	m->pid = fork();
+	cr_assert_geq(m->pid, 0);
+	if (m->pid == 0) {
+		int fd = open(path, O_RDONLY);
+		volatile unsigned char *map;
+
+		close(fds[1]);
+		close(ready[0]);
+		if (fd < 0)
+			_exit(10);
+		map = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+		if (map == MAP_FAILED)
+			_exit(11);
+		c = (char)map[0];
+		if (write(ready[1], &c, 1) != 1)
+			_exit(12);
+		if (read(fds[0], &c, 1) != 1)
+			_exit(13);
+		_exit(map[0] == 'k' ? 0 : 14);
+	}
+	close(fds[0]);
+	close(ready[1]);
+	m->go = fds[1];
+	cr_assert_eq(read(ready[0], &c, 1), 1, "the mapper did not read its page");
+	close(ready[0]);
+	cr_assert_eq(c, 'k');
+}
+
+/* Tells the mapper to read; its wait status, or -1 past |ms|. */
+static int mapper_read(struct mapper *m, int ms)
+{
+	uint64_t end = now_ms() + (uint64_t)ms;
+	int st;
+
+	cr_assert_eq(write(m->go, "x", 1), 1);
+	close(m->go);
+	while (now_ms() < end) {
+		pid_t r = waitpid(m->pid, &st, WNOHANG);
+
+		if (r == m->pid)
+			return st;
+		sleep_ms(50);
+	}
+	kill(m->pid, SIGKILL);
+	waitpid(m->pid, &st, 0);
+	return -1;
+}
+
 Test(session_faults, quorum_loss_eio_then_serves)
 {
 	char bound[16];
 	const char *margs[] = {QUORUM_OPT, bound, NULL};
 	struct node_view before, after;
+	struct mapper mapper;
 	uint64_t t0, t_res, ms, ms2;
-	int leader, other, err, r, bound_s = QUORUM_BOUND_S;
+	int leader, other, err, r, st, bound_s = QUORUM_BOUND_S;
+	static char mtext[256 * 1024];
 	char p[400];
 
 	snprintf(bound, sizeof(bound), "%d", bound_s);
@@ -1307,6 +1376,17 @@ Test(session_faults, quorum_loss_eio_then_serves)
 	fs_start(3, 0, margs);
 	path_in(p, sizeof(p), "keep");
 	cr_assert_eq(create_close(p), 0, "create %s: %s", p, strerror(errno));
+	{
+		char page[4096];
+		int fd = open(p, O_WRONLY);
+
+		memset(page, 'k', sizeof(page));
+		cr_assert_geq(fd, 0);
+		cr_assert_eq(write(fd, page, sizeof(page)), (ssize_t)sizeof(page));
+		cr_assert_eq(close(fd), 0);
+	}
+	/* Its pages cached by a mapping, which reads them without asking. */
+	mapper_start(&mapper, p);
 	read_node(&before);
 	note_members("before the quorum loss");
 	leader = efs_harness_wait_leader(fs.etcd, 15000 * mult());
@@ -1337,6 +1417,21 @@ Test(session_faults, quorum_loss_eio_then_serves)
 	     now_ms() - t0 - ms2, err ? strerror(err) : "success", ms2);
 	cr_assert_eq(err, EIO, "stat past the bound gave %s (%d), not EIO",
 		     err ? strerror(err) : "success", err);
+	/* The suspension dropped the mapped file's pages: the mapping's read
+	 * faults, and the daemon answers it with an error (SIGBUS) instead
+	 * of the kernel serving the page it cached under a lock that may be
+	 * lost by now. */
+	cr_assert(metrics_text(mtext, sizeof(mtext)), "no /metrics during the loss");
+	note_metric_lines(mtext, "etcfs_suspend_");
+	cr_assert_geq(metric_sum(mtext, "etcfs_suspend_invalidations_total", NULL), 1,
+		      "no open file was invalidated at the suspension");
+	st = mapper_read(&mapper, 20000 * mult());
+	note("a mapped read past the bound: %s %d", st < 0 ? "still waiting" :
+	     WIFSIGNALED(st) ? "signal" : "exit", st < 0 ? 0 : WIFSIGNALED(st) ?
+	     WTERMSIG(st) : WEXITSTATUS(st));
+	cr_assert(st >= 0 && WIFSIGNALED(st) && WTERMSIG(st) == SIGBUS,
+		  "a mapped read past the bound was served from the page cache "
+		  "(status %d)", st);
 
 	r = efs_harness_resume(fs.etcd, leader);
 	cr_assert_eq(r, 0, "resume member %d: %d", leader, r);

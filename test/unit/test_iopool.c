@@ -20,6 +20,7 @@
 #include <uv.h>
 
 #include "dev/iopool.h"
+#include "util/clock.h"
 #include "util/mem.h"
 #include "util/metrics.h"
 
@@ -197,6 +198,11 @@ static uint64_t counter(struct efs_metrics *m, const char *name, const char *op)
 
 	snprintf(labels, sizeof(labels), "op=\"%s\"", op);
 	return efs_counter_get(efs_metrics_counter(m, name, NULL, labels));
+}
+
+static uint64_t plain_counter(struct efs_metrics *m, const char *name)
+{
+	return efs_counter_get(efs_metrics_counter(m, name, NULL, NULL));
 }
 
 static double gauge(struct efs_metrics *m, const char *name)
@@ -462,6 +468,82 @@ Test(iopool, fence_fails_writes_and_lets_reads_through)
 	cr_assert_eq(run_one(&fx, EFS_IO_READ, rbuf, BLK, 0), BLK);
 	cr_assert_eq(rbuf[0], 0x77);
 	fx_stop(&fx);
+	efs_io_buf_free(buf);
+	efs_io_buf_free(rbuf);
+	efs_test_assert_no_leaks();
+}
+
+Test(iopool, a_write_deadline_refuses_writes_that_would_start_after_it)
+{
+	struct fixture fx;
+	unsigned char *buf = efs_io_buf_alloc(BLK), *rbuf = efs_io_buf_alloc(BLK);
+
+	cr_assert(buf && rbuf);
+	fx_start(&fx, SHM_DIR, 1 << 20, 0, true);
+	memset(buf, 0x11, BLK);
+	cr_assert_eq(run_one(&fx, EFS_IO_WRITE, buf, BLK, 0), BLK);
+
+	/* A deadline ahead lets writes through; one passed refuses them. */
+	efs_iopool_set_write_deadline(fx.p, efs_clock_mono_ns() + 60 * EFS_NSEC_PER_SEC);
+	cr_assert_not(efs_iopool_fenced(fx.p));
+	cr_assert_eq(run_one(&fx, EFS_IO_WRITE, buf, BLK, BLK), BLK);
+	efs_iopool_set_write_deadline(fx.p, efs_clock_mono_ns());
+	cr_assert(efs_iopool_fenced(fx.p));
+	memset(buf, 0x22, BLK);
+	cr_assert_eq(run_one(&fx, EFS_IO_WRITE, buf, BLK, 0), -EIO);
+	cr_assert_eq(run_one(&fx, EFS_IO_READ, rbuf, BLK, 0), BLK, "reads go on");
+	cr_assert_eq(rbuf[0], 0x11, "a refused write reached the file");
+	cr_assert_eq(run_one(&fx, EFS_IO_SYNC, NULL, 0, 0), 0, "syncs go on");
+	cr_assert_eq(plain_counter(fx.m, "etcfs_dev_fenced_writes_total"), 1);
+
+	/* Cleared: writes go again, and the counter stays. */
+	efs_iopool_set_write_deadline(fx.p, 0);
+	cr_assert_not(efs_iopool_fenced(fx.p));
+	cr_assert_eq(run_one(&fx, EFS_IO_WRITE, buf, BLK, 0), BLK);
+	cr_assert_eq(run_one(&fx, EFS_IO_READ, rbuf, BLK, 0), BLK);
+	cr_assert_eq(rbuf[0], 0x22);
+	cr_assert_eq(plain_counter(fx.m, "etcfs_dev_fenced_writes_total"), 1);
+	fx_stop(&fx);
+	efs_io_buf_free(buf);
+	efs_io_buf_free(rbuf);
+	efs_test_assert_no_leaks();
+}
+
+Test(iopool, writes_submitted_before_a_refusal_never_start)
+{
+	enum { N = 200 };
+	struct fixture fx;
+	unsigned char *buf = efs_io_buf_alloc(BLK), *rbuf = efs_io_buf_alloc(BLK);
+	struct req *rq = calloc(N, sizeof(*rq));
+	int ok = 0, refused = 0;
+
+	cr_assert(buf && rbuf && rq);
+	fx_start(&fx, SHM_DIR, (off_t)(N + 1) * BLK, 1, true);
+	memset(buf, 0x5a, BLK);
+	/* One worker, many queued: the refusal comes while most still wait. */
+	for (int i = 0; i < N; i++) {
+		req_init(&rq[i], EFS_IO_WRITE, buf, BLK, (uint64_t)i * BLK);
+		cr_assert_eq(efs_iopool_submit(fx.p, &rq[i].io), 0);
+	}
+	efs_iopool_refuse_submitted(fx.p);
+	uv_run(&fx.loop, UV_RUN_DEFAULT);
+	for (int i = 0; i < N; i++) {
+		cr_assert_eq(rq[i].calls, 1);
+		if (rq[i].res == BLK) {
+			ok++;
+			continue;
+		}
+		cr_assert_eq(rq[i].res, -EIO, "write %d: %zd", i, rq[i].res);
+		refused++;
+		cr_assert_eq(run_one(&fx, EFS_IO_READ, rbuf, BLK, (uint64_t)i * BLK), BLK);
+		cr_assert_neq(rbuf[0], 0x5a, "refused write %d reached the file", i);
+	}
+	cr_assert_gt(refused, 0, "every queued write ran before the refusal (%d)", ok);
+	cr_assert_eq(plain_counter(fx.m, "etcfs_dev_fenced_writes_total"), (uint64_t)refused);
+	/* Later submissions are not affected. */
+	cr_assert_eq(run_one(&fx, EFS_IO_WRITE, buf, BLK, (uint64_t)N * BLK), BLK);
+	fx_stop(&fx);
+	free(rq);
 	efs_io_buf_free(buf);
 	efs_io_buf_free(rbuf);
 	efs_test_assert_no_leaks();
