@@ -122,6 +122,7 @@ struct daemon {
 	bool data_direct;
 	uint32_t flush_interval_ms;
 	uint32_t recall_bound_s;
+	uint32_t max_cached_files; /* --max-cached-files (0: the fs default) */
 	uint32_t max_hold_ms;	    /* efs_lockcache_opts values (0: the default) */
 	uint32_t contended_recalls;
 	uint32_t dead_grace_s; /* --dead-grace (0: the default) */
@@ -203,6 +204,9 @@ static void usage(FILE *out)
 		"  --cache-timeout MS       how long the kernel may cache entries and\n"
 		"                           attributes under a held lock (0 to TTL/4 s;\n"
 		"                           default TTL/4, at most 1000)\n"
+		"  --max-cached-files N     files whose pages the kernel may cache at once\n"
+		"                           (16 to 4194304; default 16384): a suspended\n"
+		"                           session drops them all before its deadline\n"
 		"  --recall-bound SECONDS   log and count (etcfs_lock_recalls_unanswered_total)\n"
 		"                           a peer's recall this node has not answered\n"
 		"                           after this long (default 30)\n"
@@ -481,6 +485,7 @@ enum {
 	OPT_LOG_FILE,
 	OPT_FLUSH_INTERVAL,
 	OPT_RECALL_BOUND,
+	OPT_MAX_CACHED_FILES,
 	OPT_MAX_HOLD,
 	OPT_CONTENDED_RECALLS,
 	OPT_DEAD_GRACE,
@@ -504,6 +509,7 @@ static const struct option longopts[] = {
 	{"log-file", required_argument, NULL, OPT_LOG_FILE},
 	{"flush-interval", required_argument, NULL, OPT_FLUSH_INTERVAL},
 	{"recall-bound", required_argument, NULL, OPT_RECALL_BOUND},
+	{"max-cached-files", required_argument, NULL, OPT_MAX_CACHED_FILES},
 	{"max-hold", required_argument, NULL, OPT_MAX_HOLD},
 	{"contended-recalls", required_argument, NULL, OPT_CONTENDED_RECALLS},
 	{"dead-grace", required_argument, NULL, OPT_DEAD_GRACE},
@@ -626,6 +632,11 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 				return -EINVAL;
 			d->cache_timeout_ms = (uint32_t)num;
 			d->cache_timeout_set = true;
+			break;
+		case OPT_MAX_CACHED_FILES:
+			if (int_opt("max-cached-files", optarg, "files", 16, 1 << 22, &num) < 0)
+				return -EINVAL;
+			d->max_cached_files = (uint32_t)num;
 			break;
 		case OPT_RECALL_BOUND:
 			if (int_opt("recall-bound", optarg, "seconds", 1, 3600, &num) < 0)
@@ -1599,6 +1610,7 @@ static int mount_fuse(struct daemon *d)
 		.io_threads = d->io_threads,
 		.flush_interval_ms = d->flush_interval_ms,
 		.dead_grace_ms = grace_ms,
+		.max_cached_files = d->max_cached_files,
 		/* Kernel caches granted before a suspension must time out before
 		 * the lease deadline: a quarter of the TTL, at most 1 s. */
 		.cache_timeout_ms = (uint32_t)(d->session_ttl_s >= 4 ? 1000

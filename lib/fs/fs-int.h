@@ -255,6 +255,8 @@ struct efs_fs_inode {
 	struct efs_fs_dcache *dc;   /* directories: names, valid under the lock */
 	struct efs_fs_knames *kn;   /* directories: names the kernel may cache (lockops.c) */
 	struct efs_fs_data *data;   /* regular files: data state (fs/data.h), holds a ref */
+	/* On fs->kpages: the kernel may hold pages of it (fs.c). */
+	struct efs_list klink;
 	/* Node-local mutex of mutations (see the engine above). */
 	struct efs_fs_op *mx_owner;
 	struct efs_list mx_waiters; /* FIFO of operations (op->mx_link) */
@@ -382,6 +384,12 @@ struct efs_fs {
 	struct efs_gauge *m_susp_inval_ms;
 	/* The invalidations of the last suspension (fs.c). */
 	uint64_t susp_pending, susp_count, susp_start_ns;
+	/* Inodes whose pages the kernel may cache, least recently filled
+	 * first (efs_fs_note_kpages), at most |max_kpages| of them. */
+	struct efs_list kpages;
+	uint64_t nkpages, max_kpages;
+	struct efs_gauge *m_kpages;
+	struct efs_counter *m_kpages_evicted;
 
 	/* EIO answers explained in the log (explain_eio): at most
 	 * EFS_FS_EIO_LOG_PER_S per second, the rest counted. */
@@ -728,6 +736,13 @@ void efs_fs_icache_done(struct efs_fs *fs);
 /* Finds or creates the entry of |ino| (NULL: ENOMEM). */
 struct efs_fs_inode *efs_fs_iget(struct efs_fs *fs, uint64_t ino);
 struct efs_fs_inode *efs_fs_ifind(struct efs_fs *fs, uint64_t ino);
+/* A read or write reply may have filled |in|'s pages in the kernel: it
+ * becomes the most recent page-cached inode; past the cap the least
+ * recent one's pages are dropped, and while the session is not ACTIVE
+ * its own are dropped at once (fs.c). */
+void efs_fs_note_kpages(struct efs_fs *fs, struct efs_fs_inode *in);
+/* |in| is freed: off the page-cached list. */
+void efs_fs_forget_kpages(struct efs_fs *fs, struct efs_fs_inode *in);
 /* Drops an operation reference; frees the entry when nothing holds it. */
 void efs_fs_iput(struct efs_fs *fs, struct efs_fs_inode *in);
 /* True when |in|'s record may be used now (lock held, same epoch). */

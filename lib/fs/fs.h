@@ -53,6 +53,9 @@ struct efs_fs_opts {
 	uint32_t io_threads;	    /* device workers (0: 16) */
 	uint32_t flush_interval_ms; /* deferred publication sweep (0: 1000) */
 	uint32_t dead_grace_ms;	    /* alloc/alloc.h (0: its default) */
+	/* Inodes whose pages the kernel may cache at once (0: 16384); a
+	 * suspension drops them all before the lease's deadline. */
+	uint32_t max_cached_files;
 };
 
 /*

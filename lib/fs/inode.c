@@ -185,6 +185,7 @@ static void inode_free(struct efs_fs *fs, struct efs_fs_inode *in)
 	const struct efs_fs_inode_hooks *hk;
 
 	efs_fs_dcache_clear(in);
+	efs_fs_forget_kpages(fs, in);
 	for_each_ihook (fs, hk, freed)
 		hk->freed(fs, in);
 	if (in->rec)

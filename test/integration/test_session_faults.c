@@ -1228,6 +1228,84 @@ static void stop_follower_3s(int m, const char *what, const struct node_view *be
 	stop_member_3s(m, what, before);
 }
 
+/* Whether the first page of |path| is in the page cache (mincore). */
+static int page_resident(const char *path)
+{
+	int fd = open(path, O_RDONLY);
+	unsigned char vec = 0;
+	void *map;
+	int r;
+
+	cr_assert_geq(fd, 0, "open %s: %s", path, strerror(errno));
+	map = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+	cr_assert_neq(map, MAP_FAILED, "mmap %s: %s", path, strerror(errno));
+	r = mincore(map, 4096, &vec);
+	cr_assert_eq(r, 0, "mincore: %s", strerror(errno));
+	munmap(map, 4096);
+	close(fd);
+	return vec & 1;
+}
+
+/*
+ * --max-cached-files caps the files whose pages the kernel may hold: a
+ * suspension must drop them all before the lease's deadline, so their
+ * number is bounded. Past the cap the least recently filled file's pages
+ * are dropped.
+ */
+Test(session_faults, the_kernel_caches_the_pages_of_at_most_max_cached_files)
+{
+	enum { CAP = 16, N = 40 };
+	const char *margs[] = {"--max-cached-files", "16", NULL};
+	static char text[256 * 1024];
+	char p[400], page[4096], rel[32];
+	double cached, dropped;
+	uint64_t end;
+
+	fs_start(1, 0, margs);
+	memset(page, 'c', sizeof(page));
+	for (int i = 0; i < N; i++) {
+		int fd;
+
+		snprintf(rel, sizeof(rel), "c%02d", i);
+		path_in(p, sizeof(p), rel);
+		fd = open(p, O_CREAT | O_WRONLY, 0644);
+		cr_assert_geq(fd, 0, "create %s: %s", p, strerror(errno));
+		cr_assert_eq(write(fd, page, sizeof(page)), (ssize_t)sizeof(page));
+		cr_assert_eq(close(fd), 0);
+	}
+	for (int i = 0; i < N; i++) {
+		char buf[4096];
+		int fd;
+
+		snprintf(rel, sizeof(rel), "c%02d", i);
+		path_in(p, sizeof(p), rel);
+		fd = open(p, O_RDONLY);
+		cr_assert_geq(fd, 0);
+		cr_assert_eq(read(fd, buf, sizeof(buf)), (ssize_t)sizeof(buf));
+		cr_assert_eq(buf[100], 'c');
+		cr_assert_eq(close(fd), 0);
+	}
+	cr_assert(metrics_text(text, sizeof(text)), "no /metrics");
+	cached = metric_sum(text, "etcfs_kernel_cached_files", NULL);
+	dropped = metric_sum(text, "etcfs_kernel_cached_files_dropped_total", NULL);
+	note("%d files written and read with --max-cached-files %d: %.0f cached, %.0f dropped", N,
+	     CAP, cached, dropped);
+	cr_assert_eq(cached, CAP, "%.0f files page-cached, the cap is %d", cached, CAP);
+	cr_assert_geq(dropped, N - CAP, "only %.0f files' pages dropped", dropped);
+	/* The first files' pages left the kernel (the drops run off the loop:
+	 * wait a little), the last one's stayed. */
+	path_in(p, sizeof(p), "c00");
+	end = now_ms() + 10000u * (uint64_t)mult();
+	while (page_resident(p) && now_ms() < end)
+		sleep_ms(50);
+	cr_assert_not(page_resident(p), "c00's page is still cached past the cap");
+	snprintf(rel, sizeof(rel), "c%02d", N - 1);
+	path_in(p, sizeof(p), rel);
+	cr_assert(page_resident(p), "the most recently read file's page is not cached");
+	fs_stop();
+	efs_test_assert_no_leaks();
+}
+
 Test(session_faults, sigstop_3s_is_a_pause)
 {
 	bool conn[EFS_HARNESS_MAX_MEMBERS];

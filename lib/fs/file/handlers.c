@@ -235,6 +235,8 @@ static void read_io_done(void *arg, int err)
 		return;
 	}
 	efs_fs_rq_buf(&r->rq, (const char *)r->buf + (uint64_t)r->off % bs, r->wbytes);
+	if (r->d && r->d->in)
+		efs_fs_note_kpages(fs, r->d->in);
 	if (r->d && r->d->in && r->d->in->rec) {
 		struct efs_fs_data *d = r->d;
 
@@ -617,6 +619,9 @@ static void write_finish(struct dreq *r)
 		return;
 	}
 	efs_fs_rq_write(&r->rq, r->total);
+	/* A write through the page cache leaves its pages there. */
+	if (r->d && r->d->in && r->h && !r->h->direct)
+		efs_fs_note_kpages(r->fs, r->d->in);
 	efs_file_dreq_end(r, 0);
 }
 
