@@ -15,6 +15,13 @@
  *    file returns, and node C's worst gap between two of its own writes
  *    meanwhile.
  *
+ *  - nodekill: the same kill while all three nodes write durably and A
+ *    has an unlinked file open: B's takeover, the survivors' worst gap,
+ *    and the time until the orphan's space is free (after --dead-grace,
+ *    5 s unless --daemon-arg gives it).
+ *  - space: A fills the device while B and C own groups they barely use;
+ *    A's hand-over waits (etcfs_space_handover_wait_seconds).
+ *
  *  - local metadata: on node A alone, repeated stat of one file and
  *    listing passes (readdir + stat of each of 200 files), which the
  *    kernel serves from its caches while the cache timeout allows.
@@ -41,11 +48,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 static struct efs_cl cl;
+static const char *dead_grace = "5"; /* etcfsd --dead-grace of the run */
 
 static const char *P(int node, const char *rel)
 {
@@ -139,28 +148,38 @@ struct rwhist {
 	double count, sum;
 };
 
-static void rw_read(int i, struct rwhist *h)
+/* Node |i|'s histogram |name| (unlabelled). */
+static void hist_read(int i, const char *name, struct rwhist *h)
 {
-	static const char bucket[] = "etcfs_lock_recall_wait_seconds_bucket{le=\"";
+	char bucket[128], count[128], sum[128];
 	char *text = efs_cl_metrics_text(&cl, i), *p;
+	size_t bl, cl_, sl;
 
+	bl = (size_t)snprintf(bucket, sizeof(bucket), "%s_bucket{le=\"", name);
+	cl_ = (size_t)snprintf(count, sizeof(count), "%s_count ", name);
+	sl = (size_t)snprintf(sum, sizeof(sum), "%s_sum ", name);
 	memset(h, 0, sizeof(*h));
 	h->count = h->sum = -1;
 	for (p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
 		char *q;
 
-		if (strncmp(p, bucket, sizeof(bucket) - 1) == 0 && h->n < RW_BUCKETS) {
-			p += sizeof(bucket) - 1;
+		if (strncmp(p, bucket, bl) == 0 && h->n < RW_BUCKETS) {
+			p += bl;
 			h->le[h->n] = strncmp(p, "+Inf", 4) == 0 ? INFINITY : strtod(p, NULL);
 			q = strstr(p, "} ");
 			h->cum[h->n++] = q ? strtod(q + 2, NULL) : 0;
-		} else if (strncmp(p, "etcfs_lock_recall_wait_seconds_count ", 37) == 0) {
-			h->count = strtod(p + 37, NULL);
-		} else if (strncmp(p, "etcfs_lock_recall_wait_seconds_sum ", 35) == 0) {
-			h->sum = strtod(p + 35, NULL);
+		} else if (strncmp(p, count, cl_) == 0) {
+			h->count = strtod(p + cl_, NULL);
+		} else if (strncmp(p, sum, sl) == 0) {
+			h->sum = strtod(p + sl, NULL);
 		}
 	}
 	free(text);
+}
+
+static void rw_read(int i, struct rwhist *h)
+{
+	hist_read(i, "etcfs_lock_recall_wait_seconds", h);
 }
 
 /* The bucket bound (ms) at or below which rank q of the waits between
@@ -388,6 +407,267 @@ static void takeover(int runs)
 		median_ms(gap, (size_t)runs), p99_ms(gap, (size_t)runs));
 	free(took);
 	free(gap);
+}
+
+/*
+ * A writer on node |node| (file |name|): 64 KiB writes cycling over 4 MiB,
+ * each made durable (fdatasync). Its control pipe: 'r' restarts its
+ * measure, 's' stops it; it then writes the worst gap (us) between two
+ * acknowledged writes since the last restart (UINT64_MAX: a write failed)
+ * and exits. No signals: one would interrupt a FUSE request (EINTR).
+ */
+struct gapw {
+	pid_t pid;
+	int ctl; /* write end */
+	int res; /* read end */
+};
+
+static void start_gap_writer(struct gapw *g, int node, const char *name)
+{
+	int ctl[2], res[2];
+
+	if (pipe(ctl) < 0 || pipe(res) < 0)
+		die("pipe", "");
+	g->pid = fork();
+	if (g->pid < 0)
+		die("fork", "");
+	if (g->pid == 0) {
+		static char buf[65536];
+		int fd = open(P(node, name), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+		uint64_t last = now_us(), worst = 0;
+		bool failed = fd < 0;
+		char c;
+
+		close(ctl[1]);
+		close(res[0]);
+		fcntl(ctl[0], F_SETFL, O_NONBLOCK);
+		memset(buf, 'g', sizeof(buf));
+		for (unsigned k = 0;; k++) {
+			uint64_t now;
+
+			if (read(ctl[0], &c, 1) == 1) {
+				if (c == 's')
+					break;
+				worst = 0;
+				last = now_us();
+			}
+			if (failed) {
+				efs_cl_sleep_ms(10);
+				continue;
+			}
+			if (pwrite(fd, buf, sizeof(buf), (off_t)(k % 64) * sizeof(buf)) < 0 ||
+			    fdatasync(fd) < 0) {
+				failed = true;
+				continue;
+			}
+			now = now_us();
+			if (now - last > worst)
+				worst = now - last;
+			last = now;
+		}
+		if (failed)
+			worst = UINT64_MAX;
+		if (write(res[1], &worst, sizeof(worst)) < 0)
+			_exit(1);
+		_exit(0);
+	}
+	close(ctl[0]);
+	close(res[1]);
+	g->ctl = ctl[1];
+	g->res = res[0];
+}
+
+static void gap_writer_restart(struct gapw *g)
+{
+	if (write(g->ctl, "r", 1) != 1)
+		die("write", "control pipe");
+}
+
+static uint64_t stop_gap_writer(struct gapw *g)
+{
+	uint64_t worst = UINT64_MAX;
+	int st;
+
+	if (write(g->ctl, "s", 1) != 1)
+		kill(g->pid, SIGKILL);
+	if (read(g->res, &worst, sizeof(worst)) != sizeof(worst))
+		worst = UINT64_MAX;
+	close(g->ctl);
+	close(g->res);
+	waitpid(g->pid, &st, 0);
+	return worst;
+}
+
+static unsigned long long free_bytes_on(int node)
+{
+	struct statvfs sv;
+
+	if (statvfs(P(node, ""), &sv) < 0)
+		die("statvfs", P(node, ""));
+	return (unsigned long long)sv.f_bavail * sv.f_frsize;
+}
+
+/*
+ * kill -9 of node A while all three nodes write (each its own file, 64 KiB
+ * + fdatasync in a loop) and A also holds a file exclusively and has an
+ * unlinked file of ORPHAN_MIB open: the time until B's open + write +
+ * fsync of A's file returns, the survivors' (B's and C's) worst gap
+ * between two acknowledged writes from the kill until then plus a second,
+ * and the time until the orphan's space is free again (after the lease and
+ * the dead-node grace, --dead-grace, 5 s here unless given).
+ */
+#define ORPHAN_MIB 64
+
+static void nodekill(int runs)
+{
+	uint64_t *took = calloc((size_t)runs, sizeof(uint64_t));
+	uint64_t *gap = calloc((size_t)runs, sizeof(uint64_t));
+	uint64_t *back = calloc((size_t)runs, sizeof(uint64_t));
+
+	if (!took || !gap || !back)
+		die("calloc", "");
+	printf("node kill under a write load on all nodes (session TTL %u s), runs:",
+	       cl.opts.session_ttl);
+	for (int k = 0; k < runs; k++) {
+		static char mib[1 << 20];
+		char name[32], oname[32];
+		int fd, ofd;
+		struct gapw w[3];
+		unsigned long long base;
+		uint64_t t0, g;
+
+		for (int i = 0; i < 3; i++) {
+			char wname[32];
+
+			snprintf(wname, sizeof(wname), "w%d.%d", i, k);
+			start_gap_writer(&w[i], i, wname);
+		}
+		efs_cl_sleep_ms(500);
+		base = free_bytes_on(1);
+		snprintf(name, sizeof(name), "k%d", k);
+		snprintf(oname, sizeof(oname), "ko%d", k);
+		fd = open(P(0, name), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+		if (fd < 0 || write(fd, "from A", 6) != 6 || fsync(fd) < 0)
+			die("write", P(0, name));
+		ofd = open(P(0, oname), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+		memset(mib, 'o', sizeof(mib));
+		for (int m = 0; ofd >= 0 && m < ORPHAN_MIB; m++)
+			if (write(ofd, mib, sizeof(mib)) != (ssize_t)sizeof(mib))
+				die("write", P(0, oname));
+		if (ofd < 0 || fsync(ofd) < 0 || unlink(P(0, oname)) < 0)
+			die("orphan", P(0, oname));
+		efs_cl_sleep_ms(300);
+		/* The survivors' worst gap is over the takeover and a second
+		 * after it: their measure restarts at the kill. */
+		gap_writer_restart(&w[1]);
+		gap_writer_restart(&w[2]);
+		efs_cl_kill(&cl, 0);
+		t0 = now_us();
+		close(fd);
+		close(ofd);
+		stop_gap_writer(&w[0]);
+		fd = open(P(1, name), O_RDWR | O_CLOEXEC);
+		if (fd < 0 || pwrite(fd, "from B", 6, 0) != 6 || fsync(fd) < 0)
+			die("takeover write", P(1, name));
+		took[k] = now_us() - t0;
+		close(fd);
+		efs_cl_sleep_ms(1000);
+		gap[k] = 0;
+		for (int i = 1; i < 3; i++) {
+			g = stop_gap_writer(&w[i]);
+			if (g == UINT64_MAX)
+				die("a survivor's writer failed", "");
+			if (g > gap[k])
+				gap[k] = g;
+		}
+		/* The orphan's space: back once the grace has passed. */
+		while (free_bytes_on(1) + (ORPHAN_MIB / 4) * (1ull << 20) < base) {
+			if (now_us() - t0 > 120ull * 1000000) {
+				fprintf(stderr, "free on B %llu MiB, before the orphan %llu MiB\n",
+					free_bytes_on(1) >> 20, base >> 20);
+				die("the dead node's orphan was not reclaimed within 120 s", "");
+			}
+			efs_cl_sleep_ms(50);
+		}
+		back[k] = now_us() - t0;
+		printf(" %.0f ms (gap %.0f ms, orphan back %.1f s)", (double)took[k] / 1000,
+		       (double)gap[k] / 1000, (double)back[k] / 1e6);
+		fflush(stdout);
+		efs_cl_mount(&cl, 0);
+	}
+	printf("\n");
+	report("  kill -9 to B's durable write of A's file", took, (size_t)runs);
+	report("  survivors' worst gap between durable writes", gap, (size_t)runs);
+	report("  kill -9 to the dead node's orphan space free", back, (size_t)runs);
+	sum_add("node kill, all writing: B's durable write, median / p99", "%.0f / %.0f ms",
+		median_ms(took, (size_t)runs), p99_ms(took, (size_t)runs));
+	sum_add("node kill: survivors' worst write gap, median / p99", "%.0f / %.0f ms (target 500)",
+		median_ms(gap, (size_t)runs), p99_ms(gap, (size_t)runs));
+	sum_add("node kill: orphan space back, median / p99", "%.1f / %.1f s (grace %s s)",
+		median_ms(back, (size_t)runs) / 1000, p99_ms(back, (size_t)runs) / 1000, dead_grace);
+	free(took);
+	free(gap);
+	free(back);
+}
+
+/*
+ * Space hand-over: B and C each write 1 MiB (each then owns a group with
+ * free space it does not use); A fallocates 16 MiB files until ENOSPC. Its
+ * etcfs_space_handover_wait_seconds histogram times each shortage from
+ * the hand-over request to the first allocation it let through. The files
+ * are removed afterwards.
+ */
+static void space_handover(void)
+{
+	struct rwhist h0, h1;
+	double given0 = 0, given1 = 0;
+	uint64_t t0 = now_us();
+	int n = 0, err = 0;
+
+	for (int i = 1; i < 3; i++) {
+		char nm[32];
+
+		snprintf(nm, sizeof(nm), "sp%d", i);
+		put(P(i, nm), "spare");
+	}
+	for (int i = 1; i < 3; i++)
+		given0 += efs_cl_metric(&cl, i, "etcfs_space_groups_given_total");
+	hist_read(0, "etcfs_space_handover_wait_seconds", &h0);
+	for (;; n++) {
+		char nm[32];
+		int fd;
+
+		snprintf(nm, sizeof(nm), "fill%d", n);
+		fd = open(P(0, nm), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+		if (fd < 0)
+			die("create", P(0, nm));
+		if (fallocate(fd, 0, 0, 16 << 20) != 0)
+			err = errno;
+		close(fd);
+		if (err)
+			break;
+	}
+	hist_read(0, "etcfs_space_handover_wait_seconds", &h1);
+	for (int i = 1; i < 3; i++)
+		given1 += efs_cl_metric(&cl, i, "etcfs_space_groups_given_total");
+	printf("space hand-over: A filled %d x 16 MiB in %.1f s until %s; B and C gave %.0f "
+	       "groups\n",
+	       n, (double)(now_us() - t0) / 1e6, strerror(err), given1 - given0);
+	rw_report("  A's shortage to its first allocation in a handed-over group", &h0, &h1);
+	if (h1.count - h0.count > 0)
+		sum_add("space hand-over: shortage to allocation, median / mean",
+			"<= %.0f / %.1f ms (n=%.0f)", rw_quantile(&h0, &h1, 0.5),
+			(h1.sum - h0.sum) / (h1.count - h0.count) * 1000, h1.count - h0.count);
+	else
+		sum_add("space hand-over: shortage to allocation", "none measured");
+	for (int k = 0; k <= n; k++) {
+		char nm[32];
+
+		snprintf(nm, sizeof(nm), "fill%d", k);
+		unlink(P(0, nm));
+	}
+	unlink(P(1, "sp1"));
+	unlink(P(2, "sp2"));
 }
 
 static void local_metadata(void)
@@ -993,8 +1273,8 @@ static void scaling(int files, unsigned ms)
 	}
 }
 
-static const char *const sections[] = {"local", "handover", "pingpong", "handoff", "scaling",
-					"takeover", NULL};
+static const char *const sections[] = {"local",	 "handover", "pingpong", "handoff", "scaling",
+					"takeover", "nodekill", "space",    NULL};
 
 /* The bit of each section named in the comma-separated |list|; -1 when a
  * name is unknown. */
@@ -1018,11 +1298,21 @@ static int parse_only(const char *list)
 	return mask;
 }
 
-enum { S_LOCAL = 1, S_HANDOVER = 2, S_PINGPONG = 4, S_HANDOFF = 8, S_SCALING = 16, S_TAKEOVER = 32 };
+enum {
+	S_LOCAL = 1,
+	S_HANDOVER = 2,
+	S_PINGPONG = 4,
+	S_HANDOFF = 8,
+	S_SCALING = 16,
+	S_TAKEOVER = 32,
+	S_NODEKILL = 64,
+	S_SPACE = 128,
+};
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: cluster_bench [--only local,handover,pingpong,handoff,scaling,takeover]\n"
+	fprintf(stderr, "usage: cluster_bench [--only local,handover,pingpong,handoff,scaling,takeover,\n"
+			"       nodekill,space] [--kills N]\n"
 			"       [--rounds N] [--takeovers N] [--pingpong-ms MS] [--handoff-mib N]\n"
 			"       [--files N] [--phase-ms MS] [--cache-timeout MS] [--counters]\n"
 			"       [--perf DIR] [--daemon-arg ARG]...\n");
@@ -1031,7 +1321,8 @@ static void usage(void)
 int main(int argc, char **argv)
 {
 	struct efs_cl_opts o = {.nodes = 3};
-	int rounds = 50, takeovers = 5, only = -1, files = 200, handoff_mib = 256;
+	int rounds = 50, takeovers = 5, kills = 3, only = -1, files = 200, handoff_mib = 256;
+	bool grace_given = false;
 	unsigned pp_ms = 5000, phase_ms = 4000;
 	static const char *mount_args[16];
 	const char *cache_timeout = NULL;
@@ -1042,6 +1333,8 @@ int main(int argc, char **argv)
 			rounds = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--takeovers") && i + 1 < argc)
 			takeovers = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--kills") && i + 1 < argc)
+			kills = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--pingpong-ms") && i + 1 < argc)
 			pp_ms = (unsigned)atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--handoff-mib") && i + 1 < argc)
@@ -1063,7 +1356,12 @@ int main(int argc, char **argv)
 			mount_args[nargs++] = "--cache-timeout";
 			mount_args[nargs++] = cache_timeout;
 			o.mount_args = mount_args;
-		} else if (!strcmp(argv[i], "--daemon-arg") && i + 1 < argc && nargs < 14) {
+		} else if (!strcmp(argv[i], "--daemon-arg") && i + 1 < argc && nargs < 12) {
+			if (!strcmp(argv[i + 1], "--dead-grace")) {
+				grace_given = true;
+				if (i + 3 < argc && !strcmp(argv[i + 2], "--daemon-arg"))
+					dead_grace = argv[i + 3];
+			}
 			mount_args[nargs++] = argv[++i];
 			o.mount_args = mount_args;
 		} else {
@@ -1071,7 +1369,13 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (rounds < 1 || takeovers < 1 || files < 1 || handoff_mib < 1 || pp_ms < 1 || phase_ms < 1) {
+	if (!grace_given) {
+		/* The node kill waits for the dead node's orphan past the grace. */
+		mount_args[nargs++] = "--dead-grace";
+		mount_args[nargs++] = dead_grace;
+		o.mount_args = mount_args;
+	}
+	if (kills < 1 || rounds < 1 || takeovers < 1 || files < 1 || handoff_mib < 1 || pp_ms < 1 || phase_ms < 1) {
 		fprintf(stderr, "cluster_bench: every count and time must be at least 1\n");
 		return 2;
 	}
@@ -1115,6 +1419,10 @@ int main(int argc, char **argv)
 		scaling(files, phase_ms);
 	if (only & S_TAKEOVER)
 		takeover(takeovers);
+	if (only & S_NODEKILL)
+		nodekill(kills);
+	if (only & S_SPACE)
+		space_handover();
 	if (sum_n) {
 		printf("\nsummary (one run; absolute figures, devices measured in the same run):\n");
 		for (int k = 0; k < sum_n; k++)

@@ -231,6 +231,8 @@ struct efs_alloc {
 	uv_timer_t *ho_timer;	       /* while asking: a claim round every HO_POLL_MS */
 	bool ho_asking;		       /* our ho/<node> request is out */
 	uint64_t ho_deadline;	       /* asking: ENOSPC from then on */
+	uint64_t ho_start_ns;	       /* when the request went out (0: none to time) */
+	struct efs_histogram *h_ho_wait;
 	uint64_t ho_quiet_until;       /* a request went unanswered: do not ask until then */
 	struct horeq ho_q[HO_QUEUE];   /* other nodes' requests, FIFO */
 	size_t ho_nq;
@@ -840,8 +842,13 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 						 "Allocation groups handed over to a node short of "
 						 "space",
 						 NULL);
+		a->h_ho_wait = efs_metrics_histogram(
+			o->m, "etcfs_space_handover_wait_seconds",
+			"From a hand-over request (this node short of space) to the first "
+			"allocation it let through",
+			NULL);
 		if (!a->g_owned || !a->g_avail || !a->g_pending || !a->g_quar || !a->g_grace ||
-		    !a->c_double || !a->c_claims || !a->c_given)
+		    !a->c_double || !a->c_claims || !a->c_given || !a->h_ho_wait)
 			goto fail;
 		for (int k = 0; k < 4; k++) {
 			static const char *const oc[4] = {"ok", "conflict", "error", "unknown"};
@@ -1974,6 +1981,7 @@ static bool ho_wait(struct efs_alloc *a, uint64_t want)
 			     " ms: the filesystem is full",
 			     a->ho_wait_ns / 1000000);
 		a->ho_quiet_until = now + a->ho_wait_ns;
+		a->ho_start_ns = 0;
 		ho_stop(a);
 		return false;
 	}
@@ -1985,6 +1993,7 @@ static bool ho_wait(struct efs_alloc *a, uint64_t want)
 		     " free in other nodes' groups): asking for a hand-over",
 		     want, others_spare(a));
 	a->ho_asking = true;
+	a->ho_start_ns = now;
 	a->ho_deadline = now + a->ho_wait_ns;
 	poll = a->ho_wait_ns / 1000000 / 4;
 	if (poll > HO_POLL_MS)
@@ -2352,6 +2361,12 @@ static void serve_getters(struct efs_alloc *a)
 			return;
 		} else {
 			r = try_alloc(a, w->want, w->goal, w->flags, w->out);
+			if (r > 0 && a->ho_start_ns) {
+				/* The first allocation a hand-over let through. */
+				efs_histogram_observe_ns(a->h_ho_wait,
+							 efs_clock_mono_ns() - a->ho_start_ns);
+				a->ho_start_ns = 0;
+			}
 			if (r == 0) {
 				if (efs_clock_mono_ns() >= a->nofree_until) {
 					a->claim_need = 1;
