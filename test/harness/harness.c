@@ -44,6 +44,7 @@ extern char **environ;
 #define SIGSTOP_WAIT_MS	       3000
 #define POLL_MS		       20
 #define MAX_EXTRA_ARGS	       32
+#define MAX_CLIENT_ADDRS       4
 #define MAX_ARGS	       (48 + MAX_EXTRA_ARGS)
 
 struct member {
@@ -79,6 +80,8 @@ struct efs_harness {
 	int start_timeout_ms;
 	int n_extra;
 	char *extra[MAX_EXTRA_ARGS];
+	int n_client_addrs; /* extra client addresses */
+	char *client_addrs[MAX_CLIENT_ADDRS];
 	char *listen_addr;
 	char *url_host; /* listen_addr, bracketed when IPv6 */
 	char *retention;
@@ -807,7 +810,23 @@ static int member_argv(const struct efs_harness *h, int i, char **argv)
 	r |= addf(argv, &k, "etcd");
 	r |= addf(argv, &k, "--name=%s", m->name);
 	r |= addf(argv, &k, "--data-dir=%s", m->data_dir);
-	r |= addf(argv, &k, "--listen-client-urls=%s", m->client_url);
+	if (h->n_client_addrs) {
+		char *urls = strdup(m->client_url);
+
+		for (int a = 0; urls && a < h->n_client_addrs; a++) {
+			char *more = xasprintf("%s,%s://%s:%d", urls, h->tls ? "https" : "http",
+					       h->client_addrs[a], m->client_port);
+
+			free(urls);
+			urls = more;
+		}
+		if (!urls)
+			return -ENOMEM;
+		r |= addf(argv, &k, "--listen-client-urls=%s", urls);
+		free(urls);
+	} else {
+		r |= addf(argv, &k, "--listen-client-urls=%s", m->client_url);
+	}
 	r |= addf(argv, &k, "--advertise-client-urls=%s", m->client_url);
 	r |= addf(argv, &k, "--listen-peer-urls=%s", m->peer_url);
 	r |= addf(argv, &k, "--initial-advertise-peer-urls=%s", m->peer_url);
@@ -982,6 +1001,8 @@ static void harness_release(struct efs_harness *h)
 		free_member_strings(&h->m[i]);
 	for (int e = 0; e < h->n_extra; e++)
 		free(h->extra[e]);
+	for (int a = 0; a < h->n_client_addrs; a++)
+		free(h->client_addrs[a]);
 	free(h->listen_addr);
 	free(h->url_host);
 	free(h->retention);
@@ -1143,6 +1164,21 @@ static int copy_opts(struct efs_harness *h, const struct efs_harness_opts *o)
 			return -ENOMEM;
 		h->n_extra = e + 1;
 	}
+	for (int a = 0; o->extra_client_addrs && o->extra_client_addrs[a]; a++) {
+		struct in_addr in;
+
+		if (a >= MAX_CLIENT_ADDRS || o->detached ||
+		    inet_pton(AF_INET, o->extra_client_addrs[a], &in) != 1) {
+			fprintf(stderr, "etcd-harness: extra client addresses: at most %d IPv4 "
+					"addresses, not with a detached cluster\n",
+				MAX_CLIENT_ADDRS);
+			return -EINVAL;
+		}
+		h->client_addrs[a] = strdup(o->extra_client_addrs[a]);
+		if (!h->client_addrs[a])
+			return -ENOMEM;
+		h->n_client_addrs = a + 1;
+	}
 	return 0;
 }
 
@@ -1284,7 +1320,13 @@ static int run_openssl(struct efs_harness *h, const char *const *args)
 static int make_certs(struct efs_harness *h)
 {
 	char *cnf = NULL, *cnf_text = NULL, *csr_s = NULL, *csr_c = NULL, *subj = NULL;
+	char more_ips[MAX_CLIENT_ADDRS * 24] = "";
 	int r = -ENOMEM;
+
+	/* The extra client addresses are names of the server too. */
+	for (int a = 0; a < h->n_client_addrs; a++)
+		snprintf(more_ips + strlen(more_ips), sizeof(more_ips) - strlen(more_ips),
+			 ",IP:%s", h->client_addrs[a]);
 
 	h->tls_dir = xasprintf("%s/tls", h->dir);
 	if (!h->tls_dir)
@@ -1308,13 +1350,13 @@ static int make_certs(struct efs_harness *h)
 		"[server_ext]\nbasicConstraints = CA:FALSE\n"
 		"keyUsage = critical,digitalSignature,keyEncipherment\n"
 		"extendedKeyUsage = serverAuth,clientAuth\n"
-		"subjectAltName = IP:127.0.0.1,DNS:localhost%s%s\n"
+		"subjectAltName = IP:127.0.0.1,DNS:localhost%s%s%s\n"
 		"authorityKeyIdentifier = keyid\n"
 		"[client_ext]\nbasicConstraints = CA:FALSE\n"
 		"keyUsage = critical,digitalSignature\nextendedKeyUsage = clientAuth\n"
 		"authorityKeyIdentifier = keyid\n",
 		strcmp(h->listen_addr, "127.0.0.1") ? ",IP:" : "",
-		strcmp(h->listen_addr, "127.0.0.1") ? h->listen_addr : "");
+		strcmp(h->listen_addr, "127.0.0.1") ? h->listen_addr : "", more_ips);
 	if (!h->cacert || !h->cakey || !h->server_cert || !h->server_key || !h->client_cert ||
 	    !h->client_key || !cnf || !csr_s || !csr_c || !subj || !cnf_text)
 		goto out;
@@ -1641,6 +1683,11 @@ int efs_harness_members(const struct efs_harness *h)
 const char *efs_harness_endpoints(const struct efs_harness *h)
 {
 	return h ? h->endpoints : NULL;
+}
+
+int efs_harness_client_port(const struct efs_harness *h, int i)
+{
+	return valid_index(h, i) ? h->m[i].client_port : -EINVAL;
 }
 
 const char *efs_harness_member_url(const struct efs_harness *h, int i)

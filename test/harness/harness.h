@@ -60,6 +60,15 @@ struct efs_harness_opts {
 	 */
 	const char *listen_addr;
 	/*
+	 * More IPv4 addresses (NULL-terminated, at most 4, or NULL) on which
+	 * every member also serves clients, on the same port as on
+	 * |listen_addr| (peers and metrics stay on |listen_addr| alone): one
+	 * cluster reachable from the host's loopback and from several network
+	 * namespaces, each through its veth's host-side address. The
+	 * addresses must exist when the harness starts. Not with |detached|.
+	 */
+	const char *const *extra_client_addrs;
+	/*
 	 * Periodic auto-compaction (--auto-compaction-mode=periodic); the
 	 * retention is |auto_compaction_retention| (NULL: "1h").
 	 */
@@ -148,6 +157,8 @@ struct efs_harness *efs_harness_free(struct efs_harness *h);
 int efs_harness_members(const struct efs_harness *h);
 /* Comma-separated client URLs of all members ("https://..." with TLS). */
 const char *efs_harness_endpoints(const struct efs_harness *h);
+/* The client port of member |i| (on every client address), -EINVAL out of range. */
+int efs_harness_client_port(const struct efs_harness *h, int i);
 /* Client URL, peer URL, metrics URL of member |i| (NULL if out of range). */
 const char *efs_harness_member_url(const struct efs_harness *h, int i);
 const char *efs_harness_peer_url(const struct efs_harness *h, int i);

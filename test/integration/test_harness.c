@@ -382,6 +382,38 @@ Test(harness, tls_on_another_local_address_three_members)
 	efs_test_assert_no_leaks();
 }
 
+/* A member serves clients on the extra addresses too, with the same port,
+ * and its TLS certificate names them. */
+Test(harness, extra_client_addresses_serve_clients_on_the_same_port)
+{
+	static const char *const extra[] = {"127.0.0.3", "127.0.0.4", NULL};
+	struct efs_harness_opts o = {.members = 1, .tls = true, .extra_client_addrs = extra};
+	char ep[128], *out = NULL, cmd[8192];
+	int port;
+
+	cr_assert_eq(efs_harness_start(&h, &o), 0);
+	port = efs_harness_client_port(h, 0);
+	cr_assert_gt(port, 0);
+	cmdline_of(0, cmd, sizeof(cmd));
+	snprintf(ep, sizeof(ep), ",https://127.0.0.4:%d", port);
+	cr_assert(strstr(cmd, ep), "%s", cmd);
+	assert_put_get("/extra", "v1");
+	snprintf(ep, sizeof(ep), "--endpoints=https://127.0.0.3:%d", port);
+	cr_assert_eq(efs_harness_etcdctl(h, &out, ep, "get", "--print-value-only", "/extra", NULL),
+		     0, "%s", out);
+	cr_assert(!strncmp(out, "v1\n", 3), "%s", out);
+	free(out);
+	/* Only those: not every address (a wildcard listener). */
+	out = NULL;
+	snprintf(ep, sizeof(ep), "--endpoints=https://127.0.0.5:%d", port);
+	cr_assert_neq(efs_harness_etcdctl(h, &out, ep, "--command-timeout=1s", "get", "/extra",
+					  NULL),
+		      0, "%s", out);
+	free(out);
+	fini();
+	efs_test_assert_no_leaks();
+}
+
 Test(harness, auth_rejects_anonymous_accepts_root_and_user)
 {
 	struct efs_harness_opts o = {.members = 1,
@@ -473,11 +505,17 @@ Test(harness, bad_options_fail_cleanly)
 	struct efs_harness_opts addr = {.listen_addr = "localhost"};
 	struct efs_harness_opts cca = {.client_cert_auth = true};
 	struct efs_harness_opts cn = {.tls = true, .client_cert_cn = "a/b"};
+	static const char *const v6[] = {"::1", NULL};
+	static const char *const one[] = {"127.0.0.3", NULL};
+	struct efs_harness_opts xv6 = {.extra_client_addrs = v6};
+	struct efs_harness_opts xdet = {.extra_client_addrs = one, .detached = true};
 
 	cr_assert_eq(efs_harness_start(&h, &two), -EINVAL);
 	cr_assert_eq(efs_harness_start(&h, &addr), -EINVAL);
 	cr_assert_eq(efs_harness_start(&h, &cca), -EINVAL);
 	cr_assert_eq(efs_harness_start(&h, &cn), -EINVAL);
+	cr_assert_eq(efs_harness_start(&h, &xv6), -EINVAL);
+	cr_assert_eq(efs_harness_start(&h, &xdet), -EINVAL);
 	cr_assert_null(h);
 	fini();
 	efs_test_assert_no_leaks();
