@@ -29,6 +29,7 @@
 
 #define EFS_CL_MAX_NODES 4
 #define EFS_CL_MAX_ENV	 4
+#define EFS_CL_MAX_ARGS	 4
 
 struct efs_cl_node {
 	char id[32];
@@ -41,6 +42,21 @@ struct efs_cl_node {
 	char env[EFS_CL_MAX_ENV][96];
 	int nenv;
 	char metrics[64]; /* host:port of its /metrics (the mount's own port) */
+	/* Extra etcfsd arguments of its next mounts (efs_cl_setargs) */
+	char args[EFS_CL_MAX_ARGS][64];
+	int nargs;
+	/*
+	 * With opts.netns: its network namespace (its /metrics listens on its
+	 * veth's address there), the host side of its veth pair, both ends'
+	 * addresses, the etcd endpoints as seen from there (the host side's
+	 * address) and whether its link is cut.
+	 */
+	char netns[48];
+	char veth[16];
+	char host_addr[16];
+	char ns_addr[16];
+	char endpoints[512];
+	bool netns_made, veth_made, cut;
 };
 
 struct efs_cl_opts {
@@ -49,6 +65,15 @@ struct efs_cl_opts {
 	int session_ttl;  /* seconds (0: 2) */
 	uint64_t image;	  /* bytes (0: 512 MiB, sparse) */
 	const char *const *mount_args; /* extra etcfsd args for every node, NULL-terminated */
+	/*
+	 * Each node's etcfsd runs in a network namespace of its own
+	 * ("efs-cl-<pid>-<node>"), joined to the host by a veth pair with a
+	 * private /30, and reaches etcd (which serves clients on 127.0.0.1
+	 * and on each veth's host side) only through it, so that
+	 * efs_cl_cut() can cut it off. Only the network namespace: its mount
+	 * is the host's.
+	 */
+	bool netns;
 };
 
 struct efs_cl {
@@ -60,6 +85,7 @@ struct efs_cl {
 	struct efs_cl_opts opts;
 	struct efs_cl_node node[EFS_CL_MAX_NODES];
 	bool fusectl_mounted; /* by us: unmounted again at stop */
+	pid_t spawned[8];     /* children of a check (efs_cl_spawned) */
 	struct efs_cl_wd *wd;
 };
 
@@ -100,11 +126,36 @@ bool efs_cl_down(struct efs_cl *c, int i);
 /* Sets (or with |value| NULL, clears) an environment entry of node |i|
  * for its next mounts. */
 void efs_cl_setenv(struct efs_cl *c, int i, const char *name, const char *value);
+/*
+ * A child a check forked (one that must not exec, e.g. because it holds a
+ * descriptor of a mount that may hang): efs_cl_kill_spawned() kills and
+ * reaps every one not yet given back with efs_cl_reaped() (the runner
+ * calls it when a check fails, and efs_cl_stop()).
+ */
+void efs_cl_spawned(struct efs_cl *c, pid_t pid);
+void efs_cl_reaped(struct efs_cl *c, pid_t pid);
+void efs_cl_kill_spawned(struct efs_cl *c);
+/* Sets (|args| NULL-terminated, at most EFS_CL_MAX_ARGS) or with NULL
+ * clears the extra etcfsd arguments of node |i|'s next mounts. */
+void efs_cl_setargs(struct efs_cl *c, int i, const char *const *args);
+/*
+ * With opts.netns: cuts node |i| off (the host side of its veth goes
+ * down; both sides know each other's link address permanently, so no
+ * neighbour probe fails either: what either side sends is lost silently,
+ * no reset, no unreachable, as in a real partition), and restores its
+ * link. Its /metrics stays readable through efs_cl_metric() (read from
+ * inside its namespace), its mount from the host; etcfsctl members (from
+ * the host) cannot reach its /metrics while it is cut.
+ */
+void efs_cl_cut(struct efs_cl *c, int i);
+void efs_cl_restore(struct efs_cl *c, int i);
 /* Whether node |i| is mounted and its daemon alive (does not touch the mount). */
 bool efs_cl_alive(struct efs_cl *c, int i);
 
 /* "<mount point of node i>/<rel>" in |buf| (returned). */
 const char *efs_cl_path(struct efs_cl *c, int i, const char *rel, char *buf, size_t size);
+/* "<mount point of node i>/<dir>/<name>", from a ring of 8 buffers. */
+const char *efs_cl_dpath(struct efs_cl *c, int i, const char *dir, const char *name);
 
 /*
  * Runs a command of the build (fsck.etcfs, etcfsctl) with --endpoints,

@@ -21,17 +21,6 @@
 #define BLK	    65536
 #define BACK_MS	    15000	/* a close (or a drop) to free space seen */
 
-static const char *path_of(struct efs_cl *c, int i, const char *dir, const char *name)
-{
-	static char ring[8][512];
-	static unsigned next;
-	char rel[400];
-	char *buf = ring[next++ % 8];
-
-	snprintf(rel, sizeof(rel), "%s/%s", dir, name);
-	return efs_cl_path(c, i, rel, buf, sizeof(ring[0]));
-}
-
 static unsigned long long free_bytes(struct efs_cl *c)
 {
 	struct statvfs sv;
@@ -206,9 +195,9 @@ void efs_oref_open_elsewhere(struct efs_cl *c, const char *dir)
 
 	sync_all(c);
 	base = free_bytes(c);
-	fd = make_file(c, 1, path_of(c, 1, dir, "f"), 'a', true);
-	CL_CHECK(unlink(path_of(c, 0, dir, "f")) == 0, "node1 unlink: %s", strerror(errno));
-	CL_CHECK(access(path_of(c, 2, dir, "f"), F_OK) != 0 && errno == ENOENT,
+	fd = make_file(c, 1, efs_cl_dpath(c, 1, dir, "f"), 'a', true);
+	CL_CHECK(unlink(efs_cl_dpath(c, 0, dir, "f")) == 0, "node1 unlink: %s", strerror(errno));
+	CL_CHECK(access(efs_cl_dpath(c, 2, dir, "f"), F_OK) != 0 && errno == ENOENT,
 		 "node3 still sees f after node1's unlink");
 	/* node2 keeps reading the same bytes, and writing. */
 	for (int k = 0; k < FILE_BLOCKS; k += 7) {
@@ -247,9 +236,9 @@ void efs_oref_cached_reference(struct efs_cl *c, const char *dir)
 
 	sync_all(c);
 	base = free_bytes(c);
-	make_file(c, 1, path_of(c, 1, dir, "g"), 'c', false);
+	make_file(c, 1, efs_cl_dpath(c, 1, dir, "g"), 'c', false);
 	/* node2 opens and closes it again: its reference stays cached. */
-	fd = open(path_of(c, 1, dir, "g"), O_RDONLY | O_CLOEXEC);
+	fd = open(efs_cl_dpath(c, 1, dir, "g"), O_RDONLY | O_CLOEXEC);
 	CL_CHECK(fd >= 0 && read(fd, got, sizeof(got)) == (ssize_t)sizeof(got),
 		 "node2 reads g: %s", strerror(errno));
 	CL_CHECK(fstat(fd, &st) == 0, "fstat: %s", strerror(errno));
@@ -258,7 +247,7 @@ void efs_oref_cached_reference(struct efs_cl *c, const char *dir)
 	 * (main put none: this fails there). */
 	CL_CHECK(count_refs(c, 1, (uint64_t)st.st_ino) == 1,
 		 "node2's reference on g is not kept after its close");
-	CL_CHECK(unlink(path_of(c, 0, dir, "g")) == 0, "node1 unlink: %s", strerror(errno));
+	CL_CHECK(unlink(efs_cl_dpath(c, 0, dir, "g")) == 0, "node1 unlink: %s", strerror(errno));
 	took = wait_free(c, base - BLK * 2, BACK_MS, "a cached reference on node2");
 	/* ... and goes once the unlink asked for it (o/ watch, or the drop
 	 * when node2's kernel forgot the inode). */
@@ -277,8 +266,8 @@ void efs_oref_killed_opener(struct efs_cl *c, const char *dir, unsigned grace_s)
 
 	sync_all(c);
 	base = free_bytes(c);
-	fd = make_file(c, 1, path_of(c, 1, dir, "k"), 'k', true);
-	CL_CHECK(unlink(path_of(c, 0, dir, "k")) == 0, "node1 unlink: %s", strerror(errno));
+	fd = make_file(c, 1, efs_cl_dpath(c, 1, dir, "k"), 'k', true);
+	CL_CHECK(unlink(efs_cl_dpath(c, 0, dir, "k")) == 0, "node1 unlink: %s", strerror(errno));
 	CL_CHECK(pread(fd, got, sizeof(got), 0) == (ssize_t)sizeof(got) && got[0] == 'k',
 		 "node2 reads the unlinked file: %s", strerror(errno));
 	efs_cl_kill(c, 1);
@@ -326,16 +315,16 @@ void efs_oref_first_open_races_unlink(struct efs_cl *c, const char *dir)
 		pid_t pid;
 		int fd, st;
 
-		make_file(c, 0, path_of(c, 0, dir, "race"), fill, false);
+		make_file(c, 0, efs_cl_dpath(c, 0, dir, "race"), fill, false);
 		pid = fork();
 		CL_CHECK(pid >= 0, "fork: %s", strerror(errno));
 		if (pid == 0) {
 			usleep((useconds_t)it * 60000); /* 0 to 420 ms: either may win */
-			_exit(unlink(path_of(c, 0, dir, "race")) == 0 ? 0 : 1);
+			_exit(unlink(efs_cl_dpath(c, 0, dir, "race")) == 0 ? 0 : 1);
 		}
 		/* node2's first open of it: the reference is taken by a commit
 		 * of its own (not riding a create). */
-		fd = open(path_of(c, 1, dir, "race"), O_RDONLY | O_CLOEXEC);
+		fd = open(efs_cl_dpath(c, 1, dir, "race"), O_RDONLY | O_CLOEXEC);
 		CL_CHECK(fd >= 0 || errno == ENOENT, "node2 open: %s", strerror(errno));
 		CL_CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0,
 			 "node1's unlink failed");
@@ -343,7 +332,7 @@ void efs_oref_first_open_races_unlink(struct efs_cl *c, const char *dir)
 			continue;
 		opened++;
 		/* Blocks freed under node2 would be handed to this file. */
-		make_file(c, 0, path_of(c, 0, dir, "filler"), 'z', false);
+		make_file(c, 0, efs_cl_dpath(c, 0, dir, "filler"), 'z', false);
 		for (int k = 0; k < FILE_BLOCKS; k += 9) {
 			CL_CHECK(pread(fd, got, sizeof(got), (off_t)k * BLK) == (ssize_t)sizeof(got),
 				 "node2 reads block %d of the file node1 unlinked: %s", k,
@@ -354,7 +343,7 @@ void efs_oref_first_open_races_unlink(struct efs_cl *c, const char *dir)
 				 got[0], k, fill);
 		}
 		close(fd);
-		CL_CHECK(unlink(path_of(c, 0, dir, "filler")) == 0, "unlink filler: %s",
+		CL_CHECK(unlink(efs_cl_dpath(c, 0, dir, "filler")) == 0, "unlink filler: %s",
 			 strerror(errno));
 	}
 	printf("# first open racing an unlink: %d of 8 opens won\n", opened);
@@ -371,7 +360,8 @@ static void create_files(struct efs_cl *c, int i, const char *dir, const char *p
 		int fd;
 
 		snprintf(name, sizeof(name), "%s%04d", prefix, k);
-		fd = open(path_of(c, i, dir, name), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		fd = open(efs_cl_dpath(c, i, dir, name), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+			  0644);
 		CL_CHECK(fd >= 0, "create %s: %s", name, strerror(errno));
 		CL_CHECK(write(fd, data, len) == (ssize_t)len, "write: %s", strerror(errno));
 		close(fd);
@@ -436,7 +426,7 @@ static void read_each(struct efs_cl *c, int i, const char *dir, int nfiles)
 		int fd;
 
 		snprintf(name, sizeof(name), "t%04d", k);
-		fd = open(path_of(c, i, dir, name), O_RDONLY | O_CLOEXEC);
+		fd = open(efs_cl_dpath(c, i, dir, name), O_RDONLY | O_CLOEXEC);
 		CL_CHECK(fd >= 0 && read(fd, got, sizeof(got)) == (ssize_t)sizeof(got),
 			 "node%d reads %s: %s", i + 1, name, strerror(errno));
 		close(fd);
