@@ -23,6 +23,7 @@
 #include "proof.h"
 #include "openref.h"
 #include "space.h"
+#include "partition.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -1872,6 +1873,12 @@ static void a_node_short_of_space_takes_idle_nodes_groups_until_the_device_is_fu
 	efs_space_handover(&cl, cur_check);
 }
 
+static void a_cut_off_node_suspends_fails_late_operations_and_rejoins(void)
+{
+	check_dir();
+	efs_part_cut_off_node(&cl, cur_check);
+}
+
 /* ---- The runner ---- */
 
 struct check {
@@ -1928,6 +1935,9 @@ static const struct check checks[] = {
 	CHECK(forgotten_files_drop_their_references_in_batches, 180, RUN_FULL),
 	CHECK(a_node_short_of_space_takes_idle_nodes_groups_until_the_device_is_full, 120,
 	      RUN_FULL),
+	/* New, and the daemon's suspension (page caches dropped, device
+	 * writes fenced) is still being built: only when named. */
+	CHECK(a_cut_off_node_suspends_fails_late_operations_and_rejoins, 120, RUN_NAMED),
 };
 
 #define NCHECKS (sizeof(checks) / sizeof(checks[0]))
