@@ -22,6 +22,10 @@
  *  - space: A fills the device while B and C own groups they barely use;
  *    A's hand-over waits (etcfs_space_handover_wait_seconds).
  *
+ *  - partition: node B cut off from etcd (its veth down) with
+ *    --quorum-timeout 3: cut to suspension, cut to EIO, restore to
+ *    serving. It puts every node in a network namespace of its own.
+ *
  *  - local metadata: on node A alone, repeated stat of one file and
  *    listing passes (readdir + stat of each of 200 files), which the
  *    kernel serves from its caches while the cache timeout allows.
@@ -670,6 +674,113 @@ static void space_handover(void)
 	unlink(P(2, "sp2"));
 }
 
+/*
+ * A create of |rel| on node |node| in a child (the bench process holds no
+ * descriptor of a node it cuts off): its errno (0: it worked), or
+ * ETIMEDOUT when it did not answer within |ms| (the child is killed).
+ */
+static int create_in_child(int node, const char *rel, unsigned ms)
+{
+	uint64_t end = now_us() + (uint64_t)ms * 1000;
+	pid_t pid = fork();
+	int st;
+
+	if (pid < 0)
+		die("fork", "");
+	if (pid == 0) {
+		int fd = open(P(node, rel), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+
+		_exit(fd < 0 ? (errno & 0x7f) : 0);
+	}
+	while (now_us() < end) {
+		if (waitpid(pid, &st, WNOHANG) == pid)
+			return WIFEXITED(st) ? WEXITSTATUS(st) : EINTR;
+		efs_cl_sleep_ms(5);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	return ETIMEDOUT;
+}
+
+/*
+ * Node B cut off from etcd (its veth down: packets lost silently) with
+ * --quorum-timeout 3: from the cut to its session's suspension (its
+ * /metrics, polled every 10 ms), to the EIO of a create sent at the
+ * suspension, and from the restore to its first create that works (one
+ * every 50 ms).
+ */
+#define PART_QUORUM "3"
+
+static void partition(int runs)
+{
+	const char *const qargs[] = {"--quorum-timeout", PART_QUORUM, NULL};
+	uint64_t *susp = calloc((size_t)runs, sizeof(uint64_t));
+	uint64_t *eio = calloc((size_t)runs, sizeof(uint64_t));
+	uint64_t *serve = calloc((size_t)runs, sizeof(uint64_t));
+
+	if (!susp || !eio || !serve)
+		die("calloc", "");
+	efs_cl_setargs(&cl, 1, qargs);
+	efs_cl_unmount(&cl, 1);
+	efs_cl_mount(&cl, 1);
+	printf("partition of node B (--quorum-timeout %s s, session TTL %u s), runs:", PART_QUORUM,
+	       cl.opts.session_ttl);
+	for (int k = 0; k < runs; k++) {
+		char rel[32];
+		uint64_t t0, t1;
+		int err;
+
+		snprintf(rel, sizeof(rel), "pb%d", k);
+		if (create_in_child(1, rel, 20000) != 0)
+			die("create before the cut", P(1, rel));
+		efs_cl_sleep_ms(300);
+		t0 = now_us();
+		efs_cl_cut(&cl, 1);
+		while (efs_cl_metric(&cl, 1, "etcfs_session_state{state=\"suspended\"}") != 1) {
+			if (now_us() - t0 > 30ull * 1000000)
+				die("node B did not suspend within 30 s of the cut", "");
+			efs_cl_sleep_ms(10);
+		}
+		susp[k] = now_us() - t0;
+		snprintf(rel, sizeof(rel), "pc%d", k);
+		err = create_in_child(1, rel, 60000);
+		if (err != EIO) {
+			fprintf(stderr, "cluster_bench: a create on the cut-off node gave %s\n",
+				strerror(err));
+			die("partition", "");
+		}
+		eio[k] = now_us() - t0;
+		t1 = now_us();
+		efs_cl_restore(&cl, 1);
+		snprintf(rel, sizeof(rel), "pd%d", k);
+		while ((err = create_in_child(1, rel, 20000)) != 0) {
+			if (now_us() - t1 > 60ull * 1000000)
+				die("node B did not serve within 60 s of the restore", "");
+			efs_cl_sleep_ms(50);
+		}
+		serve[k] = now_us() - t1;
+		printf(" %.0f/%.0f/%.0f ms", (double)susp[k] / 1000, (double)eio[k] / 1000,
+		       (double)serve[k] / 1000);
+		fflush(stdout);
+	}
+	printf(" (cut->suspended/cut->EIO/restore->serving)\n");
+	report("  cut to the node's suspension", susp, (size_t)runs);
+	report("  cut to EIO of a create sent at the suspension", eio, (size_t)runs);
+	report("  restore to the node serving a create again", serve, (size_t)runs);
+	sum_add("partition: cut to suspended, median / p99", "%.0f / %.0f ms",
+		median_ms(susp, (size_t)runs), p99_ms(susp, (size_t)runs));
+	sum_add("partition: cut to EIO, median / p99", "%.0f / %.0f ms (quorum timeout %s s)",
+		median_ms(eio, (size_t)runs), p99_ms(eio, (size_t)runs), PART_QUORUM);
+	sum_add("partition: restore to serving, median / p99", "%.0f / %.0f ms",
+		median_ms(serve, (size_t)runs), p99_ms(serve, (size_t)runs));
+	efs_cl_setargs(&cl, 1, NULL);
+	efs_cl_unmount(&cl, 1);
+	efs_cl_mount(&cl, 1);
+	free(susp);
+	free(eio);
+	free(serve);
+}
+
 static void local_metadata(void)
 {
 	enum { STATS = 20000, FILES = 200, PASSES = 20 };
@@ -1274,7 +1385,7 @@ static void scaling(int files, unsigned ms)
 }
 
 static const char *const sections[] = {"local",	 "handover", "pingpong", "handoff", "scaling",
-					"takeover", "nodekill", "space",    NULL};
+					"takeover", "nodekill", "space",    "partition", NULL};
 
 /* The bit of each section named in the comma-separated |list|; -1 when a
  * name is unknown. */
@@ -1307,12 +1418,13 @@ enum {
 	S_TAKEOVER = 32,
 	S_NODEKILL = 64,
 	S_SPACE = 128,
+	S_PARTITION = 256,
 };
 
 static void usage(void)
 {
 	fprintf(stderr, "usage: cluster_bench [--only local,handover,pingpong,handoff,scaling,takeover,\n"
-			"       nodekill,space] [--kills N]\n"
+			"       nodekill,space,partition] [--kills N] [--cuts N]\n"
 			"       [--rounds N] [--takeovers N] [--pingpong-ms MS] [--handoff-mib N]\n"
 			"       [--files N] [--phase-ms MS] [--cache-timeout MS] [--counters]\n"
 			"       [--perf DIR] [--daemon-arg ARG]...\n");
@@ -1321,7 +1433,7 @@ static void usage(void)
 int main(int argc, char **argv)
 {
 	struct efs_cl_opts o = {.nodes = 3};
-	int rounds = 50, takeovers = 5, kills = 3, only = -1, files = 200, handoff_mib = 256;
+	int rounds = 50, takeovers = 5, kills = 3, cuts = 3, only = -1, files = 200, handoff_mib = 256;
 	bool grace_given = false;
 	unsigned pp_ms = 5000, phase_ms = 4000;
 	static const char *mount_args[16];
@@ -1335,6 +1447,8 @@ int main(int argc, char **argv)
 			takeovers = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--kills") && i + 1 < argc)
 			kills = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--cuts") && i + 1 < argc)
+			cuts = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--pingpong-ms") && i + 1 < argc)
 			pp_ms = (unsigned)atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--handoff-mib") && i + 1 < argc)
@@ -1375,7 +1489,7 @@ int main(int argc, char **argv)
 		mount_args[nargs++] = dead_grace;
 		o.mount_args = mount_args;
 	}
-	if (kills < 1 || rounds < 1 || takeovers < 1 || files < 1 || handoff_mib < 1 || pp_ms < 1 || phase_ms < 1) {
+	if (cuts < 1 || kills < 1 || rounds < 1 || takeovers < 1 || files < 1 || handoff_mib < 1 || pp_ms < 1 || phase_ms < 1) {
 		fprintf(stderr, "cluster_bench: every count and time must be at least 1\n");
 		return 2;
 	}
@@ -1396,6 +1510,9 @@ int main(int argc, char **argv)
 	/* Room for the handoff file and the rest (sparse: costs what is
 	 * written). */
 	o.image = ((uint64_t)handoff_mib + 512) << 20;
+	/* A partition cuts a node's veth: every node then reaches etcd
+	 * through a network namespace of its own (the cluster tests' way). */
+	o.netns = (only & S_PARTITION) != 0;
 	efs_cl_start(&cl, &o);
 	printf("cluster: 3 etcfsd nodes, one sparse image in %s (ext4 or whatever holds /tmp), "
 	       "3-member etcd (data in /dev/shm) at %s\n"
@@ -1423,6 +1540,8 @@ int main(int argc, char **argv)
 		nodekill(kills);
 	if (only & S_SPACE)
 		space_handover();
+	if (only & S_PARTITION)
+		partition(cuts);
 	if (sum_n) {
 		printf("\nsummary (one run; absolute figures, devices measured in the same run):\n");
 		for (int k = 0; k < sum_n; k++)

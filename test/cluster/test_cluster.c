@@ -1935,9 +1935,7 @@ static const struct check checks[] = {
 	CHECK(forgotten_files_drop_their_references_in_batches, 180, RUN_FULL),
 	CHECK(a_node_short_of_space_takes_idle_nodes_groups_until_the_device_is_full, 120,
 	      RUN_FULL),
-	/* New, and the daemon's suspension (page caches dropped, device
-	 * writes fenced) is still being built: only when named. */
-	CHECK(a_cut_off_node_suspends_fails_late_operations_and_rejoins, 120, RUN_NAMED),
+	CHECK(a_cut_off_node_suspends_fails_late_operations_and_rejoins, 120, RUN_FULL),
 };
 
 #define NCHECKS (sizeof(checks) / sizeof(checks[0]))
