@@ -937,8 +937,12 @@ static void claim_done(struct efs_alloc *a, int err)
 	if (a->probe_want && err == 0)
 		orphan_probe(a);
 	update_gauges(a);
-	if (err == 0 && !a->starting)
+	if (err == 0 && !a->starting && !a->started) {
+		/* Started again after a lost session (the first claim round of
+		 * the new one): the sweep was stopped with it. */
 		a->started = true;
+		uv_timer_start(a->tick, tick_cb, a->fold_ms, a->fold_ms);
+	}
 	if (a->claim_has_token) {
 		a->claim_has_token = false;
 		if (!a->starting) {

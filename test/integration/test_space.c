@@ -894,6 +894,74 @@ Test(alloc, session_lost_forgets_and_reclaims)
 	efs_test_assert_no_leaks();
 }
 
+/*
+ * After a lost session the allocator starts again at its next allocation,
+ * sweep included: an intent it leaves in another node's group is marked
+ * drained by the sweep, and once that node is gone the sweep claims the
+ * group and folds it.
+ */
+Test(alloc, the_sweep_runs_again_after_a_lost_session)
+{
+	struct efs_session *s;
+	struct efs_alloc *a;
+	struct efs_runs got = {0}, more = {0};
+	struct done d = {0};
+	struct agview v0, v;
+	uint32_t g1 = UINT32_MAX;
+	uint64_t total;
+	int64_t lease;
+
+	layout_init(64ull << 20);
+	total = efs_layout_total_blocks(&lay);
+	s = session("n1");
+	a = alloc_start(s, 2);
+	view("n1", &v0);
+	for (uint32_t g = 0; g < lay.ag_count && g1 == UINT32_MAX; g++)
+		if (v0.owned_by[g])
+			g1 = g;
+	cr_assert_eq(efs_alloc_get(a, 20, efs_layout_group_start(&lay, g1), 0, &got, cb_done, NULL),
+		     1);
+	cr_assert_eq(group_of(got.v[0].start), g1);
+	cr_assert_eq(publish(a, s, &got, NULL), 0);
+	alloc_leave(a);
+	/* g1 is another node's now; n1 loses its session and allocates again. */
+	lease = fake_owner(g1, "n2");
+	a = alloc_start(s, 1);
+	efs_alloc_session_lost(a);
+	cr_assert_eq(efs_alloc_get(a, 10, 0, 0, &more, cb_done, &d), 0);
+	cr_assert(efs_test_run_until(&d.done, 10000));
+	cr_assert_eq(d.status, 0);
+	cr_assert_eq(publish(a, s, &more, &got), 0);
+	view("n1", &v);
+	cr_assert_eq(v.intents, 1);
+	/* The sweep marks it drained (its quarantine has no read)... */
+	for (int i = 0; i < 50 && v.drained == 0; i++) {
+		efs_test_run_for(100);
+		view("n1", &v);
+	}
+	cr_assert_eq(v.drained, 1, "no sweep after the lost session");
+	/* ... and folds it once n2 is gone. */
+	lease_revoke(lease);
+	for (int i = 0; i < 50 && v.intents; i++) {
+		efs_test_run_for(100);
+		view("n1", &v);
+	}
+	cr_assert_eq(v.intents, 0);
+	cr_assert_eq(publish(a, s, NULL, &more), 0);
+	for (int i = 0; i < 50 && (v.intents || v.free_sum != total); i++) {
+		efs_test_run_for(100);
+		view("n1", &v);
+	}
+	cr_assert_eq(v.free_sum, total);
+	alloc_leave(a);
+	efs_runs_done(&got);
+	efs_runs_done(&more);
+	session_end(s);
+	efs_test_client_free(c);
+	c = NULL;
+	efs_test_assert_no_leaks();
+}
+
 #if EFS_FAULT_HOOKS
 Test(alloc, unknown_outcome_rereads_maps)
 {
