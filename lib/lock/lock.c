@@ -3465,19 +3465,14 @@ static int check_req(const struct efs_lock_req *req)
 	return 0;
 }
 
-int efs_lock_acquire(struct efs_lockcache *lc, struct efs_lock_req *req)
+/* A new acquisition of |req|, listed: inodes in order, duplicates merged
+ * into their first index with the stronger mode. */
+static struct acq *acq_new(struct efs_lockcache *lc, struct efs_lock_req *req)
 {
-	struct acq *a;
-	bool hit = true;
-	uint64_t now = now_ns();
-	int r;
+	struct acq *a = efs_mem_calloc(1, sizeof(*a));
 
-	r = check_req(req);
-	if (r < 0 || !lc)
-		return r < 0 ? r : -EINVAL;
-	a = efs_mem_calloc(1, sizeof(*a));
 	if (!a)
-		return -ENOMEM;
+		return NULL;
 	a->req = req;
 	a->lc = lc;
 	a->cur = SIZE_MAX;
@@ -3486,8 +3481,7 @@ int efs_lock_acquire(struct efs_lockcache *lc, struct efs_lock_req *req)
 		a->order[i] = i;
 		a->want[i] = req->mode[i];
 	}
-	/* Inode order (insertion sort of at most 4), duplicates merged into
-	 * their first index with the stronger mode. */
+	/* Inode order: an insertion sort of at most EFS_LOCK_REQ_MAX. */
 	for (size_t i = 1; i < req->n; i++) {
 		size_t v = a->order[i], j = i;
 
@@ -3510,7 +3504,41 @@ int efs_lock_acquire(struct efs_lockcache *lc, struct efs_lock_req *req)
 	}
 	efs_list_add_head(&lc->acqs, &a->link);
 	req->priv = a;
+	return a;
+}
 
+/* |a| is served from the cache: every entry is held in the mode wanted. */
+static int acq_hit(struct acq *a, uint64_t now)
+{
+	struct efs_lockcache *lc = a->lc;
+	struct efs_lock_req *req = a->req;
+
+	for (size_t i = 0; i < req->n; i++)
+		if (!a->dup[i])
+			pin_mode(lc, efs_locktab_find(&lc->tab, req->ino[i]), req->mode[i], now);
+	for (size_t i = 0; i < req->n; i++)
+		if (!a->dup[i])
+			a->pinned[i] = efs_locktab_find(&lc->tab, req->ino[i]);
+	for (size_t i = 0; i < req->n; i++)
+		req->grant[i] = efs_locktab_find(&lc->tab, req->ino[i])->grant;
+	a->wait = AW_DONE;
+	lc->stats.hits++;
+	return 1;
+}
+
+int efs_lock_acquire(struct efs_lockcache *lc, struct efs_lock_req *req)
+{
+	struct acq *a;
+	bool hit = true;
+	uint64_t now = now_ns();
+	int r;
+
+	r = check_req(req);
+	if (r < 0 || !lc)
+		return r < 0 ? r : -EINVAL;
+	a = acq_new(lc, req);
+	if (!a)
+		return -ENOMEM;
 	if (efs_session_is_active(lc->s)) {
 		check_generation(lc);
 		a->gen = lc->gen;
@@ -3525,24 +3553,54 @@ int efs_lock_acquire(struct efs_lockcache *lc, struct efs_lock_req *req)
 	} else {
 		hit = false;
 	}
-	if (hit) {
-		for (size_t i = 0; i < req->n; i++)
-			if (!a->dup[i])
-				pin_mode(lc, efs_locktab_find(&lc->tab, req->ino[i]), req->mode[i],
-					 now);
-		for (size_t i = 0; i < req->n; i++)
-			if (!a->dup[i])
-				a->pinned[i] = efs_locktab_find(&lc->tab, req->ino[i]);
-		for (size_t i = 0; i < req->n; i++)
-			req->grant[i] = efs_locktab_find(&lc->tab, req->ino[i])->grant;
-		a->wait = AW_DONE;
-		lc->stats.hits++;
-		return 1;
-	}
+	if (hit)
+		return acq_hit(a, now);
 	a->gen = lc->gen;
 	a->wait = AW_KICK;
 	kick_soon(lc);
 	return 0;
+}
+
+int efs_lock_acquire_under(struct efs_lockcache *lc, const struct efs_lock_req *held,
+			   struct efs_lock_req *req)
+{
+	const struct acq *h = held ? held->priv : NULL;
+	struct acq *a;
+	int r;
+
+	r = check_req(req);
+	if (r < 0 || !lc || !h || h->wait != AW_DONE)
+		return r < 0 ? r : -EINVAL;
+	/* A session lost since |held| was pinned took its locks along. */
+	if (!efs_session_is_active(lc->s))
+		return -EIO;
+	check_generation(lc);
+	if (h->gen != lc->gen)
+		return -EIO;
+	for (size_t i = 0; i < req->n; i++) {
+		const struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, req->ino[i]);
+		bool covered = false;
+
+		/* A pinned entry keeps its mode: a release or downgrade waits
+		 * for the pins. */
+		for (size_t j = 0; e && j < held->n && !covered; j++)
+			covered = h->pinned[j] == e && h->want[j] >= req->mode[i] &&
+				  e->mode >= (int)req->mode[i];
+		if (!covered)
+			return -EINVAL;
+	}
+	a = acq_new(lc, req);
+	if (!a)
+		return -ENOMEM;
+	a->gen = lc->gen;
+	for (size_t i = 0; i < req->n; i++) {
+		const struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, req->ino[i]);
+
+		if (e->draining)
+			efs_log_debug("lock: inode %" PRIu64 ": pinned again under a pin while "
+				      "an upgrade drains it", e->ino);
+	}
+	return acq_hit(a, now_ns());
 }
 
 int efs_lock_withdraw(struct efs_lockcache *lc, struct efs_lock_req *req)

@@ -286,6 +286,18 @@ struct efs_lockcache *efs_lockcache_free(struct efs_lockcache *lc);
 
 /* Acquire the locks of |req| (see the callback rule above). */
 int efs_lock_acquire(struct efs_lockcache *lc, struct efs_lock_req *req);
+/*
+ * Pins the locks of |req| for a caller that pins each of them already,
+ * through |held| (acquired, not yet put), in at least the mode |req| asks:
+ * a second pin that outlives the first (an operation handing its inode
+ * over to the request it served). It is always served at once, also while
+ * an upgrade or a forced release drains the lock: the pin of |held| keeps
+ * the lock from going meanwhile, so the drain waits for it anyway. 1 (the
+ * callback is never called; efs_lock_put |req| later), -EIO when the
+ * session was lost since, -EINVAL when |held| does not cover |req|.
+ */
+int efs_lock_acquire_under(struct efs_lockcache *lc, const struct efs_lock_req *held,
+			   struct efs_lock_req *req);
 /* Cancels a waiting acquisition: its callback runs with -EINTR (later). */
 void efs_lock_cancel(struct efs_lockcache *lc, struct efs_lock_req *req);
 /*

@@ -281,18 +281,18 @@ static int prep_build(struct efs_fs_op *op)
 		lr->n = 1;
 		lr->ino[0] = r->ino;
 		lr->mode[0] = r->mode;
-		/* The operation pins it: always a hit, drained or not. */
-		lr->flags = efs_file_lock_flags(r) | EFS_LOCK_F_NESTED;
+		lr->flags = efs_file_lock_flags(r);
 		lr->cb = fast_pin_cb;
 		lr->arg = r;
-		e = efs_lock_acquire(fs->lc, lr);
+		/* Pinned under the operation's own pin, never as a new
+		 * acquisition: that is no cache hit while a local upgrade of
+		 * the lock drains it (which it may have started while this
+		 * operation loaded the map), and the request would fail with
+		 * its lock held all along. */
+		e = efs_lock_acquire_under(fs->lc, &op->lr, lr);
 		if (e != 1) {
-			/* Not a hit after all: the request is failed, and |lr| goes
-			 * with it, so the queued acquisition must end now (a cancel
-			 * would call back into freed memory later). */
-			if (e == 0 && efs_lock_withdraw(fs->lc, lr) < 0)
-				efs_log_err("data: inode %llu: a queued lock request could not be "
-					    "withdrawn", (unsigned long long)r->ino);
+			efs_fs_op_note(op, e < 0 ? e : -EIO, "request pin",
+				       e == -EINVAL ? "not covered by the operation's pin" : NULL);
 			return -EIO;
 		}
 		*pinned = true;
