@@ -1912,8 +1912,8 @@ static const struct check checks[] = {
 	CHECK(without_recall_answers_a_change_cannot_complete, 90, RUN_FULL),
 	CHECK(without_invalidations_a_node_sees_stale_attributes_and_names, 60, RUN_FULL),
 	CHECK(etcfsctl_locks_and_members_describe_the_cluster, 60, RUN_FULL),
-	/* An open answered EIO in one CI run (docs/TESTING.md): only when
-	 * named until that is understood. */
+	/* Reads returning a stale size, and unlinks timing out
+	 * (docs/TESTING.md): only when named until those are understood. */
 	CHECK(histories_of_six_processes_on_three_nodes_are_linearizable, 120, RUN_NAMED),
 	CHECK(histories_with_unlinks_are_linearizable, 120, RUN_NAMED),
 	/* Renames can leave a process hung in the kernel (docs/TESTING.md):
