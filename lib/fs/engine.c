@@ -628,11 +628,15 @@ void efs_fs_op_finish_at(struct efs_fs_op *op, int err, const char *func, int li
 
 int efs_fs_want(struct efs_fs_op *op, uint64_t ino, enum efs_lock_mode mode)
 {
+	return efs_fs_want_exact(op, ino, efs_fs_lock_mode(op->fs, ino, mode));
+}
+
+int efs_fs_want_exact(struct efs_fs_op *op, uint64_t ino, enum efs_lock_mode mode)
+{
 	size_t i;
 
 	if (ino == 0)
 		return -EINVAL;
-	mode = efs_fs_lock_mode(op->fs, ino, mode);
 	for (i = 0; i < op->nslots; i++) {
 		if (op->slots[i].ino == ino) {
 			if (mode > op->slots[i].mode)

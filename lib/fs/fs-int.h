@@ -657,6 +657,9 @@ void efs_fs_op_restart(struct efs_fs_op *op);
 /* Plan helpers: add inode |ino| with lock |mode| (deduplicated, strongest
  * mode wins), and a key to read. -E2BIG beyond the bounds. */
 int efs_fs_want(struct efs_fs_op *op, uint64_t ino, enum efs_lock_mode mode);
+/* ... in exactly |mode|, without efs_fs_lock_mode's promotion (a data
+ * request that settled its mode itself). */
+int efs_fs_want_exact(struct efs_fs_op *op, uint64_t ino, enum efs_lock_mode mode);
 /* The mode to ask for |ino| when |mode| is wanted: exclusive instead of
  * shared on a file this node has open for writing (engine.c says why). */
 enum efs_lock_mode efs_fs_lock_mode(struct efs_fs *fs, uint64_t ino, enum efs_lock_mode mode);

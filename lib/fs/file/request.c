@@ -222,8 +222,11 @@ int efs_file_plan_regular(struct efs_fs_op *op, uint64_t ino, enum efs_lock_mode
 {
 	const Etcfs__Inode *rec;
 
+	/* |mode| is what the request settled (efs_file_prep: shared stays
+	 * shared under a shared hold, since the kernel may keep pages locked
+	 * for the request and an upgrade must never wait with them). */
 	if (op->loads_done == 0)
-		return efs_fs_want(op, ino, mode);
+		return efs_fs_want_exact(op, ino, mode);
 	rec = efs_fs_rec(op, ino);
 	if (!rec)
 		return -ENOENT;
