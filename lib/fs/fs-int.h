@@ -257,6 +257,11 @@ struct efs_fs_inode {
 	struct efs_fs_data *data;   /* regular files: data state (fs/data.h), holds a ref */
 	/* On fs->kpages: the kernel may hold pages of it (fs.c). */
 	struct efs_list klink;
+	/* The last name this node handed the kernel for it (a non-directory):
+	 * its parent, the name's hash, the parent's lock grant then, and the
+	 * ESTALE answers given since (lockops.c, efs_fs_kalias_check). */
+	uint64_t kal_parent, kal_name, kal_grant;
+	uint8_t kal_estales;
 	/* Node-local mutex of mutations (see the engine above). */
 	struct efs_fs_op *mx_owner;
 	struct efs_list mx_waiters; /* FIFO of operations (op->mx_link) */
@@ -382,6 +387,13 @@ struct efs_fs {
 	struct efs_counter *m_retries;
 	struct efs_counter *m_susp_invals;
 	struct efs_gauge *m_susp_inval_ms;
+	/* Names answered ESTALE for an alias, until the kernel asks about
+	 * the old name (lockops.c): parent, old name's hash, inode. */
+	struct {
+		uint64_t parent, name, ino;
+	} kal_ring[16];
+	unsigned kal_next;
+	struct efs_counter *m_kal_estales;
 	/* The invalidations of the last suspension (fs.c). */
 	uint64_t susp_pending, susp_count, susp_start_ns;
 	/* Inodes whose pages the kernel may cache, least recently filled
@@ -694,6 +706,16 @@ int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inod
 /* Reply helpers: fill a fuse_entry_param / attr reply from a record, with
  * kernel timeouts only under a held lock that is not being given up (the
  * entry of |name| in |parent| is recorded for the parent's lock ops). */
+/*
+ * A positive lookup of |name| in |parent| is about to hand out |ino|
+ * (record |rec|): -ESTALE when the kernel may still hold the file under
+ * another name there from before the directory's lock changed hands (a
+ * peer renamed it meanwhile), at most twice per such name, else 0. Also
+ * clears what an earlier ESTALE left for |name| (call it for every
+ * lookup, |ino| 0 for a negative one).
+ */
+int efs_fs_kalias_check(struct efs_fs *fs, uint64_t parent, const char *name, size_t len,
+			uint64_t ino, const Etcfs__Inode *rec);
 void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, const char *name, size_t len,
 		       uint64_t ino, const Etcfs__Inode *rec, struct fuse_entry_param *e);
 double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino);

@@ -178,6 +178,11 @@ static int register_metrics(struct efs_fs *fs)
 		fs->m, "etcfs_suspend_invalidation_seconds",
 		"How long the last suspension's invalidation of every open file's pages took",
 		NULL);
+	fs->m_kal_estales = efs_metrics_counter(
+		fs->m, "etcfs_lookup_alias_estales_total",
+		"Lookups answered ESTALE because the kernel may still hold the file under the "
+		"name a peer renamed it from",
+		NULL);
 	fs->m_kpages = efs_metrics_gauge(fs->m, "etcfs_kernel_cached_files",
 					 "Inodes whose pages the kernel may cache (capped by "
 					 "--max-cached-files)",

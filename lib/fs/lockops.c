@@ -209,11 +209,98 @@ double efs_fs_entry_timeout(struct efs_fs *fs, uint64_t parent, const char *name
 	return t;
 }
 
+/*
+ * Names of one file the kernel may hold at once.
+ *
+ * A rename looks its source name up, then its target, holding the
+ * directory's i_rwsem, and if both dentries name the same inode the VFS
+ * answers success without asking us (they are hard links, as far as it
+ * knows). Between the two lookups our lock on the directory may go to a
+ * peer that renames the source over the target; the invalidation of the
+ * source's entry we send on that recall waits for the i_rwsem the rename
+ * holds, so the kernel looks the target up, gets the same inode, and the
+ * rename "succeeds" on a name that no longer exists. The same stale
+ * source dentry can outlive its timeout in any task that holds it.
+ *
+ * So a positive lookup that hands out a file (one link) under a name other
+ * than the last one it was handed out under in that directory, under an
+ * older grant of the directory's lock, answers ESTALE once: the system
+ * call fails its lookup, and the VFS retries it once with LOOKUP_REVAL,
+ * which makes FUSE ask about every name of the path again, the stale
+ * source included (answered ENOENT: the rename fails as it must); the
+ * retry's lookup of the new name is answered. A call whose path does not
+ * include the old name (a stat of the new one) costs one round trip more.
+ * Once only: a second ESTALE would reach the caller. Where the kernel
+ * still had a dentry for the new name, its revalidation takes the ESTALE
+ * as "look it up again" and the new lookup is answered: that case is not
+ * covered. A lookup of the old name clears the record.
+ */
+static uint64_t kal_hash(const char *name, size_t len)
+{
+	return name_hash(name, len) | 1; /* never 0: 0 means none */
+}
+
+int efs_fs_kalias_check(struct efs_fs *fs, uint64_t parent, const char *name, size_t len,
+			uint64_t ino, const Etcfs__Inode *rec)
+{
+	uint64_t h = kal_hash(name, len);
+	struct efs_fs_inode *in;
+
+	for (unsigned i = 0; i < sizeof(fs->kal_ring) / sizeof(fs->kal_ring[0]); i++) {
+		if (fs->kal_ring[i].parent != parent || fs->kal_ring[i].name != h)
+			continue;
+		/* The kernel asks about the old name: it drops what it held. */
+		in = efs_fs_ifind(fs, fs->kal_ring[i].ino);
+		if (in && in->kal_parent == parent && in->kal_name == h)
+			in->kal_parent = 0;
+		fs->kal_ring[i].parent = 0;
+	}
+	if (!ino || !rec || S_ISDIR(rec->mode) || rec->nlink > 1)
+		return 0;
+	in = efs_fs_ifind(fs, ino);
+	if (!in || !in->nlookup || in->kal_parent != parent || in->kal_name == h ||
+	    in->kal_grant == efs_lock_grant(fs->lc, parent) || in->kal_estales >= 1)
+		return 0;
+	if (in->kal_estales++ == 0) {
+		unsigned k = fs->kal_next++ % (sizeof(fs->kal_ring) / sizeof(fs->kal_ring[0]));
+
+		fs->kal_ring[k].parent = parent;
+		fs->kal_ring[k].name = in->kal_name;
+		fs->kal_ring[k].ino = ino;
+	}
+	efs_counter_inc(fs->m_kal_estales);
+	efs_log_debug("fs: inode %" PRIu64 " looked up under a new name in %" PRIu64
+		      " while the kernel may hold its old one: ESTALE",
+		      ino, parent);
+	return -ESTALE;
+}
+
+/* Records the name |ino| is handed out under (see above). */
+static void kalias_note(struct efs_fs *fs, uint64_t parent, const char *name, size_t len,
+			uint64_t ino, const Etcfs__Inode *rec)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(fs, ino);
+	uint64_t h;
+
+	if (!in || !parent || !name || S_ISDIR(rec->mode))
+		return;
+	h = kal_hash(name, len);
+	if (in->kal_parent == parent && in->kal_name == h) {
+		in->kal_grant = efs_lock_grant(fs->lc, parent);
+		return;
+	}
+	in->kal_parent = parent;
+	in->kal_name = h;
+	in->kal_grant = efs_lock_grant(fs->lc, parent);
+	in->kal_estales = 0;
+}
+
 void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, const char *name, size_t len,
 		       uint64_t ino, const Etcfs__Inode *rec, struct fuse_entry_param *e)
 {
 	const struct efs_fs_inode *in;
 
+	kalias_note(fs, parent, name, len, ino, rec);
 	memset(e, 0, sizeof(*e));
 	e->ino = ino;
 	e->generation = rec->generation;

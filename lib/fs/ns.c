@@ -370,6 +370,9 @@ static int lookup_plan(struct efs_fs_op *op)
 			efs_fs_dcache_forget(fs, op->ino, nop->name, nop->name_len);
 			return -ENOENT;
 		}
+		r = efs_fs_kalias_check(fs, op->ino, nop->name, nop->name_len, nop->child, crec);
+		if (r < 0)
+			return r;
 		efs_fs_reply_entry(op, op->ino, nop->name, nop->name_len, nop->child, crec);
 		return EFS_FS_DONE;
 	}
@@ -377,6 +380,7 @@ static int lookup_plan(struct efs_fs_op *op)
 negative: {
 	struct fuse_entry_param e;
 
+	efs_fs_kalias_check(fs, op->ino, nop->name, nop->name_len, 0, NULL);
 	memset(&e, 0, sizeof(e));
 	e.entry_timeout = efs_fs_entry_timeout(fs, op->ino, nop->name, nop->name_len);
 	efs_fs_rq_entry(op->rq, &e);
