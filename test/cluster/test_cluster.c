@@ -1916,9 +1916,7 @@ static const struct check checks[] = {
 	 * (docs/TESTING.md): only when named until those are understood. */
 	CHECK(histories_of_six_processes_on_three_nodes_are_linearizable, 120, RUN_NAMED),
 	CHECK(histories_with_unlinks_are_linearizable, 120, RUN_NAMED),
-	/* Renames can leave a process hung in the kernel (docs/TESTING.md):
-	 * only when named. */
-	CHECK(histories_with_renames_are_linearizable, 120, RUN_NAMED),
+	CHECK(histories_with_renames_are_linearizable, 120, RUN_FULL),
 	CHECK(without_invalidations_the_history_checker_finds_a_violation, 120, RUN_SUBSET),
 	CHECK(without_recall_answers_history_operations_time_out, 120, RUN_FULL),
 	CHECK(two_nodes_writing_one_file_lose_and_tear_nothing, 60, RUN_FULL),
