@@ -82,6 +82,7 @@ struct grp {
 	uint64_t ownerless_ns;
 	uint8_t verdict; /* V_* */
 	uint64_t seen_free;
+	int64_t free_rev; /* mod revision of ag/<g>/free as last read (0: not read) */
 	bool unsure; /* at leave: the committed map may be behind etcd's */
 	bool giving; /* owned, in a hand-over transaction: not allocated from */
 };
@@ -1089,6 +1090,19 @@ static bool last_lets_claim(struct efs_alloc *a, const Etcfs__AgLastOwner *lo)
 	return true;
 }
 
+/*
+ * Notes the mod revision of ag/<g>/free that a read of group |g| saw. Only
+ * an owner (or a claimer) writes that key, so a new revision means the
+ * group had an owner since this node last read it, one whose owner key may
+ * have come and gone between two reads: the grace clock starts again.
+ */
+static void free_rev_seen(struct grp *g, int64_t rev)
+{
+	if (g->free_rev != rev)
+		g->ownerless_ns = 0;
+	g->free_rev = rev;
+}
+
 /* Has |g|, seen without an owner key now, been ownerless for the grace?
  * The clock starts when this node first saw it so: a death this node
  * learnt of late only waits longer. */
@@ -1191,6 +1205,7 @@ static void scan_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result
 		} else if (ki.family == EFS_META_K_AG_FREE) {
 			Etcfs__AgFree *af = NULL;
 
+			free_rev_seen(&a->groups[ki.group], kv->mod_revision);
 			if (!a->groups[ki.group].owned &&
 			    efs_meta_ag_free_decode(kv->value.data, kv->value.len, &af,
 						    NULL) == 0) {
@@ -1327,6 +1342,8 @@ static void probe_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_resul
 			seen[ki.group] |= 1;
 		else if (ki.family == EFS_META_K_FREE_INTENT)
 			seen[ki.group] |= 2;
+		else if (ki.family == EFS_META_K_AG_FREE)
+			free_rev_seen(&a->groups[ki.group], kv->mod_revision);
 	}
 	for (uint32_t i = 0; i < a->ngroups; i++) {
 		struct grp *g = &a->groups[i];

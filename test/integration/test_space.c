@@ -1302,18 +1302,33 @@ static void die(struct efs_alloc *a, struct efs_session *s)
 	efs_session_free(s);
 }
 
-Test(alloc, dead_nodes_group_waits_out_the_grace)
+/* efs_alloc_get of |n| blocks into |got|, waited for: its status. */
+static int get_waited(struct efs_alloc *a, uint64_t n, struct efs_runs *got)
 {
-	struct efs_session *s1, *s2;
-	struct efs_alloc *a1, *a2;
-	struct efs_alloc_stats st;
-	struct efs_runs got = {0};
 	struct done d = {0};
+	int r = efs_alloc_get(a, n, 0, 0, got, cb_done, &d);
+
+	if (r == 0) {
+		cr_assert(efs_test_run_until(&d.done, 10000));
+		r = d.status;
+	}
+	return r;
+}
+
+/*
+ * Three groups of 256 blocks: n2 owns one (returned) and dies; then n1,
+ * with a grace of |grace| ms, wants every group and gets the two others,
+ * not n2's, whose space it counts as waiting out the grace.
+ */
+static uint32_t n2_dies_then_n1_starts(uint32_t grace, struct efs_session **s1,
+				       struct efs_alloc **a1)
+{
+	struct efs_session *s2;
+	struct efs_alloc *a2;
+	struct efs_alloc_stats st;
 	struct agview v;
 	uint32_t gd;
-	int r;
 
-	/* 3 groups of 256 blocks. n2 owns one and dies. */
 	layout_init(4ull << 20);
 	cr_assert_eq(lay.ag_count, 3);
 	s2 = session("n2");
@@ -1321,33 +1336,27 @@ Test(alloc, dead_nodes_group_waits_out_the_grace)
 	gd = owned_group("n2");
 	cr_assert_lt(gd, lay.ag_count);
 	die(a2, s2);
-
-	/* n1 wants every group: it gets the two others, not n2's, and counts
-	 * that group's space as waiting out the grace. */
-	grace_ms = 3000;
-	s1 = session("n1");
-	a1 = alloc_start(s1, 3);
+	grace_ms = grace;
+	*s1 = session("n1");
+	*a1 = alloc_start(*s1, 3);
 	view("n1", &v);
 	cr_assert_eq(v.nowned, 2);
 	cr_assert_not(v.owned_by[gd], "a dead node's group was claimed before the grace");
-	efs_alloc_get_stats(a1, &st);
+	efs_alloc_get_stats(*a1, &st);
 	cr_assert_eq(st.grace_blocks, efs_layout_group_blocks(&lay, gd));
-	/* An allocation larger than the two groups: ENOSPC now (at once, or
-	 * after a claim round that finds nothing it may take)... */
-	r = efs_alloc_get(a1, 600, 0, 0, &got, cb_done, &d);
-	if (r == 0) {
-		cr_assert(efs_test_run_until(&d.done, 10000));
-		r = d.status;
-	}
-	cr_assert_eq(r, -ENOSPC, "get before the grace: %d", r);
-	d = (struct done){0};
-	/* ...and once the grace has passed, the group is claimed for it. */
-	efs_test_run_for(3200);
-	r = efs_alloc_get(a1, 600, 0, 0, &got, cb_done, &d);
-	if (r == 0) {
-		cr_assert(efs_test_run_until(&d.done, 10000));
-		r = d.status;
-	}
+	return gd;
+}
+
+/* Past its grace: a get larger than n1's two groups claims n2's group
+ * |gd| for it; then n1 leaves and the test ends. */
+static void claimed_for_n1_then_leave(struct efs_session *s1, struct efs_alloc *a1, uint32_t gd)
+{
+	struct efs_alloc_stats st;
+	struct efs_runs got = {0};
+	struct agview v;
+	int r;
+
+	r = get_waited(a1, 600, &got);
 	cr_assert_geq(r, 0, "get after the grace: %d", r);
 	cr_assert_eq(efs_runs_total(&got), 600);
 	view("n1", &v);
@@ -1361,6 +1370,74 @@ Test(alloc, dead_nodes_group_waits_out_the_grace)
 	efs_test_client_free(c);
 	c = NULL;
 	efs_test_assert_no_leaks();
+}
+
+Test(alloc, dead_nodes_group_waits_out_the_grace)
+{
+	struct efs_session *s1;
+	struct efs_alloc *a1;
+	struct efs_runs got = {0};
+	uint32_t gd;
+	int r;
+
+	gd = n2_dies_then_n1_starts(3000, &s1, &a1);
+	/* An allocation larger than the two groups: ENOSPC now (at once, or
+	 * after a claim round that finds nothing it may take)... */
+	r = get_waited(a1, 600, &got);
+	cr_assert_eq(r, -ENOSPC, "get before the grace: %d", r);
+	/* ...and once the grace has passed, the group is claimed for it. */
+	efs_test_run_for(3200);
+	claimed_for_n1_then_leave(s1, a1, gd);
+}
+
+/*
+ * A group n1 saw without an owner has had an owner since, unseen (its
+ * owner key came and went between two of n1's reads, as when a node
+ * claims a dead node's group back, writes into it and is killed or
+ * evicted soon after): only its ag/<g>/free changed. The grace counts
+ * again from the read that shows that write, not from the first time n1
+ * saw the group ownerless (the cluster's evict check saw a peer claim
+ * such a group two seconds after the eviction, with a 5 s grace).
+ */
+Test(alloc, a_group_owned_again_unseen_waits_a_new_grace)
+{
+	Etcfs__AgLastOwner lo = ETCFS__AG_LAST_OWNER__INIT;
+	char n3[] = "n3";
+	struct efs_session *s1;
+	struct efs_alloc *a1;
+	struct efs_alloc_stats st;
+	struct efs_runs got = {0};
+	struct efs_meta_key k;
+	ProtobufCBinaryData b;
+	Etcfs__AgFree af;
+	struct agview v;
+	uint32_t gd;
+	int r;
+
+	gd = n2_dies_then_n1_starts(2000, &s1, &a1);
+	/* n1's grace for gd passes... */
+	efs_test_run_for(2300);
+	/* ...and n3 has owned gd meanwhile and published into it: its last
+	 * write names it, not released (it may still have writes queued). */
+	efs_layout_ag_free(&lay, gd, &af);
+	lo.node = n3;
+	lo.session_generation = 1;
+	lo.released = false;
+	af.last = &lo;
+	cr_assert_eq(efs_meta_pack(&af.base, &b), 0);
+	cr_assert_eq(efs_meta_key_ag(&ns, gd, EFS_META_K_AG_FREE, &k), 0);
+	cr_assert_eq(efs_etcd_sync_put(sc, k.buf, k.len, b.data, b.len, 0, NULL), 0);
+	efs_mem_free(b.data);
+	/* More than n1's two groups: gd must not be claimed for it yet. */
+	r = get_waited(a1, 600, &got);
+	cr_assert_eq(r, -ENOSPC, "get right after n3's write: %d", r);
+	view("n1", &v);
+	cr_assert_not(v.owned_by[gd], "a group n3 wrote just now was claimed within the grace");
+	efs_alloc_get_stats(a1, &st);
+	cr_assert_eq(st.grace_blocks, efs_layout_group_blocks(&lay, gd));
+	/* A whole grace after that write, it is. */
+	efs_test_run_for(2300);
+	claimed_for_n1_then_leave(s1, a1, gd);
 }
 
 Test(alloc, clean_leave_groups_claimable_at_once)
