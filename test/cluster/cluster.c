@@ -30,6 +30,7 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -988,6 +989,42 @@ void efs_cl_kill(struct efs_cl *c, int i)
 		efs_cl_fail("%s still mounted after kill", nd->mnt);
 }
 
+void efs_cl_sync_all(struct efs_cl *c)
+{
+	for (int i = 0; i < c->n; i++) {
+		int fd = open(c->node[i].mnt, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+		if (fd >= 0) {
+			syncfs(fd);
+			close(fd);
+		}
+	}
+	efs_cl_sleep_ms(1200);
+}
+
+unsigned long long efs_cl_free_bytes(struct efs_cl *c)
+{
+	struct statvfs sv;
+
+	if (statvfs(c->node[0].mnt, &sv) != 0)
+		efs_cl_fail("statvfs %s: %s", c->node[0].mnt, strerror(errno));
+	return (unsigned long long)sv.f_bfree * sv.f_frsize;
+}
+
+unsigned long long efs_cl_wait_free(struct efs_cl *c, unsigned long long want, uint64_t ms,
+				    const char *what)
+{
+	uint64_t t0 = efs_cl_now_ms();
+	unsigned long long f;
+
+	while ((f = efs_cl_free_bytes(c)) < want && efs_cl_now_ms() - t0 < ms)
+		efs_cl_sleep_ms(200);
+	if (f < want)
+		efs_cl_fail("%s: %llu bytes free after %llu ms, %llu expected", what, f,
+			    (unsigned long long)(efs_cl_now_ms() - t0), want);
+	return efs_cl_now_ms() - t0;
+}
+
 const char *efs_cl_path(struct efs_cl *c, int i, const char *rel, char *buf, size_t size)
 {
 	int n = snprintf(buf, size, "%s/%s", c->node[i].mnt, rel);
@@ -1006,6 +1043,21 @@ const char *efs_cl_dpath(struct efs_cl *c, int i, const char *dir, const char *n
 
 	snprintf(rel, sizeof(rel), "%s/%s", dir, name);
 	return efs_cl_path(c, i, rel, buf, sizeof(ring[0]));
+}
+
+void efs_cl_child_run(void (*fn)(void *arg), void *arg, int report_fd)
+{
+	jmp_buf jb;
+
+	efs_cl_jmp = &jb;
+	if (setjmp(jb)) {
+		ssize_t w = write(report_fd, efs_cl_msg, strlen(efs_cl_msg));
+
+		(void)w;
+		_exit(1);
+	}
+	fn(arg);
+	_exit(0);
 }
 
 int efs_cl_run(struct efs_cl *c, char *out, size_t out_size, const char *cmd, ...)

@@ -157,6 +157,11 @@ const char *efs_cl_path(struct efs_cl *c, int i, const char *rel, char *buf, siz
 /* "<mount point of node i>/<dir>/<name>", from a ring of 8 buffers. */
 const char *efs_cl_dpath(struct efs_cl *c, int i, const char *dir, const char *name);
 
+/* In a child just forked by a check: runs fn(arg) with its failures
+ * caught; a failure's message goes to |report_fd| and the child exits 1,
+ * else it exits 0. */
+_Noreturn void efs_cl_child_run(void (*fn)(void *arg), void *arg, int report_fd);
+
 /*
  * Runs a command of the build (fsck.etcfs, etcfsctl) with --endpoints,
  * bounded (120 s); returns its exit status (-1 on a signal), output in |out|.
@@ -181,5 +186,14 @@ void efs_cl_sleep_ms(unsigned ms);
 double efs_cl_metric(struct efs_cl *c, int i, const char *sample);
 /* The whole text of node |i|'s /metrics (to free()), or NULL. */
 char *efs_cl_metrics_text(struct efs_cl *c, int i);
+/* syncfs on every mounted node, then a wait past the second for which
+ * etcfs caches the group counts statfs sums. */
+void efs_cl_sync_all(struct efs_cl *c);
+/* The free bytes node1's statvfs counts (every group's free count). */
+unsigned long long efs_cl_free_bytes(struct efs_cl *c);
+/* Waits up to |ms| for the free count to reach |want| (else fails, naming
+ * |what|); the time taken. */
+unsigned long long efs_cl_wait_free(struct efs_cl *c, unsigned long long want, uint64_t ms,
+				    const char *what);
 /* The last |max| bytes of node |i|'s log in |buf|. */
 void efs_cl_log_tail(struct efs_cl *c, int i, char *buf, size_t max);

@@ -21,15 +21,6 @@
 #define BLK	    65536
 #define BACK_MS	    15000	/* a close (or a drop) to free space seen */
 
-static unsigned long long free_bytes(struct efs_cl *c)
-{
-	struct statvfs sv;
-
-	CL_CHECK(statvfs(c->node[0].mnt, &sv) == 0, "statvfs: %s", strerror(errno));
-	return (unsigned long long)sv.f_bfree * sv.f_frsize;
-}
-
-
 /* Drop batches of references cached by earlier checks that may go out
  * while a check counts its own commits (the kernel forgets inodes under
  * the pressure of a create loop). */
@@ -53,34 +44,6 @@ static int make_file(struct efs_cl *c, int i, const char *path, char fill, bool 
 	close(fd);
 	return -1;
 }
-
-/* Waits up to |ms| for the free count to reach |want|; the time taken. */
-static unsigned long long wait_free(struct efs_cl *c, unsigned long long want, uint64_t ms,
-				    const char *what)
-{
-	uint64_t t0 = efs_cl_now_ms();
-	unsigned long long f;
-
-	while ((f = free_bytes(c)) < want && efs_cl_now_ms() - t0 < ms)
-		efs_cl_sleep_ms(200);
-	CL_CHECK(f >= want, "%s: %llu bytes free after %llu ms, %llu expected", what, f,
-		 (unsigned long long)(efs_cl_now_ms() - t0), want);
-	return efs_cl_now_ms() - t0;
-}
-
-static void sync_all(struct efs_cl *c)
-{
-	for (int i = 0; i < c->n; i++) {
-		int fd = open(c->node[i].mnt, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-
-		if (fd >= 0) {
-			syncfs(fd);
-			close(fd);
-		}
-	}
-	efs_cl_sleep_ms(1200); /* statfs caches the group counts for a second */
-}
-
 
 /* ---- Open references as etcd holds them (etcdctl) ---- */
 
@@ -193,8 +156,8 @@ void efs_oref_open_elsewhere(struct efs_cl *c, const char *dir)
 	uint64_t took;
 	int fd;
 
-	sync_all(c);
-	base = free_bytes(c);
+	efs_cl_sync_all(c);
+	base = efs_cl_free_bytes(c);
 	fd = make_file(c, 1, efs_cl_dpath(c, 1, dir, "f"), 'a', true);
 	CL_CHECK(unlink(efs_cl_dpath(c, 0, dir, "f")) == 0, "node1 unlink: %s", strerror(errno));
 	CL_CHECK(access(efs_cl_dpath(c, 2, dir, "f"), F_OK) != 0 && errno == ENOENT,
@@ -212,8 +175,8 @@ void efs_oref_open_elsewhere(struct efs_cl *c, const char *dir)
 	CL_CHECK(pread(fd, got, sizeof(got), 3 * BLK) == (ssize_t)sizeof(got) && got[0] == 'b',
 		 "node2 reads its write back wrong");
 	/* Its space is not handed out meanwhile. */
-	sync_all(c);
-	pinned = free_bytes(c);
+	efs_cl_sync_all(c);
+	pinned = efs_cl_free_bytes(c);
 	CL_CHECK(pinned + (unsigned long long)FILE_BLOCKS * BLK / 2 <= base,
 		 "the open file's space came back while node2 has it open (%llu free, %llu "
 		 "before)",
@@ -221,7 +184,7 @@ void efs_oref_open_elsewhere(struct efs_cl *c, const char *dir)
 	CL_CHECK(pread(fd, got, sizeof(got), 10 * BLK) == (ssize_t)sizeof(got) && got[0] == 'a',
 		 "node2 reads block 10 wrong after the sync");
 	close(fd);
-	took = wait_free(c, base - BLK * 2, BACK_MS, "after node2's close");
+	took = efs_cl_wait_free(c, base - BLK * 2, BACK_MS, "after node2's close");
 	printf("# open elsewhere: space back %llu ms after the close\n",
 	       (unsigned long long)took);
 }
@@ -234,8 +197,8 @@ void efs_oref_cached_reference(struct efs_cl *c, const char *dir)
 	uint64_t took;
 	int fd;
 
-	sync_all(c);
-	base = free_bytes(c);
+	efs_cl_sync_all(c);
+	base = efs_cl_free_bytes(c);
 	make_file(c, 1, efs_cl_dpath(c, 1, dir, "g"), 'c', false);
 	/* node2 opens and closes it again: its reference stays cached. */
 	fd = open(efs_cl_dpath(c, 1, dir, "g"), O_RDONLY | O_CLOEXEC);
@@ -248,7 +211,7 @@ void efs_oref_cached_reference(struct efs_cl *c, const char *dir)
 	CL_CHECK(count_refs(c, 1, (uint64_t)st.st_ino) == 1,
 		 "node2's reference on g is not kept after its close");
 	CL_CHECK(unlink(efs_cl_dpath(c, 0, dir, "g")) == 0, "node1 unlink: %s", strerror(errno));
-	took = wait_free(c, base - BLK * 2, BACK_MS, "a cached reference on node2");
+	took = efs_cl_wait_free(c, base - BLK * 2, BACK_MS, "a cached reference on node2");
 	/* ... and goes once the unlink asked for it (o/ watch, or the drop
 	 * when node2's kernel forgot the inode). */
 	CL_CHECK(count_refs(c, 1, (uint64_t)st.st_ino) == 0,
@@ -264,8 +227,8 @@ void efs_oref_killed_opener(struct efs_cl *c, const char *dir, unsigned grace_s)
 	uint64_t took, t_kill;
 	int fd;
 
-	sync_all(c);
-	base = free_bytes(c);
+	efs_cl_sync_all(c);
+	base = efs_cl_free_bytes(c);
 	fd = make_file(c, 1, efs_cl_dpath(c, 1, dir, "k"), 'k', true);
 	CL_CHECK(unlink(efs_cl_dpath(c, 0, dir, "k")) == 0, "node1 unlink: %s", strerror(errno));
 	CL_CHECK(pread(fd, got, sizeof(got), 0) == (ssize_t)sizeof(got) && got[0] == 'k',
@@ -274,8 +237,8 @@ void efs_oref_killed_opener(struct efs_cl *c, const char *dir, unsigned grace_s)
 	t_kill = efs_cl_now_ms();
 	close(fd);
 	efs_cl_sleep_ms(500);
-	sync_all(c);
-	CL_CHECK(free_bytes(c) + (unsigned long long)FILE_BLOCKS * BLK / 2 <= base,
+	efs_cl_sync_all(c);
+	CL_CHECK(efs_cl_free_bytes(c) + (unsigned long long)FILE_BLOCKS * BLK / 2 <= base,
 		 "the file's space came back right after its opener's kill");
 	/* Past the lease (its references are gone) but inside the grace:
 	 * still pinned, since the dead opener's writes may still land. */
@@ -285,16 +248,16 @@ void efs_oref_killed_opener(struct efs_cl *c, const char *dir, unsigned grace_s)
 
 		if (efs_cl_now_ms() < at)
 			efs_cl_sleep_ms((unsigned)(at - efs_cl_now_ms()));
-		sync_all(c);
+		efs_cl_sync_all(c);
 		CL_CHECK(efs_cl_now_ms() - t_kill < ttl_ms + grace_s * 1000,
 			 "too slow to look inside the grace (%llu ms after the kill)",
 			 (unsigned long long)(efs_cl_now_ms() - t_kill));
-		CL_CHECK(free_bytes(c) + (unsigned long long)FILE_BLOCKS * BLK / 2 <= base,
+		CL_CHECK(efs_cl_free_bytes(c) + (unsigned long long)FILE_BLOCKS * BLK / 2 <= base,
 			 "the file's space came back %llu ms after its opener's kill, inside "
 			 "the lease and the grace",
 			 (unsigned long long)(efs_cl_now_ms() - t_kill));
 	}
-	took = wait_free(c, base - BLK * 2,
+	took = efs_cl_wait_free(c, base - BLK * 2,
 			 (uint64_t)(c->opts.session_ttl ? c->opts.session_ttl : 2) * 1000 +
 				 grace_s * 1000 + BACK_MS,
 			 "after the opener's kill");
@@ -360,8 +323,7 @@ static void create_files(struct efs_cl *c, int i, const char *dir, const char *p
 		int fd;
 
 		snprintf(name, sizeof(name), "%s%04d", prefix, k);
-		fd = open(efs_cl_dpath(c, i, dir, name), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-			  0644);
+		fd = open(efs_cl_dpath(c, i, dir, name), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 		CL_CHECK(fd >= 0, "create %s: %s", name, strerror(errno));
 		CL_CHECK(write(fd, data, len) == (ssize_t)len, "write: %s", strerror(errno));
 		close(fd);

@@ -24,6 +24,7 @@
 #include "openref.h"
 #include "space.h"
 #include "partition.h"
+#include "faults.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -187,6 +188,20 @@ static void gate_open(void)
 	gate[0] = gate[1] = -1;
 }
 
+struct kid_call {
+	void (*fn)(int arg);
+	int arg;
+};
+
+/* A child's work: once the gate opens (when armed), its function. */
+static void kid_body(void *p)
+{
+	const struct kid_call *call = p;
+
+	gate_wait();
+	call->fn(call->arg);
+}
+
 /* Runs fn(arg) in a child; a failure there is reported to kid_wait. */
 static int kid_start(void (*fn)(int arg), int arg)
 {
@@ -204,19 +219,10 @@ static int kid_start(void (*fn)(int arg), int arg)
 	pid = fork();
 	CL_CHECK(pid >= 0, "fork: %s", strerror(errno));
 	if (pid == 0) {
-		jmp_buf jb;
+		struct kid_call call = {fn, arg};
 
 		close(pfd[0]);
-		efs_cl_jmp = &jb;
-		if (setjmp(jb)) {
-			ssize_t w = write(pfd[1], efs_cl_msg, strlen(efs_cl_msg));
-
-			(void)w;
-			_exit(1);
-		}
-		gate_wait();
-		fn(arg);
-		_exit(0);
+		efs_cl_child_run(kid_body, &call, pfd[1]);
 	}
 	close(pfd[1]);
 	kids[slot].pid = pid;
@@ -1879,6 +1885,20 @@ static void a_cut_off_node_suspends_fails_late_operations_and_rejoins(void)
 	efs_part_cut_off_node(&cl, cur_check);
 }
 
+/* ---- Checks: what real clusters do (faults.c) ---- */
+
+static void an_etcd_leader_killed_during_untars_on_two_nodes_loses_nothing(void)
+{
+	check_dir();
+	efs_faults_untar_leader_kill(&cl, cur_check);
+}
+
+static void a_node_killed_under_write_load_loses_nothing_fsynced(void)
+{
+	check_dir();
+	efs_faults_node_kill_under_load(&cl, cur_check, (unsigned)atoi(DEAD_GRACE_S));
+}
+
 /* ---- The runner ---- */
 
 struct check {
@@ -1934,6 +1954,12 @@ static const struct check checks[] = {
 	CHECK(a_node_short_of_space_takes_idle_nodes_groups_until_the_device_is_full, 120,
 	      RUN_FULL),
 	CHECK(a_cut_off_node_suspends_fails_late_operations_and_rejoins, 120, RUN_FULL),
+	CHECK(an_etcd_leader_killed_during_untars_on_two_nodes_loses_nothing, 90, RUN_FULL),
+	/* Passes alone and repeated (23 of 23), but once in seven runs right
+	 * after the space check a survivor's first write answered ENOSPC on a
+	 * nearly empty device (docs/TESTING.md): only when named until that
+	 * is understood. */
+	CHECK(a_node_killed_under_write_load_loses_nothing_fsynced, 90, RUN_NAMED),
 };
 
 #define NCHECKS (sizeof(checks) / sizeof(checks[0]))
@@ -2038,6 +2064,7 @@ static bool run_check(const struct check *ck, int tap, int rep)
 	}
 	kids_kill();
 	efs_cl_kill_spawned(&cl);
+	efs_faults_cleanup(&cl);
 	close_new_fds();
 	for (int i = 0; i < cl.n; i++) {
 		char tail[3000];
