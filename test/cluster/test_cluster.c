@@ -1668,22 +1668,26 @@ static void remount_with_ttl(int i, int ttl)
 }
 
 /*
- * A child on node |node|: writes "ev" (holding it exclusively), says so
- * (outside "evready"), waits for "evgo", then writes and fsyncs through
- * the same descriptor and notes the outcome in "evres" ("1 0" or
- * "0 errno"). The descriptor lives in this child only: a process that
- * holds a descriptor of a stopped daemon's mount hangs in every exec
- * (close-on-exec sends FUSE a flush), so the check's own process must
- * hold none while node1 is stopped.
+ * A child on node |node|: writes "ev" (holding it exclusively), takes
+ * bytes 0-99 of "evlk" by fcntl, says so (outside "evready"), waits for
+ * "evgo", then writes and fsyncs through the same descriptor and notes
+ * the outcome in "evres" ("1 0" or "0 errno"). The descriptors live in
+ * this child only: a process that holds a descriptor of a stopped
+ * daemon's mount hangs in every exec (close-on-exec sends FUSE a flush),
+ * so the check's own process must hold none while node1 is stopped.
  */
 static void evicted_writer(int node)
 {
+	struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 100};
 	char res[32];
-	int fd, ok, e;
+	int fd, lk, ok, e;
 
 	fd = open(P(node, "ev"), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
 	CL_CHECK(fd >= 0, "open: %s", strerror(errno));
 	CL_CHECK(pwrite(fd, "from node1", 10, 0) == 10 && fsync(fd) == 0, "node1 writes: %s",
+		 strerror(errno));
+	lk = open(P(node, "evlk"), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	CL_CHECK(lk >= 0 && fcntl(lk, F_SETLK, &fl) == 0, "node1 locks evlk: %s",
 		 strerror(errno));
 	put_file(outside("evready", node), "", 0);
 	while (access(outside("evgo", node), F_OK) != 0)
@@ -1691,19 +1695,39 @@ static void evicted_writer(int node)
 	ok = pwrite(fd, "late node1", 10, 0) == 10 && fsync(fd) == 0;
 	e = ok ? 0 : errno;
 	close(fd);
+	close(lk);
 	snprintf(res, sizeof(res), "%d %d", ok, e);
 	put_file(outside("evres", node), res, strlen(res));
 }
 
+/* F_SETLK of bytes 0-99 through |fd|, tried until it is granted or |ms|
+ * pass: 0 and the time it took in *|took|, or the last errno. */
+static int setlk_within(int fd, uint64_t ms, uint64_t *took)
+{
+	struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 100};
+	uint64_t t0 = efs_cl_now_ms();
+	int e;
+
+	for (;;) {
+		e = fcntl(fd, F_SETLK, &fl) == 0 ? 0 : errno;
+		*took = efs_cl_now_ms() - t0;
+		if (!e || (e != EAGAIN && e != EACCES) || *took >= ms)
+			return e;
+		efs_cl_sleep_ms(50);
+	}
+}
+
 /*
- * node1 holds a file exclusively (open for writing, written) and is
- * stopped (SIGSTOP) with a lease that outlives the check's bound (a 30 s
- * TTL: without the evict its locks would pass on only after that):
- * etcfsctl evict fences it, node2 then writes the file durably, a second
- * evict changes nothing, an unknown node is refused. Resumed, node1 finds
- * itself fenced: its old descriptor fails (EIO), it registers a new
- * session, and reads what node2 wrote. Nothing of the check's own touches
- * node1's mount while it is stopped (that would hang): results are
+ * node1 holds a file exclusively (open for writing, written) and a byte
+ * range of another by fcntl, and is stopped (SIGSTOP) with a lease that
+ * outlives the check's bound (a 30 s TTL: without the evict its locks
+ * would pass on only after that): node2 cannot take the range while
+ * node1 is stopped; etcfsctl evict fences node1, node2 then takes the
+ * range and writes the file durably, a second evict changes nothing, an
+ * unknown node is refused. Resumed, node1 finds itself fenced: its old
+ * descriptor fails (EIO), it registers a new session, and reads what
+ * node2 wrote. Nothing of the check's own touches node1's mount while it
+ * is stopped (that would hang): results are
  * checked after the SIGCONT.
  */
 static void an_evicted_node_is_fenced_and_comes_back_with_a_new_session(void)
@@ -1711,9 +1735,9 @@ static void an_evicted_node_is_fenced_and_comes_back_with_a_new_session(void)
 	static char out1[4096], out2[4096], out3[4096];
 	char buf[64] = "", id[32];
 	unsigned long long gen0, gen1;
-	uint64_t t0, took = 0;
+	uint64_t t0, took = 0, lk_took = 0;
 	pid_t pid;
-	int fd2, w, r1, r2, r3, werr = 0, ok = -1, e = 0;
+	int fd2, lk2, w, r1, r2, r3, werr = 0, ok = -1, e = 0, lk_before, lk_after;
 	bool wrote = false, waiting;
 
 	remount_with_ttl(0, 30);
@@ -1731,9 +1755,15 @@ static void an_evicted_node_is_fenced_and_comes_back_with_a_new_session(void)
 	gen0 = member_generation(0);
 	CL_CHECK(gen0 > 0, "etcfsctl members does not show node1");
 	snprintf(id, sizeof(id), "%s", cl.node[0].id);
+	lk2 = open(P(1, "evlk"), O_RDWR | O_CLOEXEC);
+	CL_CHECK(lk2 >= 0, "node2 opens evlk: %s", strerror(errno));
 	CL_CHECK(kill(pid, SIGSTOP) == 0, "SIGSTOP node1: %s", strerror(errno));
+	/* Stopped, node1 still holds the range (its lease lives on). */
+	lk_before = setlk_within(lk2, 0, &lk_took);
 	r1 = efs_cl_run(&cl, out1, sizeof(out1), "etcfsctl", "evict", "--json", "--name",
 			"clusterfs", id, (const char *)NULL);
+	/* The evict ended node1's session: its range passes on. */
+	lk_after = setlk_within(lk2, 10000, &lk_took);
 	/* Again: node1 has no session now (it is stopped: it cannot
 	 * register), so nothing changes and it succeeds. */
 	r2 = efs_cl_run(&cl, out2, sizeof(out2), "etcfsctl", "evict", "--json", "--name",
@@ -1764,6 +1794,12 @@ static void an_evicted_node_is_fenced_and_comes_back_with_a_new_session(void)
 	json_check("evict --json, again", out2, evict_json_py, id, "0", NULL, NULL, NULL, NULL);
 	CL_CHECK(r3 == 4 && strstr(out3, "no node nosuchnode"),
 		 "evict of an unknown node exited %d:\n%s", r3, out3);
+	CL_CHECK(lk_before == EAGAIN || lk_before == EACCES,
+		 "node2's F_SETLK of the range the stopped node1 holds, before the evict: %s",
+		 lk_before ? strerror(lk_before) : "granted");
+	CL_CHECK(lk_after == 0, "node2's F_SETLK of the evicted node's range, for %llu ms "
+		 "after the evict: %s", (unsigned long long)lk_took, strerror(lk_after));
+	close(lk2);
 	CL_CHECK(wrote, "node2 could not write the evicted node's file: %s", strerror(werr));
 	CL_CHECK(!TIMING || took < 15000, "node2's write took %llu ms after the evict",
 		 (unsigned long long)took);
@@ -1790,8 +1826,8 @@ static void an_evicted_node_is_fenced_and_comes_back_with_a_new_session(void)
 	memset(buf, 0, sizeof(buf));
 	get_file(P(2, "ev"), buf, 10);
 	CL_CHECK(!strcmp(buf, "from node2"), "node3 reads '%s'", buf);
-	printf("# %s: node2's takeover write %llu ms after the evict\n", cur_check,
-	       (unsigned long long)took);
+	printf("# %s: node2's range lock granted %llu ms after the evict, its takeover write "
+	       "took %llu ms\n", cur_check, (unsigned long long)lk_took, (unsigned long long)took);
 	remount_with_ttl(0, cl.opts.session_ttl);
 }
 
