@@ -2228,8 +2228,14 @@ static void ho_watch_cb(struct efs_etcd_watcher *w, int status,
 		    ki.family != EFS_META_K_HANDOVER)
 			continue;
 		if (!strcmp(ki.node, a->node)) {
-			/* Our request deleted by an owner's answer: claim now. */
+			/* Our request deleted by an owner's answer: claim now. The
+			 * request is gone: another node may claim the answer's
+			 * group first, and a claim round that finds nothing then
+			 * puts a new request (with a new bound) instead of waiting
+			 * out this one's, which no owner can answer any more. */
 			if (ev->type == MVCCPB__EVENT__EVENT_TYPE__DELETE && a->ho_asking) {
+				a->ho_asking = false;
+				uv_timer_stop(a->ho_timer);
 				a->nofree_until = 0;
 				kick(a);
 			}

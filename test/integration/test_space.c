@@ -802,6 +802,77 @@ Test(alloc, short_node_takes_an_idle_owners_group_then_enospc_within_the_bound)
 	pair_end(a1, s1, a2, s2);
 }
 
+#if EFS_FAULT_HOOKS
+/*
+ * n1's hand-over request is deleted without a group n1 can claim (as when
+ * an owner's answer released a group and a third node claimed it first):
+ * n1 puts a new request, which n2 answers, instead of waiting out the
+ * first one's bound and answering ENOSPC. n2's watch is 1 s late, so the
+ * test deletes the first request before n2 sees it (n2's answer to it then
+ * fails its compare).
+ */
+Test(alloc, an_asker_whose_answer_went_elsewhere_asks_again)
+{
+	struct efs_session *s1, *s2;
+	struct efs_alloc *a1, *a2;
+	struct efs_etcd *c1, *c2;
+	struct efs_runs got1 = {0}, more = {0};
+	struct efs_alloc_stats st1, st2;
+	struct efs_meta_key k;
+	struct done d = {0};
+	uint64_t t0;
+	int r;
+
+	layout_init(4ull << 20);
+	cr_assert_eq(lay.ag_count, 3);
+	ho_wait_ms = 3000;
+	s1 = session("n1");
+	a1 = alloc_start(s1, 1);
+	/* n2 on a client of its own whose watches are 1 s late. */
+	c1 = c;
+	c2 = efs_test_client_new(efs_harness_endpoints(h));
+	efs_etcd_fault_watch_delay(c2, 1000);
+	c = c2;
+	s2 = session("n2");
+	a2 = alloc_start(s2, 2);
+	c = c1;
+	efs_test_run_for(1200); /* n2's watch of ho/ is in place */
+
+	efs_alloc_get_stats(a1, &st1);
+	cr_assert_eq(efs_alloc_get(a1, st1.avail_blocks, 0, 0, &got1, cb_done, &d), 1);
+	t0 = efs_test_now_ms();
+	r = efs_alloc_get(a1, 10, 0, 0, &more, cb_done, &d);
+	cr_assert_eq(r, 0, "get: %d", r);
+	while (!handover_keys() && efs_test_now_ms() - t0 < 2000)
+		efs_test_run_for(2);
+	cr_assert_eq(handover_keys(), 1, "n1 put no hand-over request");
+	cr_assert_eq(efs_meta_key_handover(&ns, "n1", &k), 0);
+	cr_assert_eq(efs_etcd_sync_delete(sc, k.buf, k.len, false, NULL), 0);
+	cr_assert(efs_test_run_until(&d.done, 10000));
+	cr_assert_eq(d.status, 0, "get after a request deleted unanswered: %d (%" PRIu64 " ms)",
+		     d.status, efs_test_now_ms() - t0);
+	cr_assert_eq(efs_runs_total(&more), 10);
+	efs_alloc_get_stats(a2, &st2);
+	cr_assert_eq(st2.groups_given, 1);
+	cr_assert_lt(efs_test_now_ms() - t0, ho_wait_ms, "the get took %" PRIu64 " ms",
+		     efs_test_now_ms() - t0);
+
+	efs_alloc_unuse(a1, &got1);
+	efs_alloc_unuse(a1, &more);
+	efs_runs_done(&got1);
+	efs_runs_done(&more);
+	ho_wait_ms = 600;
+	alloc_leave(a1);
+	alloc_leave(a2);
+	session_end(s1);
+	session_end(s2);
+	efs_test_client_free(c2);
+	efs_test_client_free(c);
+	c = NULL;
+	efs_test_assert_no_leaks();
+}
+#endif
+
 Test(alloc, two_short_nodes_give_each_other_nothing)
 {
 	struct efs_session *s1, *s2;
