@@ -1991,12 +1991,7 @@ static const struct check checks[] = {
 	      RUN_FULL),
 	CHECK(a_cut_off_node_suspends_fails_late_operations_and_rejoins, 120, RUN_FULL),
 	CHECK(an_etcd_leader_killed_during_untars_on_two_nodes_loses_nothing, 90, RUN_FULL),
-	/* Passes alone and repeated (23 of 23), but twice in eight runs right
-	 * after the space check a survivor's first write got ENOSPC on a
-	 * nearly empty device: the group a peer handed over to it was claimed
-	 * by a third node first, and it did not ask again (docs/TESTING.md).
-	 * Only when named until the allocator is fixed. */
-	CHECK(a_node_killed_under_write_load_loses_nothing_fsynced, 90, RUN_NAMED),
+	CHECK(a_node_killed_under_write_load_loses_nothing_fsynced, 90, RUN_FULL),
 };
 
 #define NCHECKS (sizeof(checks) / sizeof(checks[0]))
