@@ -768,6 +768,8 @@ struct efs_fs_inode *efs_fs_ifind(struct efs_fs *fs, uint64_t ino);
 void efs_fs_note_kpages(struct efs_fs *fs, struct efs_fs_inode *in);
 /* |in| is freed: off the page-cached list. */
 void efs_fs_forget_kpages(struct efs_fs *fs, struct efs_fs_inode *in);
+/* The session suspends: every page-cached inode's pages are dropped. */
+void efs_fs_kpages_drop_all(struct efs_fs *fs);
 /* Drops an operation reference; frees the entry when nothing holds it. */
 void efs_fs_iput(struct efs_fs *fs, struct efs_fs_inode *in);
 /* True when |in|'s record may be used now (lock held, same epoch). */

@@ -426,108 +426,6 @@ static void kernel_gone(struct efs_fs *fs)
 		efs_fs_data_kernel_gone(fs);
 }
 
-/* One invalidation of a page-cached inode's pages (a suspension, the cap). */
-struct kinval {
-	struct efs_inval_req req;
-	struct efs_fs *fs;
-	bool suspension; /* counts toward the suspension's round */
-};
-
-static void kinval_done(struct efs_inval_req *req, int status)
-{
-	struct kinval *v = req->arg;
-	struct efs_fs *fs = v->fs;
-	bool susp = v->suspension;
-
-	if (status < 0 && status != -ECANCELED && status != -ENODEV && status != -EBADF)
-		efs_log_warn("fs: dropping inode %" PRIu64 "'s kernel pages: %s", req->ino,
-			     strerror(-status));
-	efs_mem_free(v);
-	if (susp && --fs->susp_pending == 0 && fs->susp_start_ns) {
-		uint64_t ns = efs_clock_mono_ns() - fs->susp_start_ns;
-
-		efs_gauge_set(fs->m_susp_inval_ms, (double)ns / 1e9);
-		efs_log_info("fs: the kernel dropped the pages of %" PRIu64
-			     " files in %.1f ms (session not active)",
-			     fs->susp_count, (double)ns / 1e6);
-		fs->susp_start_ns = 0;
-	}
-}
-
-/* Takes |in| off the page-cached list and asks the kernel to drop its
- * pages (and attributes); best effort, off the loop. */
-static void kpages_drop(struct efs_fs *fs, struct efs_fs_inode *in, bool suspension)
-{
-	struct kinval *v;
-
-	efs_fs_forget_kpages(fs, in);
-	if (!fs->inval)
-		return;
-	v = efs_mem_calloc(1, sizeof(*v));
-	if (!v) {
-		efs_log_err("fs: no memory to drop inode %" PRIu64 "'s kernel pages", in->ino);
-		return;
-	}
-	v->fs = fs;
-	v->suspension = suspension;
-	v->req.kind = EFS_INVAL_INODE;
-	v->req.cls = EFS_INVAL_BEST_EFFORT;
-	v->req.ino = in->ino;
-	v->req.off = 0;
-	v->req.len = 0;
-	v->req.cb = kinval_done;
-	v->req.arg = v;
-	if (efs_inval_submit(fs->inval, &v->req) < 0) {
-		efs_mem_free(v);
-		return;
-	}
-	if (suspension) {
-		if (!fs->susp_start_ns) {
-			fs->susp_start_ns = efs_clock_mono_ns();
-			fs->susp_count = 0;
-		}
-		fs->susp_pending++;
-		fs->susp_count++;
-		efs_counter_inc(fs->m_susp_invals);
-	}
-}
-
-void efs_fs_forget_kpages(struct efs_fs *fs, struct efs_fs_inode *in)
-{
-	if (!efs_list_linked(&in->klink))
-		return;
-	efs_list_del(&in->klink);
-	fs->nkpages--;
-	efs_gauge_set(fs->m_kpages, (double)fs->nkpages);
-}
-
-void efs_fs_note_kpages(struct efs_fs *fs, struct efs_fs_inode *in)
-{
-	if (!fs->se || !fs->inval)
-		return;
-	if (!efs_session_is_active(fs->s)) {
-		/* A reply that left the loop while the session suspends: the
-		 * suspension's round may already have passed this inode. */
-		kpages_drop(fs, in, true);
-		return;
-	}
-	if (efs_list_linked(&in->klink)) {
-		efs_list_del(&in->klink);
-		efs_list_add_tail(&fs->kpages, &in->klink);
-		return;
-	}
-	efs_list_add_tail(&fs->kpages, &in->klink);
-	fs->nkpages++;
-	while (fs->nkpages > fs->max_kpages) {
-		struct efs_fs_inode *old =
-			efs_list_entry(efs_list_first(&fs->kpages), struct efs_fs_inode, klink);
-
-		kpages_drop(fs, old, false);
-		efs_counter_inc(fs->m_kpages_evicted);
-	}
-	efs_gauge_set(fs->m_kpages, (double)fs->nkpages);
-}
-
 /*
  * The session stopped being renewed: a peer may take this node's locks
  * once the lease's deadline passes, so nothing the kernel caches may
@@ -540,11 +438,7 @@ void efs_fs_note_kpages(struct efs_fs *fs, struct efs_fs_inode *in)
  */
 static void suspend_invalidate(struct efs_fs *fs)
 {
-	struct efs_list *n;
-
-	while ((n = efs_list_first(&fs->kpages)))
-		kpages_drop(fs, efs_list_entry(n, struct efs_fs_inode, klink), true);
-	efs_gauge_set(fs->m_kpages, 0);
+	efs_fs_kpages_drop_all(fs);
 }
 
 /* How long before the lease's deadline a suspended node's device writes
