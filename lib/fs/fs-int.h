@@ -254,6 +254,10 @@ struct efs_fs_inode {
 	bool atime_busy;	    /* a relatime update is in flight */
 	struct efs_fs_dcache *dc;   /* directories: names, valid under the lock */
 	struct efs_fs_knames *kn;   /* directories: names the kernel may cache (lockops.c) */
+	/* The grant under which a read's GETATTR last passed a drain
+	 * (attr.c: at most one per grant, so that readers cannot starve a
+	 * recall). */
+	uint64_t rd_pass_grant;
 	struct efs_fs_data *data;   /* regular files: data state (fs/data.h), holds a ref */
 	/* On fs->kpages: the kernel may hold pages of it (fs.c). */
 	struct efs_list klink;
@@ -339,6 +343,9 @@ struct efs_fs {
 	struct fuse_session *se;
 	struct efs_inval *inval; /* kernel invalidations (kchan/inval.h), with |se| */
 	struct efs_list dinvals; /* directories' invalidations in flight (lockops.c) */
+	struct efs_list readpins; /* locks kept from a read's GETATTR to its READ (attr.c) */
+	size_t nreadpins;
+	uint64_t readpin_seq;
 
 	uint64_t epoch; /* bumped when the session is lost */
 	uint64_t inflight;
@@ -815,6 +822,25 @@ enum efs_fs_lock_kind {
 #define EFS_FS_KNAMES_MAX 4096
 void efs_fs_lockops_init(struct efs_fs *fs);
 void efs_fs_lockops_kernel_gone(struct efs_fs *fs);
+
+/*
+ * Read pins (attr.c). read(2) asks the kernel's size (a GETATTR carrying
+ * the file handle, when its attributes are stale) and then the pages (a
+ * READ), and cuts the data at that size: the READ cannot move the size
+ * up. So the GETATTR's reply, and an open for reading (whose read comes
+ * next), keep the inode's lock pinned until the same thread's next
+ * GETATTR with a handle or READ of the inode has pinned it, its FLUSH of
+ * the inode, the handle's release, or EFS_FS_READPIN_MS: the size and
+ * the pages of one read come from one grant.
+ */
+#define EFS_FS_READPIN_MS 50
+/* Pins |ino|'s lock, which |held| pins, for |pid|'s read through |fh|. */
+void efs_fs_readpin_take(struct efs_fs *fs, const struct efs_lock_req *held, uint64_t ino,
+			 uint32_t pid, uint64_t fh);
+/* Drops the pins of |ino| taken for |pid| (0: any) through |fh| (0: any). */
+void efs_fs_readpins_drop(struct efs_fs *fs, uint64_t ino, uint32_t pid, uint64_t fh);
+/* Drops every read pin (teardown). */
+void efs_fs_readpins_drop_all(struct efs_fs *fs);
 void efs_fs_lockops_done(struct efs_fs *fs);
 /* The entry timeout for |name| in |parent| (0 without the parent's lock,
  * or when the name cannot be recorded); records the name. */

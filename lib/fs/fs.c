@@ -311,6 +311,7 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 	efs_list_init(&fs->ino_waiters);
 	efs_list_init(&fs->count_waiters);
 	efs_list_init(&fs->dinvals);
+	efs_list_init(&fs->readpins);
 	efs_list_init(&fs->handles);
 	efs_list_init(&fs->kpages);
 	fs->max_kpages = o->max_cached_files ? o->max_cached_files : 16384;
@@ -593,6 +594,7 @@ struct efs_fs *efs_fs_free(struct efs_fs *fs)
 	if (!fs)
 		return NULL;
 	kernel_gone(fs);
+	efs_fs_readpins_drop_all(fs);
 	while (fs->handles.next && !efs_list_empty(&fs->handles))
 		efs_fs_handle_free(fs, efs_list_entry(fs->handles.next, struct efs_fs_handle, link));
 	if (fs->alloc)

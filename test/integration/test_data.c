@@ -1928,6 +1928,68 @@ Test(data, unversioned_replies_carry_no_attribute_timeout)
 	efs_test_assert_no_leaks();
 }
 
+/* Forces the release of |path|'s lock and waits until it is done. */
+static void force_release(const char *path)
+{
+	double f0 = efs_test_fs_metric(&env.f, "etcfs_lock_forced_total");
+
+	IO_EQ(setxattr(path, "user.etcfs.fault.release", "0", 1, 0), 0);
+	for (int k = 0; k < 500; k++) {
+		if (efs_test_fs_metric(&env.f, "etcfs_lock_forced_total") > f0)
+			return;
+		nap_ms(10);
+	}
+	cr_assert_fail("the forced release of %s never ended", path);
+}
+
+/*
+ * read(2) asks the size through the handle (a GETATTR, when the kernel's
+ * attributes are stale) and then the pages (a READ), and cuts the pages
+ * at that size: the GETATTR's reply keeps the file's lock pinned until
+ * the thread's READ, its FLUSH or next GETATTR, or EFS_FS_READPIN_MS
+ * (50 ms), so that no release comes between the two. lseek(SEEK_END)
+ * sends that GETATTR and no READ: a forced release right after it waits
+ * for the pin, and so does a stat that must ask the daemon (it waits for
+ * the release). Before the pin, such a stat took two etcd round trips.
+ */
+Test(data, a_reads_getattr_keeps_the_lock_until_its_read)
+{
+	char path[PATH_MAX], buf[4096];
+	struct statx stx;
+	uint64_t least = UINT64_MAX;
+	int fd;
+
+	env_start(0, NULL);
+	env_path(path, sizeof(path), "f");
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	cr_assert_geq(fd, 0, "create %s: %s", path, strerror(errno));
+	memset(buf, 'x', sizeof(buf));
+	IO_EQ(pwrite(fd, buf, sizeof(buf), 0), (ssize_t)sizeof(buf));
+	IO_EQ(close(fd), 0);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(fd, 0, "open %s: %s", path, strerror(errno));
+	for (int round = 0; round < 3; round++) {
+		uint64_t t0, waited;
+
+		/* The release invalidates the kernel's attributes. */
+		force_release(path);
+		IO_EQ(lseek(fd, 0, SEEK_END), (off_t)sizeof(buf));
+		IO_EQ(setxattr(path, "user.etcfs.fault.release", "0", 1, 0), 0);
+		t0 = mono_ms();
+		IO_EQ(statx(AT_FDCWD, path, AT_STATX_FORCE_SYNC, STATX_SIZE, &stx), 0);
+		waited = mono_ms() - t0;
+		cr_assert_eq(stx.stx_size, sizeof(buf));
+		if (waited < least)
+			least = waited;
+	}
+	cr_assert_geq(least, 35, "a stat right after a read's GETATTR and a forced release "
+		      "took only %" PRIu64 " ms: the release did not wait for the read's pin",
+		      least);
+	IO_EQ(close(fd), 0);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
 Test(data, recall)
 {
 	seed = test_seed();

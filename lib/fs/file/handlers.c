@@ -81,8 +81,17 @@ static void open_finish(struct dreq *r)
 	}
 	handle_setup(fs, r->d, h, &r->fi, false);
 	r->fi.fh = (uint64_t)(uintptr_t)h;
-	if (efs_fs_rq_open(&r->rq, &r->fi) != 0)
+	/* An open for reading through the page cache is followed by the
+	 * read's GETATTR: the lock must not be released (and the kernel's
+	 * attributes invalidated) between the two, or that GETATTR's reply
+	 * is dropped and the read cuts at a size of an older grant. */
+	if (!r->fi.direct_io && (r->fi.flags & O_ACCMODE) != O_WRONLY && r->pinned && r->rq.req)
+		efs_fs_readpin_take(fs, &r->lr, r->ino, (uint32_t)fuse_req_ctx(r->rq.req)->pid,
+				    r->fi.fh);
+	if (efs_fs_rq_open(&r->rq, &r->fi) != 0) {
+		efs_fs_readpins_drop(fs, r->ino, 0, r->fi.fh);
 		efs_fs_handle_free(fs, h);
+	}
 	efs_file_dreq_end(r, 0);
 }
 
@@ -294,16 +303,20 @@ void efs_fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		 struct fuse_file_info *fi)
 {
 	struct efs_fs *fs = fuse_req_userdata(req);
+	uint32_t pid = (uint32_t)fuse_req_ctx(req)->pid;
 	struct dreq *r;
 	int e = efs_file_handle_ok(fs, efs_file_fh_of(fi));
 
 	if (e < 0 || !fs->pool) {
+		efs_fs_readpins_drop(fs, ino, pid, 0);
 		efs_fs_reply_now(fs, req, EFS_FS_OP_READ, e < 0 ? e : -EIO);
 		return;
 	}
 	r = efs_file_dreq_new(req, RK_READ, EFS_FS_OP_READ, ino);
-	if (!r)
+	if (!r) {
+		efs_fs_readpins_drop(fs, ino, pid, 0);
 		return;
+	}
 	r->h = efs_file_fh_of(fi);
 	r->size = size;
 	r->off = off;
@@ -313,6 +326,11 @@ void efs_fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	 * every read passes a drain. */
 	r->lock_flags = EFS_LOCK_F_PAGES;
 	efs_file_prep(r, EFS_LOCK_SHARED, read_cont);
+	/* The READ has pinned the lock by now, under the grant its GETATTR
+	 * was answered under, unless a local upgrade drains the lock: then
+	 * the GETATTR's pin would only keep the upgrade, which this READ
+	 * waits for with its pages locked, from going on. */
+	efs_fs_readpins_drop(fs, ino, pid, 0);
 }
 
 /* ---- write ---- */
@@ -836,6 +854,8 @@ void efs_fs_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		return;
 	}
 	efs_fs_rq_start(&x->rq, fs, req, EFS_FS_OP_FLUSH);
+	/* A close: the thread's read is over. */
+	efs_fs_readpins_drop(fs, ino, (uint32_t)fuse_req_ctx(req)->pid, 0);
 	r = efs_fs_plock_flush(fs, ino, fi->lock_owner, flush_plock_cb, x);
 	if (r == 0)
 		return;
@@ -897,6 +917,7 @@ void efs_fs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	}
 	x->fs = fs;
 	efs_fs_rq_start(&x->rq, fs, req, EFS_FS_OP_RELEASE);
+	efs_fs_readpins_drop(fs, ino, 0, fi->fh);
 	x->h = h;
 	x->ino = ino;
 	if (efs_fs_plock_release(fs, h, fi->flock_release ? fi->lock_owner : 0, release_plock_cb,
