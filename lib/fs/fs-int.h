@@ -838,6 +838,9 @@ void efs_fs_lockops_kernel_gone(struct efs_fs *fs);
 void efs_fs_readpin_take(struct efs_fs *fs, const struct efs_lock_req *held, uint64_t ino,
 			 uint32_t pid, uint64_t fh);
 /* Drops the pins of |ino| taken for |pid| (0: any) through |fh| (0: any). */
+/* ... only those taken up to read pin sequence |seq| (attr.c). */
+void efs_fs_readpins_drop_upto(struct efs_fs *fs, uint64_t ino, uint32_t pid, uint64_t fh,
+			       uint64_t seq);
 void efs_fs_readpins_drop(struct efs_fs *fs, uint64_t ino, uint32_t pid, uint64_t fh);
 /* Drops every read pin (teardown). */
 void efs_fs_readpins_drop_all(struct efs_fs *fs);
