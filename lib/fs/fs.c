@@ -427,21 +427,6 @@ static void kernel_gone(struct efs_fs *fs)
 		efs_fs_data_kernel_gone(fs);
 }
 
-/*
- * The session stopped being renewed: a peer may take this node's locks
- * once the lease's deadline passes, so nothing the kernel caches may
- * outlive it. Entries and attributes time out by themselves before the
- * session suspends (efs_fs_cache_bound), and read(2) revalidates them
- * first; the pages, which a mapping reads without asking, are dropped
- * here for every inode whose pages the kernel may hold (at most
- * --max-cached-files of them, so that the round fits before the
- * deadline).
- */
-static void suspend_invalidate(struct efs_fs *fs)
-{
-	efs_fs_kpages_drop_all(fs);
-}
-
 /* How long before the lease's deadline a suspended node's device writes
  * stop: a write that started before may still be under way at the
  * deadline, so the margin is what such a write may take (an eighth of
@@ -472,7 +457,12 @@ void efs_fs_session_changed(struct efs_fs *fs, enum efs_session_state old,
 	}
 	if (new_state == EFS_SESSION_SUSPENDED ||
 	    (new_state == EFS_SESSION_GONE && old == EFS_SESSION_ACTIVE))
-		suspend_invalidate(fs);
+		/* A peer may take this node's locks once the lease's deadline
+		 * passes. Entries and attributes time out before the session
+		 * suspends (efs_fs_cache_bound) and read(2) revalidates them;
+		 * the pages a mapping reads without asking are dropped here,
+		 * every page-cached inode's (at most --max-cached-files). */
+		efs_fs_kpages_drop_all(fs);
 	if (new_state == EFS_SESSION_GONE && fs->pool) {
 		/* Writes queued under the lost lease never start: their blocks
 		 * may be another node's by now. */
