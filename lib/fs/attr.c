@@ -124,7 +124,7 @@ static int setattr_plan(struct efs_fs_op *op)
 		return efs_fs_want(op, op->ino, EFS_LOCK_EXCLUSIVE);
 	rec = efs_fs_rec(op, op->ino);
 	if (!rec)
-		return -ENOENT;
+		return EFS_FS_GONE;
 	/* chmod rewrites the access ACL's mask (or group) entry too. */
 	if ((sop->to_set & FUSE_SET_ATTR_MODE) && op->fs->posix_acl && rec->xattr_count > 0 &&
 	    op->nkv == 0) {
@@ -145,7 +145,7 @@ static int setattr_build(struct efs_fs_op *op)
 	int r;
 
 	if (!cur)
-		return -ENOENT;
+		return EFS_FS_GONE;
 	rec = efs_fs_rec_dup(cur);
 	if (!rec)
 		return -ENOMEM;

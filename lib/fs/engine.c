@@ -302,7 +302,7 @@ int efs_fs_plan_shared(struct efs_fs_op *op, const Etcfs__Inode **ret)
 		return r < 0 ? r : 0;
 	}
 	*ret = efs_fs_rec(op, op->ino);
-	return *ret ? 1 : -ENOENT;
+	return *ret ? 1 : EFS_FS_GONE;
 }
 
 static void reset_out(struct efs_fs_op *op)

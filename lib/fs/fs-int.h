@@ -462,6 +462,15 @@ struct efs_fs_opdesc;
 #define EFS_FS_WAIT 1
 #define EFS_FS_DONE 2
 
+/* The answer when the inode a request names has no record any more. The
+ * kernel reached it through a dentry it resolved before the name went (an
+ * unlink, or a rename over it, here or on a peer, while the system call was
+ * between its walk and its request). ENOENT would tell the caller that a
+ * name which never stopped existing is missing; on ESTALE the path system
+ * calls (open, stat, chmod, truncate, the xattr calls...) walk once more with
+ * fresh lookups and act on what the name holds now. */
+#define EFS_FS_GONE (-ESTALE)
+
 struct efs_fs_op {
 	struct efs_fs *fs;
 	/* The request it answers: |own_rq|, or the data request's it
@@ -649,7 +658,7 @@ void efs_fs_no_done(struct efs_fs_op *op);
 /* A |done| that replies success without data. */
 void efs_fs_ok_done(struct efs_fs_op *op);
 /* Plans a shared lock on op->ino (0, or a negative errno) before the first
- * load; after it 1 with *|ret| the record, or -ENOENT. */
+ * load; after it 1 with *|ret| the record, or EFS_FS_GONE. */
 int efs_fs_plan_shared(struct efs_fs_op *op, const Etcfs__Inode **ret);
 /* Starts the steps; every outcome ends in efs_fs_op_finish. */
 void efs_fs_op_run(struct efs_fs_op *op);

@@ -230,15 +230,24 @@ double efs_fs_entry_timeout(struct efs_fs *fs, uint64_t parent, const char *name
  * source included (answered ENOENT: the rename fails as it must); the
  * retry's lookup of the new name is answered. A call whose path does not
  * include the old name (a stat of the new one) costs one round trip more.
- * Once only: a second ESTALE would reach the caller. Where the kernel
- * still had a dentry for the new name, its revalidation takes the ESTALE
- * as "look it up again" and the new lookup is answered: that case is not
- * covered. A lookup of the old name clears the record.
+ * Once only: a second ESTALE would reach the caller. A lookup of the old
+ * name clears the record.
+ *
+ * Where the kernel may still have a dentry for the new name (its entry
+ * was handed out and has not timed out, or its invalidation is still
+ * waiting for the directory's kernel lock, as it does behind the rename
+ * above), the lookup is a revalidation: the kernel takes the ESTALE as
+ * "drop it and look it up afresh", and that fresh lookup reaches the
+ * system call. So such a name gets one more ESTALE, and is no longer
+ * counted as held by the kernel.
  */
 static uint64_t kal_hash(const char *name, size_t len)
 {
 	return name_hash(name, len) | 1; /* never 0: 0 means none */
 }
+
+static void knames_forget(struct efs_fs_inode *dir, const char *name, size_t len);
+static bool kname_maybe_held(struct efs_fs *fs, uint64_t parent, const char *name, size_t len);
 
 int efs_fs_kalias_check(struct efs_fs *fs, uint64_t parent, const char *name, size_t len,
 			uint64_t ino, const Etcfs__Inode *rec)
@@ -259,8 +268,16 @@ int efs_fs_kalias_check(struct efs_fs *fs, uint64_t parent, const char *name, si
 		return 0;
 	in = efs_fs_ifind(fs, ino);
 	if (!in || !in->nlookup || in->kal_parent != parent || in->kal_name == h ||
-	    in->kal_grant == efs_lock_grant(fs->lc, parent) || in->kal_estales >= 1)
+	    in->kal_grant == efs_lock_grant(fs->lc, parent) || in->kal_estales >= 2)
 		return 0;
+	if (kname_maybe_held(fs, parent, name, len)) {
+		struct efs_fs_inode *dir = efs_fs_ifind(fs, parent);
+
+		if (dir)
+			knames_forget(dir, name, len);
+	} else if (in->kal_estales >= 1) {
+		return 0;
+	}
 	if (in->kal_estales++ == 0) {
 		unsigned k = fs->kal_next++ % (sizeof(fs->kal_ring) / sizeof(fs->kal_ring[0]));
 
@@ -349,6 +366,7 @@ struct efs_fs_dinval {
 	efs_lock_done_cb done;
 	void *darg;
 	size_t n, left;
+	size_t nreq; /* req[]'s entries */
 	int status;
 	bool reported;	  /* |done| ran (the names timed out first) */
 	uv_timer_t *expiry; /* fires when every name submitted has timed out */
@@ -356,6 +374,57 @@ struct efs_fs_dinval {
 	struct efs_list link; /* fs->dinvals, for a kernel that goes */
 	struct efs_inval_req req[]; /* [0] attributes, then one per name */
 };
+
+/* Drops |name| from what |dir| records as handed out, if it is there. */
+static void knames_forget(struct efs_fs_inode *dir, const char *name, size_t len)
+{
+	struct efs_fs_knames *kn = dir->kn;
+	struct efs_fs_kname **pp;
+
+	if (!kn)
+		return;
+	for (pp = &kn->b[name_hash(name, len) & (kn->nbuckets - 1)]; *pp; pp = &(*pp)->next) {
+		struct efs_fs_kname *k = *pp;
+
+		if (k->len == len && memcmp(k->name, name, len) == 0) {
+			*pp = k->next;
+			efs_mem_free(k);
+			kn->n--;
+			return;
+		}
+	}
+}
+
+/* Whether the kernel may hold a dentry for |name| of |parent|: handed out
+ * with a timeout not yet passed, or its invalidation still pending. */
+static bool kname_maybe_held(struct efs_fs *fs, uint64_t parent, const char *name, size_t len)
+{
+	struct efs_fs_inode *dir = efs_fs_ifind(fs, parent);
+	struct efs_list *it;
+
+	if (dir && dir->kn) {
+		struct efs_fs_knames *kn = dir->kn;
+		uint64_t now = efs_clock_mono_ns();
+
+		for (struct efs_fs_kname *k = kn->b[name_hash(name, len) & (kn->nbuckets - 1)]; k;
+		     k = k->next)
+			if (k->len == len && memcmp(k->name, name, len) == 0 && k->until_ns > now)
+				return true;
+	}
+	efs_list_for_each(it, &fs->dinvals)
+	{
+		struct efs_fs_dinval *v = efs_list_entry(it, struct efs_fs_dinval, link);
+
+		for (size_t i = 1; i < v->nreq; i++) {
+			const char *pn = efs_inval_req_pending_name(&v->req[i]);
+
+			if (pn && v->req[i].ino == parent && v->req[i].name_len == len &&
+			    memcmp(pn, name, len) == 0)
+				return true;
+		}
+	}
+	return false;
+}
 
 static void dinval_finish(struct efs_fs_dinval *v)
 {
@@ -457,6 +526,7 @@ static void dir_invalidate(void *arg, uint64_t ino, enum efs_lock_mode to, efs_l
 		return;
 	}
 	v->fs = fs;
+	v->nreq = n;
 	v->done = done;
 	v->darg = darg;
 	v->req[0].kind = EFS_INVAL_INODE;

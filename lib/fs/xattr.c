@@ -277,7 +277,7 @@ static int set_plan(struct efs_fs_op *op)
 		return r < 0 ? r : want_xattr_kv(op);
 	}
 	if (!efs_fs_rec(op, op->ino))
-		return -ENOENT;
+		return EFS_FS_GONE;
 	found = op->kv[0].found;
 	if (remove && !found)
 		return -ENODATA;

@@ -175,6 +175,11 @@ static void on_closed(uv_handle_t *h)
 		done(darg);
 }
 
+const char *efs_inval_req_pending_name(const struct efs_inval_req *req)
+{
+	return req->name_copy; /* freed and cleared on the loop as it finishes */
+}
+
 static void finish(struct efs_inval *iv, struct efs_inval_req *req)
 {
 	uint64_t ns = efs_clock_mono_ns() - req->submit_ns;

@@ -117,6 +117,9 @@ void efs_inval_set_session(struct efs_inval *iv, struct fuse_session *se);
  * -ESHUTDOWN (stopping), -ENOMEM; the callback never runs then.
  */
 int efs_inval_submit(struct efs_inval *iv, struct efs_inval_req *req);
+/* The name of an ENTRY or DELETE request that is still pending (submitted,
+ * its callback not yet run), NUL-terminated; NULL otherwise (loop thread). */
+const char *efs_inval_req_pending_name(const struct efs_inval_req *req);
 /* A completion status as a lock release sees it: a kernel connection
  * that is gone (unmounted, stopping, cancelled) or never had
  * notifications caches nothing that could go stale, so those are 0. */

@@ -229,7 +229,7 @@ int efs_file_plan_regular(struct efs_fs_op *op, uint64_t ino, enum efs_lock_mode
 		return efs_fs_want_exact(op, ino, mode);
 	rec = efs_fs_rec(op, ino);
 	if (!rec)
-		return -ENOENT;
+		return EFS_FS_GONE;
 	if (S_ISDIR(rec->mode))
 		return -EISDIR;
 	if (!S_ISREG(rec->mode))
@@ -253,7 +253,7 @@ static int prep_prepare(struct efs_fs_op *op)
 	struct efs_fs_data *d;
 
 	if (!in || !in->rec)
-		return -ENOENT;
+		return EFS_FS_GONE;
 	d = efs_file_state_get(fs, in);
 	if (!d)
 		return -ENOMEM;

@@ -198,7 +198,7 @@ static int tr_prepare(struct efs_fs_op *op)
 	int e;
 
 	if (!in || !in->rec)
-		return -ENOENT;
+		return EFS_FS_GONE;
 	if (!r->d) {
 		d = efs_file_state_get(fs, in);
 		if (!d)
