@@ -478,6 +478,14 @@ static void entry_changed(struct efs_lockcache *lc, const struct efs_locktab_ent
 
 static void remove_entry(struct efs_lockcache *lc, struct efs_locktab_entry *e)
 {
+	struct acq *owner = e->owner;
+
+	/* An acquisition waiting on a watch for the entry tries again: it
+	 * re-reads the keys rather than wait for events that may never come. */
+	if (owner && owner->wait == AW_WATCH) {
+		owner->wait = AW_KICK;
+		kick_soon(lc);
+	}
 	entry_changed(lc, e);
 	set_draining(lc, e, false);
 	efs_locktab_remove(&lc->tab, e);
@@ -1593,6 +1601,69 @@ static void granted(struct acq *a, size_t i, enum efs_lock_mode mode,
 	recall_apply(lc, e->ino);
 }
 
+/*
+ * Other recall keys of ours for the inode |a| waits for (|wait|: the
+ * range its failed transaction read). Each belongs to another acquisition
+ * of this node, which orders itself by it and retries on the watch events
+ * it gets; one that waits on a watch while the inode's entry is no longer
+ * its own (the inode was deleted here and its entry forgotten) may have
+ * missed the events that would let it go on, and the key then holds every
+ * later waiter back, ours included: it is told to try again. A key no
+ * acquisition of ours owns (and whose delete is not pending) is a stray:
+ * it is deleted, as an ended acquisition's key is (which gives back a
+ * grant that came to it). Nothing else would ever remove it before the
+ * session ends.
+ */
+static void own_recalls_check(struct acq *a, const Etcdserverpb__RangeResponse *wait)
+{
+	struct efs_lockcache *lc = a->lc;
+	uint64_t ino = a->req->ino[a->cur];
+
+	for (size_t j = 0; j < wait->n_kvs; j++) {
+		const Mvccpb__KeyValue *kv = wait->kvs[j];
+		struct efs_meta_key_info ki;
+		struct acq *owner = NULL;
+		struct efs_list *n;
+		struct lcall *k;
+
+		if (efs_meta_key_parse(&lc->ns, kv->key.data, kv->key.len, &ki) < 0 ||
+		    ki.family != EFS_META_K_RECALL || ki.num == a->recall_seq ||
+		    strcmp(ki.node, efs_session_node(lc->s)) != 0 ||
+		    kv->lease != efs_session_lease_id(lc->s) || recall_pending(lc, ino, ki.num) ||
+		    (a->recall_rev > 0 && kv->create_revision >= a->recall_rev))
+			continue; /* only older keys hold |a| back */
+		efs_list_for_each(n, &lc->acqs) {
+			struct acq *b = acq_of(n);
+
+			if (b != a && b->recall_seq == ki.num && b->req->ino[b->cur] == ino)
+				owner = b;
+		}
+		if (owner) {
+			const struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, ino);
+
+			if (owner->wait == AW_WATCH && (!e || e->owner != owner)) {
+				efs_log_debug("lock: inode %" PRIu64 ": our acquisition of recall key "
+					      "%" PRIu64 " lost its entry: it tries again",
+					      ino, ki.num);
+				owner->wait = AW_KICK;
+				kick_soon(lc);
+			}
+			continue;
+		}
+		k = lcall_new(lc, NULL, 0);
+		if (!k)
+			continue;
+		efs_log_warn("lock: inode %" PRIu64 ": recall key %" PRIu64
+			     " of this node belongs to no acquisition: deleting it",
+			     ino, ki.num);
+		lc->stats.stray_recalls++;
+		k->kind = CL_RECALL;
+		k->c_ino = ino;
+		k->c_seq = ki.num;
+		cleanup_start(lc, k);
+	}
+}
+
 /* Finds our own holder key of |ino| in |hold| (a failure branch's range). */
 static enum efs_lock_mode own_holder(struct efs_lockcache *lc,
 				     const Etcdserverpb__RangeResponse *hold)
@@ -1693,6 +1764,7 @@ static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *
 		    strcmp(ki.node, efs_session_node(lc->s)) == 0)
 			a->recall_rev = kv->create_revision;
 	}
+	own_recalls_check(a, wait);
 	if (a->recall_rev > 0 && !a->recall_ns)
 		a->recall_ns = now_ns();
 	if (k->up_plain) {
@@ -3197,11 +3269,16 @@ static int add_grant(struct efs_lockcache *lc, struct efs_etcd_txn *t,
  * The recall key of an acquisition that ended (cancelled, interrupted,
  * timed out, given way) is deleted by a CL_RECALL cleanup, which also reads
  * our holder keys of |ino| (|resp|: its reply): a release may have granted
- * us the lock before the delete (after it, the grant's compare fails). No
- * entry of ours for the inode means no acquisition wants it (one in
- * progress has its entry, and its transaction finds the key ours), so the
- * key is deleted at once (a CL_GIVE_BACK cleanup), never left on our lease
- * unused while a peer may wait behind it; the peer's watch sees the delete.
+ * us the lock before the delete (after it, the grant's compare fails).
+ * Unless an acquisition of ours is in progress (it owns the inode's entry,
+ * and its transaction finds the key ours) or our entry holds that mode
+ * already (the key is the one it holds), nothing here will ever use the
+ * key: so it is deleted at once (a CL_GIVE_BACK cleanup), never left on
+ * our lease unused while a peer may wait behind it; the peer's watch sees
+ * the delete. An entry that holds less counts as none: an upgrade that
+ * gave way keeps its shared hold and entry, and an exclusive key granted
+ * to it then was never released by anything (recalls ask the entry for
+ * what it holds), so the peers behind it waited until their own timeout.
  * What the reply read may be old by the time it arrives: the grant may
  * have been accepted, used and released meanwhile, and a new hold put a
  * key again. So the delete compares the key's create revision (the grant
@@ -3218,11 +3295,14 @@ static void orphan_grant(struct efs_lockcache *lc, uint64_t ino,
 
 		if (efs_etcd_txn_resp_range(resp, i, &rg) < 0)
 			continue;
+		enum efs_lock_mode keep = i == 1 ? EFS_LOCK_EXCLUSIVE : EFS_LOCK_SHARED;
+
 		for (size_t j = 0; j < rg->n_kvs; j++) {
+			const struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, ino);
 			struct lcall *k;
 
 			if (rg->kvs[j]->lease != efs_session_lease_id(lc->s) ||
-			    efs_locktab_find(&lc->tab, ino))
+			    (e && (e->owner || e->mode >= (int)keep)))
 				continue;
 			k = lcall_new(lc, NULL, 0);
 			if (!k) {
@@ -3234,7 +3314,7 @@ static void orphan_grant(struct efs_lockcache *lc, uint64_t ino,
 			}
 			k->kind = CL_GIVE_BACK;
 			k->c_ino = ino;
-			k->keep = i == 1 ? EFS_LOCK_EXCLUSIVE : EFS_LOCK_SHARED;
+			k->keep = keep;
 			k->c_rev = rg->kvs[j]->create_revision;
 			lc->stats.grants_returned++;
 			efs_log_debug("lock: inode %" PRIu64 ": granted after its wait ended "

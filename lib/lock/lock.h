@@ -493,6 +493,7 @@ struct efs_lockcache_stats {
 	uint64_t releases_early;     /* idle releases that rode another transaction */
 	uint64_t direct_grants;	     /* waiters granted a lock by its releasing txn */
 	uint64_t grants_returned;    /* locks granted after their wait ended, given back */
+	uint64_t stray_recalls;      /* recall keys of ours no acquisition owned, deleted */
 };
 void efs_lockcache_get_stats(const struct efs_lockcache *lc, struct efs_lockcache_stats *ret);
 
