@@ -240,6 +240,10 @@ struct efs_fs_inode {
 	/* The handles of them opened under fs epoch |live_epoch|: after a
 	 * lost session only those still count (efs_fs_live_opens). */
 	uint32_t live_opens;
+	/* Opens between their lock and their handle (the open reference's
+	 * commit): they count as open, so that an unlink of this node in
+	 * that window keeps the file as an orphan. */
+	uint32_t opening;
 	uint64_t live_epoch;
 	uint64_t mseq;		    /* bumped by each name change this node makes */
 	/* This node's open reference r/<ino><node> (reclaim.c): the fs epoch

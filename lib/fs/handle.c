@@ -74,7 +74,9 @@ void efs_fs_handle_free(struct efs_fs *fs, struct efs_fs_handle *h)
 
 uint32_t efs_fs_live_opens(const struct efs_fs *fs, const struct efs_fs_inode *in)
 {
-	return in && in->live_epoch == fs->epoch ? in->live_opens : 0;
+	if (!in)
+		return 0;
+	return (in->live_epoch == fs->epoch ? in->live_opens : 0) + in->opening;
 }
 
 int efs_fs_handle_check(const struct efs_fs *fs, const struct efs_fs_handle *h)

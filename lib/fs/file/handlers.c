@@ -98,7 +98,10 @@ static void open_finish(struct dreq *r)
 static void open_oref_cb(void *arg, int status)
 {
 	struct dreq *r = arg;
+	struct efs_fs_inode *in = efs_fs_ifind(r->fs, r->ino);
 
+	if (in && in->opening)
+		in->opening--;
 	if (status < 0) {
 		efs_file_dreq_end(r, status);
 		return;
@@ -124,9 +127,16 @@ static void open_cont(struct dreq *r)
 		open_finish(r);
 		return;
 	}
+	/* The engine's mutex is no longer held: an unlink of this node may
+	 * run before the handle exists, and must count this open. */
+	if (in)
+		in->opening++;
 	e = efs_fs_oref_take(fs, r->ino, open_oref_cb, r);
-	if (e < 0)
+	if (e < 0) {
+		if (in && in->opening)
+			in->opening--;
 		efs_file_dreq_end(r, e == -ENOMEM ? e : -EIO);
+	}
 }
 
 void efs_fs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
