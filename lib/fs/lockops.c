@@ -238,9 +238,13 @@ double efs_fs_entry_timeout(struct efs_fs *fs, uint64_t parent, const char *name
  * waiting for the directory's kernel lock, as it does behind the rename
  * above), the lookup is a revalidation: the kernel takes the ESTALE as
  * "drop it and look it up afresh", and that fresh lookup reaches the
- * system call. So such a name gets one more ESTALE, and is no longer
- * counted as held by the kernel.
+ * system call. So such a name gets an ESTALE of its own, once, and is no
+ * longer counted as held; the fresh lookup still gets the one above.
  */
+/* in->kal_estales: which ESTALEs the current name had (each at most once). */
+#define KAL_FRESH 1u /* a fresh lookup's: the system call retries */
+#define KAL_HELD 2u  /* a revalidation's: the kernel looks up afresh */
+
 static uint64_t kal_hash(const char *name, size_t len)
 {
 	return name_hash(name, len) | 1; /* never 0: 0 means none */
@@ -254,6 +258,7 @@ int efs_fs_kalias_check(struct efs_fs *fs, uint64_t parent, const char *name, si
 {
 	uint64_t h = kal_hash(name, len);
 	struct efs_fs_inode *in;
+	bool first;
 
 	for (unsigned i = 0; i < sizeof(fs->kal_ring) / sizeof(fs->kal_ring[0]); i++) {
 		if (fs->kal_ring[i].parent != parent || fs->kal_ring[i].name != h)
@@ -268,17 +273,23 @@ int efs_fs_kalias_check(struct efs_fs *fs, uint64_t parent, const char *name, si
 		return 0;
 	in = efs_fs_ifind(fs, ino);
 	if (!in || !in->nlookup || in->kal_parent != parent || in->kal_name == h ||
-	    in->kal_grant == efs_lock_grant(fs->lc, parent) || in->kal_estales >= 2)
+	    in->kal_grant == efs_lock_grant(fs->lc, parent))
 		return 0;
-	if (kname_maybe_held(fs, parent, name, len)) {
+	if (!(in->kal_estales & KAL_HELD) && kname_maybe_held(fs, parent, name, len)) {
 		struct efs_fs_inode *dir = efs_fs_ifind(fs, parent);
 
+		/* A revalidation: its ESTALE never reaches the caller. */
 		if (dir)
 			knames_forget(dir, name, len);
-	} else if (in->kal_estales >= 1) {
+		first = !in->kal_estales;
+		in->kal_estales |= KAL_HELD;
+	} else if (!(in->kal_estales & KAL_FRESH)) {
+		first = !in->kal_estales;
+		in->kal_estales |= KAL_FRESH;
+	} else {
 		return 0;
 	}
-	if (in->kal_estales++ == 0) {
+	if (first) {
 		unsigned k = fs->kal_next++ % (sizeof(fs->kal_ring) / sizeof(fs->kal_ring[0]));
 
 		fs->kal_ring[k].parent = parent;
