@@ -1969,9 +1969,7 @@ static const struct check checks[] = {
 	CHECK(without_invalidations_a_node_sees_stale_attributes_and_names, 60, RUN_FULL),
 	CHECK(etcfsctl_locks_and_members_describe_the_cluster, 60, RUN_FULL),
 	CHECK(histories_of_six_processes_on_three_nodes_are_linearizable, 120, RUN_FULL),
-	/* Unlinks timing out after 10 s (docs/TESTING.md): only when named
-	 * until that is understood. */
-	CHECK(histories_with_unlinks_are_linearizable, 120, RUN_NAMED),
+	CHECK(histories_with_unlinks_are_linearizable, 120, RUN_FULL),
 	CHECK(histories_with_renames_are_linearizable, 120, RUN_FULL),
 	CHECK(without_invalidations_the_history_checker_finds_a_violation, 120, RUN_SUBSET),
 	CHECK(without_recall_answers_history_operations_time_out, 120, RUN_FULL),
