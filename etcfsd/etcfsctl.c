@@ -28,6 +28,7 @@
 
 #include <uv.h>
 
+#include "backup.h"
 #include "cli.h"
 #include "config.h"
 #include "etcd/etcd.h"
@@ -2711,6 +2712,18 @@ out:
 	return ret;
 }
 
+/* ---- backup, restore (backup.c) ---- */
+
+static int cmd_backup(int argc, char **argv)
+{
+	return efs_backup_cmd(prog, argc, argv);
+}
+
+static int cmd_restore(int argc, char **argv)
+{
+	return efs_restore_cmd(prog, argc, argv);
+}
+
 /* ---- subcommand table ---- */
 
 struct subcmd {
@@ -2726,6 +2739,8 @@ static const struct subcmd subcmds[] = {
 	{"locks", cmd_locks, "inode locks held and recalls waiting, across the nodes"},
 	{"members", cmd_members, "the nodes of a filesystem: sessions, leases, clock skew"},
 	{"evict", cmd_evict, "fence a wedged node: end its session, bump its generation"},
+	{"backup", cmd_backup, "copy a filesystem's metadata and blocks into one file"},
+	{"restore", cmd_restore, "restore a backup onto a device and an empty keyspace"},
 };
 
 static void usage(FILE *f)

@@ -1,0 +1,1571 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * etcfsctl backup / restore. The stream format is docs/FORMAT.md section 6:
+ * a fixed header, then records (type, length, payload, CRC32C), one SB
+ * record (the device's block 0), META records (key relative to the prefix,
+ * value), DATA records (a device block run and its bytes), and an END
+ * record with the totals and a CRC32C of every byte before it.
+ *
+ * Why the pieces are where they are:
+ *  - The metadata is read at the revision of a pin/backup.* key that this
+ *    command puts first: the maintenance node never compacts past a pin, so
+ *    every page of the range read is served at that one revision however
+ *    long the copy takes.
+ *  - Nodes publish buffered writes at least every --flush-interval (1 s by
+ *    default); the backup waits --settle (2 s) before it takes its revision,
+ *    so everything written before the command started is in it. There is
+ *    no request key that makes nodes publish at once (see
+ *    docs/OPERATIONS.md).
+ *  - Blocks freed after the revision may be reused by the allocators while
+ *    the copy runs: the allocators do not yet honour a hold (the design is
+ *    in docs/DESIGN.md, "Backup and restore"), so a backup is exact only
+ *    when nothing frees blocks meanwhile.
+ *  - restore reads its input twice: once to check everything, once to
+ *    write; a stream cannot be checked before it is written, so restore
+ *    wants a file.
+ */
+#include "backup.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "etcd/kv.h"
+#include "etcd/sync.h"
+#include "etcd/txn.h"
+#include "meta/keys.h"
+#include "meta/records.h"
+#include "meta/sb.h"
+#include "util/mem.h"
+
+/* ---- The stream format ---- */
+
+#define BK_MAGIC	  "ETCFSBAK"
+#define BK_VERSION	  1u
+#define BK_HEADER_SIZE	  160u
+#define BK_REC_HEAD	  8u
+#define BK_MAX_PAYLOAD	  (8u << 20)
+#define BK_DATA_CHUNK	  (1u << 20) /* bytes of device data per DATA record */
+#define BK_TXN_OPS	  100	     /* etcd allows 128 operations per transaction */
+#define BK_TXN_BYTES	  (1u << 20) /* and 1.5 MiB per request */
+
+enum { REC_SB = 1, REC_META = 2, REC_DATA = 3, REC_END = 0x7f };
+
+struct bk_header {
+	uint32_t version, block_size;
+	uint8_t uuid[16];
+	char name[EFS_META_FSNAME_MAX + 1];
+	uint64_t revision, data_start, device_size;
+	int64_t created_ns;
+};
+
+static void le16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static void le32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void le64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t get16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+static void header_encode(const struct bk_header *h, uint8_t out[BK_HEADER_SIZE])
+{
+	memset(out, 0, BK_HEADER_SIZE);
+	memcpy(out, BK_MAGIC, 8);
+	le32(out + 8, h->version);
+	le32(out + 12, 0); /* flags */
+	le32(out + 16, h->block_size);
+	le32(out + 20, BK_HEADER_SIZE);
+	memcpy(out + 24, h->uuid, 16);
+	memcpy(out + 40, h->name, strlen(h->name));
+	le64(out + 120, h->revision);
+	le64(out + 128, h->data_start);
+	le64(out + 136, h->device_size);
+	le64(out + 144, (uint64_t)h->created_ns);
+	le32(out + 156, efs_crc32c(0, out, 156));
+}
+
+/* 0, or -EUCLEAN with |why|. */
+static int header_decode(const uint8_t in[BK_HEADER_SIZE], struct bk_header *h, const char **why)
+{
+	if (memcmp(in, BK_MAGIC, 8) != 0) {
+		*why = "not an etcfs backup (no ETCFSBAK magic)";
+		return -EUCLEAN;
+	}
+	if (get32(in + 156) != efs_crc32c(0, in, 156)) {
+		*why = "header checksum mismatch";
+		return -EUCLEAN;
+	}
+	h->version = get32(in + 8);
+	if (h->version != BK_VERSION) {
+		*why = "unsupported backup format version";
+		return -EUCLEAN;
+	}
+	if (get32(in + 12) != 0 || get32(in + 20) != BK_HEADER_SIZE ||
+	    !memchr(in + 40, 0, 80)) {
+		*why = "unknown header flags or size";
+		return -EUCLEAN;
+	}
+	h->block_size = get32(in + 16);
+	memcpy(h->uuid, in + 24, 16);
+	memcpy(h->name, in + 40, 80);
+	h->name[EFS_META_FSNAME_MAX] = '\0';
+	h->revision = get64(in + 120);
+	h->data_start = get64(in + 128);
+	h->device_size = get64(in + 136);
+	h->created_ns = (int64_t)get64(in + 144);
+	if (!efs_meta_fsname_is_valid(h->name) || h->block_size < 1024 ||
+	    h->block_size > 65536 || (h->block_size & (h->block_size - 1)) || !h->revision) {
+		*why = "impossible header fields";
+		return -EUCLEAN;
+	}
+	return 0;
+}
+
+/* ---- Progress: a bar on a terminal, plain lines otherwise (stderr) ---- */
+
+struct progress {
+	const char *what;
+	uint64_t total, done;
+	double t0, last;
+	bool tty;
+	int last_tenth;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void progress_print(struct progress *p, bool final)
+{
+	double el = now_s() - p->t0;
+	double rate = el > 0 ? (double)p->done / el : 0;
+	double frac = p->total ? (double)p->done / (double)p->total : 1;
+	double left = rate > 0 && p->total > p->done ? (double)(p->total - p->done) / rate : 0;
+	char bar[31];
+
+	if (frac > 1)
+		frac = 1;
+	if (p->tty) {
+		int fill = (int)(frac * 30);
+
+		for (int i = 0; i < 30; i++)
+			bar[i] = i < fill ? '#' : '.';
+		bar[30] = '\0';
+		fprintf(stderr, "\r%-9s [%s] %3d%% %8.1f MiB/s  %d:%02d left ", p->what, bar,
+			(int)(frac * 100), rate / 1048576.0, (int)left / 60, (int)left % 60);
+		if (final)
+			fputc('\n', stderr);
+	} else {
+		fprintf(stderr, "%s: %" PRIu64 " of %" PRIu64 " MiB (%d%%), %.1f MiB/s, %d s left\n",
+			p->what, p->done >> 20, p->total >> 20, (int)(frac * 100),
+			rate / 1048576.0, (int)left);
+	}
+	fflush(stderr);
+}
+
+static void progress_start(struct progress *p, const char *what, uint64_t total)
+{
+	*p = (struct progress){.what = what, .total = total, .t0 = now_s(), .last_tenth = -1};
+	p->tty = isatty(STDERR_FILENO);
+	p->last = p->t0;
+}
+
+static void progress_add(struct progress *p, uint64_t n)
+{
+	double t = now_s();
+	int tenth;
+
+	p->done += n;
+	tenth = p->total ? (int)(p->done * 10 / p->total) : 10;
+	if (p->tty ? t - p->last >= 0.2 : (tenth != p->last_tenth && tenth < 10) ||
+					     t - p->last >= 5) {
+		p->last = t;
+		p->last_tenth = tenth;
+		progress_print(p, false);
+	}
+}
+
+static void progress_done(struct progress *p)
+{
+	if (p->tty)
+		progress_print(p, true);
+}
+
+/* ---- Buffered output with the running stream checksum ---- */
+
+struct out {
+	int fd;
+	uint8_t *buf;
+	size_t len, cap;
+	uint32_t crc;	/* CRC32C of every byte written so far */
+	uint64_t bytes; /* bytes written so far */
+};
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+	while (n) {
+		ssize_t w = write(fd, p, n);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return -errno;
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+static int out_flush(struct out *o)
+{
+	int r = write_all(o->fd, o->buf, o->len);
+
+	o->len = 0;
+	return r;
+}
+
+static int out_put(struct out *o, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+
+	o->crc = efs_crc32c(o->crc, p, n);
+	o->bytes += n;
+	while (n) {
+		size_t k = o->cap - o->len < n ? o->cap - o->len : n;
+		int r;
+
+		memcpy(o->buf + o->len, b, k);
+		o->len += k;
+		b += k;
+		n -= k;
+		if (o->len == o->cap) {
+			r = out_flush(o);
+			if (r < 0)
+				return r;
+		}
+	}
+	return 0;
+}
+
+/* One record: |head| bytes then |body| bytes form the payload. */
+static int out_record(struct out *o, int type, const void *head, size_t head_len,
+		      const void *body, size_t body_len)
+{
+	uint8_t rh[BK_REC_HEAD] = {(uint8_t)type}, c[4];
+	uint32_t crc;
+	int r;
+
+	le32(rh + 4, (uint32_t)(head_len + body_len));
+	crc = efs_crc32c(0, rh, sizeof(rh));
+	crc = efs_crc32c(crc, head, head_len);
+	crc = efs_crc32c(crc, body, body_len);
+	le32(c, crc);
+	r = out_put(o, rh, sizeof(rh));
+	if (r == 0)
+		r = out_put(o, head, head_len);
+	if (r == 0)
+		r = out_put(o, body, body_len);
+	if (r == 0)
+		r = out_put(o, c, 4);
+	return r;
+}
+
+/* ---- Block runs ---- */
+
+struct run {
+	uint64_t start, count;
+};
+
+struct runs {
+	struct run *v;
+	size_t n, cap;
+};
+
+static int runs_add(struct runs *rs, uint64_t start, uint64_t count)
+{
+	if (rs->n == rs->cap) {
+		size_t cap = rs->cap ? rs->cap * 2 : 256;
+		struct run *v = efs_mem_realloc(rs->v, cap * sizeof(*v));
+
+		if (!v)
+			return -ENOMEM;
+		rs->v = v;
+		rs->cap = cap;
+	}
+	rs->v[rs->n++] = (struct run){start, count};
+	return 0;
+}
+
+static int run_cmp(const void *a, const void *b)
+{
+	const struct run *x = a, *y = b;
+
+	return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* Sorts and merges overlapping and adjacent runs; returns the block total. */
+static uint64_t runs_merge(struct runs *rs)
+{
+	size_t w = 0;
+	uint64_t total = 0;
+
+	if (!rs->n)
+		return 0;
+	qsort(rs->v, rs->n, sizeof(*rs->v), run_cmp);
+	for (size_t i = 1; i < rs->n; i++) {
+		struct run *last = &rs->v[w];
+
+		if (rs->v[i].start <= last->start + last->count) {
+			uint64_t end = rs->v[i].start + rs->v[i].count;
+
+			if (end > last->start + last->count)
+				last->count = end - last->start;
+		} else {
+			rs->v[++w] = rs->v[i];
+		}
+	}
+	rs->n = w + 1;
+	for (size_t i = 0; i < rs->n; i++)
+		total += rs->v[i].count;
+	return total;
+}
+
+/* The first block of |need| (merged) not inside |have| (merged), or
+ * UINT64_MAX when every block is. */
+static uint64_t runs_first_missing(const struct runs *need, const struct runs *have)
+{
+	size_t j = 0;
+
+	for (size_t i = 0; i < need->n; i++) {
+		uint64_t b = need->v[i].start, end = b + need->v[i].count;
+
+		while (b < end) {
+			while (j < have->n && have->v[j].start + have->v[j].count <= b)
+				j++;
+			if (j == have->n || have->v[j].start > b)
+				return b;
+			b = have->v[j].start + have->v[j].count;
+		}
+	}
+	return UINT64_MAX;
+}
+
+/* Adds the blocks of an ExtentChunk value (preallocated extents read as
+ * zeroes and are not copied). -EBADMSG/-EUCLEAN for a chunk that does not
+ * decode, -ERANGE for an extent outside |dev_blocks|. */
+static int runs_add_chunk(struct runs *rs, const uint8_t *v, size_t len, uint64_t dev_blocks)
+{
+	Etcfs__ExtentChunk *ch = NULL;
+	int r = efs_meta_extent_chunk_decode(v, len, &ch, NULL);
+
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < ch->n_extents && r == 0; i++) {
+		const Etcfs__Extent *e = ch->extents[i];
+
+		if (e->flags & EFS_META_EXTENT_F_PREALLOC)
+			continue;
+		if (e->dev_block >= dev_blocks || e->count > dev_blocks - e->dev_block)
+			r = -ERANGE;
+		else
+			r = runs_add(rs, e->dev_block, e->count);
+	}
+	efs_meta_record_free(ch);
+	return r;
+}
+
+/* ---- Options shared by both commands ---- */
+
+enum { OPT_ETCD = 0x100, OPT_HELP, OPT_SETTLE };
+
+static volatile sig_atomic_t interrupted;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	interrupted = 1;
+}
+
+static void catch_signals(void)
+{
+	struct sigaction sa = {.sa_handler = on_signal};
+
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+}
+
+/* Parses the options; the positionals go to |pos| (exactly |npos|).
+ * Returns -1 to go on, else the exit status. */
+static int parse_args(const char *prog, int argc, char **argv, struct efs_cli_etcd *conn,
+		      uint32_t *settle_ms, const char **pos, int npos, void (*help)(const char *))
+{
+	static const struct option longopts[] = {
+		EFS_CLI_ETCD_LONGOPTS(OPT_ETCD),
+		{"help", no_argument, NULL, OPT_HELP},
+		{"settle", required_argument, NULL, OPT_SETTLE},
+		{NULL, 0, NULL, 0},
+	};
+	char err[EFS_CLI_ERR_MAX] = "";
+	int opt, idx, r;
+
+	r = efs_cli_etcd_defaults(conn, err, sizeof(err));
+	if (r < 0) {
+		efs_cli_print_err(prog, r, err);
+		return EFS_BACKUP_EXIT_USAGE;
+	}
+	for (;;) {
+		idx = 0;
+		opt = getopt_long(argc, argv, "", longopts, &idx);
+		if (opt == -1)
+			break;
+		if (opt == OPT_ETCD) {
+			r = efs_cli_etcd_option(conn, longopts[idx].name, optarg, err, sizeof(err));
+			if (r < 0) {
+				efs_cli_print_err(prog, r, err);
+				return EFS_BACKUP_EXIT_USAGE;
+			}
+		} else if (opt == OPT_HELP) {
+			help(prog);
+			return EFS_BACKUP_EXIT_OK;
+		} else if (opt == OPT_SETTLE && settle_ms) {
+			char *end;
+			double v;
+
+			errno = 0;
+			v = strtod(optarg, &end);
+			if (errno || end == optarg || *end || v < 0 || v > 3600) {
+				fprintf(stderr, "%s: --settle '%s': seconds from 0 to 3600\n", prog,
+					optarg);
+				return EFS_BACKUP_EXIT_USAGE;
+			}
+			*settle_ms = (uint32_t)(v * 1000 + 0.5);
+		} else {
+			fprintf(stderr, "Try '%s %s --help'.\n", prog, argv[0]);
+			return EFS_BACKUP_EXIT_USAGE;
+		}
+	}
+	if (argc - optind != npos) {
+		fprintf(stderr, "%s: %s wants %d arguments (see --help)\n", prog, argv[0], npos);
+		return EFS_BACKUP_EXIT_USAGE;
+	}
+	for (int i = 0; i < npos; i++)
+		pos[i] = argv[optind + i];
+	r = efs_cli_etcd_finish(conn, err, sizeof(err));
+	if (r < 0) {
+		efs_cli_print_err(prog, r, err);
+		return EFS_BACKUP_EXIT_USAGE;
+	}
+	return -1;
+}
+
+/* ---- backup ---- */
+
+static void usage_backup(const char *prog)
+{
+	printf("Usage: %s backup [OPTIONS] DEVICE OUTPUT\n"
+	       "\n"
+	       "Copies filesystem DEVICE (its superblock names the keyspace) into one backup:\n"
+	       "the metadata at one etcd revision and every device block that revision's\n"
+	       "extents reference. OUTPUT is a file (created; an existing one is refused), a\n"
+	       "directory (the file NAME-REVISION.etcfs-backup is created in it) or - for\n"
+	       "stdout. The filesystem may stay mounted: the command first waits --settle\n"
+	       "seconds (default 2: twice the nodes' default --flush-interval) so that what\n"
+	       "was written before it started is published, then pins the revision it reads\n"
+	       "(pin/backup.*) so that compaction keeps it while the copy runs.\n"
+	       "\n"
+	       "  --settle SECONDS   wait before taking the revision (default 2; 0: none)\n"
+	       "\n"
+	       "%s\n"
+	       "Exit status: 0 success; 2 usage error; 3 cannot connect to etcd; 4 failed.\n",
+	       prog, efs_cli_etcd_usage());
+}
+
+struct bk {
+	const char *prog;
+	struct efs_etcd_sync *s;
+	struct efs_meta_ns ns;
+	struct efs_sb sb;
+	int fd, dfd; /* the device, buffered and O_DIRECT (-1 when refused) */
+	uint8_t *io;   /* BK_DATA_CHUNK bytes, aligned */
+	struct out o;
+	struct runs runs;
+	int64_t rev;
+	uint64_t keys, skipped, data_records, blocks;
+	char pin_name[64];
+	bool pinned;
+	char err[EFS_CLI_ERR_MAX];
+};
+
+/* Reads |len| bytes at |off| of the device, O_DIRECT when it allows. */
+static int dev_read(struct bk *b, uint64_t off, size_t len)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t n = -1;
+
+		if (b->dfd >= 0) {
+			n = pread(b->dfd, b->io + done, len - done, (off_t)(off + done));
+			if (n < 0 && errno == EINVAL) {
+				close(b->dfd);
+				b->dfd = -1;
+			}
+		}
+		if (b->dfd < 0)
+			n = pread(b->fd, b->io + done, len - done, (off_t)(off + done));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			return -EIO; /* the device is shorter than its extents */
+		done += (size_t)n;
+	}
+	return 0;
+}
+
+/* Puts pin/<name> = the current revision: compaction keeps every revision
+ * from it on. The revision of that put is the backup's. */
+static int bk_pin(struct bk *b)
+{
+	struct efs_meta_key k, sbk;
+	int64_t cur = 0, put_rev = 0;
+	char val[32];
+	int r;
+
+	snprintf(b->pin_name, sizeof(b->pin_name), "backup.%ld.%ld", (long)getpid(),
+		 (long)time(NULL));
+	r = efs_meta_key_sb(&b->ns, &sbk);
+	if (r == 0)
+		r = efs_meta_key_pin(&b->ns, b->pin_name, &k);
+	if (r < 0)
+		return r;
+	r = efs_etcd_sync_get(b->s, sbk.buf, sbk.len, NULL, &cur);
+	if (r < 0)
+		return r;
+	snprintf(val, sizeof(val), "%" PRId64, cur);
+	r = efs_etcd_sync_put(b->s, k.buf, k.len, val, strlen(val), 0, &put_rev);
+	if (r < 0)
+		return r;
+	b->pinned = true;
+	b->rev = put_rev;
+	return 0;
+}
+
+static void bk_unpin(struct bk *b)
+{
+	struct efs_meta_key k;
+
+	if (!b->pinned || efs_meta_key_pin(&b->ns, b->pin_name, &k) < 0)
+		return;
+	if (efs_etcd_sync_delete(b->s, k.buf, k.len, false, NULL) < 0)
+		fprintf(stderr, "%s: could not delete the pin %.*s (compaction stays held until it is deleted)\n",
+			b->prog, (int)k.len, (const char *)k.buf);
+	b->pinned = false;
+}
+
+/* One key of the snapshot: a META record, and its extents' blocks. */
+static int bk_kv(struct bk *b, const Mvccpb__KeyValue *kv)
+{
+	struct efs_meta_key_info ki;
+	uint8_t head[2];
+	size_t rel;
+	int r;
+
+	if (kv->key.len < b->ns.len || memcmp(kv->key.data, b->ns.prefix, b->ns.len) != 0)
+		return 0;
+	r = efs_meta_key_parse(&b->ns, kv->key.data, kv->key.len, &ki);
+	/* Session state (holders, open references, owners, nodes, the
+	 * maintenance election) rides leases that a restore cannot bring
+	 * back; pins are this and other tools' own. */
+	if (kv->lease != 0 || (r == 0 && ki.family == EFS_META_K_PIN)) {
+		b->skipped++;
+		return 0;
+	}
+	if (r == 0 && ki.family == EFS_META_K_EXTENT) {
+		r = runs_add_chunk(&b->runs, kv->value.data, kv->value.len,
+				   b->sb.device_size / b->sb.block_size);
+		if (r < 0) {
+			snprintf(b->err, sizeof(b->err),
+				 "extent chunk %.*s %s; run fsck.etcfs first", (int)kv->key.len,
+				 (const char *)kv->key.data,
+				 r == -ERANGE ? "points outside the device" : "does not decode");
+			return -EUCLEAN;
+		}
+	}
+	rel = kv->key.len - b->ns.len;
+	if (kv->value.len > BK_MAX_PAYLOAD - 2 - rel) {
+		snprintf(b->err, sizeof(b->err), "value of %.*s too large", (int)kv->key.len,
+			 (const char *)kv->key.data);
+		return -EFBIG;
+	}
+	uint8_t *rec = efs_mem_malloc(2 + rel);
+
+	if (!rec)
+		return -ENOMEM;
+	le16(head, (uint16_t)rel);
+	memcpy(rec, head, 2);
+	memcpy(rec + 2, kv->key.data + b->ns.len, rel);
+	r = out_record(&b->o, REC_META, rec, 2 + rel, kv->value.data, kv->value.len);
+	efs_mem_free(rec);
+	if (r < 0) {
+		snprintf(b->err, sizeof(b->err), "writing the backup: %s", strerror(-r));
+		return r;
+	}
+	b->keys++;
+	return 0;
+}
+
+/* The whole prefix at b->rev, in pages. */
+static int bk_metadata(struct bk *b)
+{
+	struct efs_meta_range range;
+	uint8_t start[EFS_META_KEY_MAX + 1];
+	size_t start_len;
+	int r;
+
+	r = efs_meta_range_fs(&b->ns, &range);
+	if (r < 0)
+		return r;
+	memcpy(start, range.key.buf, range.key.len);
+	start_len = range.key.len;
+	for (;;) {
+		Etcdserverpb__RangeRequest req = ETCDSERVERPB__RANGE_REQUEST__INIT;
+		struct efs_etcd_range_opts ro = {
+			.range_end = range.end.buf,
+			.range_end_len = range.end.len,
+			.limit = EFS_CLI_PAGE,
+			.revision = b->rev,
+		};
+		Etcdserverpb__RangeResponse *resp;
+		ProtobufCMessage *m;
+		bool more;
+
+		if (interrupted)
+			return -EINTR;
+		r = efs_etcd_range_fill(&req, start, start_len, &ro, NULL);
+		if (r < 0)
+			return r;
+		r = efs_etcd_sync_call(b->s, EFS_ETCD_RANGE, &req.base, &m, NULL);
+		if (r < 0) {
+			snprintf(b->err, sizeof(b->err), "reading the keyspace at revision %" PRId64 ": %s",
+				 b->rev, efs_etcd_sync_last_message(b->s));
+			return r;
+		}
+		resp = (Etcdserverpb__RangeResponse *)m;
+		for (size_t i = 0; i < resp->n_kvs && r == 0; i++)
+			r = bk_kv(b, resp->kvs[i]);
+		more = resp->more && resp->n_kvs > 0;
+		if (r == 0 && more) {
+			const Mvccpb__KeyValue *last = resp->kvs[resp->n_kvs - 1];
+
+			if (last->key.len > EFS_META_KEY_MAX) {
+				r = -EUCLEAN;
+			} else {
+				memcpy(start, last->key.data, last->key.len);
+				start[last->key.len] = 0;
+				start_len = last->key.len + 1;
+			}
+		}
+		protobuf_c_message_free_unpacked(m, efs_mem_protobuf());
+		if (r < 0 || !more)
+			return r;
+	}
+}
+
+static int bk_blocks(struct bk *b)
+{
+	uint32_t bs = b->sb.block_size;
+	uint64_t per = BK_DATA_CHUNK / bs;
+	struct progress p;
+	int r;
+
+	b->blocks = runs_merge(&b->runs);
+	progress_start(&p, "backup", b->blocks * bs);
+	for (size_t i = 0; i < b->runs.n; i++) {
+		uint64_t blk = b->runs.v[i].start, left = b->runs.v[i].count;
+
+		while (left) {
+			uint64_t n = left < per ? left : per;
+			uint8_t head[16] = {0};
+
+			if (interrupted)
+				return -EINTR;
+			r = dev_read(b, blk * bs, (size_t)(n * bs));
+			if (r < 0) {
+				snprintf(b->err, sizeof(b->err), "reading device block %" PRIu64 ": %s",
+					 blk, strerror(-r));
+				return r;
+			}
+			le64(head, blk);
+			le32(head + 8, (uint32_t)n);
+			r = out_record(&b->o, REC_DATA, head, 16, b->io, (size_t)(n * bs));
+			if (r < 0) {
+				snprintf(b->err, sizeof(b->err), "writing the backup: %s",
+					 strerror(-r));
+				return r;
+			}
+			b->data_records++;
+			progress_add(&p, n * bs);
+			blk += n;
+			left -= n;
+		}
+	}
+	progress_done(&p);
+	return 0;
+}
+
+static int bk_trailer(struct bk *b)
+{
+	uint8_t t[40] = {0};
+
+	le64(t, b->keys);
+	le64(t + 8, b->data_records);
+	le64(t + 16, b->blocks);
+	le64(t + 24, b->o.bytes);
+	le32(t + 32, b->o.crc);
+	return out_record(&b->o, REC_END, t, sizeof(t), NULL, 0);
+}
+
+int efs_backup_cmd(const char *prog, int argc, char **argv)
+{
+	struct efs_cli_etcd conn = {0};
+	struct efs_cli_device dev = {.fd = -1};
+	struct bk b = {.prog = prog, .fd = -1, .dfd = -1, .o.fd = -1};
+	uint32_t settle_ms = 2000;
+	const char *pos[2];
+	char path[PATH_MAX] = "", partial[PATH_MAX + 16] = "";
+	Etcfs__FsInfo *fi = NULL;
+	struct bk_header h = {0};
+	uint8_t hb[BK_HEADER_SIZE];
+	double t0 = now_s();
+	struct stat st;
+	int ret, r;
+
+	ret = parse_args(prog, argc, argv, &conn, &settle_ms, pos, 2, usage_backup);
+	if (ret >= 0)
+		goto out;
+	ret = EFS_BACKUP_EXIT_FAILED;
+	catch_signals();
+	if (!strcmp(pos[1], "-") && isatty(STDOUT_FILENO)) {
+		fprintf(stderr, "%s: refusing to write a backup to a terminal\n", prog);
+		ret = EFS_BACKUP_EXIT_USAGE;
+		goto out;
+	}
+	r = efs_cli_etcd_connect(&conn, &b.s, b.err, sizeof(b.err));
+	if (r < 0) {
+		efs_cli_print_err(prog, r, b.err);
+		ret = EFS_BACKUP_EXIT_NOCONNECT;
+		goto out;
+	}
+	r = efs_cli_device_open(pos[0], false, &dev, b.err, sizeof(b.err));
+	if (r == 0)
+		r = efs_cli_check_fs(b.s, &dev, &b.sb, NULL, &fi, b.err, sizeof(b.err));
+	if (r < 0) {
+		efs_cli_print_err(prog, r, b.err);
+		goto out;
+	}
+	b.fd = dev.fd;
+	b.dfd = open(pos[0], O_RDONLY | O_DIRECT | O_CLOEXEC);
+	if (efs_meta_ns_init(&b.ns, b.sb.name) < 0 ||
+	    posix_memalign((void **)&b.io, 4096, BK_DATA_CHUNK) != 0) {
+		b.io = NULL;
+		goto out;
+	}
+	b.o.cap = 1u << 20;
+	b.o.buf = efs_mem_malloc(b.o.cap);
+	if (!b.o.buf)
+		goto out;
+	/* Block 0 before anything: the SB record comes first. */
+	r = dev_read(&b, 0, EFS_SB_SIZE);
+	if (r < 0) {
+		fprintf(stderr, "%s: reading the superblock of %s: %s\n", prog, pos[0],
+			strerror(-r));
+		goto out;
+	}
+	if (settle_ms) {
+		struct timespec ts = {settle_ms / 1000, (long)(settle_ms % 1000) * 1000000L};
+
+		while (nanosleep(&ts, &ts) < 0 && errno == EINTR && !interrupted)
+			;
+	}
+	r = bk_pin(&b);
+	if (r < 0) {
+		fprintf(stderr, "%s: pinning a revision of %s: %s\n", prog, b.sb.name,
+			efs_etcd_sync_last_message(b.s));
+		goto out;
+	}
+	if (!strcmp(pos[1], "-")) {
+		b.o.fd = STDOUT_FILENO;
+		snprintf(path, sizeof(path), "(stdout)");
+	} else {
+		if (stat(pos[1], &st) == 0 && S_ISDIR(st.st_mode))
+			snprintf(path, sizeof(path), "%s/%s-%" PRId64 ".etcfs-backup", pos[1],
+				 b.sb.name, b.rev);
+		else
+			snprintf(path, sizeof(path), "%s", pos[1]);
+		if (access(path, F_OK) == 0) {
+			fprintf(stderr, "%s: %s exists; not overwriting it\n", prog, path);
+			goto out;
+		}
+		snprintf(partial, sizeof(partial), "%s.partial", path);
+		b.o.fd = open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		if (b.o.fd < 0) {
+			fprintf(stderr, "%s: cannot create %s: %s\n", prog, partial, strerror(errno));
+			partial[0] = '\0';
+			goto out;
+		}
+	}
+	h.version = BK_VERSION;
+	h.block_size = b.sb.block_size;
+	memcpy(h.uuid, b.sb.uuid, 16);
+	snprintf(h.name, sizeof(h.name), "%s", b.sb.name);
+	h.revision = (uint64_t)b.rev;
+	h.data_start = b.sb.data_start;
+	h.device_size = fi->device_size > b.sb.device_size ? fi->device_size : b.sb.device_size;
+	b.sb.device_size = h.device_size; /* extents may reach a grown end */
+	{
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		h.created_ns = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+	}
+	header_encode(&h, hb);
+	r = out_put(&b.o, hb, sizeof(hb));
+	if (r == 0)
+		r = out_record(&b.o, REC_SB, b.io, EFS_SB_SIZE, NULL, 0);
+	if (r < 0) {
+		fprintf(stderr, "%s: writing %s: %s\n", prog, path, strerror(-r));
+		goto out;
+	}
+	b.err[0] = '\0';
+	r = bk_metadata(&b);
+	if (r == 0)
+		r = bk_blocks(&b);
+	if (r == 0)
+		r = bk_trailer(&b);
+	if (r == 0)
+		r = out_flush(&b.o);
+	if (r == 0 && partial[0] && fsync(b.o.fd) < 0)
+		r = -errno;
+	if (r < 0) {
+		if (r == -EINTR)
+			fprintf(stderr, "%s: interrupted\n", prog);
+		else
+			fprintf(stderr, "%s: backup of %s failed: %s\n", prog, b.sb.name,
+				b.err[0] ? b.err : strerror(-r));
+		goto out;
+	}
+	if (partial[0]) {
+		if (close(b.o.fd) < 0 || rename(partial, path) < 0) {
+			b.o.fd = -1;
+			fprintf(stderr, "%s: finishing %s: %s\n", prog, path, strerror(errno));
+			goto out;
+		}
+		b.o.fd = -1;
+		partial[0] = '\0';
+	}
+	{
+		double el = now_s() - t0;
+		double mib = (double)(b.blocks * b.sb.block_size) / 1048576.0;
+
+		fprintf(stderr,
+			"backup of %s at revision %" PRId64 ": %" PRIu64 " keys, %" PRIu64
+			" blocks (%.1f MiB), %" PRIu64 " bytes in %.1f s (%.1f MiB/s) -> %s\n",
+			b.sb.name, b.rev, b.keys, b.blocks, mib, b.o.bytes, el,
+			el > 0 ? mib / el : 0, path);
+	}
+	ret = EFS_BACKUP_EXIT_OK;
+out:
+	if (b.s)
+		bk_unpin(&b);
+	if (partial[0]) {
+		if (b.o.fd >= 0)
+			close(b.o.fd);
+		unlink(partial);
+	}
+	efs_mem_free(b.o.buf);
+	efs_mem_free(b.runs.v);
+	free(b.io);
+	if (b.dfd >= 0)
+		close(b.dfd);
+	efs_cli_device_close(&dev);
+	efs_meta_record_free(fi);
+	efs_etcd_sync_close(b.s);
+	efs_cli_etcd_free(&conn);
+	return ret;
+}
+
+/* ---- restore ---- */
+
+static void usage_restore(const char *prog)
+{
+	printf("Usage: %s restore [OPTIONS] BACKUP DEVICE\n"
+	       "\n"
+	       "Restores a file made by '%s backup' onto DEVICE and the etcd the options\n"
+	       "name. The whole file is checked first (every record's CRC32C, the trailer's\n"
+	       "totals and stream checksum, and that every block the extents reference is in\n"
+	       "it); a truncated, corrupt or metadata-only backup is refused before anything\n"
+	       "is written. Refused too: a keyspace /etcfs/NAME/ that holds any key, a DEVICE\n"
+	       "that is mounted here (/proc/self/mountinfo) or whose filesystem has sessions\n"
+	       "(n/ keys) in etcd, and a DEVICE smaller than the backed-up one. Then the\n"
+	       "blocks are written back to their offsets, the keys are put in transactions\n"
+	       "of at most %d operations (\"sb\" last), and the superblock is written.\n"
+	       "Session state (locks, open files, group owners) is not restored; groups are\n"
+	       "claimable at once. Run fsck.etcfs afterwards to confirm.\n"
+	       "\n"
+	       "%s\n"
+	       "Exit status: 0 success; 1 refused (bad backup, or target in use); 2 usage\n"
+	       "error; 3 cannot connect to etcd; 4 failed midway.\n",
+	       prog, prog, BK_TXN_OPS, efs_cli_etcd_usage());
+}
+
+/* Buffered input with the running stream checksum. */
+struct in {
+	int fd;
+	uint8_t *buf;
+	size_t pos, len, cap;
+	uint32_t crc;
+	uint64_t off;
+};
+
+/* Reads exactly |n| bytes: 0, -ENODATA at a clean end of file before the
+ * first byte, -EPIPE for an end of file inside, -errno. */
+static int in_read(struct in *in, void *dst, size_t n)
+{
+	uint8_t *d = dst;
+	size_t got = 0;
+
+	while (got < n) {
+		if (in->pos == in->len) {
+			ssize_t k = read(in->fd, in->buf, in->cap);
+
+			if (k < 0 && errno == EINTR)
+				continue;
+			if (k < 0)
+				return -errno;
+			if (k == 0)
+				return got ? -EPIPE : -ENODATA;
+			in->pos = 0;
+			in->len = (size_t)k;
+		}
+		size_t c = in->len - in->pos < n - got ? in->len - in->pos : n - got;
+
+		memcpy(d + got, in->buf + in->pos, c);
+		in->pos += c;
+		got += c;
+	}
+	in->crc = efs_crc32c(in->crc, dst, n);
+	in->off += n;
+	return 0;
+}
+
+/* What a pass over the file found. */
+struct scan {
+	struct bk_header h;
+	uint8_t sbblock[EFS_SB_SIZE];
+	struct efs_sb sb;
+	bool has_sb, has_sb_key, has_end;
+	uint64_t metas, datas, blocks;
+	struct runs need, have;
+};
+
+struct rs {
+	const char *prog;
+	const char *src;
+	struct efs_etcd_sync *s;
+	struct efs_meta_ns ns;
+	int devfd;
+	struct efs_etcd_txn *t;
+	size_t t_ops, t_bytes;
+	uint8_t *sbval; /* the "sb" key's value, put last */
+	size_t sbval_len;
+	uint64_t keys_put, txns;
+	char err[EFS_CLI_ERR_MAX];
+};
+
+static int rs_txn_send(struct rs *R)
+{
+	Etcdserverpb__TxnResponse *resp = NULL;
+	int r;
+
+	if (!R->t)
+		return 0;
+	r = efs_etcd_sync_txn(R->s, efs_etcd_txn_request(R->t), &resp);
+	R->t = efs_etcd_txn_free(R->t);
+	if (r < 0) {
+		snprintf(R->err, sizeof(R->err), "putting the keys: %s",
+			 efs_etcd_sync_last_message(R->s));
+		return r;
+	}
+	r = resp->succeeded ? 0 : -EEXIST;
+	protobuf_c_message_free_unpacked(&resp->base, efs_mem_protobuf());
+	if (r < 0)
+		snprintf(R->err, sizeof(R->err),
+			 "filesystem %s appeared in etcd while restoring; stopped", R->ns.name);
+	R->txns++;
+	return r;
+}
+
+/* Adds a put to the current transaction (which compares "sb" absent, so a
+ * concurrent mkfs or restore makes it fail), sending it when full. */
+static int rs_put(struct rs *R, const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen)
+{
+	struct efs_meta_key sbk;
+	int r;
+
+	if (R->t && (R->t_ops + 1 >= BK_TXN_OPS || R->t_bytes + klen + vlen > BK_TXN_BYTES)) {
+		r = rs_txn_send(R);
+		if (r < 0)
+			return r;
+	}
+	if (!R->t) {
+		r = efs_meta_key_sb(&R->ns, &sbk);
+		if (r == 0)
+			r = efs_etcd_txn_new(&R->t, 0);
+		if (r == 0)
+			r = efs_etcd_txn_compare(R->t, EFS_ETCD_CMP_CREATE, EFS_ETCD_CMP_EQUAL,
+						 sbk.buf, sbk.len, 0);
+		if (r < 0)
+			return r;
+		R->t_ops = 0;
+		R->t_bytes = 0;
+	}
+	r = efs_etcd_txn_put(R->t, EFS_ETCD_TXN_SUCCESS, key, klen, val, vlen, 0);
+	if (r < 0)
+		return r;
+	R->t_ops++;
+	R->t_bytes += klen + vlen;
+	R->keys_put++;
+	return 0;
+}
+
+/* One META record during the write pass. */
+static int rs_meta(struct rs *R, const uint8_t *p, size_t len)
+{
+	uint8_t key[EFS_META_KEY_MAX];
+	struct efs_meta_key_info ki;
+	size_t rel = get16(p), klen = R->ns.len + rel;
+	const uint8_t *val = p + 2 + rel;
+	size_t vlen = len - 2 - rel;
+	ProtobufCBinaryData packed = {0};
+	int r;
+
+	memcpy(key, R->ns.prefix, R->ns.len);
+	memcpy(key + R->ns.len, p + 2, rel);
+	r = efs_meta_key_parse(&R->ns, key, klen, &ki);
+	if (r == 0 && ki.family == EFS_META_K_SB) {
+		R->sbval = efs_mem_malloc(vlen ? vlen : 1);
+		if (!R->sbval)
+			return -ENOMEM;
+		memcpy(R->sbval, val, vlen);
+		R->sbval_len = vlen;
+		return 0;
+	}
+	if (r == 0 && ki.family == EFS_META_K_AG_FREE) {
+		Etcfs__AgFree *af = NULL;
+
+		/* Its last owner is a node of the backed-up filesystem: without
+		 * this the restored groups would wait out the dead-node grace. */
+		if (efs_meta_ag_free_decode(val, vlen, &af, NULL) == 0) {
+			af->last = NULL;
+			r = efs_meta_pack(&af->base, &packed);
+			efs_meta_record_free(af);
+			if (r < 0)
+				return r;
+			val = packed.data;
+			vlen = packed.len;
+		}
+	}
+	r = rs_put(R, key, klen, val, vlen);
+	efs_mem_free(packed.data);
+	return r;
+}
+
+/*
+ * One pass over the backup: checks everything; with |R| also writes (the
+ * blocks to the device, the keys to etcd). 0, -EUCLEAN with |err| for a bad
+ * backup, or another -errno.
+ */
+static int rs_pass(int fd, struct scan *sc, struct rs *R, struct progress *p, char *err,
+		   size_t err_size)
+{
+	struct in in = {.fd = fd, .cap = 1u << 20};
+	uint8_t hb[BK_HEADER_SIZE], rh[BK_REC_HEAD], cb[4], *pl = NULL;
+	const char *why = NULL;
+	uint64_t recno = 0;
+	int last_type = 0, r;
+
+	*sc = (struct scan){0};
+	if (lseek(fd, 0, SEEK_SET) < 0)
+		return -errno;
+	in.buf = efs_mem_malloc(in.cap);
+	pl = efs_mem_malloc(BK_MAX_PAYLOAD);
+	if (!in.buf || !pl) {
+		r = -ENOMEM;
+		goto out;
+	}
+	r = in_read(&in, hb, sizeof(hb));
+	if (r < 0) {
+		snprintf(err, err_size, "%s", r == -ENODATA || r == -EPIPE ?
+			 "truncated: shorter than a backup header" : strerror(-r));
+		r = r == -ENODATA || r == -EPIPE ? -EUCLEAN : r;
+		goto out;
+	}
+	r = header_decode(hb, &sc->h, &why);
+	if (r < 0) {
+		snprintf(err, err_size, "%s", why);
+		goto out;
+	}
+	for (;;) {
+		uint64_t at = in.off, stream_bytes = in.off;
+		uint32_t stream_crc = in.crc, len, crc;
+		int type;
+
+		r = in_read(&in, rh, sizeof(rh));
+		if (r == -ENODATA || r == -EPIPE) {
+			snprintf(err, err_size, "truncated at byte %" PRIu64 " (no trailer)", at);
+			r = -EUCLEAN;
+			goto out;
+		}
+		if (r < 0)
+			goto out;
+		type = rh[0];
+		len = get32(rh + 4);
+		recno++;
+		if (rh[1] || rh[2] || rh[3] || len > BK_MAX_PAYLOAD) {
+			snprintf(err, err_size, "record %" PRIu64 " at byte %" PRIu64 " is damaged (bad record header)",
+				 recno, at);
+			r = -EUCLEAN;
+			goto out;
+		}
+		r = in_read(&in, pl, len);
+		if (r == 0)
+			r = in_read(&in, cb, 4);
+		if (r == -ENODATA || r == -EPIPE) {
+			snprintf(err, err_size, "truncated inside record %" PRIu64 " at byte %" PRIu64,
+				 recno, at);
+			r = -EUCLEAN;
+			goto out;
+		}
+		if (r < 0)
+			goto out;
+		crc = efs_crc32c(efs_crc32c(0, rh, sizeof(rh)), pl, len);
+		if (crc != get32(cb)) {
+			snprintf(err, err_size,
+				 "checksum mismatch in record %" PRIu64 " at byte %" PRIu64
+				 " (stored %08x, computed %08x)",
+				 recno, at, get32(cb), crc);
+			r = -EUCLEAN;
+			goto out;
+		}
+		if (p)
+			progress_add(p, BK_REC_HEAD + len + 4);
+		/* Order: SB, META*, DATA*, END. */
+		r = -EUCLEAN;
+		if ((type == REC_SB && last_type != 0) ||
+		    (type == REC_META && last_type != REC_SB && last_type != REC_META) ||
+		    (type == REC_DATA && last_type != REC_META && last_type != REC_DATA &&
+		     last_type != REC_SB) ||
+		    (type == REC_END && last_type == 0) ||
+		    (type != REC_SB && type != REC_META && type != REC_DATA && type != REC_END)) {
+			snprintf(err, err_size, "record %" PRIu64 " (type %d) out of place", recno,
+				 type);
+			goto out;
+		}
+		last_type = type;
+		if (type == REC_SB) {
+			char reason[256] = "";
+
+			if (len != EFS_SB_SIZE ||
+			    efs_sb_decode(pl, len, &sc->sb, NULL, reason, sizeof(reason)) < 0 ||
+			    memcmp(sc->sb.uuid, sc->h.uuid, 16) || strcmp(sc->sb.name, sc->h.name) ||
+			    sc->sb.block_size != sc->h.block_size) {
+				snprintf(err, err_size, "its superblock record does not match its header%s%s",
+					 reason[0] ? ": " : "", reason);
+				goto out;
+			}
+			memcpy(sc->sbblock, pl, EFS_SB_SIZE);
+			sc->has_sb = true;
+		} else if (type == REC_META) {
+			struct efs_meta_ns ns;
+			struct efs_meta_key_info ki;
+			uint8_t key[EFS_META_KEY_MAX];
+			size_t rel;
+
+			if (len < 2 || (rel = get16(pl)) + 2 > len ||
+			    efs_meta_ns_init(&ns, sc->h.name) < 0 || ns.len + rel > sizeof(key)) {
+				snprintf(err, err_size, "record %" PRIu64 ": malformed key", recno);
+				goto out;
+			}
+			memcpy(key, ns.prefix, ns.len);
+			memcpy(key + ns.len, pl + 2, rel);
+			if (efs_meta_key_parse(&ns, key, ns.len + rel, &ki) == 0) {
+				if (ki.family == EFS_META_K_SB) {
+					Etcfs__FsInfo *fi = NULL;
+
+					if (efs_meta_fsinfo_decode(pl + 2 + rel, len - 2 - rel, &fi,
+								   NULL) < 0 ||
+					    fi->uuid.len != 16 ||
+					    memcmp(fi->uuid.data, sc->h.uuid, 16)) {
+						efs_meta_record_free(fi);
+						snprintf(err, err_size,
+							 "its sb record does not match its header");
+						goto out;
+					}
+					efs_meta_record_free(fi);
+					sc->has_sb_key = true;
+				} else if (ki.family == EFS_META_K_EXTENT) {
+					int e = runs_add_chunk(&sc->need, pl + 2 + rel,
+							       len - 2 - rel,
+							       sc->h.device_size / sc->h.block_size);
+
+					if (e == -ENOMEM) {
+						r = e;
+						goto out;
+					}
+					if (e < 0) {
+						snprintf(err, err_size,
+							 "record %" PRIu64 ": a bad extent chunk", recno);
+						goto out;
+					}
+				}
+			}
+			sc->metas++;
+			if (R) {
+				r = rs_meta(R, pl, len);
+				if (r < 0)
+					goto out;
+			}
+		} else if (type == REC_DATA) {
+			uint64_t blk, n;
+
+			if (len < 16 || (len - 16) % sc->h.block_size ||
+			    (n = get32(pl + 8)) != (len - 16) / sc->h.block_size || !n ||
+			    (blk = get64(pl)) >= sc->h.device_size / sc->h.block_size ||
+			    n > sc->h.device_size / sc->h.block_size - blk || blk < sc->h.data_start) {
+				snprintf(err, err_size, "record %" PRIu64 ": a bad block run", recno);
+				goto out;
+			}
+			r = runs_add(&sc->have, blk, n);
+			if (r < 0)
+				goto out;
+			sc->datas++;
+			sc->blocks += n;
+			if (R) {
+				size_t done = 0, bytes = (size_t)(n * sc->h.block_size);
+
+				while (done < bytes) {
+					ssize_t w = pwrite(R->devfd, pl + 16 + done, bytes - done,
+							   (off_t)(blk * sc->h.block_size + done));
+
+					if (w < 0 && errno == EINTR)
+						continue;
+					if (w < 0) {
+						r = -errno;
+						snprintf(R->err, sizeof(R->err),
+							 "writing device block %" PRIu64 ": %s", blk,
+							 strerror(errno));
+						goto out;
+					}
+					done += (size_t)w;
+				}
+			}
+		} else {
+			uint8_t extra;
+
+			if (len != 40 || get64(pl) != sc->metas || get64(pl + 8) != sc->datas ||
+			    get64(pl + 16) != sc->blocks || get64(pl + 24) != stream_bytes ||
+			    get32(pl + 32) != stream_crc) {
+				snprintf(err, err_size,
+					 "its trailer does not match what precedes it (records lost or reordered)");
+				goto out;
+			}
+			r = read(fd, &extra, 1);
+			if (in.pos != in.len || r != 0) {
+				snprintf(err, err_size, "bytes follow its trailer");
+				r = -EUCLEAN;
+				goto out;
+			}
+			sc->has_end = true;
+			break;
+		}
+	}
+	r = -EUCLEAN;
+	if (!sc->has_sb || !sc->has_sb_key) {
+		snprintf(err, err_size, "it has no %s", sc->has_sb ? "sb key" : "superblock record");
+		goto out;
+	}
+	runs_merge(&sc->need);
+	runs_merge(&sc->have);
+	{
+		uint64_t miss = runs_first_missing(&sc->need, &sc->have);
+
+		if (miss != UINT64_MAX) {
+			snprintf(err, err_size,
+				 "it lacks device blocks its extents reference (first: block %" PRIu64
+				 "); a backup without its blocks is never restored",
+				 miss);
+			goto out;
+		}
+	}
+	r = 0;
+out:
+	efs_mem_free(in.buf);
+	efs_mem_free(pl);
+	return r;
+}
+
+static void scan_done(struct scan *sc)
+{
+	efs_mem_free(sc->need.v);
+	efs_mem_free(sc->have.v);
+	sc->need = sc->have = (struct runs){0};
+}
+
+/*
+ * Whether |dev| is mounted here: a mount whose source is the device (its
+ * path or, for a block device, its number), or an etcfs FUSE mount of
+ * filesystem |name1| or |name2| (etcfsd mounts with fsname=etcfs:NAME).
+ */
+static bool device_mounted(const char *dev, const struct stat *dst, const char *name1,
+			   const char *name2, char *what, size_t what_size)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	char line[4096], real[PATH_MAX];
+	bool found = false;
+
+	if (!realpath(dev, real))
+		snprintf(real, sizeof(real), "%s", dev);
+	if (!f)
+		return false;
+	while (!found && fgets(line, sizeof(line), f)) {
+		unsigned maj, min;
+		char mnt[1024], fstype[256], source[1024];
+		char *sep = strstr(line, " - ");
+
+		if (!sep || sscanf(line, "%*s %*s %u:%u %*s %1023s", &maj, &min, mnt) != 3 ||
+		    sscanf(sep + 3, "%255s %1023s", fstype, source) != 2)
+			continue;
+		if (S_ISBLK(dst->st_mode) && makedev(maj, min) == dst->st_rdev)
+			found = true;
+		if (!strcmp(source, dev) || !strcmp(source, real))
+			found = true;
+		if (!strncmp(fstype, "fuse", 4) && !strncmp(source, "etcfs:", 6) &&
+		    ((name1 && !strcmp(source + 6, name1)) || (name2 && !strcmp(source + 6, name2))))
+			found = true;
+		if (found)
+			snprintf(what, what_size, "%s on %s (%s)", source, mnt, fstype);
+	}
+	fclose(f);
+	return found;
+}
+
+int efs_restore_cmd(const char *prog, int argc, char **argv)
+{
+	struct efs_cli_etcd conn = {0};
+	struct efs_cli_device dev = {.fd = -1};
+	struct rs R = {.prog = prog, .devfd = -1};
+	struct scan sc = {0};
+	struct progress p;
+	const char *pos[2];
+	char err[EFS_CLI_ERR_MAX] = "", what[2400] = "";
+	struct efs_meta_range range;
+	struct stat st, dst;
+	double t0 = now_s();
+	int64_t count = 0;
+	int fd = -1, ret, r;
+
+	ret = parse_args(prog, argc, argv, &conn, NULL, pos, 2, usage_restore);
+	if (ret >= 0)
+		goto out;
+	ret = EFS_BACKUP_EXIT_FAILED;
+	R.src = pos[0];
+	signal(SIGPIPE, SIG_IGN);
+	if (!strcmp(pos[0], "-")) {
+		fprintf(stderr,
+			"%s: restore reads its input twice (every checksum is checked before anything is written): give a file, not -\n",
+			prog);
+		ret = EFS_BACKUP_EXIT_USAGE;
+		goto out;
+	}
+	fd = open(pos[0], O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		fprintf(stderr, "%s: %s: %s\n", prog, pos[0],
+			fd < 0 ? strerror(errno) : "not a regular file");
+		goto out;
+	}
+	/* Pass 1: check everything, write nothing. */
+	progress_start(&p, "checking", (uint64_t)st.st_size);
+	r = rs_pass(fd, &sc, NULL, &p, err, sizeof(err));
+	progress_done(&p);
+	if (r < 0) {
+		fprintf(stderr, "%s: %s is not a usable backup: %s; nothing was written\n", prog,
+			pos[0], r == -EUCLEAN ? err : strerror(-r));
+		ret = r == -EUCLEAN ? EFS_BACKUP_EXIT_REFUSED : EFS_BACKUP_EXIT_FAILED;
+		goto out;
+	}
+	if (efs_meta_ns_init(&R.ns, sc.h.name) < 0)
+		goto out;
+	/* The target: an empty keyspace, a device not in use and big enough. */
+	r = efs_cli_etcd_connect(&conn, &R.s, err, sizeof(err));
+	if (r < 0) {
+		efs_cli_print_err(prog, r, err);
+		ret = EFS_BACKUP_EXIT_NOCONNECT;
+		goto out;
+	}
+	ret = EFS_BACKUP_EXIT_REFUSED;
+	r = efs_cli_device_open(pos[1], true, &dev, err, sizeof(err));
+	if (r < 0) {
+		efs_cli_print_err(prog, r, err);
+		ret = EFS_BACKUP_EXIT_FAILED;
+		goto out;
+	}
+	if (fstat(dev.fd, &dst) < 0) {
+		ret = EFS_BACKUP_EXIT_FAILED;
+		goto out;
+	}
+	{
+		struct efs_sb old;
+		const char *oldname = NULL;
+		char node[EFS_META_NODE_MAX + 1] = "";
+
+		if (efs_cli_read_sb(&dev, &old, NULL, err, sizeof(err)) == 0) {
+			struct efs_meta_ns ons;
+			int64_t n = 0;
+
+			oldname = old.name;
+			if (efs_meta_ns_init(&ons, old.name) == 0 &&
+			    efs_cli_mounted_nodes(R.s, &ons, &n, node, err, sizeof(err)) == 0 &&
+			    n > 0) {
+				fprintf(stderr,
+					"%s: %s holds filesystem %s, which node %s has mounted (n/ keys in etcd)\n",
+					prog, pos[1], old.name, node);
+				goto out;
+			}
+		}
+		if (device_mounted(pos[1], &dst, sc.h.name, oldname, what, sizeof(what))) {
+			fprintf(stderr, "%s: %s is mounted: %s\n", prog, pos[1], what);
+			goto out;
+		}
+	}
+	r = efs_meta_range_fs(&R.ns, &range);
+	if (r == 0)
+		r = efs_cli_range_count(R.s, &range, &count, err, sizeof(err));
+	if (r < 0) {
+		efs_cli_print_err(prog, r, err);
+		ret = EFS_BACKUP_EXIT_FAILED;
+		goto out;
+	}
+	if (count > 0) {
+		fprintf(stderr,
+			"%s: the keyspace of filesystem %s is not empty (%" PRId64
+			" keys under /etcfs/%s/): restore only into an empty keyspace\n",
+			prog, sc.h.name, count, sc.h.name);
+		goto out;
+	}
+	if (dev.size < sc.h.device_size) {
+		fprintf(stderr, "%s: %s has %" PRIu64 " bytes; the backup needs %" PRIu64 "\n", prog,
+			pos[1], dev.size, sc.h.device_size);
+		goto out;
+	}
+	/* Pass 2: blocks to the device and keys to etcd as they come ("sb"
+	 * held back), then "sb", then the device superblock. */
+	ret = EFS_BACKUP_EXIT_FAILED;
+	R.devfd = dev.fd;
+	scan_done(&sc);
+	progress_start(&p, "restore", (uint64_t)st.st_size);
+	r = rs_pass(fd, &sc, &R, &p, err, sizeof(err));
+	if (r == 0)
+		r = rs_txn_send(&R);
+	progress_done(&p);
+	if (r == 0 && fdatasync(R.devfd) < 0)
+		r = -errno;
+	if (r == 0 && !R.sbval)
+		r = -EUCLEAN;
+	if (r == 0) {
+		struct efs_meta_key sbk;
+
+		r = efs_meta_key_sb(&R.ns, &sbk);
+		if (r == 0)
+			r = rs_put(&R, sbk.buf, sbk.len, R.sbval, R.sbval_len);
+		if (r == 0)
+			r = rs_txn_send(&R);
+	}
+	if (r == 0 && pwrite(R.devfd, sc.sbblock, EFS_SB_SIZE, 0) != EFS_SB_SIZE)
+		r = errno ? -errno : -EIO;
+	if (r == 0 && fdatasync(R.devfd) < 0)
+		r = -errno;
+	if (r < 0) {
+		fprintf(stderr,
+			"%s: restore of %s failed midway: %s; the keyspace holds part of it (no \"sb\", so nothing can mount it): delete /etcfs/%s/ before trying again\n",
+			prog, sc.h.name,
+			R.err[0] ? R.err : r == -EUCLEAN ? err : strerror(-r), sc.h.name);
+		goto out;
+	}
+	{
+		double el = now_s() - t0;
+		double mib = (double)(sc.blocks * sc.h.block_size) / 1048576.0;
+
+		fprintf(stderr,
+			"restored %s (revision %" PRIu64 ") onto %s: %" PRIu64 " keys in %" PRIu64
+			" transactions, %" PRIu64 " blocks (%.1f MiB) in %.1f s\n",
+			sc.h.name, sc.h.revision, pos[1], R.keys_put, R.txns, sc.blocks, mib, el);
+	}
+	ret = EFS_BACKUP_EXIT_OK;
+out:
+	efs_etcd_txn_free(R.t);
+	efs_mem_free(R.sbval);
+	scan_done(&sc);
+	if (fd >= 0)
+		close(fd);
+	efs_cli_device_close(&dev);
+	efs_etcd_sync_close(R.s);
+	efs_cli_etcd_free(&conn);
+	return ret;
+}

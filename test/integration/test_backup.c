@@ -1,0 +1,290 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * etcfsctl backup and restore on a real mount: a tree of files with known
+ * contents is backed up while mounted, then rewritten and mostly deleted;
+ * after an unmount and an emptied keyspace the backup is restored onto the
+ * same image, and every file reads as it was at backup time, none of the
+ * later ones exists, and fsck.etcfs finds nothing. Restore refuses a
+ * keyspace that holds keys, a mounted device, and a backup that is
+ * corrupt, truncated or not a backup at all, writing nothing.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#include "harness.h"
+
+#include "../support/mount.h"
+
+static struct efs_test_fs fs;
+
+static void fini(void)
+{
+	efs_test_fs_stop(&fs);
+}
+
+TestSuite(backup, .fini = fini, .timeout = 120);
+
+/* The tree: paths under the mount, sizes, and a seed for their bytes. */
+struct file {
+	const char *path;
+	size_t size;
+	unsigned seed;
+};
+
+static const char *const dirs[] = {"a", "a/b", "a/b/c", "d", "empty"};
+static const struct file files[] = {
+	{"zero", 0, 1},	       {"one", 1, 2},		  {"a/small", 4095, 3},
+	{"a/block", 4096, 4},  {"a/b/mid", 100000, 5},	  {"a/b/c/big", 1 << 20, 6},
+	{"d/odd", 12345, 7},   {"d/two-mib", 2 << 20, 8}, {"d/x", 77, 9},
+	{"a/b/c/deep", 5000, 10},
+};
+#define NFILES (sizeof(files) / sizeof(files[0]))
+
+static unsigned char byte_of(unsigned seed, size_t i)
+{
+	return (unsigned char)((i * 131 + seed * 17 + (i >> 12) * 7 + (i >> 9)) & 0xff);
+}
+
+static void path_in(const char *rel, char *buf, size_t size)
+{
+	snprintf(buf, size, "%s/%s", fs.mnt, rel);
+}
+
+static void write_file(const char *rel, size_t size, unsigned seed)
+{
+	char p[600];
+	unsigned char *buf = malloc(size ? size : 1);
+	int fd;
+
+	cr_assert(buf);
+	for (size_t i = 0; i < size; i++)
+		buf[i] = byte_of(seed, i);
+	path_in(rel, p, sizeof(p));
+	fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	cr_assert(fd >= 0, "open %s: %s", p, strerror(errno));
+	cr_assert_eq(write(fd, buf, size), (ssize_t)size, "write %s", p);
+	cr_assert_eq(fsync(fd), 0, "fsync %s", p);
+	close(fd);
+	free(buf);
+}
+
+/* Whether |rel| has exactly the contents |size|, |seed| describe. */
+static void check_file(const char *rel, size_t size, unsigned seed)
+{
+	char p[600];
+	unsigned char *buf = malloc(size + 1);
+	ssize_t n;
+	int fd;
+
+	cr_assert(buf);
+	path_in(rel, p, sizeof(p));
+	fd = open(p, O_RDONLY);
+	cr_assert(fd >= 0, "open %s after restore: %s", p, strerror(errno));
+	n = read(fd, buf, size + 1);
+	if (n >= 0 && (size_t)n < size) {
+		/* Reads may come back short; collect the rest. */
+		ssize_t k;
+
+		while ((size_t)n < size && (k = read(fd, buf + n, size + 1 - (size_t)n)) > 0)
+			n += k;
+	}
+	close(fd);
+	cr_assert_eq(n, (ssize_t)size, "%s: %zd bytes, expected %zu", rel, n, size);
+	for (size_t i = 0; i < size; i++)
+		cr_assert_eq(buf[i], byte_of(seed, i), "%s: byte %zu differs", rel, i);
+	free(buf);
+}
+
+static void make_tree(void)
+{
+	char p[600];
+
+	for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+		path_in(dirs[i], p, sizeof(p));
+		cr_assert_eq(mkdir(p, 0755), 0, "mkdir %s: %s", p, strerror(errno));
+	}
+	for (size_t i = 0; i < NFILES; i++)
+		write_file(files[i].path, files[i].size, files[i].seed);
+	path_in("a/link", p, sizeof(p));
+	cr_assert_eq(symlink("b/mid", p), 0);
+}
+
+static int ctl(char *out, size_t size, const char *const *args)
+{
+	return efs_test_fs_runv(&fs, out, size, "etcfsctl", args);
+}
+
+static void clear_keyspace(void)
+{
+	char *out = NULL;
+	int r = efs_harness_etcdctl(fs.etcd, &out, "del", "--prefix", "/etcfs/testfs/", NULL);
+
+	cr_assert_eq(r, 0, "etcdctl del: %s", out ? out : "");
+	free(out);
+}
+
+static void backup_to(const char *file)
+{
+	char out[8192];
+	const char *args[] = {"backup", "--settle", "0", fs.image, file, NULL};
+	int r = ctl(out, sizeof(out), args);
+
+	cr_assert_eq(r, 0, "backup: %d: %s", r, out);
+	cr_assert(strstr(out, "backup of testfs at revision"), "no summary: %s", out);
+}
+
+static void start_fs(void)
+{
+	struct efs_test_fs_opts o = {.image_size = 64 << 20};
+
+	efs_test_fs_start(&fs, &o);
+}
+
+Test(backup, restore_brings_back_the_tree_at_backup_time)
+{
+	char bk[400], out[8192], p[600], lk[64];
+	struct stat st;
+	ssize_t n;
+	int r;
+
+	start_fs();
+	make_tree();
+	snprintf(bk, sizeof(bk), "%s/tree.etcfs-backup", fs.dir);
+	backup_to(bk);
+	cr_assert_eq(stat(bk, &st), 0);
+	cr_assert_gt(st.st_size, (3 << 20) + 100000, "backup of %lld bytes lacks the blocks",
+		     (long long)st.st_size);
+
+	/* Move on: rewrite, delete, add. */
+	write_file("a/b/c/big", 300000, 99);
+	write_file("d/odd", 4096 * 3, 98);
+	write_file("new-file", 50000, 97);
+	for (const char *const *d = (const char *const[]){"d/two-mib", "a/small", "zero", NULL}; *d;
+	     d++) {
+		path_in(*d, p, sizeof(p));
+		cr_assert_eq(unlink(p), 0, "unlink %s", p);
+	}
+	path_in("a/b/c/deep", p, sizeof(p));
+	cr_assert_eq(unlink(p), 0);
+	path_in("empty", p, sizeof(p));
+	cr_assert_eq(rmdir(p), 0);
+
+	/* While mounted, and while the keyspace holds the filesystem: refused. */
+	{
+		const char *args[] = {"restore", bk, fs.image, NULL};
+
+		r = ctl(out, sizeof(out), args);
+		cr_assert_eq(r, 1, "restore onto a mounted device: %d: %s", r, out);
+		cr_assert(strstr(out, "mounted"), "%s", out);
+	}
+	efs_test_fs_unmount(&fs);
+	{
+		const char *args[] = {"restore", bk, fs.image, NULL};
+
+		r = ctl(out, sizeof(out), args);
+		cr_assert_eq(r, 1, "restore into a non-empty keyspace: %d: %s", r, out);
+		cr_assert(strstr(out, "not empty"), "%s", out);
+	}
+	clear_keyspace();
+	{
+		const char *args[] = {"restore", bk, fs.image, NULL};
+
+		r = ctl(out, sizeof(out), args);
+		cr_assert_eq(r, 0, "restore: %d: %s", r, out);
+		cr_assert(strstr(out, "restored testfs"), "no summary: %s", out);
+	}
+	r = efs_test_fs_run(&fs, out, sizeof(out), "fsck.etcfs", fs.image, NULL);
+	cr_assert_eq(r, 0, "fsck after restore: %d: %s", r, out);
+
+	efs_test_fs_mount(&fs, NULL);
+	for (size_t i = 0; i < NFILES; i++)
+		check_file(files[i].path, files[i].size, files[i].seed);
+	path_in("new-file", p, sizeof(p));
+	cr_assert_eq(stat(p, &st), -1, "new-file exists after the restore");
+	path_in("a/link", p, sizeof(p));
+	n = readlink(p, lk, sizeof(lk) - 1);
+	cr_assert_eq(n, 5);
+	lk[n] = '\0';
+	cr_assert_str_eq(lk, "b/mid");
+	path_in("empty", p, sizeof(p));
+	cr_assert_eq(stat(p, &st), 0);
+	cr_assert(S_ISDIR(st.st_mode));
+	/* The restored filesystem takes writes. */
+	write_file("after-restore", 40000, 55);
+	check_file("after-restore", 40000, 55);
+	efs_test_fs_unmount(&fs);
+	r = efs_test_fs_run(&fs, out, sizeof(out), "fsck.etcfs", fs.image, NULL);
+	cr_assert_eq(r, 0, "fsck after writes on the restored filesystem: %d: %s", r, out);
+}
+
+/* Copies |src| to |dst|, flipping byte |flip| (-1: none) and keeping the
+ * first |keep| bytes (0: all). */
+static void copy_damaged(const char *src, const char *dst, long flip, long keep)
+{
+	FILE *in = fopen(src, "rb"), *o = fopen(dst, "wb");
+	long i = 0;
+	int c;
+
+	cr_assert(in && o);
+	while ((c = fgetc(in)) != EOF && (!keep || i < keep)) {
+		if (i == flip)
+			c ^= 0x10;
+		fputc(c, o);
+		i++;
+	}
+	fclose(in);
+	fclose(o);
+}
+
+static void refused(const char *file, const char *why)
+{
+	char out[8192], *keys = NULL;
+	const char *args[] = {"restore", file, fs.image, NULL};
+	int r = ctl(out, sizeof(out), args);
+
+	cr_assert_eq(r, 1, "restore of %s: %d: %s", file, r, out);
+	cr_assert(strstr(out, why), "restore of %s: expected '%s' in: %s", file, why, out);
+	cr_assert(strstr(out, "nothing was written"), "%s", out);
+	r = efs_harness_etcdctl(fs.etcd, &keys, "get", "--prefix", "--keys-only",
+				"/etcfs/testfs/", NULL);
+	cr_assert_eq(r, 0);
+	cr_assert(!keys || !strstr(keys, "/etcfs/testfs/"), "keys written: %s", keys);
+	free(keys);
+}
+
+Test(backup, restore_refuses_a_damaged_backup_and_writes_nothing)
+{
+	char bk[400], bad[400];
+	struct stat st;
+
+	start_fs();
+	make_tree();
+	snprintf(bk, sizeof(bk), "%s/tree.etcfs-backup", fs.dir);
+	backup_to(bk);
+	efs_test_fs_unmount(&fs);
+	clear_keyspace();
+	cr_assert_eq(stat(bk, &st), 0);
+
+	snprintf(bad, sizeof(bad), "%s/flipped", fs.dir);
+	copy_damaged(bk, bad, (long)st.st_size / 2, 0); /* inside a DATA record */
+	refused(bad, "checksum mismatch");
+	snprintf(bad, sizeof(bad), "%s/flipped-meta", fs.dir);
+	copy_damaged(bk, bad, 160 + 4096 + 40, 0); /* the first META record */
+	refused(bad, "checksum mismatch");
+	snprintf(bad, sizeof(bad), "%s/truncated", fs.dir);
+	copy_damaged(bk, bad, -1, (long)st.st_size - 100);
+	refused(bad, "truncated");
+	snprintf(bad, sizeof(bad), "%s/header", fs.dir);
+	copy_damaged(bk, bad, 100, 0);
+	refused(bad, "header checksum");
+	snprintf(bad, sizeof(bad), "%s/not-a-backup", fs.dir);
+	copy_damaged(fs.image, bad, -1, 100000);
+	refused(bad, "not an etcfs backup");
+}
