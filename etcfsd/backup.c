@@ -219,8 +219,10 @@ static void progress_add(struct progress *p, uint64_t n)
 
 	p->done += n;
 	tenth = p->total ? (int)(p->done * 10 / p->total) : 10;
-	if (p->tty ? t - p->last >= 0.2 : (tenth != p->last_tenth && tenth < 10) ||
-					     t - p->last >= 5) {
+	/* Plain lines only for a copy that lasts: a small one says nothing
+	 * before its summary. */
+	if (p->tty ? t - p->last >= 0.2
+		   : t - p->t0 >= 1 && ((tenth != p->last_tenth && tenth < 10) || t - p->last >= 5)) {
 		p->last = t;
 		p->last_tenth = tenth;
 		progress_print(p, false);
@@ -834,6 +836,7 @@ int efs_backup_cmd(const char *prog, int argc, char **argv)
 		while (nanosleep(&ts, &ts) < 0 && errno == EINTR && !interrupted)
 			;
 	}
+	t0 = now_s(); /* the rate counts the copy, not the settle */
 	r = bk_pin(&b);
 	if (r < 0) {
 		fprintf(stderr, "%s: pinning a revision of %s: %s\n", prog, b.sb.name,
