@@ -1372,12 +1372,63 @@ static void scan_done(struct scan *sc)
 }
 
 /*
- * Whether |dev| is mounted here: a mount whose source is the device (its
- * path or, for a block device, its number), or an etcfs FUSE mount of
- * filesystem |name1| or |name2| (etcfsd mounts with fsname=etcfs:NAME).
+ * Whether another process of this host has |dst| (the device) open, as a
+ * mounted etcfsd has: 1 with |what| naming it, 0 when none. A FUSE mount's
+ * source names the filesystem, not the device, and names are unique only
+ * per etcd, so the descriptors are what tell.
  */
-static bool device_mounted(const char *dev, const struct stat *dst, const char *name1,
-			   const char *name2, char *what, size_t what_size)
+static bool device_open_elsewhere(const struct stat *dst, char *what, size_t what_size)
+{
+	DIR *proc = opendir("/proc");
+	struct dirent *pe;
+	bool found = false;
+
+	if (!proc)
+		return false;
+	while (!found && (pe = readdir(proc))) {
+		char fdpath[300], comm[64] = "?";
+		struct dirent *fe;
+		DIR *fds;
+		FILE *cf;
+
+		if (pe->d_name[0] < '1' || pe->d_name[0] > '9' || atol(pe->d_name) == (long)getpid())
+			continue;
+		snprintf(fdpath, sizeof(fdpath), "/proc/%s/fd", pe->d_name);
+		fds = opendir(fdpath);
+		if (!fds)
+			continue;
+		while (!found && (fe = readdir(fds))) {
+			char p[600];
+			struct stat st;
+
+			if (fe->d_name[0] == '.')
+				continue;
+			snprintf(p, sizeof(p), "%s/%s", fdpath, fe->d_name);
+			if (stat(p, &st) < 0)
+				continue;
+			if (S_ISBLK(dst->st_mode) ? S_ISBLK(st.st_mode) && st.st_rdev == dst->st_rdev
+						  : st.st_dev == dst->st_dev && st.st_ino == dst->st_ino)
+				found = true;
+		}
+		closedir(fds);
+		if (found) {
+			snprintf(fdpath, sizeof(fdpath), "/proc/%s/comm", pe->d_name);
+			cf = fopen(fdpath, "re");
+			if (cf) {
+				if (fgets(comm, sizeof(comm), cf))
+					comm[strcspn(comm, "\n")] = '\0';
+				fclose(cf);
+			}
+			snprintf(what, what_size, "open in process %s (%s)", pe->d_name, comm);
+		}
+	}
+	closedir(proc);
+	return found;
+}
+
+/* Whether |dev| is mounted here (a mount whose source is the device: its
+ * path or, for a block device, its number) or open in another process. */
+static bool device_mounted(const char *dev, const struct stat *dst, char *what, size_t what_size)
 {
 	FILE *f = fopen("/proc/self/mountinfo", "re");
 	char line[4096], real[PATH_MAX];
@@ -1385,9 +1436,7 @@ static bool device_mounted(const char *dev, const struct stat *dst, const char *
 
 	if (!realpath(dev, real))
 		snprintf(real, sizeof(real), "%s", dev);
-	if (!f)
-		return false;
-	while (!found && fgets(line, sizeof(line), f)) {
+	while (f && !found && fgets(line, sizeof(line), f)) {
 		unsigned maj, min;
 		char mnt[1024], fstype[256], source[1024];
 		char *sep = strstr(line, " - ");
@@ -1399,14 +1448,12 @@ static bool device_mounted(const char *dev, const struct stat *dst, const char *
 			found = true;
 		if (!strcmp(source, dev) || !strcmp(source, real))
 			found = true;
-		if (!strncmp(fstype, "fuse", 4) && !strncmp(source, "etcfs:", 6) &&
-		    ((name1 && !strcmp(source + 6, name1)) || (name2 && !strcmp(source + 6, name2))))
-			found = true;
 		if (found)
 			snprintf(what, what_size, "%s on %s (%s)", source, mnt, fstype);
 	}
-	fclose(f);
-	return found;
+	if (f)
+		fclose(f);
+	return found || device_open_elsewhere(dst, what, what_size);
 }
 
 int efs_restore_cmd(const char *prog, int argc, char **argv)
@@ -1475,14 +1522,12 @@ int efs_restore_cmd(const char *prog, int argc, char **argv)
 	}
 	{
 		struct efs_sb old;
-		const char *oldname = NULL;
 		char node[EFS_META_NODE_MAX + 1] = "";
 
 		if (efs_cli_read_sb(&dev, &old, NULL, err, sizeof(err)) == 0) {
 			struct efs_meta_ns ons;
 			int64_t n = 0;
 
-			oldname = old.name;
 			if (efs_meta_ns_init(&ons, old.name) == 0 &&
 			    efs_cli_mounted_nodes(R.s, &ons, &n, node, err, sizeof(err)) == 0 &&
 			    n > 0) {
@@ -1492,8 +1537,8 @@ int efs_restore_cmd(const char *prog, int argc, char **argv)
 				goto out;
 			}
 		}
-		if (device_mounted(pos[1], &dst, sc.h.name, oldname, what, sizeof(what))) {
-			fprintf(stderr, "%s: %s is mounted: %s\n", prog, pos[1], what);
+		if (device_mounted(pos[1], &dst, what, sizeof(what))) {
+			fprintf(stderr, "%s: %s is mounted or in use: %s\n", prog, pos[1], what);
 			goto out;
 		}
 	}

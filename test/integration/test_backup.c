@@ -6,7 +6,8 @@
  * same image, and every file reads as it was at backup time, none of the
  * later ones exists, and fsck.etcfs finds nothing. Restore refuses a
  * keyspace that holds keys, a mounted device, and a backup that is
- * corrupt, truncated or not a backup at all, writing nothing.
+ * corrupt, truncated, not a backup at all, or well-formed but without its
+ * blocks, writing nothing.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -243,6 +244,85 @@ static void copy_damaged(const char *src, const char *dst, long flip, long keep)
 	fclose(o);
 }
 
+static uint32_t crc32c(uint32_t crc, const unsigned char *p, size_t n)
+{
+	crc = ~crc;
+	while (n--) {
+		crc ^= *p++;
+		for (int k = 0; k < 8; k++)
+			crc = crc & 1 ? (crc >> 1) ^ 0x82f63b78u : crc >> 1;
+	}
+	return ~crc;
+}
+
+static uint32_t rd32(const unsigned char *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void wr32(unsigned char *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void wr64(unsigned char *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/*
+ * Rewrites backup |src| into |dst| without its DATA records, with a
+ * trailer and checksums that match what is left: a well-formed
+ * metadata-only copy, which restore must refuse all the same.
+ */
+static void strip_blocks(const char *src, const char *dst)
+{
+	FILE *in = fopen(src, "rb"), *o = fopen(dst, "wb");
+	unsigned char *buf, *w;
+	size_t len, pos = 160, metas = 0;
+	long sz;
+
+	cr_assert(in && o);
+	fseek(in, 0, SEEK_END);
+	sz = ftell(in);
+	rewind(in);
+	buf = malloc((size_t)sz);
+	w = malloc((size_t)sz);
+	cr_assert(buf && w);
+	cr_assert_eq(fread(buf, 1, (size_t)sz, in), (size_t)sz);
+	memcpy(w, buf, 160);
+	len = 160;
+	while (pos < (size_t)sz) {
+		unsigned type = buf[pos];
+		size_t rec = 8 + rd32(buf + pos + 4) + 4;
+
+		if (type == 1 || type == 2) {
+			memcpy(w + len, buf + pos, rec);
+			len += rec;
+			metas += type == 2;
+		} else if (type == 0x7f) {
+			unsigned char t[8 + 40 + 4] = {0x7f};
+			uint32_t stream = crc32c(0, w, len);
+
+			wr32(t + 4, 40);
+			wr64(t + 8, metas);
+			wr64(t + 32, len);
+			wr32(t + 40, stream);
+			wr32(t + 48, crc32c(0, t, 48));
+			memcpy(w + len, t, sizeof(t));
+			len += sizeof(t);
+		}
+		pos += rec;
+	}
+	cr_assert_eq(fwrite(w, 1, len, o), len);
+	fclose(in);
+	fclose(o);
+	free(buf);
+	free(w);
+}
+
 static void refused(const char *file, const char *why)
 {
 	char out[8192], *keys = NULL;
@@ -287,4 +367,7 @@ Test(backup, restore_refuses_a_damaged_backup_and_writes_nothing)
 	snprintf(bad, sizeof(bad), "%s/not-a-backup", fs.dir);
 	copy_damaged(fs.image, bad, -1, 100000);
 	refused(bad, "not an etcfs backup");
+	snprintf(bad, sizeof(bad), "%s/metadata-only", fs.dir);
+	strip_blocks(bk, bad);
+	refused(bad, "lacks device blocks");
 }
