@@ -611,6 +611,26 @@ static void bk_unpin(struct bk *b)
 	b->pinned = false;
 }
 
+/* Families of session state (they ride a lease when written: a stale key
+ * without one is an fsck finding, not something to restore) and pins. */
+static bool is_session_state(enum efs_meta_family f)
+{
+	switch (f) {
+	case EFS_META_K_HOLDER:
+	case EFS_META_K_RECALL:
+	case EFS_META_K_OPEN:
+	case EFS_META_K_PLOCK:
+	case EFS_META_K_NODE:
+	case EFS_META_K_AG_OWNER:
+	case EFS_META_K_MAINT:
+	case EFS_META_K_PIN:
+	case EFS_META_K_HANDOVER:
+		return true;
+	default:
+		return false;
+	}
+}
+
 /* One key of the snapshot: a META record, and its extents' blocks. */
 static int bk_kv(struct bk *b, const Mvccpb__KeyValue *kv)
 {
@@ -625,7 +645,7 @@ static int bk_kv(struct bk *b, const Mvccpb__KeyValue *kv)
 	/* Session state (holders, open references, owners, nodes, the
 	 * maintenance election) rides leases that a restore cannot bring
 	 * back; pins are this and other tools' own. */
-	if (kv->lease != 0 || (r == 0 && ki.family == EFS_META_K_PIN)) {
+	if (kv->lease != 0 || (r == 0 && is_session_state(ki.family))) {
 		b->skipped++;
 		return 0;
 	}
