@@ -18,8 +18,9 @@
  *    docs/OPERATIONS.md).
  *  - Blocks freed after the revision may be reused by the allocators while
  *    the copy runs: the allocators do not yet honour a hold (the design is
- *    in docs/DESIGN.md, "Backup and restore"), so a backup is exact only
- *    when nothing frees blocks meanwhile.
+ *    in docs/DESIGN.md, "Backup and restore"), so after the copy the
+ *    history of every chunk it copied blocks for is checked (bk_changed),
+ *    and a backup that overlapped a free of its blocks fails.
  *  - restore reads its input twice: once to check everything, once to
  *    write; a stream cannot be checked before it is written, so restore
  *    wants a file.
@@ -538,6 +539,18 @@ struct bk {
 	struct runs runs;
 	int64_t rev;
 	uint64_t keys, skipped, data_records, blocks;
+	/* The extent chunks at b->rev that reference blocks: keys (packed)
+	 * and mod revisions, in key order, to tell after the copy whether any
+	 * of them changed meanwhile. */
+	uint8_t *ck;
+	size_t ck_len, ck_cap;
+	struct chunk_seen {
+		size_t off, len;
+		int64_t mod;
+		bool suspect; /* changed or gone since b->rev */
+	} *cs;
+	size_t ncs, cs_cap, cs_next;
+	uint64_t changed;
 	char pin_name[64];
 	bool pinned;
 	char err[EFS_CLI_ERR_MAX];
@@ -611,6 +624,61 @@ static void bk_unpin(struct bk *b)
 	b->pinned = false;
 }
 
+/* Remembers an extent chunk's key and mod revision (bk_changed). */
+static int chunk_note(struct bk *b, const Mvccpb__KeyValue *kv)
+{
+	if (b->ck_len + kv->key.len > b->ck_cap) {
+		size_t cap = (b->ck_cap ? b->ck_cap * 2 : 65536) + kv->key.len;
+		uint8_t *n = efs_mem_realloc(b->ck, cap);
+
+		if (!n)
+			return -ENOMEM;
+		b->ck = n;
+		b->ck_cap = cap;
+	}
+	if (b->ncs == b->cs_cap) {
+		size_t cap = b->cs_cap ? b->cs_cap * 2 : 1024;
+		struct chunk_seen *n = efs_mem_realloc(b->cs, cap * sizeof(*n));
+
+		if (!n)
+			return -ENOMEM;
+		b->cs = n;
+		b->cs_cap = cap;
+	}
+	memcpy(b->ck + b->ck_len, kv->key.data, kv->key.len);
+	b->cs[b->ncs++] = (struct chunk_seen){b->ck_len, kv->key.len, kv->mod_revision, false};
+	b->ck_len += kv->key.len;
+	return 0;
+}
+
+static int key_cmp(const uint8_t *a, size_t al, const uint8_t *c, size_t cl)
+{
+	int d = memcmp(a, c, al < cl ? al : cl);
+
+	return d ? d : (al > cl) - (al < cl);
+}
+
+/*
+ * One key of e/ now, in key order: every remembered chunk before it is
+ * gone (deleted since), and the one equal to it changed if its mod
+ * revision did.
+ */
+static void chunk_check(struct bk *b, const Mvccpb__KeyValue *kv)
+{
+	while (b->cs_next < b->ncs) {
+		struct chunk_seen *c = &b->cs[b->cs_next];
+		int d = key_cmp(b->ck + c->off, c->len, kv->key.data, kv->key.len);
+
+		if (d > 0)
+			return;
+		b->cs_next++;
+		if (d < 0 || c->mod != kv->mod_revision)
+			c->suspect = true;
+		if (d == 0)
+			return;
+	}
+}
+
 /* Families of session state (they ride a lease when written: a stale key
  * without one is an fsck finding, not something to restore) and pins. */
 static bool is_session_state(enum efs_meta_family f)
@@ -650,8 +718,14 @@ static int bk_kv(struct bk *b, const Mvccpb__KeyValue *kv)
 		return 0;
 	}
 	if (r == 0 && ki.family == EFS_META_K_EXTENT) {
+		size_t before = b->runs.n;
+
 		r = runs_add_chunk(&b->runs, kv->value.data, kv->value.len,
 				   b->sb.device_size / b->sb.block_size);
+		if (r == 0 && b->runs.n > before)
+			r = chunk_note(b, kv);
+		if (r == -ENOMEM)
+			return r;
 		if (r < 0) {
 			snprintf(b->err, sizeof(b->err),
 				 "extent chunk %.*s %s; run fsck.etcfs first", (int)kv->key.len,
@@ -683,26 +757,27 @@ static int bk_kv(struct bk *b, const Mvccpb__KeyValue *kv)
 	return 0;
 }
 
-/* The whole prefix at b->rev, in pages. */
-static int bk_metadata(struct bk *b)
+/*
+ * Reads |range| at revision |rev| (0: the latest, then every page at the
+ * first page's) in pages, calling |cb| for each key-value in key order.
+ */
+static int bk_range(struct bk *b, const struct efs_meta_range *range, int64_t rev, bool keys_only,
+		    int (*cb)(struct bk *b, const Mvccpb__KeyValue *kv))
 {
-	struct efs_meta_range range;
 	uint8_t start[EFS_META_KEY_MAX + 1];
 	size_t start_len;
 	int r;
 
-	r = efs_meta_range_fs(&b->ns, &range);
-	if (r < 0)
-		return r;
-	memcpy(start, range.key.buf, range.key.len);
-	start_len = range.key.len;
+	memcpy(start, range->key.buf, range->key.len);
+	start_len = range->key.len;
 	for (;;) {
 		Etcdserverpb__RangeRequest req = ETCDSERVERPB__RANGE_REQUEST__INIT;
 		struct efs_etcd_range_opts ro = {
-			.range_end = range.end.buf,
-			.range_end_len = range.end.len,
+			.range_end = range->end.buf,
+			.range_end_len = range->end.len,
 			.limit = EFS_CLI_PAGE,
-			.revision = b->rev,
+			.revision = rev,
+			.keys_only = keys_only,
 		};
 		Etcdserverpb__RangeResponse *resp;
 		ProtobufCMessage *m;
@@ -716,12 +791,14 @@ static int bk_metadata(struct bk *b)
 		r = efs_etcd_sync_call(b->s, EFS_ETCD_RANGE, &req.base, &m, NULL);
 		if (r < 0) {
 			snprintf(b->err, sizeof(b->err), "reading the keyspace at revision %" PRId64 ": %s",
-				 b->rev, efs_etcd_sync_last_message(b->s));
+				 rev, efs_etcd_sync_last_message(b->s));
 			return r;
 		}
 		resp = (Etcdserverpb__RangeResponse *)m;
+		if (!rev && resp->header)
+			rev = resp->header->revision;
 		for (size_t i = 0; i < resp->n_kvs && r == 0; i++)
-			r = bk_kv(b, resp->kvs[i]);
+			r = cb(b, resp->kvs[i]);
 		more = resp->more && resp->n_kvs > 0;
 		if (r == 0 && more) {
 			const Mvccpb__KeyValue *last = resp->kvs[resp->n_kvs - 1];
@@ -738,6 +815,145 @@ static int bk_metadata(struct bk *b)
 		if (r < 0 || !more)
 			return r;
 	}
+}
+
+static int chunk_check_cb(struct bk *b, const Mvccpb__KeyValue *kv)
+{
+	chunk_check(b, kv);
+	return 0;
+}
+
+/* Reads one key at |rev| (0: latest): 1 with *ret (caller frees), 0 when
+ * absent, or -errno. */
+static int get_at(struct bk *b, const uint8_t *key, size_t len, int64_t rev,
+		  Etcdserverpb__RangeResponse **ret)
+{
+	Etcdserverpb__RangeRequest req = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	struct efs_etcd_range_opts ro = {.revision = rev};
+	ProtobufCMessage *m;
+	int r = efs_etcd_range_fill(&req, key, len, &ro, NULL);
+
+	if (r == 0)
+		r = efs_etcd_sync_call(b->s, EFS_ETCD_RANGE, &req.base, &m, NULL);
+	if (r < 0) {
+		snprintf(b->err, sizeof(b->err), "reading an extent chunk's history: %s",
+			 efs_etcd_sync_last_message(b->s));
+		return r;
+	}
+	*ret = (Etcdserverpb__RangeResponse *)m;
+	if ((*ret)->n_kvs == 1)
+		return 1;
+	protobuf_c_message_free_unpacked(m, efs_mem_protobuf());
+	*ret = NULL;
+	return 0;
+}
+
+/* Whether every block mapping of |old| (non-preallocated extents) is in
+ * chunk value |v|: file block f still maps to the same device block. */
+static bool chunk_keeps(const Etcfs__ExtentChunk *old, const uint8_t *v, size_t len)
+{
+	Etcfs__ExtentChunk *ch = NULL;
+	bool ok = true;
+
+	if (efs_meta_extent_chunk_decode(v, len, &ch, NULL) < 0)
+		return false;
+	for (size_t i = 0; ok && i < old->n_extents; i++) {
+		const Etcfs__Extent *e = old->extents[i];
+		uint64_t f = e->file_block, end = e->file_block + e->count;
+
+		if (e->flags & EFS_META_EXTENT_F_PREALLOC)
+			continue;
+		for (size_t j = 0; f < end && j < ch->n_extents; j++) {
+			const Etcfs__Extent *x = ch->extents[j];
+
+			if (x->file_block + x->count <= f || x->file_block > f)
+				continue;
+			if (x->dev_block - x->file_block != e->dev_block - e->file_block)
+				break;
+			f = x->file_block + x->count;
+		}
+		ok = f >= end;
+	}
+	efs_meta_record_free(ch);
+	return ok;
+}
+
+/*
+ * Whether the chunk |key| kept every block it referenced at b->rev in
+ * every version since (walking its history back from the latest: the pin
+ * keeps it): 1 yes, 0 no (some version dropped a block: it was freed), or
+ * -errno.
+ */
+static int chunk_exact(struct bk *b, const uint8_t *key, size_t len)
+{
+	Etcdserverpb__RangeResponse *at = NULL, *cur = NULL;
+	Etcfs__ExtentChunk *old = NULL;
+	int64_t rev = 0;
+	int r;
+
+	r = get_at(b, key, len, b->rev, &at);
+	if (r <= 0)
+		return r < 0 ? r : 0;
+	r = efs_meta_extent_chunk_decode(at->kvs[0]->value.data, at->kvs[0]->value.len, &old,
+					 NULL);
+	protobuf_c_message_free_unpacked(&at->base, efs_mem_protobuf());
+	if (r < 0)
+		return 0;
+	for (;;) {
+		const Mvccpb__KeyValue *kv;
+
+		r = get_at(b, key, len, rev, &cur);
+		if (r <= 0)
+			break; /* an error, or absent in some version: deleted */
+		kv = cur->kvs[0];
+		if (kv->mod_revision <= b->rev) {
+			r = 1; /* back at the backup's version */
+			break;
+		}
+		if (!chunk_keeps(old, kv->value.data, kv->value.len)) {
+			r = 0;
+			break;
+		}
+		rev = kv->mod_revision - 1;
+		protobuf_c_message_free_unpacked(&cur->base, efs_mem_protobuf());
+		cur = NULL;
+	}
+	if (cur)
+		protobuf_c_message_free_unpacked(&cur->base, efs_mem_protobuf());
+	efs_meta_record_free(old);
+	return r;
+}
+
+/*
+ * After the copy: whether any extent chunk that referenced copied blocks
+ * at b->rev has changed or gone since. Blocks are freed only by the
+ * transaction that changes (or deletes) the chunk referencing them, so
+ * when none has, no copied block was freed, hence none reused: the copy
+ * is exact. Otherwise a copied block may hold another file's newer bytes
+ * (the allocators do not hold freed blocks back yet): b->changed counts
+ * the chunks whose history shows a version without one of the blocks.
+ */
+static int bk_changed(struct bk *b)
+{
+	struct efs_meta_range range;
+	int r = efs_meta_range_family(&b->ns, EFS_META_K_EXTENT, &range);
+
+	if (r == 0)
+		r = bk_range(b, &range, 0, true, chunk_check_cb);
+	for (size_t i = b->cs_next; i < b->ncs; i++)
+		b->cs[i].suspect = true; /* past the last key now: gone */
+	/* A chunk that changed may only have gained extents (a publication
+	 * of appended data): only a version without one of its blocks means
+	 * the block was freed. */
+	for (size_t i = 0; r == 0 && i < b->ncs; i++) {
+		if (!b->cs[i].suspect)
+			continue;
+		r = chunk_exact(b, b->ck + b->cs[i].off, b->cs[i].len);
+		if (r == 0)
+			b->changed++;
+		r = r < 0 ? r : 0;
+	}
+	return r;
 }
 
 static int bk_blocks(struct bk *b)
@@ -907,9 +1123,27 @@ int efs_backup_cmd(const char *prog, int argc, char **argv)
 		goto out;
 	}
 	b.err[0] = '\0';
-	r = bk_metadata(&b);
+	{
+		struct efs_meta_range range;
+
+		r = efs_meta_range_fs(&b.ns, &range);
+		if (r == 0)
+			r = bk_range(&b, &range, b.rev, false, bk_kv);
+	}
 	if (r == 0)
 		r = bk_blocks(&b);
+	if (r == 0)
+		r = bk_changed(&b);
+	if (r == 0 && b.changed) {
+		/* No trailer: a stream cut here is refused by restore. */
+		snprintf(b.err, sizeof(b.err),
+			 "%" PRIu64 " extent chunks dropped blocks while they were copied (overwritten,"
+			 " truncated or deleted), so copied blocks may have been reused by newer writes; the backup is not"
+			 " exact (and has no trailer, so restore refuses it): run it again when"
+			 " fewer files are being overwritten or deleted",
+			 b.changed);
+		r = -EAGAIN;
+	}
 	if (r == 0)
 		r = bk_trailer(&b);
 	if (r == 0)
@@ -954,6 +1188,8 @@ out:
 	}
 	efs_mem_free(b.o.buf);
 	efs_mem_free(b.runs.v);
+	efs_mem_free(b.ck);
+	efs_mem_free(b.cs);
 	free(b.io);
 	if (b.dfd >= 0)
 		close(b.dfd);
