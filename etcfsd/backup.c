@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "config.h"
 #include "etcd/kv.h"
 #include "etcd/sync.h"
 #include "etcd/txn.h"
@@ -1130,6 +1131,17 @@ int efs_backup_cmd(const char *prog, int argc, char **argv)
 		if (r == 0)
 			r = bk_range(&b, &range, b.rev, false, bk_kv);
 	}
+#if EFS_FAULT_HOOKS
+	/* ETCFS_FAULT_BACKUP_PAUSE_MS=N (tests): a pause between the metadata
+	 * and the blocks, so that a test can free blocks in between. */
+	if (r == 0 && getenv("ETCFS_FAULT_BACKUP_PAUSE_MS")) {
+		long ms = atol(getenv("ETCFS_FAULT_BACKUP_PAUSE_MS"));
+		struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+
+		if (ms > 0 && ms < 600000)
+			nanosleep(&ts, NULL);
+	}
+#endif
 	if (r == 0)
 		r = bk_blocks(&b);
 	if (r == 0)

@@ -7,7 +7,9 @@
  * later ones exists, and fsck.etcfs finds nothing. Restore refuses a
  * keyspace that holds keys, a mounted device, and a backup that is
  * corrupt, truncated, not a backup at all, or well-formed but without its
- * blocks, writing nothing.
+ * blocks, writing nothing. A backup during which a file it copies is
+ * overwritten (its old blocks freed, maybe reused) fails rather than
+ * write an inexact copy; one during which a file grows succeeds.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -15,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
@@ -370,4 +374,56 @@ Test(backup, restore_refuses_a_damaged_backup_and_writes_nothing)
 	snprintf(bad, sizeof(bad), "%s/metadata-only", fs.dir);
 	strip_blocks(bk, bad);
 	refused(bad, "lacks device blocks");
+}
+
+/* Runs a backup to |file| in a child with the fault hook's pause between
+ * metadata and blocks; |during| runs meanwhile. The backup's exit status. */
+static int backup_around(const char *file, void (*during)(void))
+{
+	struct timespec ts = {0, 400 * 1000000L};
+	pid_t pid;
+	int st;
+
+	pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		char out[8192];
+		const char *args[] = {"backup", "--settle", "0", fs.image, file, NULL};
+		int r;
+
+		setenv("ETCFS_FAULT_BACKUP_PAUSE_MS", "1500", 1);
+		r = ctl(out, sizeof(out), args);
+		fprintf(stderr, "%s", out);
+		_exit(r < 0 ? 99 : r);
+	}
+	nanosleep(&ts, NULL);
+	during();
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st));
+	return WEXITSTATUS(st);
+}
+
+static void overwrite_hot(void)
+{
+	write_file("a/b/mid", 100000, 42);
+}
+
+static void grow_new(void)
+{
+	write_file("grown", 300000, 43);
+}
+
+Test(backup, a_backup_overlapping_a_free_of_its_blocks_fails)
+{
+	char bk[400];
+	struct stat st;
+
+	start_fs();
+	make_tree();
+	snprintf(bk, sizeof(bk), "%s/overwritten.etcfs-backup", fs.dir);
+	cr_assert_eq(backup_around(bk, overwrite_hot), 4, "backup overlapping an overwrite");
+	cr_assert_eq(stat(bk, &st), -1, "an inexact backup was left at %s", bk);
+	snprintf(bk, sizeof(bk), "%s/grown.etcfs-backup", fs.dir);
+	cr_assert_eq(backup_around(bk, grow_new), 0, "backup overlapping a new file");
+	cr_assert_eq(stat(bk, &st), 0);
 }
