@@ -422,7 +422,7 @@ static int runs_add_chunk(struct runs *rs, const uint8_t *v, size_t len, uint64_
 
 /* ---- Options shared by both commands ---- */
 
-enum { OPT_ETCD = 0x100, OPT_HELP, OPT_SETTLE };
+enum { OPT_ETCD = 0x100, OPT_HELP, OPT_SETTLE, OPT_FORCE };
 
 static volatile sig_atomic_t interrupted;
 
@@ -446,12 +446,14 @@ static void catch_signals(void)
 /* Parses the options; the positionals go to |pos| (exactly |npos|).
  * Returns -1 to go on, else the exit status. */
 static int parse_args(const char *prog, int argc, char **argv, struct efs_cli_etcd *conn,
-		      uint32_t *settle_ms, const char **pos, int npos, void (*help)(const char *))
+		      uint32_t *settle_ms, bool *force, const char **pos, int npos,
+		      void (*help)(const char *))
 {
 	static const struct option longopts[] = {
 		EFS_CLI_ETCD_LONGOPTS(OPT_ETCD),
 		{"help", no_argument, NULL, OPT_HELP},
 		{"settle", required_argument, NULL, OPT_SETTLE},
+		{"force", no_argument, NULL, OPT_FORCE},
 		{NULL, 0, NULL, 0},
 	};
 	char err[EFS_CLI_ERR_MAX] = "";
@@ -476,6 +478,8 @@ static int parse_args(const char *prog, int argc, char **argv, struct efs_cli_et
 		} else if (opt == OPT_HELP) {
 			help(prog);
 			return EFS_BACKUP_EXIT_OK;
+		} else if (opt == OPT_FORCE && force) {
+			*force = true;
 		} else if (opt == OPT_SETTLE && settle_ms) {
 			char *end;
 			double v;
@@ -1026,7 +1030,7 @@ int efs_backup_cmd(const char *prog, int argc, char **argv)
 	struct stat st;
 	int ret, r;
 
-	ret = parse_args(prog, argc, argv, &conn, &settle_ms, pos, 2, usage_backup);
+	ret = parse_args(prog, argc, argv, &conn, &settle_ms, NULL, pos, 2, usage_backup);
 	if (ret >= 0)
 		goto out;
 	ret = EFS_BACKUP_EXIT_FAILED;
@@ -1223,12 +1227,16 @@ static void usage_restore(const char *prog)
 	       "totals and stream checksum, and that every block the extents reference is in\n"
 	       "it); a truncated, corrupt or metadata-only backup is refused before anything\n"
 	       "is written. Refused too: a keyspace /etcfs/NAME/ that holds any key, a DEVICE\n"
-	       "that is mounted here (/proc/self/mountinfo) or whose filesystem has sessions\n"
-	       "(n/ keys) in etcd, and a DEVICE smaller than the backed-up one. Then the\n"
-	       "blocks are written back to their offsets, the keys are put in transactions\n"
-	       "of at most %d operations (\"sb\" last), and the superblock is written.\n"
+	       "mounted or open in another process here, or whose filesystem has sessions\n"
+	       "(n/ keys) in etcd, a DEVICE smaller than the backed-up one, and a DEVICE\n"
+	       "holding another filesystem (another UUID) whose keyspace is in this etcd\n"
+	       "(--force overwrites that one). Then the blocks are written back to their\n"
+	       "offsets, the keys are put in transactions of at most %d operations (\"sb\"\n"
+	       "last), and the superblock is written.\n"
 	       "Session state (locks, open files, group owners) is not restored; groups are\n"
 	       "claimable at once. Run fsck.etcfs afterwards to confirm.\n"
+	       "\n"
+	       "  --force            overwrite a device holding another, live, filesystem\n"
 	       "\n"
 	       "%s\n"
 	       "Exit status: 0 success; 1 refused (bad backup, or target in use); 2 usage\n"
@@ -1724,6 +1732,31 @@ static bool device_mounted(const char *dev, const struct stat *dst, char *what, 
 	return found || device_open_elsewhere(dst, what, what_size);
 }
 
+/* Whether the keyspace of |sb|'s filesystem holds its "sb" record with
+ * |sb|'s UUID (or cannot be read: assume it does). */
+static bool old_fs_lives(struct efs_etcd_sync *s, const struct efs_sb *sb)
+{
+	struct efs_meta_ns ns;
+	struct efs_meta_key k;
+	Mvccpb__KeyValue *kv = NULL;
+	Etcfs__FsInfo *fi = NULL;
+	bool lives;
+	int r;
+
+	if (efs_meta_ns_init(&ns, sb->name) < 0 || efs_meta_key_sb(&ns, &k) < 0)
+		return true;
+	r = efs_etcd_sync_get(s, k.buf, k.len, &kv, NULL);
+	if (r == -ENOENT)
+		return false;
+	if (r < 0)
+		return true;
+	lives = efs_meta_fsinfo_decode(kv->value.data, kv->value.len, &fi, NULL) < 0 ||
+		(fi->uuid.len == 16 && !memcmp(fi->uuid.data, sb->uuid, 16));
+	efs_meta_record_free(fi);
+	protobuf_c_message_free_unpacked(&kv->base, efs_mem_protobuf());
+	return lives;
+}
+
 int efs_restore_cmd(const char *prog, int argc, char **argv)
 {
 	struct efs_cli_etcd conn = {0};
@@ -1737,9 +1770,10 @@ int efs_restore_cmd(const char *prog, int argc, char **argv)
 	struct stat st, dst;
 	double t0 = now_s();
 	int64_t count = 0;
+	bool force = false;
 	int fd = -1, ret, r;
 
-	ret = parse_args(prog, argc, argv, &conn, NULL, pos, 2, usage_restore);
+	ret = parse_args(prog, argc, argv, &conn, NULL, &force, pos, 2, usage_restore);
 	if (ret >= 0)
 		goto out;
 	ret = EFS_BACKUP_EXIT_FAILED;
@@ -1802,6 +1836,15 @@ int efs_restore_cmd(const char *prog, int argc, char **argv)
 				fprintf(stderr,
 					"%s: %s holds filesystem %s, which node %s has mounted (n/ keys in etcd)\n",
 					prog, pos[1], old.name, node);
+				goto out;
+			}
+			/* Another filesystem whose keyspace is here: its data
+			 * would be overwritten. */
+			if (memcmp(old.uuid, sc.h.uuid, 16) && !force &&
+			    old_fs_lives(R.s, &old)) {
+				fprintf(stderr,
+					"%s: %s holds filesystem %s (another UUID), whose keyspace is in this etcd; --force overwrites it\n",
+					prog, pos[1], old.name);
 				goto out;
 			}
 		}

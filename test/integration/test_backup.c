@@ -374,6 +374,27 @@ Test(backup, restore_refuses_a_damaged_backup_and_writes_nothing)
 	snprintf(bad, sizeof(bad), "%s/metadata-only", fs.dir);
 	strip_blocks(bk, bad);
 	refused(bad, "lacks device blocks");
+
+	/* A device holding another filesystem whose keyspace is here. */
+	{
+		char img2[400], out[8192];
+		const char *args[] = {"restore", bk, img2, NULL};
+		const char *fargs[] = {"restore", "--force", bk, img2, NULL};
+		int fd, r;
+
+		snprintf(img2, sizeof(img2), "%s/other.img", fs.dir);
+		fd = open(img2, O_CREAT | O_WRONLY, 0644);
+		cr_assert(fd >= 0 && ftruncate(fd, 64 << 20) == 0);
+		close(fd);
+		r = efs_test_fs_run(&fs, out, sizeof(out), "mkfs.etcfs", "--name", "other", img2,
+				    NULL);
+		cr_assert_eq(r, 0, "mkfs other: %s", out);
+		r = ctl(out, sizeof(out), args);
+		cr_assert_eq(r, 1, "restore over another filesystem: %d: %s", r, out);
+		cr_assert(strstr(out, "another UUID"), "%s", out);
+		r = ctl(out, sizeof(out), fargs);
+		cr_assert_eq(r, 0, "restore --force: %d: %s", r, out);
+	}
 }
 
 /* Runs a backup to |file| in a child with the fault hook's pause between
