@@ -141,14 +141,13 @@ static int header_decode(const uint8_t in[BK_HEADER_SIZE], struct bk_header *h, 
 		return -EUCLEAN;
 	}
 	if (get32(in + 12) != 0 || get32(in + 20) != BK_HEADER_SIZE ||
-	    !memchr(in + 40, 0, 80)) {
+	    !memchr(in + 40, 0, EFS_META_FSNAME_MAX + 1)) {
 		*why = "unknown header flags or size";
 		return -EUCLEAN;
 	}
 	h->block_size = get32(in + 16);
 	memcpy(h->uuid, in + 24, 16);
-	memcpy(h->name, in + 40, 80);
-	h->name[EFS_META_FSNAME_MAX] = '\0';
+	memcpy(h->name, in + 40, EFS_META_FSNAME_MAX + 1); /* NUL-terminated, checked above */
 	h->revision = get64(in + 120);
 	h->data_start = get64(in + 128);
 	h->device_size = get64(in + 136);
