@@ -1391,8 +1391,11 @@ static int rs_meta(struct rs *R, const uint8_t *p, size_t len)
 		/* Its last owner is a node of the backed-up filesystem: without
 		 * this the restored groups would wait out the dead-node grace. */
 		if (efs_meta_ag_free_decode(val, vlen, &af, NULL) == 0) {
+			Etcfs__AgLastOwner *last = af->last;
+
 			af->last = NULL;
 			r = efs_meta_pack(&af->base, &packed);
+			af->last = last; /* freed with the record */
 			efs_meta_record_free(af);
 			if (r < 0)
 				return r;
