@@ -421,7 +421,7 @@ static int runs_add_chunk(struct runs *rs, const uint8_t *v, size_t len, uint64_
 
 /* ---- Options shared by both commands ---- */
 
-enum { OPT_ETCD = 0x100, OPT_HELP, OPT_SETTLE, OPT_FORCE };
+enum { OPT_ETCD = 0x100, OPT_HELP, OPT_SETTLE, OPT_FORCE, OPT_RETRIES };
 
 static volatile sig_atomic_t interrupted;
 
@@ -445,14 +445,15 @@ static void catch_signals(void)
 /* Parses the options; the positionals go to |pos| (exactly |npos|).
  * Returns -1 to go on, else the exit status. */
 static int parse_args(const char *prog, int argc, char **argv, struct efs_cli_etcd *conn,
-		      uint32_t *settle_ms, bool *force, const char **pos, int npos,
-		      void (*help)(const char *))
+		      uint32_t *settle_ms, bool *force, unsigned *retries, const char **pos,
+		      int npos, void (*help)(const char *))
 {
 	static const struct option longopts[] = {
 		EFS_CLI_ETCD_LONGOPTS(OPT_ETCD),
 		{"help", no_argument, NULL, OPT_HELP},
 		{"settle", required_argument, NULL, OPT_SETTLE},
 		{"force", no_argument, NULL, OPT_FORCE},
+		{"retries", required_argument, NULL, OPT_RETRIES},
 		{NULL, 0, NULL, 0},
 	};
 	char err[EFS_CLI_ERR_MAX] = "";
@@ -477,6 +478,18 @@ static int parse_args(const char *prog, int argc, char **argv, struct efs_cli_et
 		} else if (opt == OPT_HELP) {
 			help(prog);
 			return EFS_BACKUP_EXIT_OK;
+		} else if (opt == OPT_RETRIES && retries) {
+			char *end;
+			unsigned long v;
+
+			errno = 0;
+			v = strtoul(optarg, &end, 10);
+			if (errno || end == optarg || *end || optarg[0] == '-' || v > 100) {
+				fprintf(stderr, "%s: --retries '%s': a number from 0 to 100\n", prog,
+					optarg);
+				return EFS_BACKUP_EXIT_USAGE;
+			}
+			*retries = (unsigned)v;
 		} else if (opt == OPT_FORCE && force) {
 			*force = true;
 		} else if (opt == OPT_SETTLE && settle_ms) {
@@ -526,6 +539,9 @@ static void usage_backup(const char *prog)
 	       "(pin/backup.*) so that compaction keeps it while the copy runs.\n"
 	       "\n"
 	       "  --settle SECONDS   wait before taking the revision (default 2; 0: none)\n"
+	       "  --retries N        start again, at most N times (default 2), when blocks the\n"
+	       "                     copy needed were freed while it ran (a file OUTPUT\n"
+	       "                     only; on stdout such a backup fails at once)\n"
 	       "\n"
 	       "%s\n"
 	       "Exit status: 0 success; 2 usage error; 3 cannot connect to etcd; 4 failed.\n",
@@ -1020,6 +1036,7 @@ int efs_backup_cmd(const char *prog, int argc, char **argv)
 	struct efs_cli_device dev = {.fd = -1};
 	struct bk b = {.prog = prog, .fd = -1, .dfd = -1, .o.fd = -1};
 	uint32_t settle_ms = 2000;
+	unsigned retries = 2, attempt = 0;
 	const char *pos[2];
 	char path[PATH_MAX] = "", partial[PATH_MAX + 16] = "";
 	Etcfs__FsInfo *fi = NULL;
@@ -1029,7 +1046,7 @@ int efs_backup_cmd(const char *prog, int argc, char **argv)
 	struct stat st;
 	int ret, r;
 
-	ret = parse_args(prog, argc, argv, &conn, &settle_ms, NULL, pos, 2, usage_backup);
+	ret = parse_args(prog, argc, argv, &conn, &settle_ms, NULL, &retries, pos, 2, usage_backup);
 	if (ret >= 0)
 		goto out;
 	ret = EFS_BACKUP_EXIT_FAILED;
@@ -1076,6 +1093,7 @@ int efs_backup_cmd(const char *prog, int argc, char **argv)
 		while (nanosleep(&ts, &ts) < 0 && errno == EINTR && !interrupted)
 			;
 	}
+again:
 	t0 = now_s(); /* the rate counts the copy, not the settle */
 	r = bk_pin(&b);
 	if (r < 0) {
@@ -1149,6 +1167,26 @@ int efs_backup_cmd(const char *prog, int argc, char **argv)
 		r = bk_blocks(&b);
 	if (r == 0)
 		r = bk_changed(&b);
+	if (r == 0 && b.changed && partial[0] && attempt < retries) {
+		/* A file can start over at a new revision. */
+		fprintf(stderr,
+			"%s: %" PRIu64 " extent chunks dropped blocks while they were copied;"
+			" starting again at a new revision (%u of %u)\n",
+			prog, b.changed, attempt + 1, retries);
+		close(b.o.fd);
+		b.o.fd = -1;
+		unlink(partial);
+		partial[0] = '\0';
+		bk_unpin(&b);
+		b.o.len = 0;
+		b.o.crc = 0;
+		b.o.bytes = 0;
+		b.runs.n = 0;
+		b.ck_len = b.ncs = b.cs_next = 0;
+		b.keys = b.skipped = b.data_records = b.blocks = b.changed = 0;
+		attempt++;
+		goto again;
+	}
 	if (r == 0 && b.changed) {
 		/* No trailer: a stream cut here is refused by restore. */
 		snprintf(b.err, sizeof(b.err),
@@ -1775,7 +1813,7 @@ int efs_restore_cmd(const char *prog, int argc, char **argv)
 	bool force = false;
 	int fd = -1, ret, r;
 
-	ret = parse_args(prog, argc, argv, &conn, NULL, &force, pos, 2, usage_restore);
+	ret = parse_args(prog, argc, argv, &conn, NULL, &force, NULL, pos, 2, usage_restore);
 	if (ret >= 0)
 		goto out;
 	ret = EFS_BACKUP_EXIT_FAILED;
