@@ -1329,6 +1329,9 @@ struct scan {
 	bool has_sb, has_sb_key, has_end;
 	uint64_t metas, datas, blocks;
 	struct runs need, have;
+	/* Inodes whose record has link count 0, and orphan records (start:
+	 * the inode), in key order. */
+	struct runs nlink0, orphans;
 };
 
 struct rs {
@@ -1341,9 +1344,22 @@ struct rs {
 	size_t t_ops, t_bytes;
 	uint8_t *sbval; /* the "sb" key's value, put last */
 	size_t sbval_len;
-	uint64_t keys_put, txns;
+	uint64_t keys_put, txns, closed_files;
+	/* Orphans (link count 0, open when backed up) whose openers are not
+	 * restored: start = inode, count = 1 once a chunk of it was seen. */
+	struct runs closed;
 	char err[EFS_CLI_ERR_MAX];
 };
+
+/* The entry of |ino| in R->closed, or NULL. */
+static struct run *closed_find(struct rs *R, uint64_t ino)
+{
+	struct run key = {ino, 0};
+
+	if (!R->closed.n)
+		return NULL;
+	return bsearch(&key, R->closed.v, R->closed.n, sizeof(key), run_cmp);
+}
 
 static int rs_txn_send(struct rs *R)
 {
@@ -1415,6 +1431,39 @@ static int rs_meta(struct rs *R, const uint8_t *p, size_t len)
 	memcpy(key, R->ns.prefix, R->ns.len);
 	memcpy(key + R->ns.len, p + 2, rel);
 	r = efs_meta_key_parse(&R->ns, key, klen, &ki);
+	/*
+	 * An orphan's openers are sessions, not restored: the file is put
+	 * back as its last close would have left it (the inode, its xattrs
+	 * and the orphan record gone, a reclaim record when it has chunks,
+	 * which stay until a node frees them).
+	 */
+	if (r == 0 && (ki.family == EFS_META_K_INODE || ki.family == EFS_META_K_XATTR ||
+		       ki.family == EFS_META_K_ORPHAN || ki.family == EFS_META_K_EXTENT)) {
+		struct run *c = closed_find(R, ki.ino);
+
+		if (c && ki.family == EFS_META_K_EXTENT) {
+			c->count = 1;
+		} else if (c && ki.family == EFS_META_K_ORPHAN) {
+			Etcfs__Reclaim rc = ETCFS__RECLAIM__INIT;
+			struct efs_meta_key rk;
+			struct timespec ts;
+
+			R->closed_files++;
+			if (!c->count)
+				return 0;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			rc.since_ns = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+			r = efs_meta_key_reclaim(&R->ns, ki.ino, &rk);
+			if (r == 0)
+				r = efs_meta_pack(&rc.base, &packed);
+			if (r == 0)
+				r = rs_put(R, rk.buf, rk.len, packed.data, packed.len);
+			efs_mem_free(packed.data);
+			return r;
+		} else if (c) {
+			return 0;
+		}
+	}
 	if (r == 0 && ki.family == EFS_META_K_SB) {
 		R->sbval = efs_mem_malloc(vlen ? vlen : 1);
 		if (!R->sbval)
@@ -1579,6 +1628,22 @@ static int rs_pass(int fd, struct scan *sc, struct rs *R, struct progress *p, ch
 					}
 					efs_meta_record_free(fi);
 					sc->has_sb_key = true;
+				} else if (ki.family == EFS_META_K_INODE ||
+					   ki.family == EFS_META_K_ORPHAN) {
+					Etcfs__Inode *ir = NULL;
+					int e = 0;
+
+					if (ki.family == EFS_META_K_ORPHAN)
+						e = runs_add(&sc->orphans, ki.ino, 0);
+					else if (efs_meta_inode_decode(pl + 2 + rel, len - 2 - rel,
+								       &ir, NULL) == 0 &&
+						 ir->nlink == 0)
+						e = runs_add(&sc->nlink0, ki.ino, 0);
+					efs_meta_record_free(ir);
+					if (e < 0) {
+						r = e;
+						goto out;
+					}
 				} else if (ki.family == EFS_META_K_EXTENT) {
 					int e = runs_add_chunk(&sc->need, pl + 2 + rel,
 							       len - 2 - rel,
@@ -1684,7 +1749,25 @@ static void scan_done(struct scan *sc)
 {
 	efs_mem_free(sc->need.v);
 	efs_mem_free(sc->have.v);
-	sc->need = sc->have = (struct runs){0};
+	efs_mem_free(sc->nlink0.v);
+	efs_mem_free(sc->orphans.v);
+	sc->need = sc->have = sc->nlink0 = sc->orphans = (struct runs){0};
+}
+
+/* The orphans of |sc| whose inode record has link count 0 (both lists
+ * are in inode order), into |out|. */
+static int closed_files(const struct scan *sc, struct runs *out)
+{
+	size_t j = 0;
+	int r = 0;
+
+	for (size_t i = 0; r == 0 && i < sc->orphans.n; i++) {
+		while (j < sc->nlink0.n && sc->nlink0.v[j].start < sc->orphans.v[i].start)
+			j++;
+		if (j < sc->nlink0.n && sc->nlink0.v[j].start == sc->orphans.v[i].start)
+			r = runs_add(out, sc->orphans.v[i].start, 0);
+	}
+	return r;
 }
 
 /*
@@ -1917,6 +2000,8 @@ int efs_restore_cmd(const char *prog, int argc, char **argv)
 	 * held back), then "sb", then the device superblock. */
 	ret = EFS_BACKUP_EXIT_FAILED;
 	R.devfd = dev.fd;
+	if (closed_files(&sc, &R.closed) < 0)
+		goto out;
 	scan_done(&sc);
 	progress_start(&p, "restore", (uint64_t)st.st_size);
 	r = rs_pass(fd, &sc, &R, &p, err, sizeof(err));
@@ -1953,13 +2038,16 @@ int efs_restore_cmd(const char *prog, int argc, char **argv)
 
 		fprintf(stderr,
 			"restored %s (revision %" PRIu64 ") onto %s: %" PRIu64 " keys in %" PRIu64
-			" transactions, %" PRIu64 " blocks (%.1f MiB) in %.1f s\n",
-			sc.h.name, sc.h.revision, pos[1], R.keys_put, R.txns, sc.blocks, mib, el);
+			" transactions, %" PRIu64 " blocks (%.1f MiB), %" PRIu64
+			" unlinked open files closed, in %.1f s\n",
+			sc.h.name, sc.h.revision, pos[1], R.keys_put, R.txns, sc.blocks, mib,
+			R.closed_files, el);
 	}
 	ret = EFS_BACKUP_EXIT_OK;
 out:
 	efs_etcd_txn_free(R.t);
 	efs_mem_free(R.sbval);
+	efs_mem_free(R.closed.v);
 	scan_done(&sc);
 	if (fd >= 0)
 		close(fd);
