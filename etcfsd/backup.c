@@ -1490,6 +1490,24 @@ static int rs_meta(struct rs *R, const uint8_t *p, size_t len)
 			vlen = packed.len;
 		}
 	}
+	if (r == 0 && ki.family == EFS_META_K_FREE_INTENT) {
+		Etcfs__FreeIntent *fi = NULL;
+
+		/* No read of the node that freed them can be in flight on this
+		 * device: drained, so the first owner folds them at once
+		 * instead of after the dead-node grace. */
+		if (efs_meta_free_intent_decode(val, vlen, &fi, NULL) == 0 && !fi->drained) {
+			fi->drained = true;
+			r = efs_meta_pack(&fi->base, &packed);
+			if (r == 0) {
+				val = packed.data;
+				vlen = packed.len;
+			}
+		}
+		efs_meta_record_free(fi);
+		if (r < 0)
+			return r;
+	}
 	r = rs_put(R, key, klen, val, vlen);
 	efs_mem_free(packed.data);
 	return r;
