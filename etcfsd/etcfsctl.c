@@ -35,8 +35,11 @@
 #include "etcd/kv.h"
 #include "etcd/sync.h"
 #include "meta/keys.h"
+#include "meta/layout.h"
 #include "meta/records.h"
 #include "meta/sb.h"
+#include "progress.h"
+#include "space/freemap.h"
 #include "util/clock.h"
 #include "util/mem.h"
 
@@ -2724,6 +2727,438 @@ static int cmd_restore(int argc, char **argv)
 	return efs_restore_cmd(prog, argc, argv);
 }
 
+/* ---- grow ---- */
+
+/* New groups' records written per transaction ahead of the final one. */
+#define GROW_BATCH_GROUPS 60
+/* Final transactions tried when the old last group's map moves meanwhile. */
+#define GROW_TRIES 8
+
+static void usage_grow(FILE *f)
+{
+	fprintf(f,
+		"Usage: %s grow [OPTIONS] DEVICE [SIZE]\n"
+		"\n"
+		"Grows a mounted (or unmounted) filesystem to SIZE bytes (a suffix K, M, G or T\n"
+		"counts in powers of 1024), by default to the whole device. Grow the device\n"
+		"first (truncate -s on an image, losetup -c on a loop device, lvextend, ...)\n"
+		"on every host. The larger geometry goes into etcd in one transaction, then\n"
+		"into DEVICE's superblock; every mounted node allocates in the new groups once\n"
+		"it sees its own device at the new size. Shrinking is refused.\n"
+		"\n"
+		"  --json                   one JSON object on stdout\n"
+		"  --help                   this text\n"
+		"\n"
+		"%s"
+		"\n"
+		"Exit status: 0 success (also: already that size); 2 usage error; 3 cannot\n"
+		"connect to etcd; 4 failed (a shrink, a device smaller than SIZE, ...).\n",
+		prog, efs_cli_etcd_usage());
+}
+
+/* "100M" -> 104857600. -EINVAL when not a size. */
+static int parse_bytes(const char *s, uint64_t *ret)
+{
+	static const char units[] = "KMGT";
+	unsigned long long v;
+	char *end;
+	const char *u;
+
+	errno = 0;
+	if (!s[0] || s[0] == '-')
+		return -EINVAL;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -EINVAL;
+	if (*end) {
+		u = strchr(units, *end);
+		if (!u || (end[1] && strcmp(end + 1, "iB") && strcmp(end + 1, "B")))
+			return -EINVAL;
+		for (const char *p = units; p <= u; p++) {
+			if (v > UINT64_MAX / 1024)
+				return -EINVAL;
+			v *= 1024;
+		}
+	}
+	*ret = v;
+	return 0;
+}
+
+static int grow_put_msg(struct efs_etcd_txn *t, const struct efs_meta_key *k,
+			const ProtobufCMessage *msg)
+{
+	ProtobufCBinaryData v = {0};
+	int r = efs_meta_pack(msg, &v);
+
+	if (r < 0)
+		return r;
+	r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, k->buf, k->len, v.data, v.len, 0);
+	efs_mem_free(v.data);
+	return r;
+}
+
+/* Adds group |g|'s map and free count (the whole group free) to |t|. */
+static int grow_put_group(struct efs_etcd_txn *t, const struct efs_meta_ns *ns,
+			  const struct efs_layout *l, uint32_t g)
+{
+	struct efs_layout_agmap am;
+	Etcfs__AgFree af;
+	struct efs_meta_key k;
+	int r;
+
+	efs_layout_ag_map(l, g, &am);
+	efs_layout_ag_free(l, g, &af);
+	r = efs_meta_key_ag(ns, g, EFS_META_K_AG_MAP, &k);
+	if (r == 0)
+		r = grow_put_msg(t, &k, &am.map.base);
+	if (r == 0)
+		r = efs_meta_key_ag(ns, g, EFS_META_K_AG_FREE, &k);
+	if (r == 0)
+		r = grow_put_msg(t, &k, &af.base);
+	return r;
+}
+
+/* Reads |k|: *ret_kv (free with protobuf_c_message_free_unpacked) or -ENOENT. */
+static int grow_get(struct fs_cmd *f, const struct efs_meta_key *k, Mvccpb__KeyValue **ret_kv)
+{
+	return efs_etcd_sync_get(f->s, k->buf, k->len, ret_kv, NULL);
+}
+
+static void grow_kv_free(Mvccpb__KeyValue *kv)
+{
+	if (kv)
+		protobuf_c_message_free_unpacked(&kv->base, efs_mem_protobuf());
+}
+
+/*
+ * The old last group |g| grows from |old_len| to |new_len| blocks: adds to
+ * |t| its longer map and free count, comparing both records' revisions.
+ */
+static int grow_last_group(struct fs_cmd *f, struct efs_etcd_txn *t, uint32_t g,
+			   uint64_t old_len, uint64_t new_len, char *err, size_t err_size)
+{
+	Mvccpb__KeyValue *mkv = NULL, *fkv = NULL;
+	struct efs_meta_key mk, fk;
+	Etcfs__AgMap *m = NULL;
+	Etcfs__AgFree *fr = NULL;
+	struct efs_freemap fm;
+	ProtobufCBinaryData packed = {0};
+	bool fm_ok = false;
+	int r;
+
+	r = efs_meta_key_ag(&f->ns, g, EFS_META_K_AG_MAP, &mk);
+	if (r == 0)
+		r = efs_meta_key_ag(&f->ns, g, EFS_META_K_AG_FREE, &fk);
+	if (r == 0)
+		r = grow_get(f, &mk, &mkv);
+	if (r == 0)
+		r = grow_get(f, &fk, &fkv);
+	if (r < 0) {
+		snprintf(err, err_size, "reading group %" PRIu32 "'s map and free count: %s", g,
+			 r == -ENOENT ? "missing (run fsck.etcfs)" : strerror(-r));
+		goto out;
+	}
+	r = efs_meta_ag_map_decode(mkv->value.data, mkv->value.len, &m, NULL);
+	if (r == 0)
+		r = efs_meta_ag_free_decode(fkv->value.data, fkv->value.len, &fr, NULL);
+	if (r == 0 && m->group_blocks != old_len)
+		r = -EUCLEAN;
+	if (r == 0)
+		r = efs_freemap_from_msg(&fm, m);
+	if (r < 0) {
+		snprintf(err, err_size,
+			 "group %" PRIu32 "'s map or free count is not as the geometry says "
+			 "(run fsck.etcfs)",
+			 g);
+		goto out;
+	}
+	fm_ok = true;
+	fm.group_blocks = new_len;
+	r = efs_freemap_put(&fm, old_len, new_len - old_len);
+	if (r == 0)
+		r = efs_freemap_pack(&fm, &packed);
+	if (r == 0)
+		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, mk.buf, mk.len,
+					 mkv->mod_revision);
+	if (r == 0)
+		r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, fk.buf, fk.len,
+					 fkv->mod_revision);
+	if (r == 0)
+		r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, mk.buf, mk.len, packed.data,
+				     packed.len, 0);
+	if (r == 0) {
+		fr->free_blocks += new_len - old_len;
+		r = grow_put_msg(t, &fk, &fr->base);
+	}
+	if (r < 0)
+		snprintf(err, err_size, "building the transaction: %s", strerror(-r));
+out:
+	efs_mem_free(packed.data);
+	if (fm_ok)
+		efs_freemap_done(&fm);
+	efs_meta_record_free(m);
+	efs_meta_record_free(fr);
+	grow_kv_free(mkv);
+	grow_kv_free(fkv);
+	return r;
+}
+
+static int grow_txn_run(struct fs_cmd *f, struct efs_etcd_txn *t, bool *ret_ok, char *err,
+			size_t err_size)
+{
+	Etcdserverpb__TxnResponse *resp = NULL;
+	int r = efs_etcd_sync_txn(f->s, efs_etcd_txn_request(t), &resp);
+
+	if (r < 0) {
+		const char *msg = efs_etcd_sync_last_message(f->s);
+
+		snprintf(err, err_size, "etcd transaction failed: %s",
+			 msg && msg[0] ? msg : strerror(-r));
+		return r;
+	}
+	*ret_ok = resp->succeeded;
+	protobuf_c_message_free_unpacked(&resp->base, efs_mem_protobuf());
+	return 0;
+}
+
+/* Rewrites DEVICE's superblock with |size| as its device size. */
+static int grow_write_sb(const struct efs_cli_device *d, uint64_t size, char *err,
+			 size_t err_size)
+{
+	char reason[EFS_SB_REASON_MAX];
+	struct efs_sb sb;
+	uint8_t *buf;
+	size_t done = 0;
+	int r;
+
+	r = efs_cli_read_sb(d, &sb, NULL, err, err_size);
+	if (r < 0)
+		return r;
+	sb.device_size = size;
+	buf = efs_mem_calloc(1, EFS_SB_SIZE);
+	if (!buf)
+		return -ENOMEM;
+	r = efs_sb_encode(&sb, buf, reason, sizeof(reason));
+	if (r < 0)
+		snprintf(err, err_size, "superblock: %s", reason);
+	while (r == 0 && done < EFS_SB_SIZE) {
+		ssize_t n = pwrite(d->fd, buf + done, EFS_SB_SIZE - done, (off_t)done);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			r = n < 0 ? -errno : -EIO;
+			snprintf(err, err_size, "%s: writing the superblock: %s", d->path,
+				 strerror(-r));
+		} else {
+			done += (size_t)n;
+		}
+	}
+	if (r == 0 && fdatasync(d->fd) < 0) {
+		r = -errno;
+		snprintf(err, err_size, "%s: fdatasync: %s", d->path, strerror(-r));
+	}
+	efs_mem_free(buf);
+	return r;
+}
+
+static int cmd_grow(int argc, char **argv)
+{
+	struct fs_cmd f = {0};
+	struct efs_cli_device d = {.fd = -1};
+	char err[EFS_CLI_ERR_MAX] = "";
+	struct efs_layout l = {0};
+	struct efs_meta_key sbk;
+	Mvccpb__KeyValue *kv = NULL;
+	Etcfs__FsInfo *cur = NULL;
+	uint64_t want, old, bs, old_data, new_data, old_last, new_last;
+	uint32_t old_count, new_count, first, g;
+	bool ok = false, tail;
+	int ret, r;
+
+	ret = fs_cmd_start(&f, argc, argv, FS_CMD_TARGET | FS_CMD_JSON, usage_grow);
+	if (ret >= 0)
+		goto out;
+	ret = EXIT_FAILED;
+	if (!f.device) {
+		fprintf(stderr, "%s: grow wants the DEVICE (it checks its size and rewrites its "
+				"superblock), not --name\n",
+			prog);
+		ret = EXIT_USAGE;
+		goto out;
+	}
+	r = efs_cli_device_open(f.device, true, &d, err, sizeof(err));
+	if (r < 0) {
+		efs_cli_print_err(prog, r, err);
+		goto out;
+	}
+	want = d.size;
+	if (f.target && parse_bytes(f.target, &want) < 0) {
+		fprintf(stderr, "%s: grow: '%s' is not a size (bytes, or with K, M, G, T)\n", prog,
+			f.target);
+		ret = EXIT_USAGE;
+		goto out;
+	}
+	/* The geometry as etcd has it now, with its revision for the compare. */
+	if (efs_meta_key_sb(&f.ns, &sbk) < 0 || grow_get(&f, &sbk, &kv) < 0 ||
+	    efs_meta_fsinfo_decode(kv->value.data, kv->value.len, &cur, NULL) < 0) {
+		fprintf(stderr, "%s: grow: cannot read the \"sb\" record again\n", prog);
+		goto out;
+	}
+	bs = cur->block_size;
+	old = cur->device_size;
+	old_count = cur->ag_count;
+	if (want < old) {
+		fprintf(stderr,
+			"%s: refusing to shrink %s from %" PRIu64 " to %" PRIu64
+			" bytes: etcfs filesystems only grow\n",
+			prog, cur->name, old, want);
+		goto out;
+	}
+	if (want > d.size) {
+		fprintf(stderr,
+			"%s: %s has %" PRIu64 " bytes, fewer than the %" PRIu64
+			" asked for: grow the device first (truncate -s, losetup -c, ...)\n",
+			prog, f.device, d.size, want);
+		goto out;
+	}
+	old_data = old / bs - cur->data_start;
+	new_data = want / bs - cur->data_start;
+	if (new_data == old_data) {
+		if (f.json)
+			printf("{\"name\":\"%s\",\"grown\":false,\"device_size\":%" PRIu64
+			       ",\"ag_count\":%" PRIu32 "}\n",
+			       cur->name, old, old_count);
+		else
+			printf("%s is already %" PRIu64 " bytes (%" PRIu32
+			       " groups): nothing to do\n",
+			       cur->name, old, old_count);
+		ret = EXIT_FIT;
+		goto out;
+	}
+	if ((new_data + cur->ag_blocks - 1) / cur->ag_blocks > UINT32_MAX) {
+		fprintf(stderr, "%s: grow: %" PRIu64 " bytes make too many groups\n", prog, want);
+		goto out;
+	}
+	new_count = (uint32_t)((new_data + cur->ag_blocks - 1) / cur->ag_blocks);
+	l.block_size = cur->block_size;
+	l.device_size = want;
+	l.data_start = cur->data_start;
+	l.data_blocks = new_data;
+	l.ag_blocks = cur->ag_blocks;
+	l.ag_count = new_count;
+	l.inode_limit = cur->inode_limit;
+	old_last = old_data - (uint64_t)(old_count - 1) * cur->ag_blocks;
+	new_last = efs_layout_group_blocks(&l, old_count - 1);
+	tail = new_last != old_last;
+
+	/* The new groups' records first, in batches: nobody reads groups past
+	 * "sb"'s count, so a batch left by a failed run is only rewritten. The
+	 * last batch goes with "sb" itself. */
+	progress_start("grow: new groups", new_count - old_count);
+	first = old_count;
+	while (new_count - first > GROW_BATCH_GROUPS) {
+		struct efs_etcd_txn *t = NULL;
+
+		r = efs_etcd_txn_new(&t, 0);
+		if (r == 0)
+			r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, sbk.buf,
+						 sbk.len, kv->mod_revision);
+		for (g = first; r == 0 && g < first + GROW_BATCH_GROUPS; g++)
+			r = grow_put_group(t, &f.ns, &l, g);
+		if (r == 0)
+			r = grow_txn_run(&f, t, &ok, err, sizeof(err));
+		efs_etcd_txn_free(t);
+		if (r == 0 && !ok) {
+			snprintf(err, sizeof(err), "the \"sb\" record changed meanwhile (another "
+						   "grow?); try again");
+			r = -EAGAIN;
+		}
+		if (r < 0) {
+			progress_done(NULL);
+			fprintf(stderr, "%s: grow: %s\n", prog, err);
+			goto out;
+		}
+		first += GROW_BATCH_GROUPS;
+		progress_add(GROW_BATCH_GROUPS);
+	}
+	for (int tries = 0;; tries++) {
+		struct efs_etcd_txn *t = NULL;
+		ProtobufCBinaryData v = {0};
+
+		cur->device_size = want;
+		cur->ag_count = new_count;
+		r = efs_etcd_txn_new(&t, 0);
+		if (r == 0)
+			r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, sbk.buf,
+						 sbk.len, kv->mod_revision);
+		if (r == 0 && tail)
+			r = grow_last_group(&f, t, old_count - 1, old_last, new_last, err,
+					    sizeof(err));
+		for (g = first; r == 0 && g < new_count; g++)
+			r = grow_put_group(t, &f.ns, &l, g);
+		if (r == 0)
+			r = efs_meta_pack(&cur->base, &v);
+		if (r == 0)
+			r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, sbk.buf, sbk.len, v.data,
+					     v.len, 0);
+		efs_mem_free(v.data);
+		if (r == 0)
+			r = grow_txn_run(&f, t, &ok, err, sizeof(err));
+		efs_etcd_txn_free(t);
+		if (r < 0 || ok)
+			break;
+		/* The old last group's owner changed its map meanwhile, or "sb"
+		 * moved: read again (a moved "sb" fails the compare again). */
+		if (tries + 1 >= GROW_TRIES) {
+			snprintf(err, sizeof(err),
+				 "the filesystem kept changing under the transaction; try again");
+			r = -EAGAIN;
+			break;
+		}
+		if (!tail)
+			break;
+	}
+	if (r == 0 && !ok) {
+		snprintf(err, sizeof(err),
+			 "the \"sb\" record changed meanwhile (another grow?); try again");
+		r = -EAGAIN;
+	}
+	if (r < 0) {
+		progress_done(NULL);
+		fprintf(stderr, "%s: grow: %s\n", prog, err);
+		goto out;
+	}
+	progress_add(new_count - first);
+	progress_done(NULL);
+	/* etcd may record a larger device than the superblock (mount accepts
+	 * it), never a smaller one: the superblock goes second. */
+	r = grow_write_sb(&d, want, err, sizeof(err));
+	if (r < 0) {
+		fprintf(stderr,
+			"%s: grow: etcd has the new size but the superblock was not rewritten: %s "
+			"(run grow again)\n",
+			prog, err);
+		goto out;
+	}
+	if (f.json)
+		printf("{\"name\":\"%s\",\"grown\":true,\"old_device_size\":%" PRIu64
+		       ",\"device_size\":%" PRIu64 ",\"old_ag_count\":%" PRIu32
+		       ",\"ag_count\":%" PRIu32 ",\"ag_bytes\":%" PRIu64 "}\n",
+		       cur->name, old, want, old_count, new_count, cur->ag_blocks * bs);
+	else
+		printf("%s grown from %" PRIu64 " to %" PRIu64 " bytes: %" PRIu32 " -> %" PRIu32
+		       " allocation groups of %" PRIu64 " bytes\n",
+		       cur->name, old, want, old_count, new_count, cur->ag_blocks * bs);
+	ret = EXIT_FIT;
+out:
+	efs_meta_record_free(cur);
+	grow_kv_free(kv);
+	efs_cli_device_close(&d);
+	fs_cmd_done(&f);
+	return ret;
+}
+
 /* ---- subcommand table ---- */
 
 struct subcmd {
@@ -2735,6 +3170,7 @@ struct subcmd {
 static const struct subcmd subcmds[] = {
 	{"etcd-check", cmd_etcd_check, "check that an etcd cluster is fit for etcfs"},
 	{"df", cmd_df, "space and inode usage of a filesystem"},
+	{"grow", cmd_grow, "grow a filesystem onto a larger device, online"},
 	{"status", cmd_status, "identity of a filesystem and the nodes that mount it"},
 	{"locks", cmd_locks, "inode locks held and recalls waiting, across the nodes"},
 	{"members", cmd_members, "the nodes of a filesystem: sessions, leases, clock skew"},

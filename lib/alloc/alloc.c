@@ -44,6 +44,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+
+#include <linux/fs.h>
 
 #include "etcd/kv.h"
 #include "etcd/watch.h"
@@ -240,6 +244,18 @@ struct efs_alloc {
 	bool give_busy;	   /* an answer waits for the token or is in flight */
 	uint32_t *give_sel; /* the groups of the answer in flight */
 
+	/* Growth (docs/DESIGN.md, "Online growth"). */
+	const int *dev_fd;
+	void (*grown)(void *arg, uint64_t device_size, uint32_t ag_count);
+	void *grown_arg;
+	bool reserve_default; /* the reserve follows the data area's size */
+	uint64_t device_size; /* bytes the geometry spans now */
+	struct efs_etcd_watcher *sb_w; /* on "sb", on ho_ws */
+	bool sb_reading;	       /* a catch-up read of "sb" is in flight */
+	uint64_t grow_size;	       /* "sb" says this many bytes (0: no growth seen) */
+	uint32_t grow_count;	       /* ... in this many groups */
+	uint64_t grow_warned;	       /* grow_size last logged as not visible yet */
+
 	/* Leave. */
 	void (*leave_cb)(int status, void *arg);
 	void *leave_arg;
@@ -264,6 +280,8 @@ static void fold_soon(struct efs_alloc *a);
 static void ho_watch_start(struct efs_alloc *a);
 static void ho_stop(struct efs_alloc *a);
 static void give_soon(struct efs_alloc *a);
+static void sb_watch_start(struct efs_alloc *a);
+static void grow_try(struct efs_alloc *a);
 
 /* ---- Small helpers ---- */
 
@@ -535,6 +553,8 @@ static void kick_cb(uv_timer_t *t)
 
 	if (!a)
 		return;
+	if (a->grow_count > a->ngroups)
+		grow_try(a); /* before the token goes out again */
 	grant_next(a);
 	serve_getters(a);
 }
@@ -796,6 +816,11 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 	a->groups_initial = o->groups_initial ? o->groups_initial : 2;
 	a->reserve = o->reserve_blocks ? o->reserve_blocks
 				       : (a->total_blocks / 100 > 64 ? a->total_blocks / 100 : 64);
+	a->reserve_default = !o->reserve_blocks;
+	a->device_size = o->fi->device_size;
+	a->dev_fd = o->dev_fd;
+	a->grown = o->grown;
+	a->grown_arg = o->grown_arg;
 	a->fold_ms = o->fold_interval_ms ? o->fold_interval_ms : 5000;
 	a->grace_ns = (uint64_t)(o->dead_grace_ms ? o->dead_grace_ms : EFS_ALLOC_DEAD_GRACE_MS) *
 		      1000000ull;
@@ -1882,6 +1907,7 @@ static void tick_cb(uv_timer_t *t)
 
 	if (!a)
 		return;
+	grow_try(a);
 	quar_release(a);
 	drain_next(a);
 	if (a->started && !a->fold_busy && session_ok(a)) {
@@ -1895,6 +1921,8 @@ static void tick_cb(uv_timer_t *t)
 	if (a->started && !a->starting && session_ok(a)) {
 		orphan_probe(a);
 		ho_watch_start(a); /* after a final update of the watcher */
+		sb_watch_start(a);
+		grow_try(a);
 	}
 	kick(a);
 }
@@ -2266,6 +2294,216 @@ static void ho_watch_start(struct efs_alloc *a)
 	}
 	if (r < 0)
 		efs_log_warn("alloc: watching hand-over requests: %s (retried)", strerror(-r));
+}
+
+/* ---- Growth ---- */
+
+/*
+ * docs/DESIGN.md, "Online growth": etcfsctl grow writes the larger "sb"
+ * record, the new groups' maps and the old last group's longer map in one
+ * transaction. The node learns of it from a watch on "sb" (plus a read of
+ * it whenever the watcher is made, for what a dead watcher missed) and
+ * takes the new geometry only once its own view of the device is as large:
+ * until then it leaves the new groups alone, says so in the log, and looks
+ * again on every tick.
+ */
+
+int efs_alloc_device_bytes(int fd, uint64_t *ret)
+{
+	struct stat st;
+	uint64_t n;
+
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if (S_ISBLK(st.st_mode)) {
+		if (ioctl(fd, BLKGETSIZE64, &n) < 0)
+			return -errno;
+	} else if (S_ISREG(st.st_mode)) {
+		n = (uint64_t)st.st_size;
+	} else {
+		return -ENOTBLK;
+	}
+	*ret = n;
+	return 0;
+}
+
+void efs_alloc_geometry(const struct efs_alloc *a, uint64_t *ret_device_size,
+			uint32_t *ret_ag_count)
+{
+	if (ret_device_size)
+		*ret_device_size = a->device_size;
+	if (ret_ag_count)
+		*ret_ag_count = a->ngroups;
+}
+
+/* A value of "sb": remembers a larger geometry than ours, if it is one. */
+static void sb_seen(struct efs_alloc *a, const Mvccpb__KeyValue *kv)
+{
+	Etcfs__FsInfo *fi = NULL;
+	const char *why = NULL;
+	uint64_t nblk;
+
+	if (efs_meta_fsinfo_decode(kv->value.data, kv->value.len, &fi, &why) < 0) {
+		efs_log_warn("alloc: the \"sb\" record cannot be decoded (%s), ignoring",
+			     why ? why : "?");
+		return;
+	}
+	nblk = fi->block_size ? fi->device_size / fi->block_size : 0;
+	if (fi->block_size != a->block_size || fi->ag_blocks != a->ag_blocks ||
+	    fi->data_start != a->data_start || nblk <= a->data_start) {
+		efs_log_warn("alloc: the \"sb\" record changed its geometry beyond a growth, "
+			     "ignoring");
+	} else if (fi->ag_count > a->ngroups && nblk - a->data_start > a->total_blocks &&
+		   fi->device_size > a->grow_size) {
+		a->grow_size = fi->device_size;
+		a->grow_count = fi->ag_count;
+		efs_log_info("alloc: the filesystem grew to %" PRIu64 " bytes (%" PRIu32
+			     " groups)", a->grow_size, a->grow_count);
+		grow_try(a);
+		kick(a);
+	}
+	efs_meta_record_free(fi);
+}
+
+static void sb_watch_cb(struct efs_etcd_watcher *w, int status,
+			const struct efs_etcd_watch_update *u, void *arg)
+{
+	struct efs_alloc *a = arg;
+
+	(void)status;
+	if (u->kind == EFS_ETCD_WATCH_CANCELED || u->kind == EFS_ETCD_WATCH_COMPACTED) {
+		a->sb_w = efs_etcd_watcher_free(w); /* made again (and "sb" read) by the tick */
+		return;
+	}
+	if (u->kind != EFS_ETCD_WATCH_EVENTS)
+		return;
+	for (size_t i = 0; i < u->n_events; i++)
+		if (u->events[i]->kv && u->events[i]->type == MVCCPB__EVENT__EVENT_TYPE__PUT)
+			sb_seen(a, u->events[i]->kv);
+}
+
+static void sb_read_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result *r,
+		       Etcdserverpb__TxnResponse *resp)
+{
+	Etcdserverpb__RangeResponse *rr = NULL;
+
+	(void)c;
+	a->sb_reading = false;
+	if (r->err < 0 || efs_etcd_txn_resp_range(resp, 0, &rr) < 0)
+		return;
+	if (rr->n_kvs == 1)
+		sb_seen(a, rr->kvs[0]);
+}
+
+/* One watcher on "sb" (on the hand-over stream), and a read of "sb" each
+ * time it is made. Only nodes that can check their device watch. */
+static void sb_watch_start(struct efs_alloc *a)
+{
+	struct efs_etcd_watch_opts o = {0};
+	struct efs_etcd_txn *t = NULL;
+	struct efs_meta_key k;
+	int r;
+
+	if (a->sb_w || !a->dev_fd || a->left || a->leave_cb)
+		return;
+	r = efs_meta_key_sb(&a->ns, &k);
+	if (r == 0 && !a->ho_ws)
+		r = efs_etcd_watch_stream_new(&a->ho_ws, a->c, EFS_ETCD_CH_BULK);
+	if (r == 0) {
+		o.key = k.buf;
+		o.key_len = k.len;
+		r = efs_etcd_watcher_new(&a->sb_w, a->ho_ws, &o, sb_watch_cb, a);
+	}
+	if (r == 0 && !a->sb_reading) {
+		r = efs_etcd_txn_new(&t, 0);
+		if (r == 0)
+			r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0);
+		if (r == 0) {
+			r = send_txn(a, t, sb_read_cb, 0, NULL);
+			t = NULL;
+		}
+		efs_etcd_txn_free(t);
+		if (r == 0)
+			a->sb_reading = true;
+	}
+	if (r < 0)
+		efs_log_warn("alloc: watching the \"sb\" record: %s (retried)", strerror(-r));
+}
+
+/* Work that holds arrays sized by the group table (a claim round's scan)
+ * or the token (a map transaction being built from the groups). */
+static bool groups_busy(const struct efs_alloc *a)
+{
+	return a->token || a->rereading || a->claim_busy || a->starting || !a->started;
+}
+
+/* Takes the geometry of "sb" once this node's device is as large. */
+static void grow_try(struct efs_alloc *a)
+{
+	uint64_t dev = 0, nblk, old_last;
+	uint32_t old_n = a->ngroups;
+	struct grp *ng;
+	int r;
+
+	if (!a->grow_size || a->grow_count <= a->ngroups || !a->dev_fd || a->left)
+		return;
+	r = efs_alloc_device_bytes(*a->dev_fd, &dev);
+	if (r < 0 || dev < a->grow_size) {
+		if (a->grow_warned != a->grow_size) {
+			a->grow_warned = a->grow_size;
+			if (r < 0)
+				efs_log_warn("alloc: the filesystem grew to %" PRIu64
+					     " bytes but this node cannot read its device's "
+					     "size (%s): leaving groups %" PRIu32 "-%" PRIu32
+					     " alone",
+					     a->grow_size, strerror(-r), old_n, a->grow_count - 1);
+			else
+				efs_log_warn("alloc: the filesystem grew to %" PRIu64
+					     " bytes but this node's device has %" PRIu64
+					     ": leaving groups %" PRIu32 "-%" PRIu32
+					     " alone until it sees the new size",
+					     a->grow_size, dev, old_n, a->grow_count - 1);
+		}
+		return;
+	}
+	if (groups_busy(a))
+		return; /* the next tick */
+	ng = efs_mem_realloc(a->groups, (size_t)a->grow_count * sizeof(*ng));
+	if (!ng) {
+		efs_log_warn("alloc: out of memory taking the grown geometry (retried)");
+		return;
+	}
+	a->groups = ng;
+	memset(ng + old_n, 0, (size_t)(a->grow_count - old_n) * sizeof(*ng));
+	old_last = grp_blocks(a, old_n - 1);
+	nblk = a->grow_size / a->block_size;
+	a->ngroups = a->grow_count;
+	a->total_blocks = nblk - a->data_start;
+	a->device_size = a->grow_size;
+	if (a->reserve_default)
+		a->reserve = a->total_blocks / 100 > 64 ? a->total_blocks / 100 : 64;
+	for (uint32_t i = old_n; i < a->ngroups; i++) {
+		ng[i].g = i;
+		ng[i].start = grp_start(a, i);
+		ng[i].blocks = grp_blocks(a, i);
+	}
+	/* The old last group was short: grow wrote its longer map, which an
+	 * owner re-reads before its next map transaction. */
+	if (grp_blocks(a, old_n - 1) != old_last) {
+		ng[old_n - 1].blocks = grp_blocks(a, old_n - 1);
+		if (ng[old_n - 1].owned)
+			ng[old_n - 1].stale = true;
+	}
+	a->nofree_until = 0;
+	a->ho_quiet_until = 0;
+	efs_log_info("alloc: the filesystem grew to %" PRIu64 " bytes (%" PRIu32
+		     " groups, was %" PRIu32 "); this node's device has %" PRIu64
+		     " bytes: allocating in the new groups",
+		     a->device_size, a->ngroups, old_n, dev);
+	if (a->grown)
+		a->grown(a->grown_arg, a->device_size, a->ngroups);
+	update_gauges(a);
+	kick(a);
 }
 
 /* ---- Allocation ---- */
@@ -2898,6 +3136,7 @@ static void leave_end(struct efs_alloc *a, int err)
 	uv_timer_stop(a->tick);
 	ho_stop(a);
 	a->ho_w = efs_etcd_watcher_free(a->ho_w);
+	a->sb_w = efs_etcd_watcher_free(a->sb_w);
 	a->ho_nq = 0;
 	token_release(a);
 	fail_getters(a, -EIO);
@@ -3072,6 +3311,7 @@ struct efs_alloc *efs_alloc_free(struct efs_alloc *a)
 	a->tick = efs_timer_free(a->tick);
 	a->ho_timer = efs_timer_free(a->ho_timer);
 	a->ho_w = efs_etcd_watcher_free(a->ho_w);
+	a->sb_w = efs_etcd_watcher_free(a->sb_w);
 	a->ho_ws = efs_etcd_watch_stream_free(a->ho_ws);
 	efs_mem_free(a->give_sel);
 	while (a->tokw.next && !efs_list_empty(&a->tokw)) {

@@ -102,6 +102,13 @@ struct efs_alloc_opts {
 	uint32_t fold_interval_ms;    /* free-intent sweep (0: 5000) */
 	uint32_t dead_grace_ms;	      /* dead-node grace (0: EFS_ALLOC_DEAD_GRACE_MS) */
 	uint32_t handover_wait_ms;    /* a hand-over request's bound (0: the session TTL) */
+	/* Growth (docs/DESIGN.md, "Online growth"): the device, whose size is
+	 * re-read when the "sb" record grows (borrowed; NULL: this node never
+	 * allocates beyond the geometry it started with), and who to tell once
+	 * the node allocates in the grown area (may be NULL). */
+	const int *dev_fd;
+	void (*grown)(void *arg, uint64_t device_size, uint32_t ag_count);
+	void *grown_arg;
 };
 
 /* Default dead-node grace: see docs/DESIGN.md on dead nodes' space. */
@@ -204,5 +211,19 @@ int efs_alloc_leave(struct efs_alloc *a, void (*cb)(int status, void *arg), void
 /* The session was lost: forget ownership and every in-memory allocation
  * (nothing was published from them). */
 void efs_alloc_session_lost(struct efs_alloc *a);
+/*
+ * The size in bytes of the device open at |fd| (a regular file's size or a
+ * block device's, BLKGETSIZE64). 0 or -errno; *ret untouched on failure.
+ */
+int efs_alloc_device_bytes(int fd, uint64_t *ret);
+
+/*
+ * Geometry the allocator uses now: |ret_ag_count| groups over
+ * |ret_device_size| bytes (larger than at start once a growth was seen and
+ * the device checked). Either pointer may be NULL.
+ */
+void efs_alloc_geometry(const struct efs_alloc *a, uint64_t *ret_device_size,
+			uint32_t *ret_ag_count);
+
 /* Frees; no map transaction may be open. Accepts NULL; returns NULL. */
 struct efs_alloc *efs_alloc_free(struct efs_alloc *a);

@@ -261,6 +261,16 @@ static void dev_fault_from_env(struct efs_fs *fs)
 }
 #endif
 
+/* The allocator took a grown geometry (docs/DESIGN.md, "Online growth"):
+ * statfs counts the new groups from now on. */
+static void fs_grown(void *arg, uint64_t device_size, uint32_t ag_count)
+{
+	struct efs_fs *fs = arg;
+
+	fs->fi->device_size = device_size;
+	fs->fi->ag_count = ag_count;
+}
+
 /* The device pool and the data path; read-write mounts also get the
  * allocator and the reclaimer. */
 static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
@@ -268,6 +278,7 @@ static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
 	struct efs_iopool_opts po = {.threads = o->io_threads, .m = fs->m};
 	struct efs_alloc_opts ao = {
 		.ns = &fs->ns, .fi = fs->fi, .m = fs->m, .dead_grace_ms = o->dead_grace_ms,
+		.dev_fd = &fs->dev_fd, .grown = fs_grown, .grown_arg = fs,
 	};
 	int r;
 

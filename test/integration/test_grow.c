@@ -1,0 +1,217 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Online growth (docs/DESIGN.md, "Online growth"): two nodes mounted on one
+ * image fill it until ENOSPC; the image grows (truncate), etcfsctl grow
+ * writes the larger geometry; both nodes write into the new space without
+ * a remount, each saying in its log that it took the new groups; fsck is
+ * clean after. The old last group was short (1.5 of 2 MiB), so the grow
+ * also lengthens it. A shrink and a size the device does not have are
+ * refused with a clear message, and nothing changes.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#include "../support/mount.h"
+
+/* 128.5 MiB: groups of 2 MiB, 64 of them, the last 1.5 MiB. */
+#define IMG_SIZE  ((128ull << 20) + (512ull << 10))
+#define GROW_SIZE (192ull << 20)
+#define FILE_MIB  4
+
+static struct efs_test_fs n1, n2;
+
+static void fini(void)
+{
+	if (n2.mnt[0])
+		efs_test_fs_stop(&n2);
+	efs_test_fs_stop(&n1);
+}
+
+TestSuite(grow, .fini = fini, .timeout = 150);
+
+/* A second node on n1's etcd and image: its own mount point and log. */
+static void start_node2(void)
+{
+	n2 = n1;
+	n2.etcd = NULL;
+	n2.daemon = 0;
+	n2.dir[0] = '\0'; /* n1's stop removes the directory */
+	n2.opts.node = "node2";
+	n2.opts.metrics = false;
+	snprintf(n2.mnt, sizeof(n2.mnt), "%s/mnt2", n1.dir);
+	snprintf(n2.log, sizeof(n2.log), "%s/node2.log", n1.dir);
+	cr_assert_eq(mkdir(n2.mnt, 0755), 0, "mkdir %s: %s", n2.mnt, strerror(errno));
+	efs_test_fs_mount(&n2, NULL);
+}
+
+/* Writes a file of FILE_MIB MiB on |mnt|: 0, or the errno that stopped it. */
+static int write_file(const char *mnt, const char *name)
+{
+	static char buf[1 << 20];
+	char path[512];
+	int fd, err = 0;
+
+	memset(buf, 'g', sizeof(buf));
+	snprintf(path, sizeof(path), "%s/%s", mnt, name);
+	fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+	if (fd < 0)
+		return errno;
+	for (int i = 0; i < FILE_MIB && !err; i++)
+		if (write(fd, buf, sizeof(buf)) != (ssize_t)sizeof(buf))
+			err = errno ? errno : EIO;
+	if (!err && fsync(fd) < 0)
+		err = errno;
+	if (close(fd) < 0 && !err)
+		err = errno;
+	if (err)
+		unlink(path);
+	return err;
+}
+
+/* The last |size| - 1 bytes of |path|, for failure messages. */
+static const char *tail_of(const char *path, char *buf, size_t size)
+{
+	FILE *fp = fopen(path, "r");
+	size_t n = 0;
+	long len;
+
+	buf[0] = '\0';
+	if (!fp)
+		return buf;
+	fseek(fp, 0, SEEK_END);
+	len = ftell(fp);
+	fseek(fp, len > (long)size - 1 ? len - (long)size + 1 : 0, SEEK_SET);
+	n = fread(buf, 1, size - 1, fp);
+	buf[n] = '\0';
+	fclose(fp);
+	return buf;
+}
+
+/* Writes files on |mnt| until ENOSPC (or EAGAIN); returns how many fit. */
+static int fill(const char *mnt, const char *prefix)
+{
+	char name[64];
+	int n = 0, err;
+
+	for (;; n++) {
+		snprintf(name, sizeof(name), "%s%d", prefix, n);
+		err = write_file(mnt, name);
+		/* At the very end a write may also fail with EAGAIN (the
+		 * publication's retries spent while space runs out). */
+		if (err == ENOSPC || err == EAGAIN)
+			return n;
+		if (err) {
+			static char t1[3000], t2[3000];
+
+			cr_assert_fail("writing %s/%s: %s\nnode1:\n%s\nnode2:\n%s", mnt, name,
+				       strerror(err), tail_of(n1.log, t1, sizeof(t1)),
+				       n2.mnt[0] ? tail_of(n2.log, t2, sizeof(t2)) : "");
+		}
+		cr_assert_lt(n, 100, "%s never filled up", mnt);
+	}
+}
+
+/* Retries a write of one more file for up to |ms|: 0 when it fit. */
+static int write_soon(const char *mnt, const char *name, int ms)
+{
+	int err = ENOSPC;
+
+	for (int waited = 0; waited <= ms; waited += 250) {
+		err = write_file(mnt, name);
+		if (err != ENOSPC && err != EAGAIN)
+			return err;
+		usleep(250 * 1000);
+	}
+	return err;
+}
+
+static bool file_has(const char *path, const char *needle)
+{
+	char line[2048];
+	bool found = false;
+	FILE *fp = fopen(path, "r");
+
+	cr_assert(fp, "open %s", path);
+	while (!found && fgets(line, sizeof(line), fp))
+		found = strstr(line, needle) != NULL;
+	fclose(fp);
+	return found;
+}
+
+Test(grow, two_nodes_fill_grow_and_write_on)
+{
+	struct efs_test_fs_opts o = {.image_size = IMG_SIZE, .session_ttl = 3};
+	static char t1[3000], t2[3000];
+	char out[8192];
+	struct statvfs sv1, sv2;
+	int r, a, b;
+
+	efs_test_fs_start(&n1, &o);
+	start_node2();
+
+	a = fill(n1.mnt, "a");
+	b = fill(n2.mnt, "b");
+	cr_log_info("full after %d + %d files of %d MiB", a, b, FILE_MIB);
+	cr_assert_geq(a + b, 20, "only %d files fit in %llu bytes", a + b,
+		      (unsigned long long)IMG_SIZE);
+
+	/* A grow beyond the device, and a shrink, change nothing. */
+	r = efs_test_fs_run(&n1, out, sizeof(out), "etcfsctl", "grow", n1.image, "192M", NULL);
+	cr_assert_eq(r, 4, "grow beyond the device: status %d:\n%s", r, out);
+	cr_assert(strstr(out, "grow the device first"), "%s", out);
+	r = efs_test_fs_run(&n1, out, sizeof(out), "etcfsctl", "grow", n1.image, "100M", NULL);
+	cr_assert_eq(r, 4, "shrink: status %d:\n%s", r, out);
+	cr_assert(strstr(out, "refusing to shrink"), "%s", out);
+	r = efs_test_fs_run(&n1, out, sizeof(out), "etcfsctl", "grow", n1.image, NULL);
+	cr_assert_eq(r, 0, "grow to the same size: status %d:\n%s", r, out);
+	cr_assert(strstr(out, "nothing to do"), "%s", out);
+
+	cr_assert_eq(truncate(n1.image, (off_t)GROW_SIZE), 0, "truncate: %s", strerror(errno));
+	r = efs_test_fs_run(&n1, out, sizeof(out), "etcfsctl", "grow", "--json", n1.image,
+			    NULL);
+	cr_assert_eq(r, 0, "grow: status %d:\n%s", r, out);
+	cr_assert(strstr(out, "\"grown\":true"), "%s", out);
+	cr_assert(strstr(out, "\"ag_count\":96"), "%s", out);
+
+	/* Both nodes write on within seconds, in the new groups. */
+	r = write_soon(n1.mnt, "after1", 15000);
+	cr_assert_eq(r, 0, "node1 after the grow: %s\nnode1:\n%s\nnode2:\n%s", strerror(r),
+		     tail_of(n1.log, t1, sizeof(t1)), tail_of(n2.log, t2, sizeof(t2)));
+	r = write_soon(n2.mnt, "after2", 15000);
+	cr_assert_eq(r, 0, "node2 after the grow: %s\nnode1:\n%s\nnode2:\n%s", strerror(r),
+		     tail_of(n1.log, t1, sizeof(t1)), tail_of(n2.log, t2, sizeof(t2)));
+	cr_assert_eq(fill(n1.mnt, "c") >= 4, true, "node1 wrote little after the grow");
+	cr_assert(file_has(n1.log, "allocating in the new groups"), "node1's log");
+	cr_assert(file_has(n2.log, "allocating in the new groups"), "node2's log");
+	/* statfs counts the new groups. */
+	cr_assert_eq(statvfs(n1.mnt, &sv1), 0);
+	cr_assert_eq(statvfs(n2.mnt, &sv2), 0);
+	cr_assert_gt((uint64_t)sv1.f_blocks * sv1.f_frsize, 160ull << 20);
+	cr_assert_gt((uint64_t)sv2.f_blocks * sv2.f_frsize, 160ull << 20);
+
+	r = efs_test_fs_run(&n1, out, sizeof(out), "etcfsctl", "grow", n1.image, "100M", NULL);
+	cr_assert_eq(r, 4, "shrink after the grow: status %d:\n%s", r, out);
+	cr_assert(strstr(out, "refusing to shrink"), "%s", out);
+
+	efs_test_fs_unmount(&n2);
+	efs_test_fs_unmount(&n1);
+	r = efs_test_fs_run(&n1, out, sizeof(out), "fsck.etcfs", "-n", n1.image, NULL);
+	cr_assert_eq(r, 0, "fsck.etcfs -n after the grow: status %d:\n%s", r, out);
+	/* The superblock took the new size: a fresh mount accepts it. */
+	efs_test_fs_mount(&n1, NULL);
+	snprintf(out, sizeof(out), "%s/c0", n1.mnt);
+	cr_assert_eq(unlink(out), 0, "unlink %s: %s", out, strerror(errno));
+	r = write_soon(n1.mnt, "remounted", 10000);
+	cr_assert_eq(r, 0, "a write after the remount: %s", strerror(r));
+	cr_assert_not(file_has(n1.log, "DOUBLE FREE"));
+	cr_assert_not(file_has(n2.log, "DOUBLE FREE"));
+}
