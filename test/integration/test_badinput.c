@@ -5,7 +5,9 @@
  * keyspace, and etcd unreachable at mount. Each in the background (the parent
  * reports the child's error) and in the foreground: a clear message, exit
  * status 1, nothing mounted, and nothing written: the device's bytes, etcd's
- * revision, keys and leases are the same before and after.
+ * revision, keys and leases are the same before and after. An unknown
+ * read-only-compatible feature refuses a read-write mount the same way and
+ * mounts with -o ro, where writes get EROFS.
  *
  * Then a real mount with etcd near its quota (--quota-backend-bytes 24 MiB
  * and etcfsd --etcd-quota to match), filled with junk keys outside the
@@ -33,6 +35,8 @@
 
 #include "etcd/sync.h"
 #include "harness.h"
+#include "meta/keys.h"
+#include "meta/records.h"
 #include "meta/sb.h"
 #include "util/mem.h"
 
@@ -228,6 +232,68 @@ Test(badinput, unknown_incompat_feature)
 	cr_assert_eq(efs_sb_decode(sb, sizeof(sb), &dec, NULL, reason, sizeof(reason)),
 		     -EPROTONOSUPPORT, "%s", reason);
 	expect_refused(fs.image, "unsupported incompatible features", NULL);
+	efs_test_fs_stop(&fs);
+	efs_test_assert_no_leaks();
+}
+
+/* Sets read-only-compatible feature bit 61, which no version knows, in the
+ * device's superblock (resealed) and in etcd's "sb" record alike: the two
+ * agree, only the feature check speaks. */
+static void unknown_ro_compat(uint8_t *sb)
+{
+	uint32_t crc;
+
+	sb[136 + 7] |= 0x20; /* feature_ro_compat (little-endian at 136): bit 61 */
+	crc = efs_crc32c(0, sb, EFS_SB_CRC_OFF);
+	for (int i = 0; i < 4; i++)
+		sb[EFS_SB_CRC_OFF + i] = (uint8_t)(crc >> (8 * i));
+}
+
+static void etcd_sb_ro_compat(uint64_t bits)
+{
+	struct efs_etcd_opts eo = {.endpoints = fs.endpoints};
+	struct efs_etcd_sync *s;
+	struct efs_meta_ns ns;
+	struct efs_meta_key k;
+	Mvccpb__KeyValue *kv = NULL;
+	Etcfs__FsInfo *fi = NULL;
+	ProtobufCBinaryData v = {0};
+
+	cr_assert_eq(efs_etcd_sync_new(&s, &eo), 0);
+	cr_assert_eq(efs_meta_ns_init(&ns, "testfs"), 0);
+	cr_assert_eq(efs_meta_key_sb(&ns, &k), 0);
+	cr_assert_eq(efs_etcd_sync_get(s, k.buf, k.len, &kv, NULL), 0);
+	cr_assert_eq(efs_meta_fsinfo_decode(kv->value.data, kv->value.len, &fi, NULL), 0);
+	protobuf_c_message_free_unpacked(&kv->base, efs_mem_protobuf());
+	fi->feature_ro_compat |= bits;
+	cr_assert_eq(efs_meta_pack(&fi->base, &v), 0);
+	cr_assert_eq(efs_etcd_sync_put(s, k.buf, k.len, v.data, v.len, 0, NULL), 0);
+	efs_mem_free(v.data);
+	efs_meta_record_free(fi);
+	efs_etcd_sync_free(s);
+}
+
+/* An unknown ro_compat bit: a read-write mount is refused with a clear
+ * message (nothing written), a read-only one works and writes get EROFS. */
+Test(badinput, unknown_ro_compat_feature_mounts_read_only)
+{
+	static const char *const ro[] = {"-o", "ro", NULL};
+	char path[PATH_MAX];
+	int fd;
+
+	start();
+	patch_superblock(fs.image, unknown_ro_compat);
+	etcd_sb_ro_compat(1ull << 61);
+	expect_refused(fs.image, "read-only-compatible features", NULL);
+	efs_test_fs_mount(&fs, ro);
+	snprintf(path, sizeof(path), "%s/newfile", fs.mnt);
+	fd = open(path, O_CREAT | O_WRONLY, 0644);
+	cr_assert_eq(fd, -1, "a create on the read-only mount worked");
+	cr_assert_eq(errno, EROFS, "create: %s", strerror(errno));
+	snprintf(path, sizeof(path), "%s/lost+found", fs.mnt);
+	cr_assert_eq(access(path, F_OK), 0, "lost+found: %s", strerror(errno));
+	cr_assert_eq(mkdir(path, 0755), -1);
+	efs_test_fs_unmount(&fs);
 	efs_test_fs_stop(&fs);
 	efs_test_assert_no_leaks();
 }
