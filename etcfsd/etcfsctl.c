@@ -3130,7 +3130,7 @@ static int cmd_grow(int argc, char **argv)
 		goto out;
 	}
 	progress_add(new_count - first);
-	progress_done(NULL);
+	progress_done("etcd updated");
 	/* etcd may record a larger device than the superblock (mount accepts
 	 * it), never a smaller one: the superblock goes second. */
 	r = grow_write_sb(&d, want, err, sizeof(err));

@@ -20,6 +20,7 @@
 #include "meta/keys.h"
 #include "meta/records.h"
 #include "meta/sb.h"
+#include "progress.h"
 #include "util/mem.h"
 
 /* fsck(8) exit codes. */
@@ -43,6 +44,7 @@ struct fsck {
 	bool verbose;
 	bool progress;
 	bool progress_shown;
+	uint64_t keys_shown; /* keys the progress display has counted */
 	struct efs_cli_device dev;
 	struct efs_etcd_sync *s;
 	struct efs_meta_ns ns;
@@ -134,16 +136,33 @@ static void progress_cb(uint64_t keys, void *arg)
 {
 	struct fsck *k = arg;
 
-	fprintf(stderr, "\r%s: %" PRIu64 " keys read", prog, keys);
-	fflush(stderr);
+	progress_add(keys - k->keys_shown);
+	k->keys_shown = keys;
 	k->progress_shown = true;
+}
+
+/* Counts the filesystem's keys (one count-only Range) for the bar's total
+ * and time left; 0 (no total) when the count fails. */
+static uint64_t progress_total(struct fsck *k)
+{
+	struct efs_meta_range rg;
+	char err[EFS_CLI_ERR_MAX];
+	int64_t n = 0;
+
+	if (efs_meta_range_fs(&k->ns, &rg) < 0 ||
+	    efs_cli_range_count(k->s, &rg, &n, err, sizeof(err)) < 0 || n < 0)
+		return 0;
+	return (uint64_t)n;
 }
 
 static void progress_end(struct fsck *k)
 {
-	if (k->progress_shown)
-		fputc('\n', stderr);
+	char sum[64];
+
+	snprintf(sum, sizeof(sum), "%" PRIu64 " keys read", k->keys_shown);
+	progress_done(k->progress_shown ? sum : NULL);
 	k->progress_shown = false;
+	k->keys_shown = 0;
 }
 
 static const char *severity_word(enum efs_check_severity s)
@@ -195,6 +214,8 @@ static int check(struct fsck *k, struct efs_check_report **ret)
 	};
 	int r;
 
+	if (k->progress)
+		progress_start("fsck: reading keys", progress_total(k));
 	r = efs_check_run(k->s, &k->ns, &o, ret, k->err, sizeof(k->err));
 	progress_end(k);
 	return r;

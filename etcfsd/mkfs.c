@@ -23,6 +23,7 @@
 #include "meta/keys.h"
 #include "meta/records.h"
 #include "meta/sb.h"
+#include "progress.h"
 #include "util/clock.h"
 #include "util/mem.h"
 
@@ -353,8 +354,11 @@ static int write_groups(struct mkfs *m)
 {
 	struct efs_etcd_txn *t = NULL;
 	unsigned ops = 0;
+	uint32_t done = 0;
+	char sum[64];
 	int r = 0;
 
+	progress_start("mkfs: allocation groups", m->l.ag_count);
 	for (uint32_t g = 0; g < m->l.ag_count; g++) {
 		struct efs_layout_agmap map;
 		Etcfs__AgFree fr;
@@ -385,8 +389,12 @@ static int write_groups(struct mkfs *m)
 			ops = 0;
 			if (r < 0)
 				break;
+			progress_add(g + 1 - done);
+			done = g + 1;
 		}
 	}
+	snprintf(sum, sizeof(sum), "%" PRIu32 " of %" PRIu32 " written", done, m->l.ag_count);
+	progress_done(sum);
 	efs_etcd_txn_free(t);
 	if (r < 0 && !m->err[0])
 		snprintf(m->err, sizeof(m->err), "writing the allocation groups: %s", strerror(-r));

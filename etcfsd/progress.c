@@ -132,7 +132,8 @@ void progress_done(const char *summary)
 	el = (double)(now_ns() - P.start_ns) / 1e9;
 	if (P.bar_shown)
 		fprintf(stderr, "\r%*s\r", BAR_WIDTH + 60, "");
-	if (summary)
+	/* Quick work stays quiet: nothing was shown, nothing to sum up. */
+	if (summary && (P.bar_shown || P.tenth || el >= 1.0))
 		fprintf(stderr, "%s: %s (%" PRIu64 " in %.1f s)\n", P.label, summary, P.done, el);
 	fflush(stderr);
 	P.active = false;

@@ -6,7 +6,8 @@
  * backup): on a terminal a bar on stderr with the rate and the time left,
  * redrawn at most ten times a second; otherwise plain lines on stderr at
  * every tenth of the work (from the first second on, so that short work
- * stays quiet); at the end one summary line. One piece of work at a time
+ * stays quiet); at the end one summary line (again only when something was
+ * shown or the work took a second or more). One piece of work at a time
  * per process; not thread-safe. ETCFS_PROGRESS=off silences the bar and
  * the lines (the summary stays), =plain forces lines, =tty forces the bar.
  */
@@ -18,6 +19,7 @@
 void progress_start(const char *label, uint64_t total);
 /* |n| more units done. */
 void progress_add(uint64_t n);
-/* Ends the work: clears the bar and, when |summary| is not NULL, prints
- * "label: summary (N units in T s)" as one line on stderr. */
+/* Ends the work: clears the bar and, when |summary| is not NULL (and the
+ * work was not quick), prints "label: summary (N in T s)" as one line on
+ * stderr. */
 void progress_done(const char *summary);
