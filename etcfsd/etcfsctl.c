@@ -1214,6 +1214,9 @@ static unsigned percent(uint64_t used, uint64_t total)
 	return (unsigned)((used * 100 + total - 1) / total);
 }
 
+static void json_str(const char *s);
+static void json_kstr(bool first, const char *key, const char *val);
+
 struct df_scan {
 	const struct efs_meta_ns *ns;
 	uint64_t free_blocks;
@@ -1252,6 +1255,7 @@ static void usage_df(FILE *f)
 		"\n"
 		"  --name NAME              the filesystem\n"
 		"  -h, --human-readable     sizes in powers of 1024 (K, M, G, ...)\n"
+		"  --json                   one JSON object on stdout (blocks and bytes)\n"
 		"  --help                   this text\n"
 		"\n"
 		"%s"
@@ -1270,7 +1274,7 @@ static int cmd_df(int argc, char **argv)
 	int64_t inodes;
 	int ret, r;
 
-	ret = fs_cmd_start(&f, argc, argv, FS_CMD_HUMAN, usage_df);
+	ret = fs_cmd_start(&f, argc, argv, FS_CMD_HUMAN | FS_CMD_JSON, usage_df);
 	if (ret >= 0)
 		goto out;
 	d.ns = &f.ns;
@@ -1290,7 +1294,20 @@ static int cmd_df(int argc, char **argv)
 	used = d.free_blocks < total ? total - d.free_blocks : 0;
 	iused = (uint64_t)inodes;
 	ifree = iused < f.fi->inode_limit ? f.fi->inode_limit - iused : 0;
-	if (f.human) {
+	if (f.json) {
+		printf("{");
+		json_kstr(true, "filesystem", f.fi->name);
+		printf(",\"block_size\":%" PRIu32 ",\"blocks\":%" PRIu64 ",\"used_blocks\":%" PRIu64
+		       ",\"free_blocks\":%" PRIu64 ",\"size_bytes\":%" PRIu64
+		       ",\"used_bytes\":%" PRIu64 ",\"free_bytes\":%" PRIu64
+		       ",\"use_percent\":%u,\"inodes\":%" PRIu64 ",\"inodes_used\":%" PRIu64
+		       ",\"inodes_free\":%" PRIu64 ",\"inodes_use_percent\":%u"
+		       ",\"groups\":%" PRIu32 ",\"groups_counted\":%" PRIu32 "}\n",
+		       f.fi->block_size, total, used, d.free_blocks, total * f.fi->block_size,
+		       used * f.fi->block_size, d.free_blocks * f.fi->block_size,
+		       percent(used, total), f.fi->inode_limit, iused, ifree,
+		       percent(iused, f.fi->inode_limit), f.fi->ag_count, d.groups);
+	} else if (f.human) {
 		char a[16], b[16], c[16];
 		uint64_t bs = f.fi->block_size;
 
@@ -1384,6 +1401,49 @@ struct status_scan {
 	int64_t now_ns;
 };
 
+/* One node of status --json: an object in the "nodes" array. */
+static int status_node_json(struct status_scan *st, const Mvccpb__KeyValue *kv,
+			    const char *node)
+{
+	Etcfs__NodeInfo *ni = NULL;
+	const char *why = NULL;
+	struct lease_ttl lt;
+	char started[32];
+	int64_t lease;
+	int r;
+
+	printf("%s\n {", st->nodes++ ? "," : "");
+	json_kstr(true, "node", node);
+	r = efs_meta_nodeinfo_decode(kv->value.data, kv->value.len, &ni, &why);
+	if (r < 0) {
+		printf(",\"readable\":false");
+		json_kstr(false, "error", why ? why : strerror(-r));
+		printf("}");
+		return r == -ENOMEM ? r : 0;
+	}
+	lease = kv->lease ? kv->lease : ni->lease_id;
+	lease_ttl_get(st->f->s, lease, &lt);
+	format_time(ni->started_ns, started, sizeof(started));
+	printf(",\"readable\":true");
+	json_kstr(false, "hostname", ni->hostname);
+	printf(",\"pid\":%" PRId32, ni->pid);
+	json_kstr(false, "version", ni->version);
+	printf(",\"session_generation\":%" PRIu64 ",\"lease_id\":%" PRId64, ni->session_generation,
+	       lease);
+	if (lt.err == 0 && lt.ttl_s >= 0)
+		printf(",\"lease_ttl_s\":%" PRId64 ",\"lease_granted_ttl_s\":%" PRId64, lt.ttl_s,
+		       lt.granted_s);
+	else
+		printf(",\"lease_ttl_s\":null,\"lease_granted_ttl_s\":null");
+	printf(",\"clock_skew_s\":%.3f", (double)(ni->wall_clock_ns - st->now_ns) / 1e9);
+	printf(",\"started_ns\":%" PRId64, ni->started_ns);
+	json_kstr(false, "started", started);
+	json_kstr(false, "metrics_addr", ni->metrics_addr[0] ? ni->metrics_addr : NULL);
+	printf("}");
+	efs_meta_record_free(ni);
+	return 0;
+}
+
 static int status_node_cb(const Mvccpb__KeyValue *kv, void *arg)
 {
 	struct status_scan *st = arg;
@@ -1397,6 +1457,8 @@ static int status_node_cb(const Mvccpb__KeyValue *kv, void *arg)
 	if (efs_meta_key_parse(&st->f->ns, kv->key.data, kv->key.len, &info) < 0 ||
 	    info.family != EFS_META_K_NODE)
 		return 0;
+	if (st->f->json)
+		return status_node_json(st, kv, info.node);
 	if (!st->nodes++)
 		printf("  %-16s %-16s %8s %-10s %-14s %10s %10s %-20s %s\n", "NODE", "HOSTNAME",
 		       "PID", "VERSION", "LEASE-TTL", "GENERATION", "CLOCK-SKEW", "STARTED",
@@ -1433,12 +1495,33 @@ static void usage_status(FILE *f)
 		"%s"
 		"\n"
 		"  --name NAME              the filesystem\n"
+		"  --json                   one JSON object on stdout\n"
 		"  --help                   this text\n"
 		"\n"
 		"%s"
 		"\n"
 		"Exit status: 0 success; 2 usage error; 3 cannot connect to etcd; 4 failed.\n",
 		prog, fs_cmd_help, efs_cli_etcd_usage());
+}
+
+/* The filesystem part of status --json (the "nodes" array follows). */
+static void status_print_json_head(const struct fs_cmd *f, const char *uuid, const char *created)
+{
+	printf("{");
+	json_kstr(true, "filesystem", f->fi->name);
+	json_kstr(false, "uuid", uuid);
+	json_kstr(false, "endpoints", f->conn.endpoints);
+	json_kstr(false, "device", f->device);
+	printf(",\"format_version\":%" PRIu32 ",\"feature_compat\":%" PRIu64
+	       ",\"feature_ro_compat\":%" PRIu64 ",\"feature_incompat\":%" PRIu64
+	       ",\"block_size\":%" PRIu32 ",\"device_size\":%" PRIu64 ",\"data_start\":%" PRIu64
+	       ",\"ag_count\":%" PRIu32 ",\"ag_blocks\":%" PRIu64 ",\"inode_limit\":%" PRIu64
+	       ",\"created_ns\":%" PRId64,
+	       f->fi->format_version, f->fi->feature_compat, f->fi->feature_ro_compat,
+	       f->fi->feature_incompat, f->fi->block_size, f->fi->device_size, f->fi->data_start,
+	       f->fi->ag_count, f->fi->ag_blocks, f->fi->inode_limit, f->fi->created_ns);
+	json_kstr(false, "created", created);
+	printf(",\"nodes\":[");
 }
 
 static int cmd_status(int argc, char **argv)
@@ -1449,12 +1532,29 @@ static int cmd_status(int argc, char **argv)
 	char err[EFS_CLI_ERR_MAX] = "", uuid[37] = "?", created[32];
 	int ret, r;
 
-	ret = fs_cmd_start(&f, argc, argv, 0, usage_status);
+	ret = fs_cmd_start(&f, argc, argv, FS_CMD_JSON, usage_status);
 	if (ret >= 0)
 		goto out;
 	if (f.fi->uuid.len == 16)
 		efs_sb_uuid_format(f.fi->uuid.data, uuid);
 	format_time(f.fi->created_ns, created, sizeof(created));
+	if (f.json) {
+		st.now_ns = (int64_t)efs_clock_real_ns();
+		r = efs_meta_range_family(&f.ns, EFS_META_K_NODE, &range);
+		status_print_json_head(&f, uuid, created);
+		if (r == 0)
+			r = efs_cli_range_foreach(f.s, &range, false, status_node_cb, &st, err,
+						  sizeof(err));
+		printf("\n]}\n");
+		fflush(stdout);
+		if (r < 0) {
+			efs_cli_print_err(prog, r, err);
+			ret = EXIT_FAILED;
+		} else {
+			ret = EXIT_FIT;
+		}
+		goto out;
+	}
 	printf("filesystem: %s\n"
 	       "  uuid:        %s\n"
 	       "  etcd:        %s (keys under /etcfs/%s/)\n",
