@@ -67,6 +67,8 @@ enum {
 	OPT_HUMAN,
 	OPT_JSON,
 	OPT_RECALL_BOUND,
+	OPT_INTERVAL,
+	OPT_COUNT,
 };
 
 #define CONN_LONGOPTS EFS_CLI_ETCD_LONGOPTS(OPT_ETCD), {"help", no_argument, NULL, OPT_HELP}
@@ -982,6 +984,7 @@ enum {
 	FS_CMD_JSON = 1 << 1,	      /* --json */
 	FS_CMD_TARGET = 1 << 2,	      /* one more positional argument, optional */
 	FS_CMD_RECALL_BOUND = 1 << 3, /* --recall-bound SECONDS */
+	FS_CMD_SAMPLES = 1 << 4,      /* --interval SECONDS, --count N */
 };
 
 struct fs_cmd {
@@ -992,6 +995,8 @@ struct fs_cmd {
 	bool human;
 	bool json;
 	unsigned recall_bound_s; /* --recall-bound (0: not given) */
+	uint32_t interval_ms;	 /* --interval (0: not given) */
+	unsigned long count;	 /* --count (0: not given: until interrupted) */
 	struct efs_etcd_sync *s;
 	struct efs_meta_ns ns;
 	Etcfs__FsInfo *fi;
@@ -1032,6 +1037,8 @@ static int fs_cmd_parse(struct fs_cmd *f, int argc, char **argv, unsigned flags,
 		{"human-readable", no_argument, NULL, OPT_HUMAN},
 		{"json", no_argument, NULL, OPT_JSON},
 		{"recall-bound", required_argument, NULL, OPT_RECALL_BOUND},
+		{"interval", required_argument, NULL, OPT_INTERVAL},
+		{"count", required_argument, NULL, OPT_COUNT},
 		{NULL, 0, NULL, 0},
 	};
 	char err[EFS_CLI_ERR_MAX] = "";
@@ -1088,6 +1095,24 @@ static int fs_cmd_parse(struct fs_cmd *f, int argc, char **argv, unsigned flags,
 			}
 			if (parse_recall_bound(optarg, &f->recall_bound_s) < 0)
 				return EXIT_USAGE;
+			break;
+		case OPT_INTERVAL:
+		case OPT_COUNT:
+			if (!(flags & FS_CMD_SAMPLES)) {
+				fprintf(stderr, "%s: %s has no --%s\n", prog, argv[0],
+					longopts[idx].name);
+				fprintf(stderr, "Try '%s %s --help'.\n", prog, argv[0]);
+				return EXIT_USAGE;
+			}
+			if (opt == OPT_INTERVAL ? parse_seconds_ms(optarg, &f->interval_ms) < 0
+						: parse_uint(optarg, 1000000000ul, &f->count) < 0 ||
+							  f->count == 0) {
+				fprintf(stderr, "%s: --%s '%s': %s\n", prog, longopts[idx].name,
+					optarg,
+					opt == OPT_INTERVAL ? "seconds, e.g. 1 or 0.5"
+							    : "a count from 1");
+				return EXIT_USAGE;
+			}
 			break;
 		default:
 			fprintf(stderr, "Try '%s %s --help'.\n", prog, argv[0]);
@@ -2335,25 +2360,21 @@ static int metrics_connect(const char *addr, uint64_t deadline_ns)
  * answer, so between our send and the answer's first byte) against ours
  * at the middle of that interval. Sets the skew fields of |row|.
  */
-static void measure_skew(struct node_row *row, const char *addr)
+/*
+ * GETs /metrics from |addr| on |fd| (metrics_connect; closed here), reading
+ * by |deadline| at most MEMBERS_METRICS_MAX bytes: *|ret| is the
+ * NUL-terminated answer, headers included (efs_mem_free), *|ret_first_ns|
+ * (may be NULL) when its first byte came. -errno; -ECONNRESET when nothing
+ * came.
+ */
+static int metrics_get(int fd, const char *addr, uint64_t deadline, char **ret,
+		       uint64_t *ret_first_ns)
 {
-	uint64_t t0, t1 = 0, deadline;
-	int64_t t0_real;
+	uint64_t t1 = 0;
 	char *buf = NULL, *p;
 	size_t len = 0, cap = 0;
-	const char *why = NULL;
-	double node_s = 0;
-	int fd, r = 0;
+	int r = 0;
 
-	deadline = efs_clock_mono_ns() + (uint64_t)MEMBERS_METRICS_MS * 1000000;
-	fd = metrics_connect(addr, deadline);
-	if (fd < 0) {
-		snprintf(row->skew_why, sizeof(row->skew_why), "metrics unreachable: %s",
-			 strerror(-fd));
-		return;
-	}
-	t0 = efs_clock_mono_ns();
-	t0_real = (int64_t)efs_clock_real_ns();
 	if (dprintf(fd, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", addr) < 0)
 		r = -errno;
 	while (r == 0) {
@@ -2401,8 +2422,37 @@ static void measure_skew(struct node_row *row, const char *addr)
 	close(fd);
 	if (r == 0 && !len)
 		r = -ECONNRESET;
+	if (r < 0) {
+		efs_mem_free(buf);
+		return r;
+	}
+	buf[len] = '\0';
+	*ret = buf;
+	if (ret_first_ns)
+		*ret_first_ns = t1;
+	return 0;
+}
+
+static void measure_skew(struct node_row *row, const char *addr)
+{
+	uint64_t t0, t1 = 0, deadline;
+	int64_t t0_real;
+	char *buf = NULL, *p;
+	const char *why = NULL;
+	double node_s = 0;
+	int fd, r;
+
+	deadline = efs_clock_mono_ns() + (uint64_t)MEMBERS_METRICS_MS * 1000000;
+	fd = metrics_connect(addr, deadline);
+	if (fd < 0) {
+		snprintf(row->skew_why, sizeof(row->skew_why), "metrics unreachable: %s",
+			 strerror(-fd));
+		return;
+	}
+	t0 = efs_clock_mono_ns();
+	t0_real = (int64_t)efs_clock_real_ns();
+	r = metrics_get(fd, addr, deadline, &buf, &t1);
 	if (r == 0) {
-		buf[len] = '\0';
 		if (strncmp(buf, "HTTP/1.", 7) || strncmp(buf + 8, " 200", 4))
 			why = "metrics answered no 200";
 		else if (!(p = strstr(buf, "\netcfs_clock_wall_seconds ")))
@@ -3259,6 +3309,263 @@ out:
 	return ret;
 }
 
+/* ---- stats ---- */
+
+#define STATS_INTERVAL_MS 1000
+#define STATS_FETCH_MS	  2000
+
+/* The figures of one /metrics sample (counters, summed over labels). */
+struct stats_sample {
+	uint64_t t_ns; /* monotonic, when it was read */
+	double ops, op_errors, commits, conflicts, txn_errors;
+	double dev_read, dev_write, dev_ios, data_read, data_write, fsyncs;
+};
+
+static void usage_stats(FILE *f)
+{
+	fprintf(f,
+		"Usage: %s stats [OPTIONS] DEVICE | --name NAME [NODE]\n"
+		"\n"
+		"A live per-second view of one node: FUSE operations and errors, etcd\n"
+		"transactions committed, in conflict and failed, device bytes read and written\n"
+		"and requests, file bytes read and written, fsyncs. The figures come from the\n"
+		"node's /metrics, at the address its session record publishes (etcfsd\n"
+		"--metrics-addr). NODE may be left out when one node has the filesystem\n"
+		"mounted. On a terminal the view is redrawn in place; otherwise one line a\n"
+		"sample (and with --json one JSON object a line).\n"
+		"%s"
+		"\n"
+		"  --interval SECONDS       time between samples (default 1)\n"
+		"  --count N                stop after N samples (default: until interrupted)\n"
+		"%s"
+		"\n"
+		"%s"
+		"\n"
+		"Exit status: 0 success; 2 usage error; 3 cannot connect to etcd; 4 failed (no\n"
+		"such node, no metrics address, metrics unreachable).\n",
+		prog, fs_cmd_help, json_cmd_options, efs_cli_etcd_usage());
+}
+
+/* Adds the value of every sample line of |buf| to the figure its name and
+ * labels say. -EPROTO when |buf| is not a 200 answer. */
+static int stats_parse(const char *buf, struct stats_sample *out)
+{
+	const char *p;
+
+	if (strncmp(buf, "HTTP/1.", 7) || strncmp(buf + 8, " 200", 4))
+		return -EPROTO;
+	p = strstr(buf, "\r\n\r\n");
+	p = p ? p + 4 : buf;
+	for (; *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : p + strlen(p)) {
+		const char *sp = strpbrk(p, " \n"), *nl = strchr(p, '\n');
+		size_t nlen;
+		double v;
+
+		if (*p == '#' || !sp || *sp != ' ' || (nl && sp > nl))
+			continue;
+		nlen = (size_t)(sp - p);
+		v = strtod(sp + 1, NULL);
+#define IS(pfx) (nlen >= strlen(pfx) && !strncmp(p, pfx, strlen(pfx)))
+#define HAS(lab) (memmem(p, nlen, lab, strlen(lab)) != NULL)
+		if (IS("etcfs_fuse_ops_total"))
+			out->ops += v;
+		else if (IS("etcfs_fuse_errors_total"))
+			out->op_errors += v;
+		else if (IS("etcfs_etcd_txns_total") && HAS("outcome=\"ok\""))
+			out->commits += v;
+		else if (IS("etcfs_etcd_txns_total") && HAS("outcome=\"conflict\""))
+			out->conflicts += v;
+		else if (IS("etcfs_etcd_txns_total"))
+			out->txn_errors += v;
+		else if (IS("etcfs_dev_bytes_total") && HAS("op=\"read\""))
+			out->dev_read += v;
+		else if (IS("etcfs_dev_bytes_total") && HAS("op=\"write\""))
+			out->dev_write += v;
+		else if (IS("etcfs_dev_ios_total"))
+			out->dev_ios += v;
+		else if (IS("etcfs_data_read_bytes_total"))
+			out->data_read += v;
+		else if (IS("etcfs_data_write_bytes_total"))
+			out->data_write += v;
+		else if (IS("etcfs_data_fsyncs_total"))
+			out->fsyncs += v;
+#undef IS
+#undef HAS
+	}
+	return 0;
+}
+
+static int stats_fetch(const char *addr, struct stats_sample *out)
+{
+	uint64_t deadline = efs_clock_mono_ns() + (uint64_t)STATS_FETCH_MS * 1000000;
+	char *buf = NULL;
+	int fd, r;
+
+	memset(out, 0, sizeof(*out));
+	fd = metrics_connect(addr, deadline);
+	if (fd < 0)
+		return fd;
+	r = metrics_get(fd, addr, deadline, &buf, NULL);
+	if (r == 0)
+		r = stats_parse(buf, out);
+	efs_mem_free(buf);
+	out->t_ns = efs_clock_mono_ns();
+	return r;
+}
+
+/* Reads n/<node> (or, with |node| NULL, the only n/ key): its metrics
+ * address into |addr|, the node's name into |name|. Exit status or -1. */
+static int stats_node(struct fs_cmd *f, const char *node, char *name, size_t name_size,
+		      char *addr, size_t addr_size)
+{
+	struct efs_meta_range range;
+	Etcdserverpb__RangeResponse *rr = NULL;
+	Etcdserverpb__TxnResponse *resp = NULL;
+	struct efs_etcd_txn *t = NULL;
+	Etcfs__NodeInfo *ni = NULL;
+	int ret = EXIT_FAILED, r;
+	size_t found = 0, at = 0;
+
+	r = efs_meta_range_family(&f->ns, EFS_META_K_NODE, &range);
+	if (r == 0)
+		r = efs_etcd_txn_new(&t, 0);
+	if (r == 0)
+		r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, range.key.buf, range.key.len,
+				       range.end.buf, range.end.len);
+	if (r == 0)
+		r = efs_etcd_sync_txn(f->s, efs_etcd_txn_request(t), &resp);
+	efs_etcd_txn_free(t);
+	if (r == 0)
+		r = efs_etcd_txn_resp_range(resp, 0, &rr);
+	if (r < 0) {
+		fprintf(stderr, "%s: reading the nodes: %s\n", prog, strerror(-r));
+		goto out;
+	}
+	for (size_t i = 0; i < rr->n_kvs; i++) {
+		struct efs_meta_key_info info;
+
+		if (efs_meta_key_parse(&f->ns, rr->kvs[i]->key.data, rr->kvs[i]->key.len,
+				       &info) < 0 ||
+		    info.family != EFS_META_K_NODE)
+			continue;
+		if (!node || !strcmp(info.node, node)) {
+			found++;
+			at = i;
+			snprintf(name, name_size, "%s", info.node);
+		}
+	}
+	if (!found) {
+		fprintf(stderr, node ? "%s: node %s has no session on %s (not mounted?)\n"
+				     : "%s: no node has %s mounted\n",
+			prog, node ? node : f->fi->name, f->fi->name);
+		goto out;
+	}
+	if (found > 1) {
+		fprintf(stderr, "%s: %zu nodes have %s mounted: name one (see %s members)\n",
+			prog, found, f->fi->name, prog);
+		ret = EXIT_USAGE;
+		goto out;
+	}
+	r = efs_meta_nodeinfo_decode(rr->kvs[at]->value.data, rr->kvs[at]->value.len, &ni, NULL);
+	if (r < 0) {
+		fprintf(stderr, "%s: node %s: unreadable session record\n", prog, name);
+		goto out;
+	}
+	if (!ni->metrics_addr[0]) {
+		fprintf(stderr,
+			"%s: node %s publishes no metrics address (start etcfsd with "
+			"--metrics-addr)\n",
+			prog, name);
+		goto out;
+	}
+	snprintf(addr, addr_size, "%s", ni->metrics_addr);
+	ret = -1;
+out:
+	efs_meta_record_free(ni);
+	if (resp)
+		protobuf_c_message_free_unpacked(&resp->base, efs_mem_protobuf());
+	return ret;
+}
+
+static void stats_print(const struct fs_cmd *f, const char *node, const struct stats_sample *a,
+			const struct stats_sample *b, unsigned long n, bool tty)
+{
+	double dt = (double)(b->t_ns - a->t_ns) / 1e9;
+	char r1[16], r2[16], r3[16], r4[16];
+
+	if (dt <= 0)
+		dt = 1e-9;
+#define RATE(x) ((b->x - a->x) / dt)
+	if (f->json) {
+		printf("{");
+		json_kstr(true, "node", node);
+		printf(",\"sample\":%lu,\"seconds\":%.3f,\"ops_per_s\":%.1f,\"op_errors_per_s\":%.1f"
+		       ",\"commits_per_s\":%.1f,\"conflicts_per_s\":%.1f,\"txn_errors_per_s\":%.1f"
+		       ",\"dev_read_bytes_per_s\":%.0f,\"dev_write_bytes_per_s\":%.0f"
+		       ",\"dev_ios_per_s\":%.1f,\"file_read_bytes_per_s\":%.0f"
+		       ",\"file_write_bytes_per_s\":%.0f,\"fsyncs_per_s\":%.1f}\n",
+		       n, dt, RATE(ops), RATE(op_errors), RATE(commits), RATE(conflicts),
+		       RATE(txn_errors), RATE(dev_read), RATE(dev_write), RATE(dev_ios),
+		       RATE(data_read), RATE(data_write), RATE(fsyncs));
+	} else {
+		if (tty)
+			printf("\033[H\033[J%s stats of node %s on %s, every %.1f s (Ctrl-C ends)\n\n",
+			       prog, node, f->fi->name, dt);
+		if (tty || n == 1)
+			printf("%9s %8s %9s %9s %8s %9s %9s %8s %9s %9s %7s\n", "OPS/s", "ERR/s",
+			       "COMMIT/s", "CONFL/s", "TXERR/s", "DEV-RD/s", "DEV-WR/s", "IOS/s",
+			       "FILE-RD/s", "FILE-WR/s", "FSYNC/s");
+		printf("%9.1f %8.1f %9.1f %9.1f %8.1f %9s %9s %8.1f %9s %9s %7.1f\n", RATE(ops),
+		       RATE(op_errors), RATE(commits), RATE(conflicts), RATE(txn_errors),
+		       human_size((uint64_t)RATE(dev_read), r1, sizeof(r1)),
+		       human_size((uint64_t)RATE(dev_write), r2, sizeof(r2)), RATE(dev_ios),
+		       human_size((uint64_t)RATE(data_read), r3, sizeof(r3)),
+		       human_size((uint64_t)RATE(data_write), r4, sizeof(r4)), RATE(fsyncs));
+	}
+#undef RATE
+	fflush(stdout);
+}
+
+static int cmd_stats(int argc, char **argv)
+{
+	struct fs_cmd f = {0};
+	struct stats_sample prev, cur;
+	char node[EFS_META_NODE_MAX + 1] = "", addr[256];
+	bool tty = isatty(STDOUT_FILENO);
+	int ret, r;
+
+	ret = fs_cmd_start(&f, argc, argv, FS_CMD_TARGET | FS_CMD_JSON | FS_CMD_SAMPLES,
+			   usage_stats);
+	if (ret >= 0)
+		goto out;
+	ret = stats_node(&f, f.target, node, sizeof(node), addr, sizeof(addr));
+	if (ret >= 0)
+		goto out;
+	ret = EXIT_FAILED;
+	r = stats_fetch(addr, &prev);
+	for (unsigned long n = 1; r == 0 && (!f.count || n <= f.count); n++) {
+		uint32_t ms = f.interval_ms ? f.interval_ms : STATS_INTERVAL_MS;
+		struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
+
+		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+			;
+		r = stats_fetch(addr, &cur);
+		if (r == 0) {
+			stats_print(&f, node, &prev, &cur, n, tty);
+			prev = cur;
+		}
+	}
+	if (r < 0) {
+		fprintf(stderr, "%s: node %s: metrics at %s: %s\n", prog, node, addr,
+			r == -EPROTO ? "no 200 answer" : strerror(-r));
+		goto out;
+	}
+	ret = EXIT_FIT;
+out:
+	fs_cmd_done(&f);
+	return ret;
+}
+
 /* ---- subcommand table ---- */
 
 struct subcmd {
@@ -3271,6 +3578,7 @@ static const struct subcmd subcmds[] = {
 	{"etcd-check", cmd_etcd_check, "check that an etcd cluster is fit for etcfs"},
 	{"df", cmd_df, "space and inode usage of a filesystem"},
 	{"grow", cmd_grow, "grow a filesystem onto a larger device, online"},
+	{"stats", cmd_stats, "a live per-second view of one node's operations and I/O"},
 	{"status", cmd_status, "identity of a filesystem and the nodes that mount it"},
 	{"locks", cmd_locks, "inode locks held and recalls waiting, across the nodes"},
 	{"members", cmd_members, "the nodes of a filesystem: sessions, leases, clock skew"},
