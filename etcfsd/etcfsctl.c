@@ -224,6 +224,10 @@ struct check {
 	/* Verdict reasons. */
 	char reasons[2048];
 	size_t reasons_len;
+
+	/* --json: the report goes to stderr, one object to stdout at the end. */
+	bool json;
+	double tp_secs; /* the throughput run's length (0: not run) */
 };
 
 static void check_reason(struct check *k, const char *fmt, ...)
@@ -710,6 +714,7 @@ static int check_throughput(struct check *k)
 	}
 	run_until_done(&k->loop, &k->pending);
 	secs = (double)(efs_clock_mono_ns() - start) / 1e9;
+	k->tp_secs = secs;
 	efs_mem_free(w);
 	if (r < 0 && k->pending == 0 && k->txns == 0)
 		return r;
@@ -788,6 +793,62 @@ static int make_prefix(char *buf, size_t size)
 	return 0;
 }
 
+static void json_str(const char *s);
+static void json_kstr(bool first, const char *key, const char *val);
+
+/* etcd-check --json: the figures of the report as one object. */
+static void check_print_json(const struct check *k, bool fit)
+{
+	printf("{\"verdict\":\"%s\"", fit ? "fit" : "unfit");
+	json_kstr(false, "reasons", k->reasons_len ? k->reasons : NULL);
+	printf(",\"cluster_id\":\"%016" PRIx64 "\"", k->cluster_id);
+	if (k->leader)
+		printf(",\"leader\":\"%016" PRIx64 "\"", k->leader);
+	else
+		printf(",\"leader\":null");
+	printf(",\"members\":[");
+	for (size_t i = 0; i < k->nmembers; i++) {
+		const struct member *m = &k->members[i];
+		const Etcdserverpb__StatusResponse *st = m->status;
+
+		printf("%s\n {\"id\":\"%016" PRIx64 "\"", i ? "," : "", m->id);
+		json_kstr(false, "name", m->name);
+		json_kstr(false, "client_urls", m->client_urls);
+		printf(",\"learner\":%s,\"reachable\":%s", m->learner ? "true" : "false",
+		       st ? "true" : "false");
+		if (st) {
+			json_kstr(false, "version", st->version);
+			printf(",\"db_size\":%" PRId64 ",\"db_size_in_use\":%" PRId64
+			       ",\"raft_index\":%" PRIu64 ",\"raft_term\":%" PRIu64
+			       ",\"leader\":\"%016" PRIx64 "\",\"errors\":%zu",
+			       st->dbsize, st->dbsizeinuse, st->raftindex, st->raftterm, st->leader,
+			       st->n_errors);
+		} else {
+			json_kstr(false, "error", m->error ? m->error : "no reply");
+		}
+		printf("}");
+	}
+	printf("\n]");
+	if (k->nlat && !k->err)
+		printf(",\"latency\":{\"samples\":%zu,\"p50_ms\":%.3f,\"p99_ms\":%.3f"
+		       ",\"max_ms\":%.3f}",
+		       k->nlat, quantile_ms(k->lat_ns, k->nlat, 0.50),
+		       quantile_ms(k->lat_ns, k->nlat, 0.99), (double)k->lat_ns[k->nlat - 1] / 1e6);
+	else
+		printf(",\"latency\":null");
+	if (k->tp_secs > 0)
+		printf(",\"throughput\":{\"concurrency\":%u,\"seconds\":%.3f,\"txns\":%" PRIu64
+		       ",\"errors\":%" PRIu64 ",\"txns_per_s\":%.1f,\"p50_ms\":%.3f"
+		       ",\"p99_ms\":%.3f}",
+		       k->concurrency, k->tp_secs, k->txns, k->txn_errors,
+		       (double)k->txns / k->tp_secs, quantile_ms(k->tp_lat_ns, k->ntp_lat, 0.50),
+		       quantile_ms(k->tp_lat_ns, k->ntp_lat, 0.99));
+	else
+		printf(",\"throughput\":null");
+	printf("}\n");
+	fflush(stdout);
+}
+
 static void usage_etcd_check(FILE *f)
 {
 	fprintf(f,
@@ -807,6 +868,7 @@ static void usage_etcd_check(FILE *f)
 		"  --duration SECONDS       length of the throughput run (default 5)\n"
 		"  --concurrency N          txns in flight during it (default 16)\n"
 		"  --quota-bytes N          the cluster's --quota-backend-bytes (default 2 GiB)\n"
+		"  --json                   the report on stderr, one JSON object on stdout\n"
 		"  --help                   this text\n"
 		"\n"
 		"The verdict is 'unfit' when the p99 commit latency exceeds %.0f ms, there is no\n"
@@ -828,6 +890,7 @@ static int cmd_etcd_check(int argc, char **argv)
 		{"concurrency", required_argument, NULL, OPT_CONCURRENCY},
 		{"samples", required_argument, NULL, OPT_SAMPLES},
 		{"quota-bytes", required_argument, NULL, OPT_QUOTA},
+		{"json", no_argument, NULL, OPT_JSON},
 		{NULL, 0, NULL, 0},
 	};
 	struct check k = {
@@ -840,7 +903,7 @@ static int cmd_etcd_check(int argc, char **argv)
 	double p99 = 0;
 	unsigned long v;
 	uint32_t ms;
-	int opt, idx, r, ret;
+	int opt, idx, r, ret, saved_stdout = -1;
 
 	r = efs_cli_etcd_defaults(&k.conn, err, sizeof(err));
 	if (r < 0) {
@@ -892,6 +955,9 @@ static int cmd_etcd_check(int argc, char **argv)
 			}
 			k.samples = (unsigned)v;
 			break;
+		case OPT_JSON:
+			k.json = true;
+			break;
 		case OPT_QUOTA:
 			if (parse_uint(optarg, ULONG_MAX, &v) < 0) {
 				fprintf(stderr, "%s: --quota-bytes wants a byte count, not '%s'\n",
@@ -931,6 +997,16 @@ static int cmd_etcd_check(int argc, char **argv)
 		goto out_args;
 	}
 
+	if (k.json) {
+		/* The human report goes to stderr; stdout gets the object. */
+		fflush(stdout);
+		saved_stdout = dup(STDOUT_FILENO);
+		if (saved_stdout < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
+			fprintf(stderr, "%s: --json: %s\n", prog, strerror(errno));
+			ret = EXIT_FAILED;
+			goto out_free;
+		}
+	}
 	ret = check_connect(&k);
 	if (ret != EXIT_FIT)
 		goto out_free;
@@ -969,6 +1045,13 @@ static int cmd_etcd_check(int argc, char **argv)
 		ret = EXIT_FIT;
 	}
 out_free:
+	if (saved_stdout >= 0) {
+		fflush(stdout);
+		dup2(saved_stdout, STDOUT_FILENO);
+		close(saved_stdout);
+		if (ret == EXIT_FIT || ret == EXIT_UNFIT)
+			check_print_json(&k, ret == EXIT_FIT);
+	}
 	check_free(&k);
 	return ret;
 out_args:
@@ -1238,9 +1321,6 @@ static unsigned percent(uint64_t used, uint64_t total)
 	/* Rounded up, as df does: any use shows as at least 1 %. */
 	return (unsigned)((used * 100 + total - 1) / total);
 }
-
-static void json_str(const char *s);
-static void json_kstr(bool first, const char *key, const char *val);
 
 struct df_scan {
 	const struct efs_meta_ns *ns;

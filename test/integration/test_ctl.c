@@ -3,7 +3,7 @@
  * etcfsctl's newer output against a real mount: stats (the per-second view
  * read from the node's /metrics at the address its session record
  * publishes: --count, --interval, --json, and a clear refusal for a node
- * without a session), status --json and df --json.
+ * without a session), status --json, df --json and etcd-check --json.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -108,4 +108,12 @@ Test(ctl, stats_status_df)
 			    NULL);
 	cr_assert_eq(r, 0, "df --json: status %d:\n%s", r, out);
 	cr_assert(strstr(out, "\"free_blocks\":") && strstr(out, "\"groups\":63"), "%s", out);
+
+	/* etcd-check --json: the report on stderr, the object on stdout (both
+	 * captured here); fit or unfit depends on this machine's load. */
+	r = efs_test_fs_run(&fs, out, sizeof(out), "etcfsctl", "etcd-check", "--json",
+			    "--duration", "0.5", "--samples", "10", NULL);
+	cr_assert(r == 0 || r == 1, "etcd-check --json: status %d:\n%s", r, out);
+	cr_assert(strstr(out, "{\"verdict\":\""), "%s", out);
+	cr_assert(strstr(out, "\"throughput\":{\"concurrency\":16"), "%s", out);
 }
