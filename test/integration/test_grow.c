@@ -7,6 +7,9 @@
  * clean after. The old last group was short (1.5 of 2 MiB), so the grow
  * also lengthens it. A shrink and a size the device does not have are
  * refused with a clear message, and nothing changes.
+ * And a node whose device (a loop device over the image) has not grown yet
+ * leaves the new groups alone and says so, until losetup -c shows it the
+ * new size; the other node uses them at once.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -16,6 +19,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
@@ -28,20 +32,32 @@
 #define FILE_MIB  4
 
 static struct efs_test_fs n1, n2;
+static char loopdev[64]; /* node2's loop device, "" when none */
 
 static void fini(void)
 {
 	if (n2.mnt[0])
 		efs_test_fs_stop(&n2);
+	if (loopdev[0]) {
+		char cmd[128];
+
+		snprintf(cmd, sizeof(cmd), "losetup -d %s", loopdev);
+		if (system(cmd) != 0)
+			fprintf(stderr, "test_grow: %s failed\n", cmd);
+		loopdev[0] = '\0';
+	}
 	efs_test_fs_stop(&n1);
 }
 
 TestSuite(grow, .fini = fini, .timeout = 150);
 
-/* A second node on n1's etcd and image: its own mount point and log. */
-static void start_node2(void)
+/* A second node on n1's etcd and image (or |device|, NULL: the image):
+ * its own mount point and log. */
+static void start_node2_on(const char *device)
 {
 	n2 = n1;
+	if (device)
+		snprintf(n2.image, sizeof(n2.image), "%s", device);
 	n2.etcd = NULL;
 	n2.daemon = 0;
 	n2.dir[0] = '\0'; /* n1's stop removes the directory */
@@ -51,6 +67,11 @@ static void start_node2(void)
 	snprintf(n2.log, sizeof(n2.log), "%s/node2.log", n1.dir);
 	cr_assert_eq(mkdir(n2.mnt, 0755), 0, "mkdir %s: %s", n2.mnt, strerror(errno));
 	efs_test_fs_mount(&n2, NULL);
+}
+
+static void start_node2(void)
+{
+	start_node2_on(NULL);
 }
 
 /* Writes a file of FILE_MIB MiB on |mnt|: 0, or the errno that stopped it. */
@@ -214,4 +235,66 @@ Test(grow, two_nodes_fill_grow_and_write_on)
 	cr_assert_eq(r, 0, "a write after the remount: %s", strerror(r));
 	cr_assert_not(file_has(n1.log, "DOUBLE FREE"));
 	cr_assert_not(file_has(n2.log, "DOUBLE FREE"));
+}
+
+/* The output of |cmd| (one line, newline dropped) into |out|. */
+static int run_line(const char *cmd, char *out, size_t size)
+{
+	FILE *p = popen(cmd, "r");
+	int st;
+
+	out[0] = '\0';
+	if (!p)
+		return -1;
+	if (fgets(out, (int)size, p))
+		out[strcspn(out, "\n")] = '\0';
+	st = pclose(p);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static bool wait_log(const char *path, const char *needle, int ms)
+{
+	for (int waited = 0; waited <= ms; waited += 100) {
+		if (file_has(path, needle))
+			return true;
+		usleep(100 * 1000);
+	}
+	return false;
+}
+
+Test(grow, a_node_whose_device_has_not_grown_waits_for_it)
+{
+	struct efs_test_fs_opts o = {.image_size = 64ull << 20, .session_ttl = 3};
+	static char t2[3000];
+	char out[8192], cmd[600];
+	int r;
+
+	efs_test_fs_start(&n1, &o);
+	snprintf(cmd, sizeof(cmd), "losetup -f --show --direct-io=on %s", n1.image);
+	cr_assert_eq(run_line(cmd, loopdev, sizeof(loopdev)), 0, "losetup: %s", loopdev);
+	cr_assert(!strncmp(loopdev, "/dev/loop", 9), "losetup said '%s'", loopdev);
+	start_node2_on(loopdev);
+
+	cr_assert_eq(truncate(n1.image, (off_t)(96ull << 20)), 0, "truncate: %s",
+		     strerror(errno));
+	r = efs_test_fs_run(&n1, out, sizeof(out), "etcfsctl", "grow", n1.image, NULL);
+	cr_assert_eq(r, 0, "grow: status %d:\n%s", r, out);
+	cr_assert(wait_log(n1.log, "allocating in the new groups", 10000), "node1 took no groups");
+	cr_assert(wait_log(n2.log, "leaving groups 63-94 alone until it sees the new size", 10000),
+		  "node2 did not say it waits:\n%s", tail_of(n2.log, t2, sizeof(t2)));
+	cr_assert_not(file_has(n2.log, "allocating in the new groups"),
+		      "node2 took the new groups before its device grew");
+	/* node2 still writes, in the old groups. */
+	cr_assert_eq(write_file(n2.mnt, "before"), 0);
+
+	snprintf(cmd, sizeof(cmd), "losetup -c %s", loopdev);
+	cr_assert_eq(system(cmd), 0, "%s", cmd);
+	cr_assert(wait_log(n2.log, "allocating in the new groups", 10000),
+		  "node2 did not take the new groups after losetup -c:\n%s",
+		  tail_of(n2.log, t2, sizeof(t2)));
+	cr_assert_eq(write_file(n2.mnt, "after"), 0);
+	efs_test_fs_unmount(&n2);
+	efs_test_fs_unmount(&n1);
+	r = efs_test_fs_run(&n1, out, sizeof(out), "fsck.etcfs", "-n", n1.image, NULL);
+	cr_assert_eq(r, 0, "fsck.etcfs -n: status %d:\n%s", r, out);
 }
