@@ -344,6 +344,11 @@ static int avail_recompute(struct grp *g)
 		r = efs_runs_subtract(&n.free, g->pending.v[i].start, g->pending.v[i].len, NULL);
 	for (size_t i = 0; i < g->quar.n && r == 0; i++)
 		r = efs_runs_subtract(&n.free, g->quar.v[i].start, g->quar.v[i].len, NULL);
+	/* A grown last group's map may be longer than this node's view of the
+	 * device (docs/DESIGN.md, "Online growth"): its tail is not ours to
+	 * hand out until this node takes the new geometry. */
+	if (r == 0 && n.group_blocks > g->blocks)
+		r = efs_runs_subtract(&n.free, g->blocks, n.group_blocks - g->blocks, NULL);
 	if (r < 0) {
 		efs_freemap_done(&n);
 		return r;
@@ -528,7 +533,15 @@ static int load_map(struct efs_alloc *a, struct grp *g, const Mvccpb__KeyValue *
 		efs_log_err("alloc: group %" PRIu32 ": bad map (%s)", g->g, why ? why : "?");
 		return r;
 	}
-	if (m->group_blocks != grp_blocks(a, g->g)) {
+	/* The old last group of a growth this node has seen but not taken
+	 * (its device is not as large yet): grow lengthened its map, and
+	 * avail_recompute() leaves the new tail alone. */
+	if (m->group_blocks > grp_blocks(a, g->g) && g->g + 1 == a->ngroups &&
+	    a->grow_count > a->ngroups && m->group_blocks <= a->ag_blocks) {
+		efs_log_info("alloc: group %" PRIu32 " was lengthened to %" PRIu64
+			     " blocks by a growth this node has not taken yet: its tail waits",
+			     g->g, (uint64_t)m->group_blocks);
+	} else if (m->group_blocks != grp_blocks(a, g->g)) {
 		efs_log_err("alloc: group %" PRIu32 ": map of %" PRIu64
 			    " blocks, expected %" PRIu64,
 			    g->g, (uint64_t)m->group_blocks, grp_blocks(a, g->g));
@@ -2355,10 +2368,17 @@ static void sb_seen(struct efs_alloc *a, const Mvccpb__KeyValue *kv)
 			     "ignoring");
 	} else if (fi->ag_count > a->ngroups && nblk - a->data_start > a->total_blocks &&
 		   fi->device_size > a->grow_size) {
+		struct grp *last = &a->groups[a->ngroups - 1];
+
 		a->grow_size = fi->device_size;
 		a->grow_count = fi->ag_count;
 		efs_log_info("alloc: the filesystem grew to %" PRIu64 " bytes (%" PRIu32
 			     " groups)", a->grow_size, a->grow_count);
+		/* A short last group of ours got a longer map in the same
+		 * transaction: re-read it before the next map transaction,
+		 * whether or not this node can take the new geometry yet. */
+		if (last->owned && last->blocks < a->ag_blocks)
+			last->stale = true;
 		grow_try(a);
 		kick(a);
 	}

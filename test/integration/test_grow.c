@@ -9,7 +9,9 @@
  * refused with a clear message, and nothing changes.
  * And a node whose device (a loop device over the image) has not grown yet
  * leaves the new groups alone and says so, until losetup -c shows it the
- * new size; the other node uses them at once.
+ * new size; the other node uses them at once. That node owns the short
+ * last group, whose map the grow lengthened: it frees and writes in it
+ * meanwhile and keeps it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -264,9 +266,9 @@ static bool wait_log(const char *path, const char *needle, int ms)
 
 Test(grow, a_node_whose_device_has_not_grown_waits_for_it)
 {
-	struct efs_test_fs_opts o = {.image_size = 64ull << 20, .session_ttl = 3};
+	struct efs_test_fs_opts o = {.image_size = IMG_SIZE, .session_ttl = 3};
 	static char t2[3000];
-	char out[8192], cmd[600];
+	char out[8192], cmd[600], path[600];
 	int r;
 
 	efs_test_fs_start(&n1, &o);
@@ -274,25 +276,44 @@ Test(grow, a_node_whose_device_has_not_grown_waits_for_it)
 	cr_assert_eq(run_line(cmd, loopdev, sizeof(loopdev)), 0, "losetup: %s", loopdev);
 	cr_assert(!strncmp(loopdev, "/dev/loop", 9), "losetup said '%s'", loopdev);
 	start_node2_on(loopdev);
+	/* node2 fills the filesystem, so it owns the short last group too. */
+	cr_assert_geq(fill(n2.mnt, "b"), 20);
+	cr_assert(file_has(n2.log, "claimed group 63 "), "node2 does not own group 63:\n%s",
+		  tail_of(n2.log, t2, sizeof(t2)));
 
-	cr_assert_eq(truncate(n1.image, (off_t)(96ull << 20)), 0, "truncate: %s",
-		     strerror(errno));
+	cr_assert_eq(truncate(n1.image, (off_t)GROW_SIZE), 0, "truncate: %s", strerror(errno));
 	r = efs_test_fs_run(&n1, out, sizeof(out), "etcfsctl", "grow", n1.image, NULL);
 	cr_assert_eq(r, 0, "grow: status %d:\n%s", r, out);
 	cr_assert(wait_log(n1.log, "allocating in the new groups", 10000), "node1 took no groups");
-	cr_assert(wait_log(n2.log, "leaving groups 63-94 alone until it sees the new size", 10000),
+	cr_assert(wait_log(n2.log, "leaving groups 64-95 alone until it sees the new size", 10000),
 		  "node2 did not say it waits:\n%s", tail_of(n2.log, t2, sizeof(t2)));
+	cr_assert_eq(write_file(n1.mnt, "n1-after"), 0, "node1 after the grow");
 	cr_assert_not(file_has(n2.log, "allocating in the new groups"),
 		      "node2 took the new groups before its device grew");
-	/* node2 still writes, in the old groups. */
-	cr_assert_eq(write_file(n2.mnt, "before"), 0);
+	/* node2 frees and writes again in its old groups, the lengthened
+	 * last one among them, and keeps them all. */
+	for (int i = 0; i < 8; i++) {
+		snprintf(path, sizeof(path), "%s/b%d", n2.mnt, i);
+		cr_assert_eq(unlink(path), 0, "unlink %s: %s", path, strerror(errno));
+	}
+	r = write_soon(n2.mnt, "before", 10000);
+	cr_assert_eq(r, 0, "node2 before its device grew: %s\n%s", strerror(r),
+		     tail_of(n2.log, t2, sizeof(t2)));
+	cr_assert(file_has(n2.log, "group 63 was lengthened to 512 blocks by a growth this node "
+				   "has not taken yet"),
+		  "node2 did not re-read its lengthened group:\n%s",
+		  tail_of(n2.log, t2, sizeof(t2)));
+	cr_assert_not(file_has(n2.log, "no longer ours"), "%s", tail_of(n2.log, t2, sizeof(t2)));
+	cr_assert_not(file_has(n2.log, "expected"), "%s", tail_of(n2.log, t2, sizeof(t2)));
 
 	snprintf(cmd, sizeof(cmd), "losetup -c %s", loopdev);
 	cr_assert_eq(system(cmd), 0, "%s", cmd);
 	cr_assert(wait_log(n2.log, "allocating in the new groups", 10000),
 		  "node2 did not take the new groups after losetup -c:\n%s",
 		  tail_of(n2.log, t2, sizeof(t2)));
-	cr_assert_eq(write_file(n2.mnt, "after"), 0);
+	r = write_soon(n2.mnt, "after", 10000);
+	cr_assert_eq(r, 0, "node2 after losetup -c: %s", strerror(r));
+	cr_assert_not(file_has(n2.log, "DOUBLE FREE"));
 	efs_test_fs_unmount(&n2);
 	efs_test_fs_unmount(&n1);
 	r = efs_test_fs_run(&n1, out, sizeof(out), "fsck.etcfs", "-n", n1.image, NULL);
