@@ -537,7 +537,7 @@ static int load_map(struct efs_alloc *a, struct grp *g, const Mvccpb__KeyValue *
 	 * (its device is not as large yet): grow lengthened its map, and
 	 * avail_recompute() leaves the new tail alone. */
 	if (m->group_blocks > grp_blocks(a, g->g) && g->g + 1 == a->ngroups &&
-	    a->grow_count > a->ngroups && m->group_blocks <= a->ag_blocks) {
+	    a->grow_size > a->device_size && m->group_blocks <= a->ag_blocks) {
 		efs_log_info("alloc: group %" PRIu32 " was lengthened to %" PRIu64
 			     " blocks by a growth this node has not taken yet: its tail waits",
 			     g->g, (uint64_t)m->group_blocks);
@@ -566,7 +566,7 @@ static void kick_cb(uv_timer_t *t)
 
 	if (!a)
 		return;
-	if (a->grow_count > a->ngroups)
+	if (a->grow_size > a->device_size)
 		grow_try(a); /* before the token goes out again */
 	grant_next(a);
 	serve_getters(a);
@@ -801,7 +801,7 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 		  struct efs_session *s, const struct efs_alloc_opts *o)
 {
 	struct efs_alloc *a;
-	uint64_t nblk;
+	uint64_t nblk, dev = 0;
 
 	if (!o || !o->ns || !o->fi || !c || !s || !loop)
 		return -EINVAL;
@@ -834,6 +834,27 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 	a->dev_fd = o->dev_fd;
 	a->grown = o->grown;
 	a->grown_arg = o->grown_arg;
+	if (o->dev_fd && efs_alloc_device_bytes(*o->dev_fd, &dev) == 0 &&
+	    dev < o->fi->device_size) {
+		/* Mounted after a growth this host's device does not show yet:
+		 * the visible part only, the rest once it does (grow_try). */
+		if (dev / o->fi->block_size <= a->data_start) {
+			efs_mem_free(a);
+			return -ENXIO;
+		}
+		a->grow_size = o->fi->device_size;
+		a->grow_count = o->fi->ag_count;
+		a->grow_warned = a->grow_size;
+		a->device_size = dev;
+		a->total_blocks = dev / o->fi->block_size - a->data_start;
+		a->ngroups = (uint32_t)((a->total_blocks + a->ag_blocks - 1) / a->ag_blocks);
+		if (a->reserve_default)
+			a->reserve = a->total_blocks / 100 > 64 ? a->total_blocks / 100 : 64;
+		efs_log_warn("alloc: the filesystem has %" PRIu64 " bytes but this node's device "
+			     "has %" PRIu64 ": using groups 0-%" PRIu32
+			     " until it sees the whole size",
+			     o->fi->device_size, dev, a->ngroups - 1);
+	}
 	a->fold_ms = o->fold_interval_ms ? o->fold_interval_ms : 5000;
 	a->grace_ns = (uint64_t)(o->dead_grace_ms ? o->dead_grace_ms : EFS_ALLOC_DEAD_GRACE_MS) *
 		      1000000ull;
@@ -2366,8 +2387,8 @@ static void sb_seen(struct efs_alloc *a, const Mvccpb__KeyValue *kv)
 	    fi->data_start != a->data_start || nblk <= a->data_start) {
 		efs_log_warn("alloc: the \"sb\" record changed its geometry beyond a growth, "
 			     "ignoring");
-	} else if (fi->ag_count > a->ngroups && nblk - a->data_start > a->total_blocks &&
-		   fi->device_size > a->grow_size) {
+	} else if (nblk - a->data_start > a->total_blocks && fi->device_size > a->grow_size &&
+		   fi->device_size > a->device_size && fi->ag_count >= a->ngroups) {
 		struct grp *last = &a->groups[a->ngroups - 1];
 
 		a->grow_size = fi->device_size;
@@ -2465,7 +2486,7 @@ static void grow_try(struct efs_alloc *a)
 	struct grp *ng;
 	int r;
 
-	if (!a->grow_size || a->grow_count <= a->ngroups || !a->dev_fd || a->left)
+	if (a->grow_size <= a->device_size || !a->dev_fd || a->left)
 		return;
 	r = efs_alloc_device_bytes(*a->dev_fd, &dev);
 	if (r < 0 || dev < a->grow_size) {
@@ -2474,27 +2495,33 @@ static void grow_try(struct efs_alloc *a)
 			if (r < 0)
 				efs_log_warn("alloc: the filesystem grew to %" PRIu64
 					     " bytes but this node cannot read its device's "
-					     "size (%s): leaving groups %" PRIu32 "-%" PRIu32
-					     " alone",
-					     a->grow_size, strerror(-r), old_n, a->grow_count - 1);
+					     "size (%s): leaving the space past %" PRIu64
+					     " bytes alone (groups %" PRIu32 "-%" PRIu32 ")",
+					     a->grow_size, strerror(-r), a->device_size,
+					     old_n - 1, a->grow_count - 1);
 			else
 				efs_log_warn("alloc: the filesystem grew to %" PRIu64
 					     " bytes but this node's device has %" PRIu64
 					     ": leaving groups %" PRIu32 "-%" PRIu32
 					     " alone until it sees the new size",
-					     a->grow_size, dev, old_n, a->grow_count - 1);
+					     a->grow_size, dev,
+					     a->grow_count > old_n ? old_n : old_n - 1,
+					     a->grow_count - 1);
 		}
 		return;
 	}
 	if (groups_busy(a))
 		return; /* the next tick */
-	ng = efs_mem_realloc(a->groups, (size_t)a->grow_count * sizeof(*ng));
-	if (!ng) {
-		efs_log_warn("alloc: out of memory taking the grown geometry (retried)");
-		return;
+	ng = a->groups;
+	if (a->grow_count > old_n) {
+		ng = efs_mem_realloc(a->groups, (size_t)a->grow_count * sizeof(*ng));
+		if (!ng) {
+			efs_log_warn("alloc: out of memory taking the grown geometry (retried)");
+			return;
+		}
+		a->groups = ng;
+		memset(ng + old_n, 0, (size_t)(a->grow_count - old_n) * sizeof(*ng));
 	}
-	a->groups = ng;
-	memset(ng + old_n, 0, (size_t)(a->grow_count - old_n) * sizeof(*ng));
 	old_last = grp_blocks(a, old_n - 1);
 	nblk = a->grow_size / a->block_size;
 	a->ngroups = a->grow_count;

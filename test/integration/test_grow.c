@@ -170,6 +170,8 @@ static bool file_has(const char *path, const char *needle)
 	return found;
 }
 
+static bool wait_log(const char *path, const char *needle, int ms);
+
 Test(grow, two_nodes_fill_grow_and_write_on)
 {
 	struct efs_test_fs_opts o = {.image_size = IMG_SIZE, .session_ttl = 3};
@@ -198,6 +200,17 @@ Test(grow, two_nodes_fill_grow_and_write_on)
 	cr_assert_eq(r, 0, "grow to the same size: status %d:\n%s", r, out);
 	cr_assert(strstr(out, "nothing to do"), "%s", out);
 
+	/* First a growth inside the short last group: no new group, the
+	 * last one lengthened to a whole 2 MiB. */
+	cr_assert_eq(truncate(n1.image, (off_t)(129ull << 20)), 0, "truncate: %s",
+		     strerror(errno));
+	r = efs_test_fs_run(&n1, out, sizeof(out), "etcfsctl", "grow", "--json", n1.image,
+			    NULL);
+	cr_assert_eq(r, 0, "grow: status %d:\n%s", r, out);
+	cr_assert(strstr(out, "\"ag_count\":64"), "%s", out);
+	cr_assert(wait_log(n1.log, "(64 groups, was 64)", 10000), "node1 kept the short group");
+	cr_assert(wait_log(n2.log, "(64 groups, was 64)", 10000), "node2 kept the short group");
+
 	cr_assert_eq(truncate(n1.image, (off_t)GROW_SIZE), 0, "truncate: %s", strerror(errno));
 	r = efs_test_fs_run(&n1, out, sizeof(out), "etcfsctl", "grow", "--json", n1.image,
 			    NULL);
@@ -213,8 +226,8 @@ Test(grow, two_nodes_fill_grow_and_write_on)
 	cr_assert_eq(r, 0, "node2 after the grow: %s\nnode1:\n%s\nnode2:\n%s", strerror(r),
 		     tail_of(n1.log, t1, sizeof(t1)), tail_of(n2.log, t2, sizeof(t2)));
 	cr_assert_eq(fill(n1.mnt, "c") >= 4, true, "node1 wrote little after the grow");
-	cr_assert(file_has(n1.log, "allocating in the new groups"), "node1's log");
-	cr_assert(file_has(n2.log, "allocating in the new groups"), "node2's log");
+	cr_assert(file_has(n1.log, "(96 groups, was 64)"), "node1's log");
+	cr_assert(file_has(n2.log, "(96 groups, was 64)"), "node2's log");
 	/* statfs counts the new groups. */
 	cr_assert_eq(statvfs(n1.mnt, &sv1), 0);
 	cr_assert_eq(statvfs(n2.mnt, &sv2), 0);
@@ -305,10 +318,18 @@ Test(grow, a_node_whose_device_has_not_grown_waits_for_it)
 		  tail_of(n2.log, t2, sizeof(t2)));
 	cr_assert_not(file_has(n2.log, "no longer ours"), "%s", tail_of(n2.log, t2, sizeof(t2)));
 	cr_assert_not(file_has(n2.log, "expected"), "%s", tail_of(n2.log, t2, sizeof(t2)));
+	/* Mounted again on the device that has not grown: the part it shows. */
+	efs_test_fs_unmount(&n2);
+	efs_test_fs_mount(&n2, NULL);
+	cr_assert(file_has(n2.log, "this node's device has 134742016: using groups 0-63 until it "
+				   "sees the whole size"),
+		  "%s", tail_of(n2.log, t2, sizeof(t2)));
+	r = write_soon(n2.mnt, "remounted", 10000);
+	cr_assert_eq(r, 0, "node2 remounted on its small device: %s", strerror(r));
 
 	snprintf(cmd, sizeof(cmd), "losetup -c %s", loopdev);
 	cr_assert_eq(system(cmd), 0, "%s", cmd);
-	cr_assert(wait_log(n2.log, "allocating in the new groups", 10000),
+	cr_assert(wait_log(n2.log, "(96 groups, was 64)", 10000),
 		  "node2 did not take the new groups after losetup -c:\n%s",
 		  tail_of(n2.log, t2, sizeof(t2)));
 	r = write_soon(n2.mnt, "after", 10000);
