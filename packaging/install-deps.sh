@@ -8,7 +8,8 @@ set -euo pipefail
 pkgs=(meson ninja-build pkg-config gcc clang libclang-rt-14-dev
       libuv1-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler
       libssl-dev openssl libfuse3-dev fuse3 libcriterion-dev
-      etcd-server etcd-client procps iproute2 util-linux)
+      etcd-server etcd-client procps iproute2 util-linux
+      debhelper dpkg-dev fakeroot lintian rpm systemd man-db prometheus)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
