@@ -63,9 +63,11 @@ static const char usage_text[] =
 	"  --dial-timeout SECONDS   how long to wait for etcd to answer at start\n"
 	"                           (default 10)\n"
 	"  --command-timeout SECONDS  deadline of each call (default 5)\n"
-	"Defaults come from " EFS_CLI_CONFIG_FILE " (key = value lines, the names\n"
-	"above without dashes) and ETCFS_ENDPOINTS, ETCFS_CACERT, ETCFS_CERT,\n"
-	"ETCFS_KEY, ETCFS_USER, ETCFS_PASSWORD; the command line wins.\n";
+	"Each option may also come from the environment, ETCFS_<NAME> (the name in\n"
+	"capitals, '-' as '_': ETCFS_ENDPOINTS, ETCFS_DIAL_TIMEOUT), or from\n"
+	EFS_CLI_CONFIG_FILE " ($ETCFS_CONFIG names another; 'name = value' lines\n"
+	"with the option names without dashes, '#' comments). The command line\n"
+	"wins, then the environment, then the file, then the defaults.\n";
 
 const char *efs_cli_etcd_usage(void)
 {
@@ -204,7 +206,49 @@ static char *trim(char *s)
 	return s;
 }
 
-static int read_config(struct efs_cli_etcd *e, const char *path, char *err, size_t err_size)
+/* The etcd option names (the configuration keys the tools take). */
+static const char *const etcd_names[] = {"endpoints", "cacert",	     "cert",
+					 "key",	      "user",	     "password",
+					 "dial-timeout", "command-timeout", NULL};
+
+/*
+ * The keys only etcfsd takes: the tools sharing the file skip them, so that
+ * one file serves every command; any other key is refused everywhere.
+ * etcfsd's own table must name each of these (its config test checks that
+ * a key of this list is taken).
+ */
+const char *const efs_cli_daemon_keys[] = {
+	"foreground",	   "node-id",	       "session-ttl",	 "quorum-timeout",
+	"etcd-quota",	   "metrics-addr",     "log-level",	 "log-file",
+	"flush-interval",  "recall-bound",     "max-cached-files", "max-hold",
+	"contended-recalls", "dead-grace",     "cache-timeout",	 "io-threads",
+	"compact-interval", "compact-retain",  "options",	 NULL,
+};
+
+const char *efs_cli_config_path(const char *override)
+{
+	const char *path = getenv("ETCFS_CONFIG");
+
+	if (override && override[0])
+		return override;
+	return path && path[0] ? path : EFS_CLI_CONFIG_FILE;
+}
+
+void efs_cli_env_name(const char *name, char *buf, size_t size)
+{
+	size_t n = 0;
+	int w = snprintf(buf, size, "ETCFS_");
+
+	if (w < 0 || (size_t)w >= size)
+		return;
+	n = (size_t)w;
+	for (const char *p = name; *p && n + 1 < size; p++)
+		buf[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+	buf[n] = '\0';
+}
+
+static int read_config(const char *path, bool must_exist, efs_cli_option_cb cb, void *arg,
+		       char *err, size_t err_size)
 {
 	char line[4096], sub[EFS_CLI_ERR_MAX];
 	unsigned lineno = 0;
@@ -213,7 +257,7 @@ static int read_config(struct efs_cli_etcd *e, const char *path, char *err, size
 
 	f = fopen(path, "re");
 	if (!f) {
-		if (errno == ENOENT)
+		if (errno == ENOENT && !must_exist)
 			return 0;
 		r = -errno;
 		seterr(err, err_size, "%s: %s", path, strerror(-r));
@@ -233,14 +277,16 @@ static int read_config(struct efs_cli_etcd *e, const char *path, char *err, size
 			continue;
 		eq = strchr(k, '=');
 		if (!eq) {
-			seterr(err, err_size, "%s:%u: expected 'key = value'", path, lineno);
+			seterr(err, err_size, "%s:%u: expected 'key = value', not '%s'", path,
+			       lineno, k);
 			r = -EINVAL;
 			break;
 		}
 		*eq = '\0';
 		v = trim(eq + 1);
 		k = trim(k);
-		r = efs_cli_etcd_option(e, k, v, sub, sizeof(sub));
+		sub[0] = '\0';
+		r = cb(arg, k, v, sub, sizeof(sub));
 		if (r == 0) {
 			seterr(err, err_size, "%s:%u: unknown key '%s'", path, lineno, k);
 			r = -EINVAL;
@@ -248,7 +294,8 @@ static int read_config(struct efs_cli_etcd *e, const char *path, char *err, size
 		}
 		if (r < 0) {
 			if (r == -EINVAL)
-				seterr(err, err_size, "%s:%u: %s", path, lineno, sub);
+				seterr(err, err_size, "%s:%u: %s: %s", path, lineno, k,
+				       sub[0] ? sub : "invalid value");
 			break;
 		}
 		r = 0;
@@ -261,38 +308,64 @@ static int read_config(struct efs_cli_etcd *e, const char *path, char *err, size
 	return r;
 }
 
-int efs_cli_etcd_defaults(struct efs_cli_etcd *e, char *err, size_t err_size)
+int efs_cli_config_load(const char *path, bool must_exist, const char *const *names,
+			efs_cli_option_cb cb, void *arg, char *err, size_t err_size)
 {
-	static const struct {
-		const char *env, *name;
-	} envs[] = {
-		{"ETCFS_ENDPOINTS", "endpoints"}, {"ETCFS_CACERT", "cacert"},
-		{"ETCFS_CERT", "cert"},		  {"ETCFS_KEY", "key"},
-		{"ETCFS_USER", "user"},		  {"ETCFS_PASSWORD", "password"},
-	};
-	const char *path = getenv("ETCFS_CONFIG");
-	char sub[EFS_CLI_ERR_MAX];
+	char sub[EFS_CLI_ERR_MAX], env[96];
 	int r;
 
+	r = read_config(path, must_exist, cb, arg, err, err_size);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; names && names[i]; i++) {
+		const char *v;
+
+		efs_cli_env_name(names[i], env, sizeof(env));
+		v = getenv(env);
+		if (!v || !v[0])
+			continue;
+		sub[0] = '\0';
+		r = cb(arg, names[i], v, sub, sizeof(sub));
+		if (r <= 0) {
+			seterr(err, err_size, "%s: %s", env, sub[0] ? sub : "invalid value");
+			return r < 0 ? r : -EINVAL;
+		}
+	}
+	return 0;
+}
+
+const char *const *efs_cli_etcd_names(void)
+{
+	return etcd_names;
+}
+
+/* The tools' view of the file: etcd keys taken, etcfsd's keys skipped. */
+static int tool_option(void *arg, const char *name, const char *value, char *err,
+		       size_t err_size)
+{
+	int r = efs_cli_etcd_option(arg, name, value, err, err_size);
+
+	if (r != 0)
+		return r;
+	for (size_t i = 0; efs_cli_daemon_keys[i]; i++)
+		if (!strcmp(name, efs_cli_daemon_keys[i]))
+			return 1;
+	return 0;
+}
+
+void efs_cli_etcd_init(struct efs_cli_etcd *e)
+{
 	*e = (struct efs_cli_etcd){
 		.dial_timeout_ms = EFS_CLI_DIAL_TIMEOUT_DEFAULT_MS,
 		.command_timeout_ms = EFS_CLI_CMD_TIMEOUT_DEFAULT_MS,
 	};
-	r = read_config(e, path && path[0] ? path : EFS_CLI_CONFIG_FILE, err, err_size);
-	if (r < 0)
-		return r;
-	for (size_t i = 0; i < sizeof(envs) / sizeof(envs[0]); i++) {
-		const char *v = getenv(envs[i].env);
+}
 
-		if (!v || !v[0])
-			continue;
-		r = efs_cli_etcd_option(e, envs[i].name, v, sub, sizeof(sub));
-		if (r < 0) {
-			seterr(err, err_size, "%s: %s", envs[i].env, sub);
-			return r;
-		}
-	}
-	return 0;
+int efs_cli_etcd_defaults(struct efs_cli_etcd *e, char *err, size_t err_size)
+{
+	efs_cli_etcd_init(e);
+	return efs_cli_config_load(efs_cli_config_path(NULL), false, etcd_names, tool_option, e,
+				   err, err_size);
 }
 
 /* Adds a scheme to endpoints given as host:port; drops empty items. */

@@ -8,9 +8,10 @@
  *    comes from --password, ETCFS_PASSWORD, else the terminal),
  *    --dial-timeout, --command-timeout; defaults from
  *    /etc/etcfs/etcfs.conf (or $ETCFS_CONFIG; key = value lines, same
- *    names without dashes) and ETCFS_ENDPOINTS, ETCFS_CACERT, ETCFS_CERT,
- *    ETCFS_KEY, ETCFS_USER, ETCFS_PASSWORD; command line wins, then the
- *    environment, then the file, then http://127.0.0.1:2379;
+ *    names without dashes) and ETCFS_<NAME> variables (ETCFS_ENDPOINTS,
+ *    ETCFS_DIAL_TIMEOUT, ...); command line wins, then the environment,
+ *    then the file, then http://127.0.0.1:2379; etcfsd reads the same
+ *    file and variables for every option of its own;
  *  - opening a device (block device or regular file), reading its
  *    superblock and checking it against its keyspace's "sb" record;
  *  - blocking keyspace scans (paged ranges, counts, mounted nodes).
@@ -55,14 +56,49 @@ struct efs_cli_etcd {
 
 /*
  * Fills |e| (zeroed by this call: call it first) from the config file and
- * the environment. Config lines are "key = value" with the option names
- * (endpoints, cacert, cert, key, user, password, dial-timeout,
- * command-timeout); blank lines and lines starting with '#' are skipped.
- * Errors: -EINVAL (a malformed line or unknown key, |err| says which line),
- * -EACCES and other open/read errors of an existing file, -ENOMEM. On
- * error |e| may hold values: free it with efs_cli_etcd_free().
+ * the environment (efs_cli_config_load with the etcd names). Config lines
+ * are "key = value" with the option names (endpoints, cacert, cert, key,
+ * user, password, dial-timeout, command-timeout); etcfsd's own keys
+ * (efs_cli_daemon_keys) are skipped; blank lines and lines starting with
+ * '#' are skipped. Errors: -EINVAL (a malformed line or unknown key, |err|
+ * says FILE:LINE), -EACCES and other open/read errors of an existing file,
+ * -ENOMEM. On error |e| may hold values: free it with efs_cli_etcd_free().
  */
 int efs_cli_etcd_defaults(struct efs_cli_etcd *e, char *err, size_t err_size);
+/* Zeroes |e| and sets the built-in defaults (no file, no environment). */
+void efs_cli_etcd_init(struct efs_cli_etcd *e);
+
+/*
+ * One option from a file or the environment: |name| without dashes,
+ * |value| its text. Returns 1 when taken, 0 for an unknown name, -EINVAL
+ * with a reason in |err| (without the name), or another -errno.
+ */
+typedef int (*efs_cli_option_cb)(void *arg, const char *name, const char *value, char *err,
+				 size_t err_size);
+/* The configuration file to read: |override| (--config) when set, else
+ * $ETCFS_CONFIG when set, else EFS_CLI_CONFIG_FILE. */
+const char *efs_cli_config_path(const char *override);
+/* The environment variable of option |name|: "ETCFS_" and the name in
+ * capitals with '-' as '_' ("dial-timeout" -> ETCFS_DIAL_TIMEOUT). */
+void efs_cli_env_name(const char *name, char *buf, size_t size);
+/*
+ * Reads the configuration file |path| ("key = value" lines, blank lines
+ * and '#' comments skipped; a missing file is fine unless |must_exist|),
+ * then the environment variable of each of |names| (NULL-terminated),
+ * handing each setting to |cb| in that order, so that the environment
+ * overrides the file; the command line, parsed after, overrides both.
+ * Errors: -EINVAL with |err| naming "FILE:LINE: ..." (a line without '=',
+ * an unknown key, a bad value) or "ETCFS_X: ..."; the file's open and read
+ * errors; the callback's.
+ */
+int efs_cli_config_load(const char *path, bool must_exist, const char *const *names,
+			efs_cli_option_cb cb, void *arg, char *err, size_t err_size);
+/* The etcd option names, NULL-terminated. */
+const char *const *efs_cli_etcd_names(void);
+/* The keys etcfsd takes beyond the etcd ones (the tools skip them in the
+ * shared file), NULL-terminated. */
+extern const char *const efs_cli_daemon_keys[];
+
 /*
  * Consumes one etcd option: |name| without leading dashes ("endpoints"),
  * |value| its argument. 1 when it was an etcd option, 0 when not, -EINVAL

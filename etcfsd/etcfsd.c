@@ -27,8 +27,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -96,7 +99,7 @@ struct daemon {
 	int64_t session_ttl_s;
 	uint32_t quorum_timeout_ms; /* --quorum-timeout (0: the session default) */
 	uint64_t etcd_quota;	     /* --etcd-quota (0: etcd's default, 2 GiB) */
-	const char *metrics_addr;
+	char *metrics_addr;  /* owned */
 	char *user_fuse_opts; /* -o text to pass to libfuse (without ours) */
 	char *fsname_opt;     /* fsname= given by the user, or NULL */
 	char *subtype_opt;    /* subtype= given by the user, or NULL */
@@ -104,7 +107,7 @@ struct daemon {
 	bool log_level_set;
 	bool read_only;
 	bool noatime;
-	const char *log_file;
+	char *log_file; /* owned */
 
 	struct efs_capacity *capacity;
 	struct efs_maint *maint; /* etcd compaction when elected (not with -o ro) */
@@ -176,6 +179,72 @@ struct daemon {
 	uint64_t lag_prev_ms;
 };
 
+/* ---- Service manager notifications (sd_notify protocol, no libsystemd) ---- */
+
+/*
+ * $NOTIFY_SOCKET names an AF_UNIX datagram socket (a path, or an abstract
+ * name written with a leading '@'); each message is one datagram of
+ * newline-separated VAR=VALUE lines (sd_notify(3)). Opened once at start
+ * (before the fork: the child keeps it); without the variable every
+ * notification is a no-op. Loop thread only after start.
+ */
+static struct {
+	int fd;
+	struct sockaddr_un addr;
+	socklen_t len;
+	uint64_t watchdog_ms; /* $WATCHDOG_USEC / 2000: send WATCHDOG=1 this often */
+	uint64_t watchdog_last_ms;
+} notify_sock = {.fd = -1};
+
+static void notify_open(void)
+{
+	const char *path = getenv("NOTIFY_SOCKET");
+	const char *wd = getenv("WATCHDOG_USEC");
+	const char *wd_pid = getenv("WATCHDOG_PID");
+	size_t n;
+
+	if (!path || !path[0] || (path[0] != '/' && path[0] != '@'))
+		return;
+	n = strlen(path);
+	if (n >= sizeof(notify_sock.addr.sun_path))
+		return;
+	notify_sock.addr.sun_family = AF_UNIX;
+	memcpy(notify_sock.addr.sun_path, path, n);
+	if (path[0] == '@')
+		notify_sock.addr.sun_path[0] = '\0';
+	notify_sock.len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n +
+				      (path[0] == '/' ? 1 : 0));
+	notify_sock.fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (wd && wd[0] && (!wd_pid || strtol(wd_pid, NULL, 10) == (long)getpid())) {
+		unsigned long long us = strtoull(wd, NULL, 10);
+
+		if (us >= 2000)
+			notify_sock.watchdog_ms = us / 2000;
+	}
+}
+
+/* Sends one notification ("READY=1\nSTATUS=..."); best effort. */
+static void notify(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void notify(const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	int n;
+
+	if (notify_sock.fd < 0)
+		return;
+	va_start(ap, fmt);
+	n = vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (n <= 0)
+		return;
+	if ((size_t)n >= sizeof(msg))
+		n = sizeof(msg) - 1;
+	if (sendto(notify_sock.fd, msg, (size_t)n, MSG_NOSIGNAL,
+		   (const struct sockaddr *)&notify_sock.addr, notify_sock.len) < 0)
+		efs_log_debug("sd_notify: %s", strerror(errno));
+}
+
 /* ---- Messages ---- */
 
 static void usage(FILE *out)
@@ -231,14 +300,35 @@ static void usage(FILE *out)
 		"  --log-level LEVEL        err, warn, info (default), debug\n"
 		"  --log-file FILE          append logs to FILE once in the background\n"
 		"                           (default: discarded)\n"
+		"  --config FILE            read settings from FILE instead of\n"
+		"                           $ETCFS_CONFIG or " EFS_CLI_CONFIG_FILE "\n"
+		"                           (which may be missing; FILE must exist)\n"
 		"  -h, --help               this text\n"
 		"  -V, --version            print the version\n"
 		"\n"
 		"%s"
+		"\n",
+		prog, efs_cli_etcd_usage());
+	fputs("Every option above except --config, --help and --version may be set in\n"
+		"the configuration file as 'name = value' (the long name without dashes:\n"
+		"'session-ttl = 5', 'foreground = yes', 'options = noatime' for -o) and\n"
+		"in the environment as ETCFS_<NAME> (ETCFS_SESSION_TTL=5,\n"
+		"ETCFS_METRICS_ADDR=:9436). Precedence: command line, then environment,\n"
+		"then file, then the defaults. An unknown key or a bad value in the file\n"
+		"is an error naming FILE:LINE.\n"
+		"\n"
+		"Under systemd: with $NOTIFY_SOCKET set (Type=notify) etcfsd sends\n"
+		"READY=1 once the mount serves, STATUS= lines and STOPPING=1 when it\n"
+		"leaves (MAINPID= when it forks; run it with -f under systemd); with\n"
+		"$WATCHDOG_USEC, WATCHDOG=1 from its event loop. When stderr is the\n"
+		"journal ($JOURNAL_STREAM) log lines carry <N> priority prefixes.\n"
+		"--metrics-addr also serves /healthz (200 while the event loop runs)\n"
+		"and /readyz (200 only while the mount serves with an active session,\n"
+		"503 and the reason otherwise).\n"
 		"\n"
 		"SIGTERM, SIGINT or umount leave cleanly: locks are released and the\n"
 		"session lease revoked, so other nodes proceed at once.\n",
-		prog, efs_cli_etcd_usage());
+	      out);
 }
 
 /*
@@ -262,6 +352,7 @@ static void report_error(struct daemon *d, const char *fmt, ...)
 		return;
 	if ((size_t)n > sizeof(msg) - 2)
 		n = sizeof(msg) - 2;
+	notify("STATUS=failed to start: %.*s", n, msg);
 	if (d->ready_fd >= 0) {
 		(void)!write(d->ready_fd, msg, (size_t)n);
 		close(d->ready_fd);
@@ -301,6 +392,7 @@ static void report_ready(struct daemon *d)
 			close(fd);
 		}
 	}
+	efs_log_detect_journal();
 }
 
 /*
@@ -493,13 +585,22 @@ enum {
 	OPT_IO_THREADS,
 	OPT_COMPACT_INTERVAL,
 	OPT_COMPACT_RETAIN,
+	OPT_CONFIG,
 	OPT_ETCD, /* every etcd option: the name comes from the table */
 };
 
+/*
+ * Every option. Those with an argument, and --foreground, may also come
+ * from the configuration file (the name as key) and from ETCFS_<NAME>;
+ * --config, --help and --version only from the command line. -o is
+ * "options" there (and --options here).
+ */
 static const struct option longopts[] = {
 	{"foreground", no_argument, NULL, 'f'},
 	{"help", no_argument, NULL, 'h'},
 	{"version", no_argument, NULL, 'V'},
+	{"config", required_argument, NULL, OPT_CONFIG},
+	{"options", required_argument, NULL, 'o'},
 	{"node-id", required_argument, NULL, OPT_NODE_ID},
 	{"session-ttl", required_argument, NULL, OPT_SESSION_TTL},
 	{"quorum-timeout", required_argument, NULL, OPT_QUORUM_TIMEOUT},
@@ -528,10 +629,23 @@ static const struct option longopts[] = {
 	{NULL, 0, NULL, 0},
 };
 
+#define NLONGOPTS (sizeof(longopts) / sizeof(longopts[0]) - 1)
+
+static void opt_err(char *err, size_t size, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void opt_err(char *err, size_t size, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err, size, fmt, ap);
+	va_end(ap);
+}
+
 /* An integer option's value in [lo, hi] (|what|: "seconds", "a number"):
- * 0, or -EINVAL after saying why. */
-static int int_opt(const char *name, const char *arg, const char *what, long long lo,
-		   long long hi, long long *ret)
+ * 0, or -EINVAL with the reason in |err|. */
+static int int_opt(const char *arg, const char *what, long long lo, long long hi,
+		   long long *ret, char *err, size_t err_size)
 {
 	char *end;
 	long long v;
@@ -539,170 +653,296 @@ static int int_opt(const char *name, const char *arg, const char *what, long lon
 	errno = 0;
 	v = strtoll(arg, &end, 10);
 	if (errno || end == arg || *end || v < lo || v > hi) {
-		fprintf(stderr, "%s: --%s '%s': %s from %lld to %lld\n", prog, name, arg, what, lo,
-			hi);
+		opt_err(err, err_size, "'%s': %s from %lld to %lld", arg, what, lo, hi);
 		return -EINVAL;
 	}
 	*ret = v;
 	return 0;
 }
 
+/* "1/yes/true/on" or "0/no/false/off" (a switch from the file or the
+ * environment): 0, or -EINVAL. */
+static int bool_opt(const char *arg, bool *ret, char *err, size_t err_size)
+{
+	static const char *const yes[] = {"1", "yes", "true", "on"};
+	static const char *const no[] = {"0", "no", "false", "off"};
+
+	for (size_t i = 0; i < 4; i++) {
+		if (!strcasecmp(arg, yes[i]) || !strcasecmp(arg, no[i])) {
+			*ret = !strcasecmp(arg, yes[i]);
+			return 0;
+		}
+	}
+	opt_err(err, err_size, "'%s': use yes or no", arg);
+	return -EINVAL;
+}
+
+static int set_owned(char **dst, const char *val)
+{
+	char *v = efs_mem_strdup(val);
+
+	if (!v)
+		return -ENOMEM;
+	efs_mem_free(*dst);
+	*dst = v;
+	return 0;
+}
+
+/*
+ * Applies option |c| (its getopt value) named |name| with |arg| (NULL for
+ * a switch given on the command line), wherever it came from: 0, or
+ * -EINVAL with the reason in |err|, or -ENOMEM.
+ */
+static int apply_opt(struct daemon *d, int c, const char *name, const char *arg, char *err,
+		     size_t err_size)
+{
+	enum efs_log_level level;
+	long long num;
+	bool b;
+	int r;
+
+	switch (c) {
+	case 'f':
+		if (!arg) {
+			d->foreground = true;
+			return 0;
+		}
+		if (bool_opt(arg, &b, err, err_size) < 0)
+			return -EINVAL;
+		d->foreground = b;
+		return 0;
+	case 'o':
+		r = parse_mount_opts(d, arg);
+		if (r < 0)
+			opt_err(err, err_size, "'%s': %s", arg, strerror(-r));
+		return r;
+	case OPT_NODE_ID:
+		if (!efs_meta_node_is_valid(arg)) {
+			opt_err(err, err_size, "'%s': use 1 to %d characters of [A-Za-z0-9._-]",
+				arg, EFS_META_NODE_MAX);
+			return -EINVAL;
+		}
+		snprintf(d->node, sizeof(d->node), "%s", arg);
+		return 0;
+	case OPT_SESSION_TTL:
+		if (int_opt(arg, "seconds", 1, 3600, &num, err, err_size) < 0)
+			return -EINVAL;
+		d->session_ttl_s = num;
+		return 0;
+	case OPT_QUORUM_TIMEOUT:
+		if (int_opt(arg, "seconds", 1, 86400, &num, err, err_size) < 0)
+			return -EINVAL;
+		d->quorum_timeout_ms = (uint32_t)num * 1000u;
+		return 0;
+	case OPT_ETCD_QUOTA: {
+		char *end;
+		unsigned long long v;
+		unsigned shift = 0;
+
+		errno = 0;
+		v = strtoull(arg, &end, 10);
+		if (*end == 'K' || *end == 'k')
+			shift = 10;
+		else if (*end == 'M' || *end == 'm')
+			shift = 20;
+		else if (*end == 'G' || *end == 'g')
+			shift = 30;
+		if (shift)
+			end++;
+		if (errno || end == arg || *end || arg[0] == '-' || v == 0 ||
+		    v > (UINT64_C(1) << 40) >> shift) {
+			opt_err(err, err_size, "'%s': a size from 1 to 1T (K, M, G suffixes)", arg);
+			return -EINVAL;
+		}
+		d->etcd_quota = (uint64_t)v << shift;
+		return 0;
+	}
+	case OPT_METRICS_ADDR:
+		return set_owned(&d->metrics_addr, arg);
+	case OPT_CACHE_TIMEOUT:
+		if (int_opt(arg, "milliseconds", 0, 1000, &num, err, err_size) < 0)
+			return -EINVAL;
+		d->cache_timeout_ms = (uint32_t)num;
+		d->cache_timeout_set = true;
+		return 0;
+	case OPT_MAX_CACHED_FILES:
+		if (int_opt(arg, "files", 16, 1 << 22, &num, err, err_size) < 0)
+			return -EINVAL;
+		d->max_cached_files = (uint32_t)num;
+		return 0;
+	case OPT_RECALL_BOUND:
+		if (int_opt(arg, "seconds", 1, 3600, &num, err, err_size) < 0)
+			return -EINVAL;
+		d->recall_bound_s = (uint32_t)num;
+		return 0;
+	case OPT_MAX_HOLD:
+		if (int_opt(arg, "milliseconds", 0, 1000, &num, err, err_size) < 0)
+			return -EINVAL;
+		d->max_hold_ms = num ? (uint32_t)num : EFS_LOCK_HOLD_OFF;
+		return 0;
+	case OPT_CONTENDED_RECALLS:
+		if (int_opt(arg, "a number", 0, 100000, &num, err, err_size) < 0)
+			return -EINVAL;
+		d->contended_recalls = num ? (uint32_t)num : EFS_LOCK_HOLD_OFF;
+		return 0;
+	case OPT_DEAD_GRACE:
+		if (int_opt(arg, "seconds", 1, 86400, &num, err, err_size) < 0)
+			return -EINVAL;
+		d->dead_grace_s = (uint32_t)num;
+		return 0;
+	case OPT_FLUSH_INTERVAL:
+		if (int_opt(arg, "a number", 10, 600000, &num, err, err_size) < 0)
+			return -EINVAL;
+		d->flush_interval_ms = (uint32_t)num;
+		return 0;
+	case OPT_IO_THREADS:
+		if (int_opt(arg, "a number", 1, 256, &num, err, err_size) < 0)
+			return -EINVAL;
+		d->io_threads = (uint32_t)num;
+		return 0;
+	case OPT_COMPACT_INTERVAL:
+		if (int_opt(arg, "a number", 1, 86400, &num, err, err_size) < 0)
+			return -EINVAL;
+		d->compact_interval_ms = (uint32_t)num * 1000u;
+		return 0;
+	case OPT_COMPACT_RETAIN:
+		if (int_opt(arg, "a number", 1, 1000000000, &num, err, err_size) < 0)
+			return -EINVAL;
+		d->compact_retain = num;
+		return 0;
+	case OPT_LOG_LEVEL:
+		if (efs_log_parse_level(arg, &level) < 0) {
+			opt_err(err, err_size, "'%s': use err, warn, info or debug", arg);
+			return -EINVAL;
+		}
+		efs_log_set_level(level);
+		d->log_level_set = true;
+		return 0;
+	case OPT_LOG_FILE:
+		return set_owned(&d->log_file, arg);
+	case OPT_ETCD:
+		r = efs_cli_etcd_option(&d->etcd_cfg, name, arg, err, err_size);
+		if (r == 0) {
+			opt_err(err, err_size, "invalid value");
+			return -EINVAL;
+		}
+		return r < 0 ? r : 0;
+	default:
+		opt_err(err, err_size, "not an option");
+		return -EINVAL;
+	}
+}
+
+/* A setting of the file or the environment: see efs_cli_option_cb. */
+static int config_option(void *arg, const char *name, const char *value, char *err,
+			 size_t err_size)
+{
+	for (size_t i = 0; i < NLONGOPTS; i++) {
+		int c = longopts[i].val;
+		int r;
+
+		if (strcmp(longopts[i].name, name))
+			continue;
+		if (c == 'h' || c == 'V' || c == OPT_CONFIG)
+			return 0;
+		r = apply_opt(arg, c, name, value, err, err_size);
+		return r < 0 ? r : 1;
+	}
+	return 0;
+}
+
+/* The names the environment may set (ETCFS_<NAME>), NULL-terminated. */
+static const char *const *env_names(void)
+{
+	static const char *names[NLONGOPTS + 1];
+	size_t n = 0;
+
+	if (names[0])
+		return names;
+	for (size_t i = 0; i < NLONGOPTS; i++) {
+		int c = longopts[i].val;
+
+		if (c != 'h' && c != 'V' && c != OPT_CONFIG)
+			names[n++] = longopts[i].name;
+	}
+	names[n] = NULL;
+	return names;
+}
+
+/* The --config argument, looked for before anything else is parsed. */
+static const char *find_config_arg(int argc, char **argv)
+{
+	const char *path = NULL;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--"))
+			break;
+		if (!strcmp(argv[i], "--config") && i + 1 < argc)
+			path = argv[++i];
+		else if (!strncmp(argv[i], "--config=", 9))
+			path = argv[i] + 9;
+	}
+	return path;
+}
+
 /* 0 to go on, 1 to exit 0 now (help, version), -EINVAL after a message. */
 static int parse_args(struct daemon *d, int argc, char **argv)
 {
-	char err[EFS_CLI_ERR_MAX];
-	enum efs_log_level level;
-	long long num;
+	const char *config = find_config_arg(argc, argv);
+	char err[EFS_CLI_ERR_MAX + 128];
 	int c, idx, r;
 
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+			usage(stdout);
+			return 1;
+		}
+		if (!strcmp(argv[i], "--"))
+			break;
+	}
+	/* The file, then the environment; the command line below wins. */
+	efs_cli_etcd_init(&d->etcd_cfg);
 	err[0] = '\0';
-	r = efs_cli_etcd_defaults(&d->etcd_cfg, err, sizeof(err));
+	r = efs_cli_config_load(efs_cli_config_path(config), config != NULL, env_names(),
+				config_option, d, err, sizeof(err));
 	if (r < 0) {
 		fprintf(stderr, "%s: %s\n", prog, err[0] ? err : strerror(-r));
 		return -EINVAL;
 	}
 	while ((c = getopt_long(argc, argv, "fhVo:", longopts, &idx)) != -1) {
+		const char *name = NULL;
+
 		switch (c) {
-		case 'f':
-			d->foreground = true;
-			break;
 		case 'h':
 			usage(stdout);
 			return 1;
 		case 'V':
 			printf("etcfsd %s\n", ETCFS_VERSION);
 			return 1;
+		case OPT_CONFIG:
+			continue;
+		case '?':
+			usage(stderr);
+			return -EINVAL;
+		case 'f':
+			name = "foreground";
+			break;
 		case 'o':
-			r = parse_mount_opts(d, optarg);
-			if (r < 0) {
-				fprintf(stderr, "%s: -o %s: %s\n", prog, optarg, strerror(-r));
-				return -EINVAL;
-			}
-			break;
-		case OPT_NODE_ID:
-			if (!efs_meta_node_is_valid(optarg)) {
-				fprintf(stderr,
-					"%s: --node-id '%s': use 1 to %d characters of "
-					"[A-Za-z0-9._-]\n",
-					prog, optarg, EFS_META_NODE_MAX);
-				return -EINVAL;
-			}
-			snprintf(d->node, sizeof(d->node), "%s", optarg);
-			break;
-		case OPT_SESSION_TTL:
-			if (int_opt("session-ttl", optarg, "seconds", 1, 3600, &num) < 0)
-				return -EINVAL;
-			d->session_ttl_s = num;
-			break;
-		case OPT_QUORUM_TIMEOUT:
-			if (int_opt("quorum-timeout", optarg, "seconds", 1, 86400, &num) < 0)
-				return -EINVAL;
-			d->quorum_timeout_ms = (uint32_t)num * 1000u;
-			break;
-		case OPT_ETCD_QUOTA: {
-			char *end;
-			unsigned long long v;
-			unsigned shift = 0;
-
-			errno = 0;
-			v = strtoull(optarg, &end, 10);
-			if (*end == 'K' || *end == 'k')
-				shift = 10;
-			else if (*end == 'M' || *end == 'm')
-				shift = 20;
-			else if (*end == 'G' || *end == 'g')
-				shift = 30;
-			if (shift)
-				end++;
-			if (errno || end == optarg || *end || optarg[0] == '-' || v == 0 ||
-			    v > (UINT64_C(1) << 40) >> shift) {
-				fprintf(stderr,
-					"%s: --etcd-quota '%s': a size from 1 to 1T (K, M, G suffixes)\n",
-					prog, optarg);
-				return -EINVAL;
-			}
-			d->etcd_quota = (uint64_t)v << shift;
-			break;
-		}
-		case OPT_METRICS_ADDR:
-			d->metrics_addr = optarg;
-			break;
-		case OPT_CACHE_TIMEOUT:
-			if (int_opt("cache-timeout", optarg, "milliseconds", 0, 1000, &num) < 0)
-				return -EINVAL;
-			d->cache_timeout_ms = (uint32_t)num;
-			d->cache_timeout_set = true;
-			break;
-		case OPT_MAX_CACHED_FILES:
-			if (int_opt("max-cached-files", optarg, "files", 16, 1 << 22, &num) < 0)
-				return -EINVAL;
-			d->max_cached_files = (uint32_t)num;
-			break;
-		case OPT_RECALL_BOUND:
-			if (int_opt("recall-bound", optarg, "seconds", 1, 3600, &num) < 0)
-				return -EINVAL;
-			d->recall_bound_s = (uint32_t)num;
-			break;
-		case OPT_MAX_HOLD:
-			if (int_opt("max-hold", optarg, "milliseconds", 0, 1000, &num) < 0)
-				return -EINVAL;
-			d->max_hold_ms = num ? (uint32_t)num : EFS_LOCK_HOLD_OFF;
-			break;
-		case OPT_CONTENDED_RECALLS:
-			if (int_opt("contended-recalls", optarg, "a number", 0, 100000, &num) < 0)
-				return -EINVAL;
-			d->contended_recalls = num ? (uint32_t)num : EFS_LOCK_HOLD_OFF;
-			break;
-		case OPT_DEAD_GRACE:
-			if (int_opt("dead-grace", optarg, "seconds", 1, 86400, &num) < 0)
-				return -EINVAL;
-			d->dead_grace_s = (uint32_t)num;
-			break;
-		case OPT_FLUSH_INTERVAL:
-			if (int_opt("flush-interval", optarg, "a number", 10, 600000, &num) < 0)
-				return -EINVAL;
-			d->flush_interval_ms = (uint32_t)num;
-			break;
-		case OPT_IO_THREADS:
-			if (int_opt("io-threads", optarg, "a number", 1, 256, &num) < 0)
-				return -EINVAL;
-			d->io_threads = (uint32_t)num;
-			break;
-		case OPT_COMPACT_INTERVAL:
-			if (int_opt("compact-interval", optarg, "a number", 1, 86400, &num) < 0)
-				return -EINVAL;
-			d->compact_interval_ms = (uint32_t)num * 1000u;
-			break;
-		case OPT_COMPACT_RETAIN:
-			if (int_opt("compact-retain", optarg, "a number", 1, 1000000000, &num) < 0)
-				return -EINVAL;
-			d->compact_retain = num;
-			break;
-		case OPT_LOG_LEVEL:
-			if (efs_log_parse_level(optarg, &level) < 0) {
-				fprintf(stderr,
-					"%s: --log-level '%s': use err, warn, info or debug\n",
-					prog, optarg);
-				return -EINVAL;
-			}
-			efs_log_set_level(level);
-			d->log_level_set = true;
-			break;
-		case OPT_LOG_FILE:
-			d->log_file = optarg;
-			break;
-		case OPT_ETCD:
-			err[0] = '\0';
-			r = efs_cli_etcd_option(&d->etcd_cfg, longopts[idx].name, optarg, err,
-						sizeof(err));
-			if (r <= 0) {
-				fprintf(stderr, "%s: --%s: %s\n", prog, longopts[idx].name,
-					err[0] ? err : "invalid value");
-				return -EINVAL;
-			}
+			name = "o";
 			break;
 		default:
-			usage(stderr);
+			for (size_t i = 0; i < NLONGOPTS && !name; i++)
+				if (longopts[i].val == c)
+					name = longopts[i].name;
+			if (c == OPT_ETCD)
+				name = longopts[idx].name;
+			break;
+		}
+		err[0] = '\0';
+		r = apply_opt(d, c, name, c == 'f' ? NULL : optarg, err, sizeof(err));
+		if (r < 0) {
+			fprintf(stderr, "%s: %s%s: %s\n", prog, strlen(name) > 1 ? "--" : "-", name,
+				err[0] ? err : strerror(-r));
 			return -EINVAL;
 		}
 	}
@@ -889,6 +1129,53 @@ static void on_recall_wait(void *arg, uint64_t ns)
 	efs_histogram_observe_ns(d->m_recall_wait, ns);
 }
 
+/* /healthz: answered on the loop, so the loop runs; says what it does. */
+static int probe_healthz(void *arg, char *why, size_t size)
+{
+	static const char *const phases[] = {"starting", "mounting", "serving", "leaving",
+					     "stopped"};
+	struct daemon *d = arg;
+
+	snprintf(why, size, "ok: event loop running (%s, last loop lag %.3f s)",
+		 phases[d->phase], efs_gauge_get(d->m_lag_last));
+	return 200;
+}
+
+/* /readyz: 200 only while the mount serves with an ACTIVE session. */
+static int probe_readyz(void *arg, char *why, size_t size)
+{
+	struct daemon *d = arg;
+	enum efs_session_state st;
+
+	switch (d->phase) {
+	case PH_STARTING:
+		snprintf(why, size, "not ready: starting (registering node %s with etcd)",
+			 d->node);
+		return 503;
+	case PH_MOUNTING:
+		snprintf(why, size, "not ready: starting (mounting %s)", d->mountpoint);
+		return 503;
+	case PH_LEAVING:
+	case PH_DONE:
+		snprintf(why, size, "not ready: stopping (unmounting %s)", d->mountpoint);
+		return 503;
+	case PH_RUNNING:
+		break;
+	}
+	st = d->session ? efs_session_state(d->session) : EFS_SESSION_CLOSED;
+	if (st == EFS_SESSION_ACTIVE) {
+		snprintf(why, size, "ready: serving %s as node %s", d->mountpoint, d->node);
+		return 200;
+	}
+	if (st == EFS_SESSION_SUSPENDED)
+		snprintf(why, size,
+			 "not ready: session suspended (etcd unreachable), operations wait");
+	else
+		snprintf(why, size, "not ready: session %s, operations fail",
+			 efs_session_state_name(st));
+	return 503;
+}
+
 static void register_metrics(struct daemon *d)
 {
 	static const char *const sess_names[5][2] = {
@@ -1046,6 +1333,11 @@ static void on_lag_tick(uv_timer_t *t)
 	efs_gauge_set(d->m_lag_last, (double)late_ns / 1e9);
 	d->lag_prev_ms = uv_now(&d->loop);
 	sync_counters(d);
+	if (notify_sock.watchdog_ms &&
+	    d->lag_prev_ms - notify_sock.watchdog_last_ms >= notify_sock.watchdog_ms) {
+		notify_sock.watchdog_last_ms = d->lag_prev_ms;
+		notify("WATCHDOG=1");
+	}
 }
 
 /* ---- Teardown ---- */
@@ -1333,6 +1625,8 @@ static void begin_leave(struct daemon *d, const char *reason)
 		return;
 	}
 	efs_log_info("%s: leaving (node %s, %s)", reason, d->node, d->mountpoint);
+	notify("STOPPING=1\nSTATUS=stopping (%s): releasing locks, unmounting %s", reason,
+	       d->mountpoint);
 	if (!d->ready)
 		report_error(d, "interrupted during start (%s)", reason);
 	d->phase = PH_LEAVING;
@@ -1504,6 +1798,13 @@ static void on_ready_poll(uv_timer_t *t)
 		     d->sb.name, d->device, d->mountpoint, d->node,
 		     efs_session_generation(d->session), (int)getpid());
 	arm_fault_hooks(d);
+	/* In the background the service manager knows the parent's pid:
+	 * name the child that serves. */
+	if (d->ready_fd >= 0)
+		notify("READY=1\nMAINPID=%d\nSTATUS=serving %s as node %s", (int)getpid(),
+		       d->mountpoint, d->node);
+	else
+		notify("READY=1\nSTATUS=serving %s as node %s", d->mountpoint, d->node);
 	report_ready(d);
 }
 
@@ -1557,6 +1858,16 @@ static void on_session_state(struct efs_session *s, enum efs_session_state old,
 	if (d->fs)
 		efs_fs_session_changed(d->fs, old, new_state);
 	efs_maint_session_changed(d->maint);
+	if (d->phase == PH_RUNNING) {
+		if (new_state == EFS_SESSION_ACTIVE)
+			notify("STATUS=serving %s as node %s", d->mountpoint, d->node);
+		else if (new_state == EFS_SESSION_SUSPENDED)
+			notify("STATUS=suspended: etcd unreachable, operations wait (node %s, %s)",
+			       d->node, d->mountpoint);
+		else
+			notify("STATUS=session %s: operations fail until unmounted (node %s, %s)",
+			       efs_session_state_name(new_state), d->node, d->mountpoint);
+	}
 	if (new_state == EFS_SESSION_CLOSED && d->phase == PH_RUNNING)
 		efs_log_err("the session closed for good; operations fail until unmounted");
 }
@@ -1753,6 +2064,7 @@ static int start_loop(struct daemon *d)
 			report_error(d, "--metrics-addr %s: %s", d->metrics_addr, strerror(-r));
 			return r;
 		}
+		efs_httpd_set_probes(d->httpd, probe_healthz, probe_readyz, d);
 		/* The test fixture reads this line. */
 		efs_log_info("metrics: listening on http://%s/metrics", efs_httpd_address(d->httpd));
 		so.metrics_addr = efs_httpd_address(d->httpd);
@@ -1807,6 +2119,8 @@ int main(int argc, char **argv)
 		code = r > 0 ? 0 : 2;
 		goto out_free;
 	}
+	efs_log_detect_journal();
+	notify_open();
 	if (!d->foreground) {
 		if (daemonize(d) < 0) {
 			code = 1;
@@ -1824,6 +2138,7 @@ int main(int argc, char **argv)
 				dup2(fd, STDERR_FILENO);
 				close(fd);
 			}
+			efs_log_detect_journal();
 		} else if (!d->log_level_set) {
 			efs_log_set_level(EFS_LOG_WARN);
 		}
@@ -1860,6 +2175,8 @@ out_free:
 		close(d->data_fd);
 	efs_cli_etcd_free(&d->etcd_cfg);
 	efs_mem_free(d->user_fuse_opts);
+	efs_mem_free(d->metrics_addr);
+	efs_mem_free(d->log_file);
 	efs_mem_free(d->fsname_opt);
 	efs_mem_free(d->subtype_opt);
 	free(d->device);

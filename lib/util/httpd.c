@@ -47,6 +47,8 @@ struct efs_httpd {
 	uv_tcp_t spare;
 	bool spare_busy, accept_pending;
 	const struct efs_metrics *m;
+	efs_httpd_probe_cb healthz, readyz;
+	void *probe_arg;
 	struct efs_list conns; /* of conn, newest first */
 	unsigned nconns;
 	unsigned handles; /* listener, spare when busy, and one per connection */
@@ -57,7 +59,7 @@ struct efs_httpd {
 	char address[64];
 };
 
-static const char index_body[] = "etcfs metrics: /metrics\n";
+static const char index_body[] = "etcfs metrics: /metrics; probes: /healthz, /readyz\n";
 
 static void httpd_handle_gone(struct efs_httpd *h)
 {
@@ -153,6 +155,33 @@ static void conn_answer_text(struct conn *c, const char *status, const char *ext
 		    false);
 }
 
+/* Answers a probe: its status and its line. */
+static void conn_probe(struct conn *c, efs_httpd_probe_cb cb, int dflt, const char *dflt_why,
+		       bool head_only)
+{
+	char why[256];
+	char *body;
+	int status = dflt, n;
+
+	why[0] = '\0';
+	if (cb)
+		status = cb(c->h->probe_arg, why, sizeof(why));
+	else
+		snprintf(why, sizeof(why), "%s", dflt_why);
+	n = (int)strlen(why);
+	body = efs_mem_malloc((size_t)n + 2);
+	if (!body) {
+		conn_answer_text(c, "500 Internal Server Error", "", "out of memory\n");
+		return;
+	}
+	memcpy(body, why, (size_t)n);
+	body[n++] = '\n';
+	body[n] = '\0';
+	conn_answer(c, status == 200 ? "200 OK" : "503 Service Unavailable",
+		    "Cache-Control: no-store\r\n", "text/plain; charset=utf-8", body, (size_t)n,
+		    true, head_only);
+}
+
 /* Answers the request head in c->req[0..end). */
 static void conn_serve(struct conn *c, size_t end)
 {
@@ -191,6 +220,14 @@ static void conn_serve(struct conn *c, size_t end)
 		}
 		conn_answer(c, "200 OK", "", "text/plain; version=0.0.4; charset=utf-8", body, len,
 			    true, head_only);
+		return;
+	}
+	if (!strcmp(target, "/healthz")) {
+		conn_probe(c, c->h->healthz, 200, "ok", head_only);
+		return;
+	}
+	if (!strcmp(target, "/readyz")) {
+		conn_probe(c, c->h->readyz, 503, "no readiness probe", head_only);
 		return;
 	}
 	if (!strcmp(target, "/")) {
@@ -469,6 +506,14 @@ void efs_httpd_set_timeout(struct efs_httpd *h, uint64_t ms)
 {
 	if (ms)
 		h->timeout_ms = ms;
+}
+
+void efs_httpd_set_probes(struct efs_httpd *h, efs_httpd_probe_cb healthz,
+			  efs_httpd_probe_cb readyz, void *arg)
+{
+	h->healthz = healthz;
+	h->readyz = readyz;
+	h->probe_arg = arg;
 }
 
 static void listener_closed(uv_handle_t *handle)

@@ -4,7 +4,8 @@
 /*
  * A minimal HTTP/1.1 server on the libuv loop for /metrics: GET (or HEAD)
  * /metrics answers the registry's text (Content-Type: text/plain;
- * version=0.0.4), GET / a short index, another path 404, another method 405
+ * version=0.0.4), GET /healthz and /readyz the probes' answers (below),
+ * GET / a short index, another path 404, another method 405
  * and a malformed request line 400. One request per connection (Connection:
  * close; a request body is read and ignored). A request whose head exceeds
  * 8 KiB is dropped (closed without an answer), and so is a connection still
@@ -45,6 +46,19 @@ const char *efs_httpd_address(const struct efs_httpd *h);
  * (> 0) for connections accepted from now on.
  */
 void efs_httpd_set_timeout(struct efs_httpd *h, uint64_t ms);
+/*
+ * A probe: fills |why| (|size| bytes) with one line saying what it found
+ * (no newline) and returns the HTTP status to answer, 200 or 503.
+ */
+typedef int (*efs_httpd_probe_cb)(void *arg, char *why, size_t size);
+/*
+ * Sets the probes of /healthz and /readyz (either may be NULL), called on
+ * the loop thread for each request. Without a probe, /healthz answers 200
+ * "ok" (the loop that serves it runs) and /readyz 503 "no readiness
+ * probe". The body is the probe's line and a newline.
+ */
+void efs_httpd_set_probes(struct efs_httpd *h, efs_httpd_probe_cb healthz,
+			  efs_httpd_probe_cb readyz, void *arg);
 /*
  * Closes the listener and every connection; |done(arg)| runs once all
  * handles are closed (may be NULL), after which |h| is freed. Call once.
