@@ -41,7 +41,10 @@
 #include "alloc/alloc.h"
 #include "config.h"
 #include "etcd/etcd.h"
+#include "etcd/kv.h"
 #include "etcd/sync.h"
+#include "etcd/txn.h"
+#include "etcd/watch.h"
 #include "maint/capacity.h"
 #include "fs/fs.h"
 #include "dev/iopool.h"
@@ -68,6 +71,12 @@ static const char *prog = "etcfsd";
 #define READY_TIMEOUT_MS 30000
 /* Loop lag probe. */
 #define LAG_INTERVAL_MS 100
+/* Space and inode usage poll (etcfs_fs_* gauges). */
+#define USAGE_INTERVAL_MS 30000
+/* Allocation groups' free counts read per transaction by the poll. */
+#define USAGE_GROUPS_PER_TXN 100
+/* etcd client counters exported (register_metrics, sync_counters). */
+#define EFS_NETCD_COUNTERS 7
 
 enum phase {
 	PH_STARTING, /* session registering */
@@ -172,6 +181,18 @@ struct daemon {
 	struct efs_histogram *m_recall_wait; /* our recall key created -> grant */
 	struct efs_gauge *m_lag_last;
 	struct stat_counters m_sess[5];
+	struct stat_counters m_etcd[EFS_NETCD_COUNTERS];
+	struct efs_histogram *m_rpc[EFS_ETCD_NMETHODS];
+	struct efs_counter *m_rpc_err[EFS_ETCD_NMETHODS];
+
+	/* the usage poll (loop thread only) */
+	uv_timer_t usage_timer;
+	bool usage_busy;
+	uint32_t usage_next_group;
+	uint64_t usage_free_sum;
+	uint64_t usage_free_blocks; /* of the last complete poll */
+	int64_t usage_inodes;	    /* of the last complete poll, -1: none yet */
+	uint64_t usage_done_ns;	    /* mono time of the last complete poll */
 	struct stat_counters m_lock[EFS_NLOCK_COUNTERS];
 	struct efs_counter *m_fuse_requests;
 	uint64_t fuse_requests_last;
@@ -1129,6 +1150,162 @@ static void on_recall_wait(void *arg, uint64_t ns)
 	efs_histogram_observe_ns(d->m_recall_wait, ns);
 }
 
+static void on_etcd_call(void *arg, enum efs_etcd_method m, uint64_t ns, int err)
+{
+	struct daemon *d = arg;
+
+	if ((unsigned)m >= EFS_ETCD_NMETHODS)
+		return;
+	efs_histogram_observe_ns(d->m_rpc[m], ns);
+	if (err)
+		efs_counter_inc(d->m_rpc_err[m]);
+}
+
+static double gauge_blocks_total(void *arg)
+{
+	struct daemon *d = arg;
+	const Etcfs__FsInfo *fi = d->fi;
+
+	if (!fi || !fi->block_size || fi->device_size / fi->block_size <= fi->data_start)
+		return 0;
+	return (double)(fi->device_size / fi->block_size - fi->data_start);
+}
+
+static double gauge_block_size(void *arg)
+{
+	struct daemon *d = arg;
+
+	return d->fi ? (double)d->fi->block_size : 0;
+}
+
+static double gauge_blocks_free(void *arg)
+{
+	return (double)((struct daemon *)arg)->usage_free_blocks;
+}
+
+static double gauge_inodes_limit(void *arg)
+{
+	struct daemon *d = arg;
+
+	return d->fi ? (double)d->fi->inode_limit : 0;
+}
+
+static double gauge_inodes_used(void *arg)
+{
+	struct daemon *d = arg;
+
+	return d->usage_inodes < 0 ? 0 : (double)d->usage_inodes;
+}
+
+static double gauge_usage_age(void *arg)
+{
+	struct daemon *d = arg;
+
+	if (!d->usage_done_ns)
+		return -1;
+	return (double)(efs_clock_mono_ns() - d->usage_done_ns) / 1e9;
+}
+
+/*
+ * The usage poll: the free counts of every allocation group (ag/<g>/free,
+ * a hundred per read transaction), then a count-only range of the inode
+ * records; the gauges change only when both are read. What statfs (df)
+ * computes on demand, here on a timer so that alerts need no df. A failed
+ * read ends the round; the next tick starts another.
+ */
+static void usage_next(struct daemon *d);
+
+static bool usage_can_run(const struct daemon *d)
+{
+	return d->phase == PH_RUNNING && d->etcd && !d->etcd_freed && d->fi;
+}
+
+static void usage_count_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp,
+			   void *arg)
+{
+	struct daemon *d = arg;
+
+	d->usage_busy = false;
+	if (r->err || !resp)
+		return;
+	d->usage_inodes = resp->count;
+	d->usage_free_blocks = d->usage_free_sum;
+	d->usage_done_ns = efs_clock_mono_ns();
+}
+
+static void usage_ag_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	struct daemon *d = arg;
+
+	if (r->err || !resp || !usage_can_run(d)) {
+		d->usage_busy = false;
+		return;
+	}
+	for (size_t i = 0; i < resp->n_responses; i++) {
+		Etcdserverpb__RangeResponse *rr = NULL;
+		Etcfs__AgFree *af = NULL;
+
+		if (efs_etcd_txn_resp_range(resp, i, &rr) < 0 || rr->n_kvs == 0)
+			continue;
+		if (efs_meta_ag_free_decode(rr->kvs[0]->value.data, rr->kvs[0]->value.len, &af,
+					    NULL) == 0) {
+			d->usage_free_sum += af->free_blocks;
+			efs_meta_record_free(af);
+		}
+	}
+	usage_next(d);
+}
+
+static void usage_next(struct daemon *d)
+{
+	struct efs_etcd_txn *t = NULL;
+	int r;
+
+	if (d->usage_next_group >= d->fi->ag_count) {
+		struct efs_meta_range range;
+
+		r = efs_meta_range_family(&d->ns, EFS_META_K_INODE, &range);
+		if (r == 0)
+			r = efs_etcd_range(d->etcd, range.key.buf, range.key.len,
+					   &(struct efs_etcd_range_opts){
+						   .range_end = range.end.buf,
+						   .range_end_len = range.end.len,
+						   .count_only = true,
+					   },
+					   NULL, usage_count_cb, d);
+		if (r < 0)
+			d->usage_busy = false;
+		return;
+	}
+	r = efs_etcd_txn_new(&t, 0);
+	for (uint32_t n = 0; r == 0 && n < USAGE_GROUPS_PER_TXN &&
+			     d->usage_next_group < d->fi->ag_count;
+	     n++) {
+		struct efs_meta_key k;
+
+		r = efs_meta_key_ag(&d->ns, d->usage_next_group++, EFS_META_K_AG_FREE, &k);
+		if (r == 0)
+			r = efs_etcd_txn_range(t, EFS_ETCD_TXN_SUCCESS, k.buf, k.len, NULL, 0);
+	}
+	if (r == 0)
+		r = efs_etcd_txn(d->etcd, efs_etcd_txn_request(t), NULL, usage_ag_cb, d);
+	efs_etcd_txn_free(t);
+	if (r < 0)
+		d->usage_busy = false;
+}
+
+static void on_usage_tick(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+
+	if (d->usage_busy || !usage_can_run(d))
+		return;
+	d->usage_busy = true;
+	d->usage_next_group = 0;
+	d->usage_free_sum = 0;
+	usage_next(d);
+}
+
 /* /healthz: answered on the loop, so the loop runs; says what it does. */
 static int probe_healthz(void *arg, char *why, size_t size)
 {
@@ -1216,6 +1393,16 @@ static void register_metrics(struct daemon *d)
 		{"etcfs_lock_direct_grants_total",
 		 "Waiters granted a lock by the transaction that released it"},
 	};
+	static const char *const etcd_names[EFS_NETCD_COUNTERS][2] = {
+		{"etcfs_etcd_calls_total", "etcd unary calls started"},
+		{"etcfs_etcd_calls_failed_total", "etcd unary calls that failed"},
+		{"etcfs_etcd_call_retries_total", "etcd call attempts retried"},
+		{"etcfs_etcd_reconnects_total", "Connections to etcd made again after one was lost"},
+		{"etcfs_etcd_watch_reconnects_total",
+		 "Watch streams opened again after one ended (lost connection, failover)"},
+		{"etcfs_etcd_sent_bytes_total", "Bytes sent to etcd"},
+		{"etcfs_etcd_received_bytes_total", "Bytes received from etcd"},
+	};
 	static const char *const state_labels[6] = {
 		"state=\"starting\"",  "state=\"active\"", "state=\"suspended\"",
 		"state=\"expired\"",   "state=\"gone\"",   "state=\"closed\"",
@@ -1254,6 +1441,34 @@ static void register_metrics(struct daemon *d)
 			     NULL, gauge_locks_contended, d);
 	for (int i = 0; i < EFS_NLOCK_COUNTERS; i++)
 		d->m_lock[i].c = efs_metrics_counter(m, lock_names[i][0], lock_names[i][1], NULL);
+	for (int i = 0; i < EFS_NETCD_COUNTERS; i++)
+		d->m_etcd[i].c = efs_metrics_counter(m, etcd_names[i][0], etcd_names[i][1], NULL);
+	for (int i = 0; i < EFS_ETCD_NMETHODS; i++) {
+		snprintf(labels, sizeof(labels), "method=\"%s\"",
+			 efs_etcd_method_name((enum efs_etcd_method)i));
+		d->m_rpc[i] = efs_metrics_histogram(
+			m, "etcfs_etcd_rpc_seconds",
+			"etcd unary calls: time from the call to its result, retries included, by "
+			"method",
+			labels);
+		d->m_rpc_err[i] = efs_metrics_counter(m, "etcfs_etcd_rpc_errors_total",
+						      "etcd unary calls that failed, by method",
+						      labels);
+	}
+	efs_metrics_gauge_fn(m, "etcfs_fs_blocks_total", "Blocks of the data area", NULL,
+			     gauge_blocks_total, d);
+	efs_metrics_gauge_fn(m, "etcfs_fs_blocks_free",
+			     "Free blocks in the published group maps (polled every 30 s)", NULL,
+			     gauge_blocks_free, d);
+	efs_metrics_gauge_fn(m, "etcfs_fs_block_size_bytes", "Block size", NULL,
+			     gauge_block_size, d);
+	efs_metrics_gauge_fn(m, "etcfs_fs_inodes_limit", "Inodes the filesystem allows (statfs files)",
+			     NULL, gauge_inodes_limit, d);
+	efs_metrics_gauge_fn(m, "etcfs_fs_inodes_used", "Inode records in etcd (polled every 30 s)",
+			     NULL, gauge_inodes_used, d);
+	efs_metrics_gauge_fn(m, "etcfs_fs_usage_age_seconds",
+			     "Age of the last complete space and inode poll (-1: none yet)", NULL,
+			     gauge_usage_age, d);
 	d->m_fuse_requests = efs_metrics_counter(m, "etcfs_fuse_requests_received_total",
 						 "FUSE requests read from the kernel", NULL);
 	efs_metrics_gauge_fn(m, "etcfs_fs_inflight_ops", "FUSE operations in flight", NULL,
@@ -1307,6 +1522,18 @@ static void sync_counters(struct daemon *d)
 		counter_sync(&d->m_lock[16], l.recalls_deferred);
 		counter_sync(&d->m_lock[17], l.releases_early);
 		counter_sync(&d->m_lock[18], l.direct_grants);
+	}
+	if (d->etcd && !d->etcd_freed) {
+		struct efs_etcd_stats e;
+
+		efs_etcd_get_stats(d->etcd, &e);
+		counter_sync(&d->m_etcd[0], e.calls_started);
+		counter_sync(&d->m_etcd[1], e.calls_failed);
+		counter_sync(&d->m_etcd[2], e.calls_retried);
+		counter_sync(&d->m_etcd[3], e.reconnects);
+		counter_sync(&d->m_etcd[4], efs_etcd_watch_reopens());
+		counter_sync(&d->m_etcd[5], e.bytes_sent);
+		counter_sync(&d->m_etcd[6], e.bytes_received);
 	}
 	if (d->fl) {
 		uint64_t n = efs_fuseloop_requests(d->fl);
@@ -1388,6 +1615,7 @@ static void teardown(struct daemon *d)
 		uv_close((uv_handle_t *)&d->ready_timer, on_handle_closed);
 		uv_close((uv_handle_t *)&d->ready_poll, on_handle_closed);
 		uv_close((uv_handle_t *)&d->teardown_timer, on_handle_closed);
+		uv_close((uv_handle_t *)&d->usage_timer, on_handle_closed);
 		d->handles_init = false;
 	}
 	if (d->fl) {
@@ -1625,6 +1853,7 @@ static void begin_leave(struct daemon *d, const char *reason)
 		return;
 	}
 	efs_log_info("%s: leaving (node %s, %s)", reason, d->node, d->mountpoint);
+	uv_timer_stop(&d->usage_timer);
 	notify("STOPPING=1\nSTATUS=stopping (%s): releasing locks, unmounting %s", reason,
 	       d->mountpoint);
 	if (!d->ready)
@@ -1798,6 +2027,7 @@ static void on_ready_poll(uv_timer_t *t)
 		     d->sb.name, d->device, d->mountpoint, d->node,
 		     efs_session_generation(d->session), (int)getpid());
 	arm_fault_hooks(d);
+	uv_timer_start(&d->usage_timer, on_usage_tick, 0, USAGE_INTERVAL_MS);
 	/* In the background the service manager knows the parent's pid:
 	 * name the child that serves. */
 	if (d->ready_fd >= 0)
@@ -2044,6 +2274,9 @@ static int start_loop(struct daemon *d)
 	uv_timer_init(&d->loop, &d->ready_timer);
 	uv_timer_init(&d->loop, &d->ready_poll);
 	uv_timer_init(&d->loop, &d->teardown_timer);
+	uv_timer_init(&d->loop, &d->usage_timer);
+	d->usage_timer.data = d;
+	d->usage_inodes = -1;
 	d->teardown_timer.data = d;
 	d->sig_term.data = d->sig_int.data = d;
 	d->lag_timer.data = d->drain_timer.data = d->leave_timer.data = d->ready_timer.data = d;
@@ -2083,6 +2316,7 @@ static int start_loop(struct daemon *d)
 		report_error(d, "etcd client: %s", strerror(-r));
 		return r;
 	}
+	efs_etcd_set_call_observer(d->etcd, on_etcd_call, d);
 	r = efs_capacity_new(&d->capacity, &d->loop, d->etcd,
 			     &(struct efs_capacity_opts){.quota_bytes = d->etcd_quota,
 							 .state_cb = on_capacity_state,

@@ -218,6 +218,8 @@ struct efs_etcd {
 	void *done_arg;
 
 	struct efs_etcd_stats stats;
+	efs_etcd_call_observer observe;
+	void *observe_arg;
 
 	enum efs_etcd_method drop_method;
 	unsigned drop_nth;
@@ -293,6 +295,12 @@ uint32_t efs_client_connect_timeout_ms(const struct efs_etcd *c)
 void efs_etcd_get_stats(const struct efs_etcd *c, struct efs_etcd_stats *ret)
 {
 	*ret = c->stats;
+}
+
+void efs_etcd_set_call_observer(struct efs_etcd *c, efs_etcd_call_observer fn, void *arg)
+{
+	c->observe = fn;
+	c->observe_arg = arg;
 }
 
 const char *efs_etcd_channel_endpoint(const struct efs_etcd *c, enum efs_etcd_channel ch)
@@ -562,6 +570,12 @@ static void call_finish(struct efs_etcd_call *call, int err, int gs, bool unknow
 	result_set(&call->res, call->msg, err, gs, unknown, fmt, ap);
 	va_end(ap);
 	call->res.resp = err ? NULL : call->resp;
+	if (c->observe && !call->internal_auth) {
+		uint64_t now = efs_clock_mono_ns();
+		uint64_t start = call->deadline_ns - (uint64_t)call->timeout_ms * EFS_NSEC_PER_MSEC;
+
+		c->observe(c->observe_arg, call->m, now > start ? now - start : 0, err);
+	}
 	if (err) {
 		c->stats.calls_failed++;
 		if (call->resp) {

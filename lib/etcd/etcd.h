@@ -239,6 +239,16 @@ struct efs_etcd_stats {
 void efs_etcd_get_stats(const struct efs_etcd *c, struct efs_etcd_stats *ret);
 
 /*
+ * Observes every unary call as its result is decided: |m|, the time from
+ * the call to its result in ns (retries included), and its error (0 or
+ * -errno). Runs on the loop thread, before the call's callback; must not
+ * call into the client. The client's own Authenticate calls are not
+ * observed. NULL |fn| turns it off.
+ */
+typedef void (*efs_etcd_call_observer)(void *arg, enum efs_etcd_method m, uint64_t ns, int err);
+void efs_etcd_set_call_observer(struct efs_etcd *c, efs_etcd_call_observer fn, void *arg);
+
+/*
  * Fault hooks for tests, compiled in (EFS_FAULT_HOOKS) and off by default.
  *
  * efs_etcd_fault_drop_reply: the |nth| call (1-based, counted from this

@@ -482,6 +482,15 @@ static void on_close(struct efs_etcd_stream *s, const struct efs_etcd_result *r,
 
 static void reopen_fire(uv_timer_t *t);
 
+/* Streams of the process opened again (loop thread only; one loop per
+ * process in etcfsd). */
+static uint64_t watch_reopens;
+
+uint64_t efs_etcd_watch_reopens(void)
+{
+	return watch_reopens;
+}
+
 static void arm_reopen(struct efs_etcd_watch_stream *ws, uint32_t delay_ms)
 {
 	if (ws->reopen_armed || ws->s || ws->freeing || ws->dead)
@@ -512,7 +521,8 @@ static int stream_open(struct efs_etcd_watch_stream *ws)
 		arm_reopen(ws, efs_backoff_next(&ws->backoff));
 		return r;
 	}
-	ws->stats.opens++;
+	if (ws->stats.opens++)
+		watch_reopens++;
 	efs_list_for_each(n, &ws->watchers)
 		if (watcher_of(n)->state == W_NEW)
 			(void)send_create(watcher_of(n));

@@ -167,6 +167,9 @@ struct efs_etcd_watch_stream_stats {
 };
 void efs_etcd_watch_stream_get_stats(const struct efs_etcd_watch_stream *ws,
 				     struct efs_etcd_watch_stream_stats *ret);
+/* Watch streams of this process opened again after one ended (a lost
+ * connection, a failover), over all clients: for metrics. */
+uint64_t efs_etcd_watch_reopens(void);
 
 /*
  * Fault hook (compiled in when EFS_FAULT_HOOKS): every response received on
