@@ -179,6 +179,7 @@ struct daemon {
 	/* metrics owned here */
 	struct efs_histogram *m_lag;
 	struct efs_histogram *m_recall_wait; /* our recall key created -> grant */
+	struct efs_histogram *m_handover;    /* a peer's forced release asked -> done */
 	struct efs_gauge *m_lag_last;
 	struct stat_counters m_sess[5];
 	struct stat_counters m_etcd[EFS_NETCD_COUNTERS];
@@ -1353,6 +1354,13 @@ static int probe_readyz(void *arg, char *why, size_t size)
 	return 503;
 }
 
+static void on_handover(void *arg, uint64_t ns)
+{
+	struct daemon *d = arg;
+
+	efs_histogram_observe_ns(d->m_handover, ns);
+}
+
 static void register_metrics(struct daemon *d)
 {
 	static const char *const sess_names[5][2] = {
@@ -1415,6 +1423,11 @@ static void register_metrics(struct daemon *d)
 	d->m_recall_wait = efs_metrics_histogram(
 		m, "etcfs_lock_recall_wait_seconds",
 		"Waits for another node's lock: from our recall key's creation to the grant", NULL);
+	d->m_handover = efs_metrics_histogram(
+		m, "etcfs_lock_handover_seconds",
+		"Forced releases for other nodes' recalls: from the request to the release's reply "
+		"(how long this node held a lock others asked for)",
+		NULL);
 	d->m_lag = efs_metrics_histogram(m, "etcfs_loop_lag_seconds",
 					 "Lateness of a 100 ms loop timer (loop lag)", NULL);
 	d->m_lag_last = efs_metrics_gauge(m, "etcfs_loop_lag_last_seconds",
@@ -2176,6 +2189,8 @@ static int mount_fuse(struct daemon *d)
 	}
 	if (d->m_recall_wait)
 		efs_lockcache_set_recall_wait_cb(d->locks, on_recall_wait, d);
+	if (d->m_handover)
+		efs_lockcache_set_handover_cb(d->locks, on_handover, d);
 	arm_early_fault_hooks(d);
 	r = efs_fs_new(&d->fs, &d->loop, d->etcd, d->session, d->locks, d->metrics, &fo);
 	if (r < 0) {

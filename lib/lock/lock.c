@@ -199,6 +199,7 @@ struct rwait {
 	uint64_t ino;
 	enum efs_lock_mode to;
 	int status; /* nonzero: ends with this (the session was lost) */
+	uint64_t start_ns; /* mono time of the request */
 	efs_lock_release_cb cb;
 	void *arg;
 	struct efs_list link; /* lc->rwaiters */
@@ -222,6 +223,8 @@ struct prep {
 struct efs_lockcache {
 	uv_loop_t *loop;
 	efs_lock_recall_wait_cb recall_wait_cb; /* a recall wait ended in a grant */
+	efs_lock_recall_wait_cb handover_cb;	/* a forced release completed */
+	void *handover_arg;
 	void *recall_wait_arg;
 	struct efs_etcd *c;
 	struct efs_session *s;
@@ -2203,8 +2206,11 @@ static void rwaiters_check(struct efs_lockcache *lc)
 		if (!w)
 			break;
 		efs_list_del(&w->link);
-		if (w->status == 0)
+		if (w->status == 0) {
 			lc->stats.forced++;
+			if (lc->handover_cb)
+				lc->handover_cb(lc->handover_arg, now_ns() - w->start_ns);
+		}
 		w->cb(w->arg, w->status);
 		efs_mem_free(w);
 	}
@@ -3351,6 +3357,13 @@ void efs_lockcache_fault_no_grant(struct efs_lockcache *lc, bool off)
 
 /* ---- Public ---- */
 
+void efs_lockcache_set_handover_cb(struct efs_lockcache *lc, efs_lock_recall_wait_cb cb,
+				   void *arg)
+{
+	lc->handover_cb = cb;
+	lc->handover_arg = arg;
+}
+
 void efs_lockcache_set_recall_wait_cb(struct efs_lockcache *lc, efs_lock_recall_wait_cb cb,
 				      void *arg)
 {
@@ -3851,6 +3864,7 @@ int efs_lock_release_now(struct efs_lockcache *lc, uint64_t ino, enum efs_lock_m
 		return -ENOMEM;
 	w->ino = ino;
 	w->to = to;
+	w->start_ns = now_ns();
 	w->cb = done;
 	w->arg = arg;
 	efs_list_add_head(&lc->rwaiters, &w->link);

@@ -506,6 +506,14 @@ void efs_lockcache_get_stats(const struct efs_lockcache *lc, struct efs_lockcach
 typedef void (*efs_lock_recall_wait_cb)(void *arg, uint64_t ns);
 void efs_lockcache_set_recall_wait_cb(struct efs_lockcache *lc, efs_lock_recall_wait_cb cb,
 				      void *arg);
+/*
+ * Called on the loop when a forced release or downgrade (a recall of
+ * another node, efs_lock_release_now) completes, with the time from its
+ * request to its release transaction's reply: how long this node held a
+ * lock others asked for (the handover). |cb| NULL: none.
+ */
+void efs_lockcache_set_handover_cb(struct efs_lockcache *lc, efs_lock_recall_wait_cb cb,
+				   void *arg);
 
 /*
  * Called on the loop when another node's session has ended (its node key
