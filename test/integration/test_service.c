@@ -279,7 +279,7 @@ static void start_unmounted(int ttl)
 Test(service, notify_ready_only_once_the_mount_answers_and_stopping_at_unmount)
 {
 	char env[160], msg[1024], ready_msg[1024] = "";
-	const char *envs[2] = {env, NULL};
+	const char *envs[3] = {env, "WATCHDOG_USEC=400000", NULL};
 	const char *args[] = {"-f", "--endpoints", NULL, "--node-id", "svc1", NULL};
 	char notify_env[128];
 	bool ready = false, stopping = false;
@@ -312,6 +312,16 @@ Test(service, notify_ready_only_once_the_mount_answers_and_stopping_at_unmount)
 		  "STATUS does not say what serves: %s", ready_msg);
 	/* In the foreground nothing forks: no MAINPID. */
 	cr_assert(!has_line(ready_msg, "MAINPID="), "MAINPID in the foreground: %s", ready_msg);
+	/* WatchdogSec=0.4s: keep-alives at least every 0.2 s. */
+	{
+		unsigned pings = 0;
+
+		end = efs_tp_now_ms() + 1000;
+		while (efs_tp_now_ms() < end)
+			if (notify_recv(msg, sizeof(msg), 50) && has_line(msg, "WATCHDOG=1"))
+				pings++;
+		cr_assert_geq(pings, 3, "%u WATCHDOG=1 in 1 s with WATCHDOG_USEC=400000", pings);
+	}
 
 	cr_assert_eq(efs_tp_fusermount(fs.mnt, false), 0);
 	end = efs_tp_now_ms() + 20000;
@@ -485,10 +495,16 @@ Test(service, config_file_then_environment_then_command_line)
 Test(service, healthz_and_readyz_follow_the_session)
 {
 	struct efs_test_fs_opts o = {.metrics = true, .session_ttl = 4};
-	char body[1024];
+	char body[1024], notify_env[128], msg[1024];
+	bool seen;
+	uint64_t end;
 	int r;
 
+	/* The fixture's daemon inherits the notification socket. */
+	notify_listen(true, notify_env, sizeof(notify_env));
+	setenv("NOTIFY_SOCKET", notify_env, 1);
 	efs_test_fs_start(&fs, &o);
+	unsetenv("NOTIFY_SOCKET");
 	r = http_get(fs.metrics, "/healthz", body, sizeof(body));
 	cr_assert_eq(r, 200, "healthz %d: %s", r, body);
 	cr_assert(!strncmp(body, "ok", 2), "healthz body: %s", body);
@@ -502,11 +518,21 @@ Test(service, healthz_and_readyz_follow_the_session)
 	r = wait_status("/readyz", 503, 10000, body, sizeof(body));
 	cr_assert_eq(r, 503, "readyz stayed %d with etcd stopped: %s", r, body);
 	cr_assert(strstr(body, "suspended"), "readyz 503 body: %s", body);
+	seen = false;
+	end = efs_tp_now_ms() + 5000;
+	while (!seen && efs_tp_now_ms() < end)
+		seen = notify_recv(msg, sizeof(msg), 50) && strstr(msg, "STATUS=suspended");
+	cr_assert(seen, "no STATUS=suspended while etcd is stopped");
 	r = http_get(fs.metrics, "/healthz", body, sizeof(body));
 	cr_assert_eq(r, 200, "healthz while suspended %d: %s", r, body);
 	cr_assert_eq(efs_harness_resume(fs.etcd, 0), 0);
 	r = wait_status("/readyz", 200, 15000, body, sizeof(body));
 	cr_assert_eq(r, 200, "readyz did not come back after etcd resumed: %d %s", r, body);
+	seen = false;
+	end = efs_tp_now_ms() + 5000;
+	while (!seen && efs_tp_now_ms() < end)
+		seen = notify_recv(msg, sizeof(msg), 50) && strstr(msg, "STATUS=serving");
+	cr_assert(seen, "no STATUS=serving after etcd resumed");
 	efs_test_fs_unmount(&fs);
 }
 
