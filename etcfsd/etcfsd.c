@@ -115,6 +115,7 @@ struct daemon {
 	bool foreground;
 	bool log_level_set;
 	bool read_only;
+	bool ro_forced; /* read-only because of unknown ro_compat features */
 	bool noatime;
 	char *log_file; /* owned */
 
@@ -1058,11 +1059,12 @@ static int check_device(struct daemon *d)
 		return r;
 	}
 	if ((d->sb_flags & EFS_SB_MOUNT_READ_ONLY) && !d->read_only) {
-		report_error(d,
-			     "%s: the filesystem has read-only-compatible features this "
-			     "version does not know; mount it with -o ro",
+		/* Reading is safe, writing may not be: as ext4 would with -o ro. */
+		efs_log_warn("%s: the filesystem has read-only-compatible features this "
+			     "version does not know: mounting it read-only",
 			     d->device);
-		return -EROFS;
+		d->read_only = true;
+		d->ro_forced = true;
 	}
 	r = efs_meta_ns_init(&d->ns, d->sb.name);
 	if (r < 0) {
@@ -2136,6 +2138,8 @@ static char *fuse_opt_string(struct daemon *d)
 	}
 	if (!r && d->user_fuse_opts)
 		r = opt_append(&s, d->user_fuse_opts, strlen(d->user_fuse_opts));
+	if (!r && d->ro_forced)
+		r = opt_append(&s, "ro", strlen("ro"));
 	if (r) {
 		efs_mem_free(s);
 		return NULL;
