@@ -1244,18 +1244,7 @@ static void usage_ag_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *re
 		d->usage_busy = false;
 		return;
 	}
-	for (size_t i = 0; i < resp->n_responses; i++) {
-		Etcdserverpb__RangeResponse *rr = NULL;
-		Etcfs__AgFree *af = NULL;
-
-		if (efs_etcd_txn_resp_range(resp, i, &rr) < 0 || rr->n_kvs == 0)
-			continue;
-		if (efs_meta_ag_free_decode(rr->kvs[0]->value.data, rr->kvs[0]->value.len, &af,
-					    NULL) == 0) {
-			d->usage_free_sum += af->free_blocks;
-			efs_meta_record_free(af);
-		}
-	}
+	d->usage_free_sum += efs_meta_ag_free_sum(resp);
 	usage_next(d);
 }
 

@@ -371,18 +371,7 @@ static void statfs_ag_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *r
 		efs_fs_op_finish(op, -EIO);
 		return;
 	}
-	for (size_t i = 0; i < resp->n_responses; i++) {
-		Etcdserverpb__RangeResponse *rr = NULL;
-		Etcfs__AgFree *af = NULL;
-
-		if (efs_etcd_txn_resp_range(resp, i, &rr) < 0 || rr->n_kvs == 0)
-			continue;
-		if (efs_meta_ag_free_decode(rr->kvs[0]->value.data, rr->kvs[0]->value.len, &af,
-					    NULL) == 0) {
-			ss->free_sum += af->free_blocks;
-			efs_meta_record_free(af);
-		}
-	}
+	ss->free_sum += efs_meta_ag_free_sum(resp);
 	statfs_next(op);
 }
 

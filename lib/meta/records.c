@@ -510,6 +510,25 @@ int efs_meta_ag_free_decode(const uint8_t *buf, size_t len, Etcfs__AgFree **ret,
 	return decode(&etcfs__ag_free__descriptor, NULL, buf, len, (void **)ret, reason);
 }
 
+uint64_t efs_meta_ag_free_sum(const Etcdserverpb__TxnResponse *resp)
+{
+	uint64_t sum = 0;
+
+	for (size_t i = 0; resp && i < resp->n_responses; i++) {
+		Etcdserverpb__RangeResponse *rr = NULL;
+		Etcfs__AgFree *af = NULL;
+
+		if (efs_etcd_txn_resp_range(resp, i, &rr) < 0 || rr->n_kvs == 0)
+			continue;
+		if (efs_meta_ag_free_decode(rr->kvs[0]->value.data, rr->kvs[0]->value.len, &af,
+					    NULL) == 0) {
+			sum += af->free_blocks;
+			efs_meta_record_free(af);
+		}
+	}
+	return sum;
+}
+
 int efs_meta_free_intent_decode(const uint8_t *buf, size_t len, Etcfs__FreeIntent **ret,
 				const char **reason)
 {

@@ -88,6 +88,10 @@ int efs_meta_ag_map_decode(const uint8_t *buf, size_t len, Etcfs__AgMap **ret,
 			   const char **reason);
 int efs_meta_ag_free_decode(const uint8_t *buf, size_t len, Etcfs__AgFree **ret,
 			    const char **reason);
+/* The free blocks of every ag/<g>/free record a transaction's range reads
+ * returned (each response a range of one key; others and undecodable
+ * records add nothing). */
+uint64_t efs_meta_ag_free_sum(const Etcdserverpb__TxnResponse *resp);
 int efs_meta_free_intent_decode(const uint8_t *buf, size_t len, Etcfs__FreeIntent **ret,
 				const char **reason);
 int efs_meta_extent_chunk_decode(const uint8_t *buf, size_t len, Etcfs__ExtentChunk **ret,
