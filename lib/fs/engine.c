@@ -1850,9 +1850,11 @@ static int add_guards(struct efs_fs_op *op)
 	return 0;
 }
 
+static void step_seal(struct efs_fs_op *op);
+static void step_send(struct efs_fs_op *op);
+
 static void step_build(struct efs_fs_op *op)
 {
-	struct efs_fs *fs = op->fs;
 	int r;
 
 	reset_out(op);
@@ -1876,6 +1878,43 @@ static void step_build(struct efs_fs_op *op)
 		efs_fs_op_finish(op, r < 0 ? r : 0);
 		return;
 	}
+	step_seal(op);
+}
+
+/* The descriptor's seal (it may wait), then the guards and the commit. */
+static void step_seal(struct efs_fs_op *op)
+{
+	int r;
+
+	if (op->d->seal) {
+		r = op->d->seal(op);
+		if (r == EFS_FS_WAIT)
+			return;
+		if (r < 0) {
+			report_outcome(op, EFS_FS_FAILED, 0);
+			efs_fs_op_finish(op, r);
+			return;
+		}
+	}
+	step_send(op);
+}
+
+void efs_fs_op_resume_seal_at(struct efs_fs_op *op, int err, const char *func, int line)
+{
+	if (err < 0) {
+		report_outcome(op, EFS_FS_FAILED, 0);
+		efs_fs_op_finish_at(op, err, func, line);
+		return;
+	}
+	step_seal(op);
+}
+
+/* Guards, the idle releases riding along, and the commit. */
+static void step_send(struct efs_fs_op *op)
+{
+	struct efs_fs *fs = op->fs;
+	int r;
+
 	r = add_guards(op);
 	if (r < 0)
 		efs_fs_op_note(op, r, "guards", r == -ENOLCK ? "a lock was lost" : NULL);

@@ -633,6 +633,15 @@ struct efs_fs_opdesc {
 	int (*plan)(struct efs_fs_op *op);
 	int (*prepare)(struct efs_fs_op *op);
 	int (*build)(struct efs_fs_op *op);
+	/* Optional: runs after every build, before the guards are added and
+	 * the transaction goes out; the one step after the build that may
+	 * wait (EFS_FS_WAIT, resumed with efs_fs_op_resume_seal) for what
+	 * must be durable before the transaction can commit and that must
+	 * cover exactly what the build took (the publication's device
+	 * fdatasync: writes completed after its snapshot are not in it, so
+	 * they need not be covered). EFS_FS_CONT sends; a negative errno
+	 * ends the operation after a FAILED outcome (nothing was sent). */
+	int (*seal)(struct efs_fs_op *op);
 	void (*done)(struct efs_fs_op *op);
 	/* Optional. Each commit attempt's outcome: COMMITTED (|rev| the
 	 * revision) and FAILED end the attempt (FAILED: not applied; a
@@ -678,6 +687,11 @@ void efs_fs_op_finish_at(struct efs_fs_op *op, int err, const char *func, int li
 void efs_fs_op_resume_prepare_at(struct efs_fs_op *op, int err, const char *func, int line);
 #define efs_fs_op_resume_prepare(op, err)                                                      \
 	efs_fs_op_resume_prepare_at((op), (err), __func__, __LINE__)
+/* Resumes an operation whose seal returned EFS_FS_WAIT: seal runs again;
+ * |err| < 0 drops the built transaction (a FAILED outcome) and ends the
+ * operation with that error. */
+void efs_fs_op_resume_seal_at(struct efs_fs_op *op, int err, const char *func, int line);
+#define efs_fs_op_resume_seal(op, err) efs_fs_op_resume_seal_at((op), (err), __func__, __LINE__)
 /* Records why a step failed (|err|, |what|, etcd's |msg| or NULL), for the
  * warning of an EIO that follows. */
 void efs_fs_op_note(struct efs_fs_op *op, int err, const char *what, const char *msg);

@@ -205,7 +205,6 @@ struct wb {
 	void *arg;
 	struct efs_io *io;
 	size_t nio;
-	struct wb *hnext; /* on struct dctl's held list */
 };
 
 static void wb_end(struct wb *j, int err)
@@ -276,6 +275,8 @@ static int wb_map(struct wb *j)
 	if (buried.n)
 		efs_file_bury(d, &buried);
 	efs_runs_done(&buried);
+	if (i > 0)
+		efs_file_synchk_mapped(efs_file_ctl_of(d->fs), &j->runs);
 	if (i > 0 || e == 0) {
 		d->last_dblk = j->runs.n ? j->runs.v[j->runs.n - 1].start +
 						   j->runs.v[j->runs.n - 1].len
@@ -300,33 +301,6 @@ static int wb_apply(struct wb *j)
 
 static void wb_finish(struct wb *j);
 
-/* A publication stops holding writes back: map the held ones (in the
- * order they completed). */
-void efs_file_wb_release_held(struct dctl *c, struct dpub *P)
-{
-	struct wb *l = NULL;
-
-	if (!P->holding)
-		return;
-	P->holding = false;
-	if (--c->hold > 0)
-		return;
-	while (c->held) {
-		struct wb *j = c->held;
-
-		c->held = j->hnext;
-		j->hnext = l;
-		l = j;
-	}
-	while (l) {
-		struct wb *j = l;
-
-		l = j->hnext;
-		j->hnext = NULL;
-		wb_finish(j);
-	}
-}
-
 static void wb_io_cb(struct efs_io *io, ssize_t res)
 {
 	struct wb *j = io->arg;
@@ -341,13 +315,6 @@ static void wb_io_cb(struct efs_io *io, ssize_t res)
 	c->writes_done++;
 	if (--j->pending)
 		return;
-	if (c->hold) {
-		/* A publication's last fdatasync runs: map it after the
-		 * snapshot (efs_file_wb_release_held). */
-		j->hnext = c->held;
-		c->held = j;
-		return;
-	}
 	wb_finish(j);
 }
 

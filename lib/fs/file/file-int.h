@@ -95,8 +95,6 @@
 #define WAIT_INODES 8192
 /* Largest step of copy_file_range. */
 #define CFR_STEP (1u << 20)
-/* fdatasyncs repeated while writes completed during the previous one. */
-#define SYNC_TRIES 3
 
 /* Pending record fields. */
 #define PF_SIZE	  0x01u
@@ -171,11 +169,9 @@ struct dctl {
 	bool stalled; /* the last publication found nothing it could publish */
 	uint64_t sid_seq;
 	uint64_t writes_done; /* device writes completed (sync ordering) */
-	/* Publications holding completed writes back (not mapped, not
-	 * answered) while their last fdatasync runs and they snapshot: what
-	 * they publish is then covered by that sync. */
-	int hold;
-	struct wb *held;
+	/* |writes_done| when the last fdatasync that finished was issued:
+	 * every write completed up to then is durable. */
+	uint64_t synced_mark;
 	struct efs_list bp_waiters; /* writes waiting on buffer limits (dreq.bp_link) */
 	void (*sync_cb)(int status, void *arg);
 	void *sync_arg;
@@ -188,8 +184,15 @@ struct dctl {
 	uv_timer_t *frecall;	      /* fault hook (ETCFS_FAULT_RECALL) */
 	uint32_t frecall_ms;
 	uint64_t frecall_rng;
+	/* Test builds: runs mapped by copy-on-write writes that no finished
+	 * fdatasync covers yet, each with |writes_done| at its mapping
+	 * (efs_file_synchk_*; unused in other builds). */
+	struct synchk {
+		uint64_t start, len, seq;
+	} *unsynced;
+	size_t nunsynced, unsynced_cap;
 	struct efs_gauge *g_dirty;
-	struct efs_counter *c_txns, *c_inodes, *c_fsyncs, *c_wbytes, *c_rbytes;
+	struct efs_counter *c_txns, *c_inodes, *c_fsyncs, *c_wbytes, *c_rbytes, *c_syncs;
 	struct efs_histogram *h_pub;
 };
 
@@ -210,9 +213,7 @@ struct dsnap {
 struct dpub {
 	struct efs_fs *fs;
 	struct efs_alloc_txn *t;
-	bool synced, syncing;
-	int sync_tries;
-	bool holding; /* counted in struct dctl's hold */
+	bool synced, syncing; /* the current snapshot's fdatasync */
 	bool dev_err; /* the fdatasync or the allocator's begin failed */
 	bool left_partial; /* a committed inode was published only in part */
 	uint64_t sync_mark;
@@ -345,12 +346,23 @@ enum efs_file_fault_mem {
 void efs_file_fault_mem_enter(struct dctl *c, enum efs_file_fault_mem site);
 void efs_file_fault_mem_leave(struct dctl *c, enum efs_file_fault_mem site);
 
+/*
+ * Test builds check the publication's durability rule: a committed
+ * publication never maps a block whose write no finished fdatasync covers
+ * (it would point at bytes a power loss could take back). _mapped records
+ * the runs of a completed copy-on-write write, _synced forgets those a
+ * finished sync issued at |mark| covers, _commit aborts on a violation.
+ * No-ops in other builds.
+ */
+void efs_file_synchk_mapped(struct dctl *c, const struct efs_runs *r);
+void efs_file_synchk_synced(struct dctl *c, uint64_t mark);
+void efs_file_synchk_commit(struct dctl *c, uint64_t ino, const struct efs_runs *use);
+
 /* ---- Block I/O and the map (blockio.c) ---- */
 
 int efs_file_read_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
 			 void (*cb)(void *arg, int err), void *arg);
 int efs_file_bury(struct efs_fs_data *d, const struct efs_runs *buried);
-void efs_file_wb_release_held(struct dctl *c, struct dpub *P);
 int efs_file_write_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
 			  uint32_t xflags, void (*cb)(void *arg, int err), void *arg);
 
@@ -401,6 +413,7 @@ void efs_file_fsync_done(void *arg, int err);
  * and the allocator's contribution to the transaction, without waiting. */
 int efs_file_pub_prepare(struct efs_fs_op *op, struct dpub *P);
 int efs_file_pub_build(struct efs_fs_op *op, struct dpub *P);
+int efs_file_pub_seal(struct efs_fs_op *op, struct dpub *P);
 /* The outcome and release hooks of every publishing descriptor. */
 void efs_file_pub_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t rev);
 void efs_file_pub_release(struct efs_fs_op *op);

@@ -381,6 +381,74 @@ fail:
 	return e;
 }
 
+#if EFS_FAULT_HOOKS
+void efs_file_synchk_mapped(struct dctl *c, const struct efs_runs *r)
+{
+	for (size_t i = 0; i < r->n; i++) {
+		if (c->nunsynced == c->unsynced_cap) {
+			size_t cap = c->unsynced_cap ? 2 * c->unsynced_cap : 64;
+			/* Plain realloc: the memory fault hook must not fail
+			 * the check's own bookkeeping. */
+			struct synchk *v = realloc(c->unsynced, cap * sizeof(*v));
+
+			if (!v)
+				abort();
+			c->unsynced = v;
+			c->unsynced_cap = cap;
+		}
+		c->unsynced[c->nunsynced++] =
+			(struct synchk){r->v[i].start, r->v[i].len, c->writes_done};
+	}
+}
+
+void efs_file_synchk_synced(struct dctl *c, uint64_t mark)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < c->nunsynced; i++)
+		if (c->unsynced[i].seq > mark)
+			c->unsynced[k++] = c->unsynced[i];
+	c->nunsynced = k;
+}
+
+void efs_file_synchk_commit(struct dctl *c, uint64_t ino, const struct efs_runs *use)
+{
+	for (size_t i = 0; i < use->n; i++)
+		for (size_t k = 0; k < c->nunsynced; k++) {
+			const struct synchk *u = &c->unsynced[k];
+
+			if (u->start < use->v[i].start + use->v[i].len &&
+			    use->v[i].start < u->start + u->len) {
+				efs_log_err("data: inode %llu: a publication committed blocks "
+					    "%llu+%llu that no finished fdatasync covers",
+					    (unsigned long long)ino,
+					    (unsigned long long)u->start,
+					    (unsigned long long)u->len);
+				abort();
+			}
+		}
+}
+#else
+void efs_file_synchk_mapped(struct dctl *c, const struct efs_runs *r)
+{
+	(void)c;
+	(void)r;
+}
+
+void efs_file_synchk_synced(struct dctl *c, uint64_t mark)
+{
+	(void)c;
+	(void)mark;
+}
+
+void efs_file_synchk_commit(struct dctl *c, uint64_t ino, const struct efs_runs *use)
+{
+	(void)c;
+	(void)ino;
+	(void)use;
+}
+#endif
+
 static void pub_sync_cb(struct efs_io *io, ssize_t res)
 {
 	struct efs_fs_op *op = io->arg;
@@ -391,23 +459,14 @@ static void pub_sync_cb(struct efs_io *io, ssize_t res)
 	if (res < 0) {
 		efs_log_warn("data: fdatasync of the device failed: %s", strerror((int)-res));
 		P->dev_err = true;
-		efs_file_wb_release_held(c, P);
-		efs_fs_op_resume_prepare(op, -EIO);
+		efs_fs_op_resume_seal(op, -EIO);
 		return;
 	}
-	/* Writes that completed while the sync ran may not be covered by it:
-	 * sync again; after SYNC_TRIES, once more with completed writes held
-	 * back (not mapped) until the snapshot is taken. */
-	if (P->holding || c->writes_done == P->sync_mark) {
-		P->synced = true;
-	} else {
-		P->synced = false;
-		if (++P->sync_tries >= SYNC_TRIES) {
-			P->holding = true;
-			c->hold++;
-		}
-	}
-	efs_fs_op_resume_prepare(op, 0);
+	P->synced = true;
+	if (P->sync_mark > c->synced_mark)
+		c->synced_mark = P->sync_mark;
+	efs_file_synchk_synced(c, P->sync_mark);
+	efs_fs_op_resume_seal(op, 0);
 }
 
 static void pub_begin_cb(int status, void *arg)
@@ -542,15 +601,13 @@ static void fault_arm(struct efs_fs *fs, struct dctl *c, struct dpub *P)
 #endif
 
 /*
- * What a publication waits for before its build: the map token, then an
- * fdatasync of the device that covers every write completed so far.
+ * What a publication waits for before its build: the map token.
  * EFS_FS_CONT, EFS_FS_WAIT (resumed through the engine) or a negative
  * errno.
  */
 int efs_file_pub_prepare(struct efs_fs_op *op, struct dpub *P)
 {
 	struct efs_fs *fs = op->fs;
-	struct dctl *c = efs_file_ctl_of(fs);
 	int e;
 
 	if (!P->t) {
@@ -562,24 +619,47 @@ int efs_file_pub_prepare(struct efs_fs_op *op, struct dpub *P)
 			return e == -ENOMEM ? e : -EIO;
 		}
 	}
-	if (!P->synced) {
-		if (P->syncing)
-			return EFS_FS_WAIT;
-		memset(&P->sio, 0, sizeof(P->sio));
-		P->sio.op = EFS_IO_SYNC;
-		P->sio.cb = pub_sync_cb;
-		P->sio.arg = op;
-		P->sync_mark = c->writes_done;
-		e = efs_iopool_submit(fs->pool, &P->sio);
-		if (e < 0) {
-			P->dev_err = true;
-			efs_file_wb_release_held(c, P);
-			return -EIO;
-		}
-		P->syncing = true;
-		return EFS_FS_WAIT;
-	}
 	return EFS_FS_CONT;
+}
+
+/*
+ * What a built publication waits for before it goes out: one fdatasync of
+ * the device, issued after the snapshot, so it covers every write the
+ * snapshot maps (each completed before the snapshot was taken). Writes
+ * that complete meanwhile are mapped and answered as usual: they are not
+ * in this snapshot and wait for the next publication. No sync at all when
+ * a finished one was issued after the last write completed.
+ * EFS_FS_CONT, EFS_FS_WAIT (resumed with efs_fs_op_resume_seal) or a
+ * negative errno.
+ */
+int efs_file_pub_seal(struct efs_fs_op *op, struct dpub *P)
+{
+	struct efs_fs *fs = op->fs;
+	struct dctl *c = efs_file_ctl_of(fs);
+	int e;
+
+	if (P->synced)
+		return EFS_FS_CONT;
+	if (P->syncing)
+		return EFS_FS_WAIT;
+	if (c->writes_done == c->synced_mark) {
+		P->synced = true;
+		return EFS_FS_CONT;
+	}
+	memset(&P->sio, 0, sizeof(P->sio));
+	P->sio.op = EFS_IO_SYNC;
+	P->sio.cb = pub_sync_cb;
+	P->sio.arg = op;
+	P->sync_mark = c->writes_done;
+	e = efs_iopool_submit(fs->pool, &P->sio);
+	if (e < 0) {
+		P->dev_err = true;
+		return -EIO;
+	}
+	if (c->c_syncs)
+		efs_counter_inc(c->c_syncs);
+	P->syncing = true;
+	return EFS_FS_WAIT;
 }
 
 /*
@@ -638,15 +718,12 @@ int efs_file_pub_build(struct efs_fs_op *op, struct dpub *P)
 		if (s->included)
 			snap_release(s);
 		e = snap_build(op, P, s, &b, added == 0);
-		if (e < 0) {
-			efs_file_wb_release_held(c, P);
+		if (e < 0)
 			return e;
-		}
 		added += (size_t)e;
 	}
-	/* The snapshot is taken: writes held back during the last sync may
-	 * be mapped now (a rebuild syncs again). */
-	efs_file_wb_release_held(c, P);
+	/* A new snapshot: the seal syncs for it. */
+	P->synced = false;
 	if (!added) {
 		efs_alloc_txn_end(P->t, EFS_ALLOC_FAILED, 0);
 		P->t = NULL;
@@ -699,7 +776,6 @@ void efs_file_pub_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t r
 			efs_alloc_txn_end(P->t, EFS_ALLOC_FAILED, 0);
 		P->t = NULL;
 		P->synced = false;
-		P->sync_tries = 0;
 		for (size_t i = 0; i < P->n; i++) {
 			struct dsnap *s = &P->s[i];
 			struct efs_fs_data *d = s->d;
@@ -743,6 +819,7 @@ void efs_file_pub_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t r
 			continue;
 		if (s->partial)
 			P->left_partial = true;
+		efs_file_synchk_commit(c, s->d ? s->d->ino : 0, &s->use);
 		if (d && !d->broken && !d->dropped) {
 			bool settled;
 
@@ -821,8 +898,6 @@ void efs_file_pub_release(struct efs_fs_op *op)
 		/* Cannot happen: the op waits for its sync. */
 		efs_log_warn("data: publication freed with a sync in flight");
 	}
-	if (c)
-		efs_file_wb_release_held(c, P);
 	/* Built into a transaction never answered: settled by the lock
 	 * cache. */
 	rel_outcome(fs, P, EFS_LOCK_TXN_UNKNOWN, 0);
@@ -905,6 +980,11 @@ static int pub_build(struct efs_fs_op *op)
 	return efs_file_pub_build(op, op->hook_state);
 }
 
+static int pub_seal(struct efs_fs_op *op)
+{
+	return efs_file_pub_seal(op, op->hook_state);
+}
+
 static void pub_done(struct efs_fs_op *op)
 {
 	(void)op;
@@ -917,6 +997,7 @@ static const struct efs_fs_opdesc pub_desc = {
 	.plan = pub_plan,
 	.prepare = pub_prepare,
 	.build = pub_build,
+	.seal = pub_seal,
 	.done = pub_done,
 	.outcome = efs_file_pub_outcome,
 	.release = efs_file_pub_release,
@@ -1112,6 +1193,9 @@ int efs_fs_data_init(struct efs_fs *fs)
 						  NULL);
 		c->c_rbytes = efs_metrics_counter(fs->m, "etcfs_data_read_bytes_total",
 						  "Bytes read from the device by file reads", NULL);
+		c->c_syncs = efs_metrics_counter(fs->m, "etcfs_data_device_syncs_total",
+						 "Device fdatasyncs issued by publications",
+						 NULL);
 		c->h_pub = efs_metrics_histogram(fs->m, "etcfs_data_publish_seconds",
 						 "Publication latency (token, sync, commit)", NULL);
 	}
@@ -1170,5 +1254,6 @@ void efs_fs_data_done(struct efs_fs *fs)
 	uv_close((uv_handle_t *)c->sweep, timer_close_cb);
 	uv_close((uv_handle_t *)c->kick, timer_close_cb);
 	fs->data_priv = NULL;
+	free(c->unsynced);
 	efs_mem_free(c);
 }

@@ -253,6 +253,11 @@ static int tr_build(struct efs_fs_op *op)
 	return efs_file_pub_build(op, op->hook_state);
 }
 
+static int tr_seal(struct efs_fs_op *op)
+{
+	return efs_file_pub_seal(op, op->hook_state);
+}
+
 static void tr_start(struct dreq *r);
 
 /* The step committed (or had nothing to publish): reply, or the next step. */
@@ -322,6 +327,7 @@ static void tr_free(struct efs_fs_op *op)
 		.plan = tr_plan,                                                                   \
 		.prepare = tr_prepare,                                                             \
 		.build = tr_build,                                                                 \
+		.seal = tr_seal,                                                                   \
 		.done = tr_done,                                                                   \
 		.outcome = efs_file_pub_outcome,                                                   \
 		.release = efs_file_pub_release,                                                   \
