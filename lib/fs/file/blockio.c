@@ -275,7 +275,7 @@ static int wb_map(struct wb *j)
 	if (buried.n)
 		efs_file_bury(d, &buried);
 	efs_runs_done(&buried);
-	if (i > 0)
+	if (i > 0 && !(j->xflags & EFS_META_EXTENT_F_PREALLOC)) /* no data: nothing to sync */
 		efs_file_synchk_mapped(efs_file_ctl_of(d->fs), &j->runs);
 	if (i > 0 || e == 0) {
 		d->last_dblk = j->runs.n ? j->runs.v[j->runs.n - 1].start +

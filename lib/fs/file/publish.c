@@ -644,6 +644,7 @@ int efs_file_pub_seal(struct efs_fs_op *op, struct dpub *P)
 		return EFS_FS_WAIT;
 	if (c->writes_done == c->synced_mark) {
 		P->synced = true;
+		efs_file_synchk_synced(c, c->synced_mark);
 		return EFS_FS_CONT;
 	}
 	memset(&P->sio, 0, sizeof(P->sio));
