@@ -2009,4 +2009,31 @@ Test(data, recall)
 	env_stop();
 	efs_test_assert_no_leaks();
 }
+
+/*
+ * A preallocation published with no write since the last device sync:
+ * nothing to sync, and test builds' check that every published block's
+ * write was synced must not take the preallocated blocks for unsynced
+ * data (it aborted the daemon here once).
+ */
+Test(data, fallocate_after_a_sync_publishes_without_a_sync)
+{
+	char path[PATH_MAX], buf[4096];
+	int fd;
+
+	env_start(0, NULL);
+	env_path(path, sizeof(path), "pre");
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	cr_assert_geq(fd, 0, "create: %s", strerror(errno));
+	memset(buf, 'p', sizeof(buf));
+	IO_EQ(pwrite(fd, buf, sizeof(buf), 0), (ssize_t)sizeof(buf));
+	IO_EQ(fsync(fd), 0);
+	IO_EQ(fallocate(fd, 0, 1 << 20, 1 << 20), 0);
+	IO_EQ(fsync(fd), 0);
+	IO_EQ(pread(fd, buf, sizeof(buf), 1 << 20), (ssize_t)sizeof(buf));
+	cr_assert_eq(buf[0], 0);
+	IO_EQ(close(fd), 0);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
 #endif
