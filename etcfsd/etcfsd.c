@@ -49,6 +49,7 @@
 #include "fs/fs.h"
 #include "dev/iopool.h"
 #include "maint/maint.h"
+#include "kchan/fuseio.h"
 #include "kchan/fuseloop.h"
 #include "kchan/inval.h"
 #include "lock/lock.h"
@@ -2217,6 +2218,11 @@ static int mount_fuse(struct daemon *d)
 		return -EIO;
 	}
 	d->mounted = true;
+	r = efs_fuseio_install(d->se);
+	if (r < 0)
+		efs_log_warn("FUSE: custom I/O refused (%s): O_DIRECT writers of one file "
+			     "stay serialised by the kernel",
+			     strerror(-r));
 	efs_fs_set_fuse(d->fs, d->se);
 	r = efs_fuseloop_start(&d->fl, &d->loop, d->se, on_fuse_exit, d);
 	if (r < 0) {

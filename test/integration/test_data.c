@@ -2010,6 +2010,74 @@ Test(data, recall)
 	efs_test_assert_no_leaks();
 }
 
+/* ==== O_DIRECT writers of one file reach the daemon together ==== */
+
+struct pwriter {
+	int fd;
+	int id;
+	int err;
+};
+
+static void *pwriter_main(void *arg)
+{
+	struct pwriter *w = arg;
+	void *buf = NULL;
+
+	if (posix_memalign(&buf, 4096, 4096) != 0) {
+		w->err = ENOMEM;
+		return NULL;
+	}
+	memset(buf, 'a' + w->id, 4096);
+	for (int i = 0; i < 300 && !w->err; i++) {
+		off_t off = (off_t)(((unsigned)i * 7919u + (unsigned)w->id * 131u) % 1024u) * 4096;
+
+		if (pwrite(w->fd, buf, 4096, off) != 4096)
+			w->err = errno ? errno : EIO;
+	}
+	free(buf);
+	return NULL;
+}
+
+/*
+ * The kernel serialises O_DIRECT writes of one file on its inode lock
+ * unless the open reply says FOPEN_PARALLEL_DIRECT_WRITES (which libfuse
+ * 3.14 cannot say: kchan/fuseio patches it in). Four threads overwriting
+ * a 4 MiB file then have more than one write in the daemon at once;
+ * serialised, never more than one.
+ */
+Test(data, direct_writers_of_one_file_run_in_parallel)
+{
+	char path[PATH_MAX];
+	struct pwriter w[4];
+	pthread_t t[4];
+	void *buf = NULL;
+	int fd;
+
+	env_start(0, NULL);
+	env_path(path, sizeof(path), "par");
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0644);
+	cr_assert_geq(fd, 0, "create: %s", strerror(errno));
+	cr_assert_eq(posix_memalign(&buf, 4096, 1 << 20), 0);
+	memset(buf, 'z', 1 << 20);
+	for (int i = 0; i < 4; i++) /* laid out first: no write extends the file */
+		IO_EQ(pwrite(fd, buf, 1 << 20, (off_t)i << 20), 1 << 20);
+	free(buf);
+	for (int i = 0; i < 4; i++) {
+		w[i] = (struct pwriter){.fd = fd, .id = i};
+		cr_assert_eq(pthread_create(&t[i], NULL, pwriter_main, &w[i]), 0);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(t[i], NULL);
+		cr_assert_eq(w[i].err, 0, "writer %d: %s", i, strerror(w[i].err));
+	}
+	IO_EQ(fsync(fd), 0);
+	IO_EQ(close(fd), 0);
+	cr_assert_geq(efs_test_fs_metric(&env.f, "etcfs_data_writes_inflight_max"), 2,
+		      "O_DIRECT writes of one file reached the daemon one at a time");
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
 /*
  * A preallocation published with no write since the last device sync:
  * nothing to sync, and test builds' check that every published block's

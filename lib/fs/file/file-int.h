@@ -191,6 +191,11 @@ struct dctl {
 		uint64_t start, len, seq;
 	} *unsynced;
 	size_t nunsynced, unsynced_cap;
+	/* Write requests in the daemon now, and the most at once (writers
+	 * of one file reach it together only when the kernel lets them:
+	 * FOPEN_PARALLEL_DIRECT_WRITES). */
+	uint64_t writes_inflight, writes_inflight_max;
+	struct efs_gauge *g_writes_max;
 	struct efs_gauge *g_dirty;
 	struct efs_counter *c_txns, *c_inodes, *c_fsyncs, *c_wbytes, *c_rbytes, *c_syncs;
 	struct efs_histogram *h_pub;
@@ -357,6 +362,9 @@ void efs_file_fault_mem_leave(struct dctl *c, enum efs_file_fault_mem site);
 void efs_file_synchk_mapped(struct dctl *c, const struct efs_runs *r);
 void efs_file_synchk_synced(struct dctl *c, uint64_t mark);
 void efs_file_synchk_commit(struct dctl *c, uint64_t ino, const struct efs_runs *use);
+
+/* Counts a write request in (+1) or out (-1) of the daemon. */
+void efs_file_writes_inflight(struct efs_fs *fs, int delta);
 
 /* ---- Block I/O and the map (blockio.c) ---- */
 

@@ -381,6 +381,23 @@ fail:
 	return e;
 }
 
+void efs_file_writes_inflight(struct efs_fs *fs, int delta)
+{
+	struct dctl *c = efs_file_ctl_of(fs);
+
+	if (!c)
+		return;
+	if (delta < 0) {
+		c->writes_inflight--;
+		return;
+	}
+	if (++c->writes_inflight > c->writes_inflight_max) {
+		c->writes_inflight_max = c->writes_inflight;
+		if (c->g_writes_max)
+			efs_gauge_set(c->g_writes_max, (double)c->writes_inflight_max);
+	}
+}
+
 #if EFS_FAULT_HOOKS
 void efs_file_synchk_mapped(struct dctl *c, const struct efs_runs *r)
 {
@@ -1194,6 +1211,9 @@ int efs_fs_data_init(struct efs_fs *fs)
 						  NULL);
 		c->c_rbytes = efs_metrics_counter(fs->m, "etcfs_data_read_bytes_total",
 						  "Bytes read from the device by file reads", NULL);
+		c->g_writes_max = efs_metrics_gauge(fs->m, "etcfs_data_writes_inflight_max",
+						    "Most write requests in the daemon at once",
+						    NULL);
 		c->c_syncs = efs_metrics_counter(fs->m, "etcfs_data_device_syncs_total",
 						 "Device fdatasyncs issued by publications",
 						 NULL);

@@ -40,6 +40,8 @@ struct dreq *efs_file_dreq_new(fuse_req_t req, enum rkind kind, enum efs_fs_opco
 	r->kind = kind;
 	r->ino = ino;
 	fs->inflight++;
+	if (kind == RK_WRITE)
+		efs_file_writes_inflight(fs, 1);
 	return r;
 }
 
@@ -105,6 +107,8 @@ void efs_file_dreq_end(struct dreq *r, int err)
 		efs_file_state_maybe_free(d);
 	}
 	fs->inflight--;
+	if (r->kind == RK_WRITE)
+		efs_file_writes_inflight(fs, -1);
 	efs_mem_free(r);
 }
 
