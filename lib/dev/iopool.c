@@ -410,6 +410,8 @@ static void *worker(void *arg)
 
 		io = efs_list_entry(n, struct efs_io, link);
 		io->res = run_io(p, io);
+		if (io->wcb)
+			io->wcb(io, io->res);
 		/* From here on start_ns holds the latency (submit to done). */
 		io->start_ns = efs_clock_mono_ns() - io->start_ns;
 

@@ -67,6 +67,11 @@ struct efs_io {
 	uint64_t off; /* bytes; multiple of EFS_IO_ALIGN when direct */
 	efs_io_cb cb;
 	void *arg;
+	/* Optional: runs on the worker thread right after the transfer, with
+	 * the |res| that |cb| gets later on the loop; thread-safe and never
+	 * blocking (a read's reply to the kernel, sent without a trip
+	 * through the loop). */
+	efs_io_cb wcb;
 	/* private */
 	struct efs_list link; /* in the pool's submission or completion FIFO */
 	ssize_t res;

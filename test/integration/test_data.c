@@ -2104,4 +2104,49 @@ Test(data, fallocate_after_a_sync_publishes_without_a_sync)
 	env_stop();
 	efs_test_assert_no_leaks();
 }
+
+/*
+ * A read that one device read fills (holes in it are zeroed before the
+ * read goes out) is answered from the I/O worker, with no trip through
+ * the loop; one that takes two device reads is answered from the loop.
+ * Both return the file's bytes.
+ */
+Test(data, reads_answered_from_the_worker)
+{
+	char path[PATH_MAX];
+	double before, after;
+	uint8_t *buf = NULL;
+	int fd;
+
+	env_start(0, NULL);
+	env_path(path, sizeof(path), "wr");
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0644);
+	cr_assert_geq(fd, 0, "create: %s", strerror(errno));
+	cr_assert_eq(posix_memalign((void **)&buf, 4096, 135168), 0);
+	memset(buf, 'w', 65536);
+	IO_EQ(pwrite(fd, buf, 65536, 0), 65536);
+	IO_EQ(pwrite(fd, buf, 4096, 131072), 4096); /* a hole at 64-128 KiB */
+	IO_EQ(fsync(fd), 0);
+	before = efs_test_fs_metric(&env.f, "etcfs_data_worker_read_replies_total");
+	for (int i = 0; i < 8; i++) {
+		memset(buf, 0, 4096);
+		IO_EQ(pread(fd, buf, 4096, (off_t)i * 4096), 4096);
+		cr_assert_eq(buf[0], 'w');
+		cr_assert_eq(buf[4095], 'w');
+	}
+	after = efs_test_fs_metric(&env.f, "etcfs_data_worker_read_replies_total");
+	cr_assert_geq(after - before, 8, "reads of mapped blocks: %.0f answered from the worker",
+		      after - before);
+	memset(buf, 'x', 135168);
+	IO_EQ(pread(fd, buf, 135168, 0), 135168); /* data, hole, data: two device reads */
+	cr_assert_eq(buf[65535], 'w');
+	cr_assert_eq(buf[65536], 0);
+	cr_assert_eq(buf[131072], 'w');
+	cr_assert_eq(efs_test_fs_metric(&env.f, "etcfs_data_worker_read_replies_total"), after,
+		     "a read of two device reads was answered from the worker");
+	free(buf);
+	IO_EQ(close(fd), 0);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
 #endif

@@ -36,6 +36,7 @@ struct rb {
 	size_t pending;
 	int err;
 	void (*cb)(void *arg, int err);
+	void (*wcb)(void *arg); /* worker side, one I/O only */
 	void *arg;
 	size_t nio;
 	struct efs_io io[];
@@ -58,13 +59,24 @@ static void rb_io_cb(struct efs_io *io, ssize_t res)
 	efs_mem_free(j);
 }
 
-/*
- * Reads file blocks [fblk, fblk + n) of |d| into |buf| (n blocks, aligned):
- * holes and preallocated extents give zeroes. 1 when done now (no device
- * read), 0 (|cb| later with 0 or -EIO), or a negative errno.
- */
+/* The whole read was one device I/O, and it is done: the buffer is
+ * complete (holes were zeroed before it went out). */
+static void rb_io_wcb(struct efs_io *io, ssize_t res)
+{
+	struct rb *j = io->arg;
+
+	if (res >= 0 && (size_t)res == io->len)
+		j->wcb(j->arg);
+}
+
 int efs_file_read_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
 			 void (*cb)(void *arg, int err), void *arg)
+{
+	return efs_file_read_blocks_w(d, fblk, n, buf, cb, NULL, arg);
+}
+
+int efs_file_read_blocks_w(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
+			   void (*cb)(void *arg, int err), void (*wcb)(void *arg), void *arg)
 {
 	struct efs_fs *fs = d->fs;
 	uint64_t bs = fs->blksize, pos = fblk;
@@ -125,6 +137,10 @@ int efs_file_read_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8
 		return 1;
 	}
 	j->nio = nio;
+	if (wcb && nio == 1) {
+		j->wcb = wcb;
+		j->io[0].wcb = rb_io_wcb;
+	}
 	j->pending = 1; /* held while submitting */
 	for (size_t i = 0; i < nio; i++) {
 		r = efs_iopool_submit(fs->pool, &j->io[i]);

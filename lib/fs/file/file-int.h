@@ -198,6 +198,7 @@ struct dctl {
 	struct efs_gauge *g_writes_max;
 	struct efs_gauge *g_dirty;
 	struct efs_counter *c_txns, *c_inodes, *c_fsyncs, *c_wbytes, *c_rbytes, *c_syncs;
+	struct efs_counter *c_wreplies; /* reads answered from the I/O worker */
 	struct efs_histogram *h_pub;
 };
 
@@ -368,8 +369,17 @@ void efs_file_writes_inflight(struct efs_fs *fs, int delta);
 
 /* ---- Block I/O and the map (blockio.c) ---- */
 
+/*
+ * Reads file blocks [fblk, fblk + n) of |d| into |buf| (n blocks, aligned):
+ * holes and preallocated extents give zeroes. 1 when done now (no device
+ * read), 0 (|cb| later with 0 or -EIO), or a negative errno. The _w form
+ * also calls |wcb| on the I/O worker as soon as the buffer is complete,
+ * when a single device read fills it (then |cb| follows on the loop).
+ */
 int efs_file_read_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
 			 void (*cb)(void *arg, int err), void *arg);
+int efs_file_read_blocks_w(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
+			   void (*cb)(void *arg, int err), void (*wcb)(void *arg), void *arg);
 int efs_file_bury(struct efs_fs_data *d, const struct efs_runs *buried);
 int efs_file_write_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
 			  uint32_t xflags, void (*cb)(void *arg, int err), void *arg);

@@ -243,17 +243,34 @@ int efs_file_handle_ok(struct efs_fs *fs, struct efs_fs_handle *h)
 
 /* ---- read ---- */
 
+/* On the I/O worker: the bytes are in, the kernel gets them now (libfuse's
+ * replies are thread-safe, and |r|'s fields were set before the I/O was
+ * submitted). What the loop does after (kernel page note, atime, the end of
+ * the request with its lock pin) follows in read_io_done; until then the
+ * request counts as in flight, so a recall still waits for it. */
+static void read_wreply(void *arg)
+{
+	struct dreq *r = arg;
+	struct dctl *c = efs_file_ctl_of(r->fs);
+
+	if (c->c_wreplies)
+		efs_counter_inc(c->c_wreplies);
+	efs_fs_rq_buf(&r->rq, (const char *)r->buf + (uint64_t)r->off % r->fs->blksize,
+		      r->wbytes);
+}
+
 static void read_io_done(void *arg, int err)
 {
 	struct dreq *r = arg;
 	struct efs_fs *fs = r->fs;
-	uint64_t bs = fs->blksize;
 
 	if (err < 0) {
 		efs_file_dreq_end(r, err);
 		return;
 	}
-	efs_fs_rq_buf(&r->rq, (const char *)r->buf + (uint64_t)r->off % bs, r->wbytes);
+	if (!efs_fs_rq_replied(&r->rq))
+		efs_fs_rq_buf(&r->rq, (const char *)r->buf + (uint64_t)r->off % fs->blksize,
+			      r->wbytes);
 	if (r->d && r->d->in)
 		efs_fs_note_kpages(fs, r->d->in);
 	if (r->d && r->d->in && r->d->in->rec) {
@@ -302,7 +319,7 @@ static void read_cont(struct dreq *r)
 		efs_file_dreq_end(r, -ENOMEM);
 		return;
 	}
-	e = efs_file_read_blocks(d, r->b0, r->nb, r->buf, read_io_done, r);
+	e = efs_file_read_blocks_w(d, r->b0, r->nb, r->buf, read_io_done, read_wreply, r);
 	if (e == 1)
 		read_io_done(r, 0);
 	else if (e < 0)

@@ -1214,6 +1214,10 @@ int efs_fs_data_init(struct efs_fs *fs)
 		c->g_writes_max = efs_metrics_gauge(fs->m, "etcfs_data_writes_inflight_max",
 						    "Most write requests in the daemon at once",
 						    NULL);
+		c->c_wreplies = efs_metrics_counter(fs->m, "etcfs_data_worker_read_replies_total",
+						    "Reads answered from the I/O worker "
+						    "(one device read filled them)",
+						    NULL);
 		c->c_syncs = efs_metrics_counter(fs->m, "etcfs_data_device_syncs_total",
 						 "Device fdatasyncs issued by publications",
 						 NULL);
