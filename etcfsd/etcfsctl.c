@@ -69,6 +69,7 @@ enum {
 	OPT_RECALL_BOUND,
 	OPT_INTERVAL,
 	OPT_COUNT,
+	OPT_INODES,
 };
 
 #define CONN_LONGOPTS EFS_CLI_ETCD_LONGOPTS(OPT_ETCD), {"help", no_argument, NULL, OPT_HELP}
@@ -1068,6 +1069,7 @@ enum {
 	FS_CMD_TARGET = 1 << 2,	      /* one more positional argument, optional */
 	FS_CMD_RECALL_BOUND = 1 << 3, /* --recall-bound SECONDS */
 	FS_CMD_SAMPLES = 1 << 4,      /* --interval SECONDS, --count N */
+	FS_CMD_INODES = 1 << 5,	      /* --inodes N */
 };
 
 struct fs_cmd {
@@ -1080,6 +1082,7 @@ struct fs_cmd {
 	unsigned recall_bound_s; /* --recall-bound (0: not given) */
 	uint32_t interval_ms;	 /* --interval (0: not given) */
 	unsigned long count;	 /* --count (0: not given: until interrupted) */
+	uint64_t inodes;	 /* --inodes (0: not given) */
 	struct efs_etcd_sync *s;
 	struct efs_meta_ns ns;
 	Etcfs__FsInfo *fi;
@@ -1122,6 +1125,7 @@ static int fs_cmd_parse(struct fs_cmd *f, int argc, char **argv, unsigned flags,
 		{"recall-bound", required_argument, NULL, OPT_RECALL_BOUND},
 		{"interval", required_argument, NULL, OPT_INTERVAL},
 		{"count", required_argument, NULL, OPT_COUNT},
+		{"inodes", required_argument, NULL, OPT_INODES},
 		{NULL, 0, NULL, 0},
 	};
 	char err[EFS_CLI_ERR_MAX] = "";
@@ -1197,6 +1201,26 @@ static int fs_cmd_parse(struct fs_cmd *f, int argc, char **argv, unsigned flags,
 				return EXIT_USAGE;
 			}
 			break;
+		case OPT_INODES: {
+			unsigned long long v;
+			char *end;
+
+			if (!(flags & FS_CMD_INODES)) {
+				fprintf(stderr, "%s: %s has no --inodes\n", prog, argv[0]);
+				fprintf(stderr, "Try '%s %s --help'.\n", prog, argv[0]);
+				return EXIT_USAGE;
+			}
+			errno = 0;
+			v = strtoull(optarg, &end, 10);
+			if (errno || end == optarg || *end || optarg[0] == '-' ||
+			    v < 2 || v > EFS_LAYOUT_INODES_MAX) {
+				fprintf(stderr, "%s: --inodes '%s': a number from 2 to %llu\n",
+					prog, optarg, EFS_LAYOUT_INODES_MAX);
+				return EXIT_USAGE;
+			}
+			f->inodes = v;
+			break;
+		}
 		default:
 			fprintf(stderr, "Try '%s %s --help'.\n", prog, argv[0]);
 			return EXIT_USAGE;
@@ -2977,6 +3001,12 @@ static void usage_grow(FILE *f)
 		"superblock takes the size; every mounted node allocates in the new groups once\n"
 		"it sees its own device at the new size. Shrinking is refused.\n"
 		"\n"
+		"The inode limit grows in proportion to the data area (never lower than it\n"
+		"was), or becomes N with --inodes N (refused below the inodes in use); a\n"
+		"grow to the current size with --inodes changes the limit alone. Mounted\n"
+		"read-write nodes take the new limit from the \"sb\" record at once.\n"
+		"\n"
+		"  --inodes N               the inode limit after the growth\n"
 		"  --json                   one JSON object on stdout\n"
 		"  --help                   this text\n"
 		"\n"
@@ -3193,6 +3223,44 @@ static int grow_write_sb(const struct efs_cli_device *d, uint64_t size, char *er
 	return r;
 }
 
+/*
+ * The inode limit after a growth from |old_data| to |new_data| data blocks:
+ * --inodes when given (refused below the inode records in use), else
+ * |limit| scaled by the growth of the data area, so that the inodes per
+ * byte of data stay what mkfs (or an earlier grow) set; never lower than
+ * |limit|, never above EFS_LAYOUT_INODES_MAX.
+ */
+static int grow_inode_limit(struct fs_cmd *f, uint64_t limit, uint64_t old_data,
+			    uint64_t new_data, uint64_t *ret, char *err, size_t err_size)
+{
+	struct efs_meta_range range;
+	int64_t used = 0;
+	double scaled;
+	int r;
+
+	if (!f->inodes) {
+		scaled = old_data ? (double)limit * (double)new_data / (double)old_data : 0;
+		if (scaled > (double)EFS_LAYOUT_INODES_MAX)
+			scaled = (double)EFS_LAYOUT_INODES_MAX;
+		*ret = scaled > (double)limit ? (uint64_t)scaled : limit;
+		return 0;
+	}
+	r = efs_meta_range_family(&f->ns, EFS_META_K_INODE, &range);
+	if (r == 0)
+		r = efs_cli_range_count(f->s, &range, &used, err, err_size);
+	if (r < 0)
+		return r;
+	if (f->inodes < (uint64_t)used) {
+		snprintf(err, err_size,
+			 "--inodes %" PRIu64 " is below the %" PRId64
+			 " inodes in use; give at least that many",
+			 f->inodes, used);
+		return -EINVAL;
+	}
+	*ret = f->inodes;
+	return 0;
+}
+
 static int cmd_grow(int argc, char **argv)
 {
 	struct fs_cmd f = {0};
@@ -3202,12 +3270,12 @@ static int cmd_grow(int argc, char **argv)
 	struct efs_meta_key sbk;
 	Mvccpb__KeyValue *kv = NULL;
 	Etcfs__FsInfo *cur = NULL;
-	uint64_t want, old, bs, old_data, new_data, old_last, new_last;
+	uint64_t want, old, bs, old_data, new_data, old_last, new_last, old_inodes, inodes;
 	uint32_t old_count, new_count, first, g;
 	bool ok = false, tail;
 	int ret, r;
 
-	ret = fs_cmd_start(&f, argc, argv, FS_CMD_TARGET | FS_CMD_JSON, usage_grow);
+	ret = fs_cmd_start(&f, argc, argv, FS_CMD_TARGET | FS_CMD_JSON | FS_CMD_INODES, usage_grow);
 	if (ret >= 0)
 		goto out;
 	ret = EXIT_FAILED;
@@ -3255,15 +3323,21 @@ static int cmd_grow(int argc, char **argv)
 	}
 	old_data = old / bs - cur->data_start;
 	new_data = want / bs - cur->data_start;
-	if (new_data == old_data) {
+	old_inodes = cur->inode_limit;
+	r = grow_inode_limit(&f, old_inodes, old_data, new_data, &inodes, err, sizeof(err));
+	if (r < 0) {
+		fprintf(stderr, "%s: grow: %s\n", prog, err);
+		goto out;
+	}
+	if (new_data == old_data && inodes == old_inodes) {
 		if (f.json)
 			printf("{\"name\":\"%s\",\"grown\":false,\"device_size\":%" PRIu64
-			       ",\"ag_count\":%" PRIu32 "}\n",
-			       cur->name, old, old_count);
+			       ",\"ag_count\":%" PRIu32 ",\"inode_limit\":%" PRIu64 "}\n",
+			       cur->name, old, old_count, old_inodes);
 		else
-			printf("%s is already %" PRIu64 " bytes (%" PRIu32
-			       " groups): nothing to do\n",
-			       cur->name, old, old_count);
+			printf("%s is already %" PRIu64 " bytes (%" PRIu32 " groups, %" PRIu64
+			       " inodes): nothing to do\n",
+			       cur->name, old, old_count, old_inodes);
 		ret = EXIT_FIT;
 		goto out;
 	}
@@ -3278,7 +3352,7 @@ static int cmd_grow(int argc, char **argv)
 	l.data_blocks = new_data;
 	l.ag_blocks = cur->ag_blocks;
 	l.ag_count = new_count;
-	l.inode_limit = cur->inode_limit;
+	l.inode_limit = inodes;
 	old_last = old_data - (uint64_t)(old_count - 1) * cur->ag_blocks;
 	new_last = efs_layout_group_blocks(&l, old_count - 1);
 	tail = new_last != old_last;
@@ -3319,6 +3393,7 @@ static int cmd_grow(int argc, char **argv)
 
 		cur->device_size = want;
 		cur->ag_count = new_count;
+		cur->inode_limit = inodes;
 		r = efs_etcd_txn_new(&t, 0);
 		if (r == 0)
 			r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_MOD, EFS_ETCD_CMP_EQUAL, sbk.buf,
@@ -3375,12 +3450,16 @@ static int cmd_grow(int argc, char **argv)
 	if (f.json)
 		printf("{\"name\":\"%s\",\"grown\":true,\"old_device_size\":%" PRIu64
 		       ",\"device_size\":%" PRIu64 ",\"old_ag_count\":%" PRIu32
-		       ",\"ag_count\":%" PRIu32 ",\"ag_bytes\":%" PRIu64 "}\n",
-		       cur->name, old, want, old_count, new_count, cur->ag_blocks * bs);
+		       ",\"ag_count\":%" PRIu32 ",\"ag_bytes\":%" PRIu64
+		       ",\"old_inode_limit\":%" PRIu64 ",\"inode_limit\":%" PRIu64 "}\n",
+		       cur->name, old, want, old_count, new_count, cur->ag_blocks * bs, old_inodes,
+		       inodes);
 	else
 		printf("%s grown from %" PRIu64 " to %" PRIu64 " bytes: %" PRIu32 " -> %" PRIu32
-		       " allocation groups of %" PRIu64 " bytes\n",
-		       cur->name, old, want, old_count, new_count, cur->ag_blocks * bs);
+		       " allocation groups of %" PRIu64 " bytes, %" PRIu64 " -> %" PRIu64
+		       " inodes\n",
+		       cur->name, old, want, old_count, new_count, cur->ag_blocks * bs, old_inodes,
+		       inodes);
 	ret = EXIT_FIT;
 out:
 	efs_meta_record_free(cur);

@@ -1191,6 +1191,8 @@ static double gauge_inodes_limit(void *arg)
 {
 	struct daemon *d = arg;
 
+	if (d->fs)
+		return (double)efs_fs_inode_limit(d->fs);
 	return d->fi ? (double)d->fi->inode_limit : 0;
 }
 

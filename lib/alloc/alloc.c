@@ -248,6 +248,7 @@ struct efs_alloc {
 	const int *dev_fd;
 	void (*grown)(void *arg, uint64_t device_size, uint32_t ag_count);
 	void *grown_arg;
+	void (*inode_limit)(void *arg, uint64_t inode_limit);
 	bool reserve_default; /* the reserve follows the data area's size */
 	uint64_t device_size; /* bytes the geometry spans now */
 	struct efs_etcd_watcher *sb_w; /* on "sb", on ho_ws */
@@ -834,6 +835,7 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 	a->dev_fd = o->dev_fd;
 	a->grown = o->grown;
 	a->grown_arg = o->grown_arg;
+	a->inode_limit = o->inode_limit;
 	if (o->dev_fd && efs_alloc_device_bytes(*o->dev_fd, &dev) == 0 &&
 	    dev < o->fi->device_size) {
 		/* Mounted after a growth this host's device does not show yet:
@@ -2403,6 +2405,9 @@ static void sb_seen(struct efs_alloc *a, const Mvccpb__KeyValue *kv)
 		grow_try(a);
 		kick(a);
 	}
+	/* The inode limit needs no device: it holds from the record on. */
+	if (a->inode_limit)
+		a->inode_limit(a->grown_arg, fi->inode_limit);
 	efs_meta_record_free(fi);
 }
 

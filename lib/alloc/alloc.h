@@ -109,6 +109,9 @@ struct efs_alloc_opts {
 	const int *dev_fd;
 	void (*grown)(void *arg, uint64_t device_size, uint32_t ag_count);
 	void *grown_arg;
+	/* Told every inode limit an "sb" value carries (etcfsctl grow sets it
+	 * with or without a growth), with |grown_arg|; may be NULL. */
+	void (*inode_limit)(void *arg, uint64_t inode_limit);
 };
 
 /* Default dead-node grace: see docs/DESIGN.md on dead nodes' space. */

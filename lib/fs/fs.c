@@ -271,6 +271,19 @@ static void fs_grown(void *arg, uint64_t device_size, uint32_t ag_count)
 	fs->fi->ag_count = ag_count;
 }
 
+/* etcfsctl grow set an inode limit: statfs and the create-time check use it
+ * from now on. */
+static void fs_inode_limit(void *arg, uint64_t inode_limit)
+{
+	struct efs_fs *fs = arg;
+
+	if (inode_limit == fs->fi->inode_limit)
+		return;
+	efs_log_info("the inode limit is now %" PRIu64 " (was %" PRIu64 ")", inode_limit,
+		     fs->fi->inode_limit);
+	fs->fi->inode_limit = inode_limit;
+}
+
 /* The device pool and the data path; read-write mounts also get the
  * allocator and the reclaimer. */
 static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
@@ -279,6 +292,7 @@ static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
 	struct efs_alloc_opts ao = {
 		.ns = &fs->ns, .fi = fs->fi, .m = fs->m, .dead_grace_ms = o->dead_grace_ms,
 		.dev_fd = &fs->dev_fd, .grown = fs_grown, .grown_arg = fs,
+		.inode_limit = fs_inode_limit,
 	};
 	int r;
 
@@ -573,6 +587,11 @@ int efs_fs_stop_io(struct efs_fs *fs, void (*cb)(void *arg), void *arg)
 uint64_t efs_fs_inflight(const struct efs_fs *fs)
 {
 	return fs->inflight;
+}
+
+uint64_t efs_fs_inode_limit(const struct efs_fs *fs)
+{
+	return fs->fi->inode_limit;
 }
 
 void efs_fs_abandon(struct efs_fs *fs)

@@ -100,6 +100,8 @@ int efs_fs_leave(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg
 int efs_fs_stop_io(struct efs_fs *fs, void (*cb)(void *arg), void *arg);
 /* Operations in flight (the daemon waits for 0 before leaving). */
 uint64_t efs_fs_inflight(const struct efs_fs *fs);
+/* The inode limit in force (the mount's, or a later one from "sb"). */
+uint64_t efs_fs_inode_limit(const struct efs_fs *fs);
 /*
  * The daemon leaves with operations still in flight and will not free the
  * fs (their continuations point into it), while the lock cache and the

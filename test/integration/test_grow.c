@@ -170,6 +170,17 @@ static bool file_has(const char *path, const char *needle)
 	return found;
 }
 
+/* Grows the image to |size| bytes and runs etcfsctl grow --json on it,
+ * which must succeed; its output goes to |out|. */
+static void grow_image(uint64_t size, char *out, size_t out_size)
+{
+	int r;
+
+	cr_assert_eq(truncate(n1.image, (off_t)size), 0, "truncate: %s", strerror(errno));
+	r = efs_test_fs_run(&n1, out, out_size, "etcfsctl", "grow", "--json", n1.image, NULL);
+	cr_assert_eq(r, 0, "grow to %" PRIu64 ": status %d:\n%s", size, r, out);
+}
+
 static bool wait_log(const char *path, const char *needle, int ms);
 
 Test(grow, two_nodes_fill_grow_and_write_on)
@@ -202,19 +213,12 @@ Test(grow, two_nodes_fill_grow_and_write_on)
 
 	/* First a growth inside the short last group: no new group, the
 	 * last one lengthened to a whole 2 MiB. */
-	cr_assert_eq(truncate(n1.image, (off_t)(129ull << 20)), 0, "truncate: %s",
-		     strerror(errno));
-	r = efs_test_fs_run(&n1, out, sizeof(out), "etcfsctl", "grow", "--json", n1.image,
-			    NULL);
-	cr_assert_eq(r, 0, "grow: status %d:\n%s", r, out);
+	grow_image(129ull << 20, out, sizeof(out));
 	cr_assert(strstr(out, "\"ag_count\":64"), "%s", out);
 	cr_assert(wait_log(n1.log, "(64 groups, was 64)", 10000), "node1 kept the short group");
 	cr_assert(wait_log(n2.log, "(64 groups, was 64)", 10000), "node2 kept the short group");
 
-	cr_assert_eq(truncate(n1.image, (off_t)GROW_SIZE), 0, "truncate: %s", strerror(errno));
-	r = efs_test_fs_run(&n1, out, sizeof(out), "etcfsctl", "grow", "--json", n1.image,
-			    NULL);
-	cr_assert_eq(r, 0, "grow: status %d:\n%s", r, out);
+	grow_image(GROW_SIZE, out, sizeof(out));
 	cr_assert(strstr(out, "\"grown\":true"), "%s", out);
 	cr_assert(strstr(out, "\"ag_count\":96"), "%s", out);
 
@@ -335,6 +339,91 @@ Test(grow, a_node_whose_device_has_not_grown_waits_for_it)
 	r = write_soon(n2.mnt, "after", 10000);
 	cr_assert_eq(r, 0, "node2 after losetup -c: %s", strerror(r));
 	cr_assert_not(file_has(n2.log, "DOUBLE FREE"));
+	efs_test_fs_unmount(&n2);
+	efs_test_fs_unmount(&n1);
+	r = efs_test_fs_run(&n1, out, sizeof(out), "fsck.etcfs", "-n", n1.image, NULL);
+	cr_assert_eq(r, 0, "fsck.etcfs -n: status %d:\n%s", r, out);
+}
+
+/* ---- The inode limit grows with the data area, or as --inodes says ---- */
+
+#define FEW_INODES 16
+
+/* Creates empty files "<prefix><n>" on |mnt| until one fails: how many fit,
+ * and that failure's errno in |ret_err|. */
+static int create_until_full(const char *mnt, const char *prefix, int max, int *ret_err)
+{
+	char path[512];
+	int n, fd;
+
+	*ret_err = 0;
+	for (n = 0; n < max; n++) {
+		snprintf(path, sizeof(path), "%s/%s%d", mnt, prefix, n);
+		fd = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+		if (fd < 0) {
+			*ret_err = errno;
+			break;
+		}
+		close(fd);
+	}
+	return n;
+}
+
+/* Waits up to |ms| for statfs on |mnt| to show |want| inodes in all. */
+static uint64_t wait_files(const char *mnt, uint64_t want, int ms)
+{
+	struct statvfs v = {0};
+
+	for (int waited = 0; waited <= ms; waited += 100) {
+		cr_assert_eq(statvfs(mnt, &v), 0, "statvfs %s: %s", mnt, strerror(errno));
+		if (v.f_files == want)
+			break;
+		usleep(100 * 1000);
+	}
+	return v.f_files;
+}
+
+Test(grow, the_inode_limit_grows_with_the_data)
+{
+	struct efs_test_fs_opts o = {.image_size = 64ull << 20, .inodes = FEW_INODES};
+	static char t1[3000];
+	char out[8192];
+	int n, err, r;
+
+	efs_test_fs_start(&n1, &o);
+	start_node2();
+	/* The root and lost+found take two inodes. */
+	n = create_until_full(n1.mnt, "f", 100, &err);
+	cr_assert_eq(err, ENOSPC, "create %d: %s, expected ENOSPC", n, strerror(err));
+	cr_assert_eq(n, FEW_INODES - 2);
+
+	/* An explicit limit below the inodes in use is refused. */
+	r = efs_test_fs_run(&n1, out, sizeof(out), "etcfsctl", "grow", "--inodes", "8",
+			    n1.image, NULL);
+	cr_assert_eq(r, 4, "grow --inodes 8: status %d:\n%s", r, out);
+	cr_assert(strstr(out, "below the 16 inodes in use"), "%s", out);
+	cr_assert_eq(wait_files(n1.mnt, FEW_INODES, 0), FEW_INODES);
+
+	/* Twice the device, a little more than twice the data area: the
+	 * limit follows the data (32 and a fraction), on both nodes. */
+	grow_image(128ull << 20, out, sizeof(out));
+	cr_assert(strstr(out, "\"old_inode_limit\":16,\"inode_limit\":32"), "%s", out);
+	cr_assert_eq(wait_files(n1.mnt, 32, 10000), 32, "node1's statfs:\n%s",
+		     tail_of(n1.log, t1, sizeof(t1)));
+	cr_assert_eq(wait_files(n2.mnt, 32, 10000), 32, "node2's statfs");
+	n = create_until_full(n2.mnt, "g", 100, &err);
+	cr_assert_eq(err, ENOSPC, "create %d: %s, expected ENOSPC", n, strerror(err));
+	cr_assert_eq(n, 32 - FEW_INODES, "%d more files under a limit of 32", n);
+
+	/* --inodes at the same size changes the limit alone. */
+	r = efs_test_fs_run(&n1, out, sizeof(out), "etcfsctl", "grow", "--inodes", "100",
+			    n1.image, NULL);
+	cr_assert_eq(r, 0, "grow --inodes 100: status %d:\n%s", r, out);
+	cr_assert(strstr(out, "32 -> 100 inodes"), "%s", out);
+	cr_assert_eq(wait_files(n1.mnt, 100, 10000), 100);
+	n = create_until_full(n1.mnt, "h", 10, &err);
+	cr_assert_eq(n, 10, "create past the old limit: %s", strerror(err));
+
 	efs_test_fs_unmount(&n2);
 	efs_test_fs_unmount(&n1);
 	r = efs_test_fs_run(&n1, out, sizeof(out), "fsck.etcfs", "-n", n1.image, NULL);
