@@ -11,6 +11,10 @@
 #include <stdarg.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +25,7 @@
 #include "etcd/sync.h"
 #include "meta/keys.h"
 #include "meta/records.h"
+#include "util/clock.h"
 #include "util/mem.h"
 
 #define MIB (1024ull * 1024ull)
@@ -837,5 +842,185 @@ int efs_cli_mounted_nodes(struct efs_etcd_sync *s, const struct efs_meta_ns *ns,
 			snprintf(node, EFS_META_NODE_MAX + 1, "?");
 	}
 	protobuf_c_message_free_unpacked(&resp->base, efs_mem_protobuf());
+	return 0;
+}
+
+/* ---- Another node's /metrics ---- */
+
+/* Connects to |addr| (numeric: no name lookup), waiting until |deadline_ns|
+ * (monotonic): the socket, or -errno. */
+int efs_cli_metrics_connect(const char *addr, uint64_t deadline_ns)
+{
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
+				 .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV};
+	struct addrinfo *ai = NULL;
+	char host[INET6_ADDRSTRLEN + 1];
+	const char *colon, *start = addr;
+	size_t len;
+	int fd, r, soerr = 0;
+	socklen_t sl = sizeof(soerr);
+
+	if (addr[0] == '[') {
+		start = addr + 1;
+		colon = strstr(addr, "]:");
+		len = colon ? (size_t)(colon - start) : 0;
+		colon = colon ? colon + 1 : NULL;
+	} else {
+		colon = strrchr(addr, ':');
+		len = colon ? (size_t)(colon - addr) : 0;
+	}
+	if (!colon || !len || len >= sizeof(host))
+		return -EINVAL;
+	memcpy(host, start, len);
+	host[len] = '\0';
+	if (getaddrinfo(host, colon + 1, &hints, &ai) != 0 || !ai)
+		return -EINVAL;
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		r = -errno;
+		freeaddrinfo(ai);
+		return r;
+	}
+	r = connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 ? -errno : 0;
+	freeaddrinfo(ai);
+	if (r == -EINPROGRESS) {
+		struct pollfd p = {.fd = fd, .events = POLLOUT};
+		uint64_t now = efs_clock_mono_ns();
+
+		r = now < deadline_ns ? poll(&p, 1, (int)((deadline_ns - now) / 1000000) + 1) : 0;
+		if (r == 0)
+			r = -ETIMEDOUT;
+		else if (r < 0)
+			r = -errno;
+		else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0)
+			r = -errno;
+		else
+			r = -soerr;
+	}
+	if (r < 0) {
+		close(fd);
+		return r;
+	}
+	return fd;
+}
+
+/*
+ * GETs /metrics from |addr| on |fd| (efs_cli_metrics_connect; closed here), reading
+ * by |deadline| at most EFS_CLI_METRICS_MAX bytes: *|ret| is the
+ * NUL-terminated answer, headers included (efs_mem_free), *|ret_first_ns|
+ * (may be NULL) when its first byte came. -errno; -ECONNRESET when nothing
+ * came.
+ */
+int efs_cli_metrics_get(int fd, const char *addr, uint64_t deadline, char **ret,
+			uint64_t *ret_first_ns)
+{
+	uint64_t t1 = 0;
+	char *buf = NULL, *p;
+	size_t len = 0, cap = 0;
+	int r = 0;
+
+	if (dprintf(fd, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", addr) < 0)
+		r = -errno;
+	while (r == 0) {
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
+		uint64_t now = efs_clock_mono_ns();
+		ssize_t n;
+
+		if (now >= deadline) {
+			r = -ETIMEDOUT;
+			break;
+		}
+		if (cap - len < 4096) {
+			if (cap >= EFS_CLI_METRICS_MAX) {
+				r = -EFBIG;
+				break;
+			}
+			p = efs_mem_realloc(buf, cap ? cap * 2 : 65536);
+			if (!p) {
+				r = -ENOMEM;
+				break;
+			}
+			buf = p;
+			cap = cap ? cap * 2 : 65536;
+		}
+		n = poll(&pf, 1, (int)((deadline - now) / 1000000) + 1);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			r = -errno;
+			break;
+		}
+		if (n == 0)
+			continue;
+		n = read(fd, buf + len, cap - len - 1);
+		if (n < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (n < 0)
+			r = -errno;
+		if (n <= 0)
+			break;
+		if (!t1)
+			t1 = efs_clock_mono_ns();
+		len += (size_t)n;
+	}
+	close(fd);
+	if (r == 0 && !len)
+		r = -ECONNRESET;
+	if (r < 0) {
+		efs_mem_free(buf);
+		return r;
+	}
+	buf[len] = '\0';
+	*ret = buf;
+	if (ret_first_ns)
+		*ret_first_ns = t1;
+	return 0;
+}
+
+/*
+ * Reads http://|addr|/metrics within |bound_ms| and measures the node's
+ * clock (etcfs_clock_wall_seconds, read while the node renders its answer,
+ * so between our send and the answer's first byte) against ours at the
+ * middle of that interval.
+ */
+int efs_cli_clock_probe(const char *addr, uint32_t bound_ms, double *ret_skew_s,
+			double *ret_err_s, char *why, size_t why_size)
+{
+	uint64_t t0, t1 = 0, deadline;
+	int64_t t0_real;
+	char *buf = NULL, *p;
+	const char *bad = NULL;
+	double node_s = 0, err_s;
+	int fd, r;
+
+	deadline = efs_clock_mono_ns() + (uint64_t)bound_ms * 1000000;
+	fd = efs_cli_metrics_connect(addr, deadline);
+	if (fd < 0) {
+		snprintf(why, why_size, "metrics unreachable: %s", strerror(-fd));
+		return fd;
+	}
+	t0 = efs_clock_mono_ns();
+	t0_real = (int64_t)efs_clock_real_ns();
+	r = efs_cli_metrics_get(fd, addr, deadline, &buf, &t1);
+	if (r == 0) {
+		if (strncmp(buf, "HTTP/1.", 7) || strncmp(buf + 8, " 200", 4))
+			bad = "metrics answered no 200";
+		else if (!(p = strstr(buf, "\netcfs_clock_wall_seconds ")))
+			bad = "no etcfs_clock_wall_seconds (an older etcfsd?)";
+		else
+			node_s = strtod(p + strlen("\netcfs_clock_wall_seconds "), NULL);
+	}
+	efs_mem_free(buf);
+	if (r < 0) {
+		snprintf(why, why_size, "metrics unreachable: %s", strerror(-r));
+		return r;
+	}
+	if (bad) {
+		snprintf(why, why_size, "%s", bad);
+		return -EPROTO;
+	}
+	err_s = (double)(t1 - t0) / 2e9;
+	*ret_err_s = err_s;
+	*ret_skew_s = node_s - ((double)t0_real / 1e9 + err_s);
 	return 0;
 }

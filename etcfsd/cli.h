@@ -213,3 +213,33 @@ int efs_cli_read_sb(const struct efs_cli_device *d, struct efs_sb *ret, unsigned
  */
 int efs_cli_check_fs(struct efs_etcd_sync *s, const struct efs_cli_device *d, struct efs_sb *sb,
 		     unsigned *ret_flags, Etcfs__FsInfo **ret_fi, char *err, size_t err_size);
+
+/* ---- Another node's /metrics ---- */
+
+/* The most of an answer efs_cli_metrics_get reads. */
+#define EFS_CLI_METRICS_MAX (8u << 20)
+
+/* Connects to |addr| (numeric: no name lookup), waiting until |deadline_ns|
+ * (monotonic): the socket, or -errno. */
+int efs_cli_metrics_connect(const char *addr, uint64_t deadline_ns);
+
+/*
+ * GETs /metrics from |addr| on |fd| (efs_cli_metrics_connect; closed
+ * here), reading by |deadline| at most EFS_CLI_METRICS_MAX bytes: *|ret| is
+ * the NUL-terminated answer, headers included (efs_mem_free),
+ * *|ret_first_ns| (may be NULL) when its first byte came. -errno;
+ * -ECONNRESET when nothing came.
+ */
+int efs_cli_metrics_get(int fd, const char *addr, uint64_t deadline, char **ret,
+			uint64_t *ret_first_ns);
+
+/*
+ * Measures the clock of the etcfsd whose /metrics is at |addr| within
+ * |bound_ms|: *|ret_skew_s| is its clock minus ours (its
+ * etcfs_clock_wall_seconds against our clock at the middle of the time
+ * from our request to the answer's first byte), *|ret_err_s| half that
+ * time (the error bound). Blocks. -errno with a reason in |why| (-EPROTO:
+ * no such metric or no 200).
+ */
+int efs_cli_clock_probe(const char *addr, uint32_t bound_ms, double *ret_skew_s,
+			double *ret_err_s, char *why, size_t why_size);

@@ -2319,7 +2319,6 @@ out:
 /* The bound of one node's /metrics request (connect, send, answer). */
 #define MEMBERS_METRICS_MS 1500
 /* The most of a /metrics answer read. */
-#define MEMBERS_METRICS_MAX (8u << 20)
 
 /* One n/<node> key, what its record says and what was measured. */
 struct node_row {
@@ -2401,182 +2400,12 @@ static bool addr_is_local_only(const char *addr)
 	       !strncmp(addr, "[::1]:", 6) || !strncmp(addr, "[::]:", 5);
 }
 
-/* Connects to |addr| (numeric: no name lookup), waiting until |deadline_ns|
- * (monotonic): the socket, or -errno. */
-static int metrics_connect(const char *addr, uint64_t deadline_ns)
-{
-	struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
-				 .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV};
-	struct addrinfo *ai = NULL;
-	char host[INET6_ADDRSTRLEN + 1];
-	const char *colon, *start = addr;
-	size_t len;
-	int fd, r, soerr = 0;
-	socklen_t sl = sizeof(soerr);
-
-	if (addr[0] == '[') {
-		start = addr + 1;
-		colon = strstr(addr, "]:");
-		len = colon ? (size_t)(colon - start) : 0;
-		colon = colon ? colon + 1 : NULL;
-	} else {
-		colon = strrchr(addr, ':');
-		len = colon ? (size_t)(colon - addr) : 0;
-	}
-	if (!colon || !len || len >= sizeof(host))
-		return -EINVAL;
-	memcpy(host, start, len);
-	host[len] = '\0';
-	if (getaddrinfo(host, colon + 1, &hints, &ai) != 0 || !ai)
-		return -EINVAL;
-	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0) {
-		r = -errno;
-		freeaddrinfo(ai);
-		return r;
-	}
-	r = connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 ? -errno : 0;
-	freeaddrinfo(ai);
-	if (r == -EINPROGRESS) {
-		struct pollfd p = {.fd = fd, .events = POLLOUT};
-		uint64_t now = efs_clock_mono_ns();
-
-		r = now < deadline_ns ? poll(&p, 1, (int)((deadline_ns - now) / 1000000) + 1) : 0;
-		if (r == 0)
-			r = -ETIMEDOUT;
-		else if (r < 0)
-			r = -errno;
-		else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0)
-			r = -errno;
-		else
-			r = -soerr;
-	}
-	if (r < 0) {
-		close(fd);
-		return r;
-	}
-	return fd;
-}
-
-/*
- * Reads http://|addr|/metrics within MEMBERS_METRICS_MS and measures the
- * node's clock (etcfs_clock_wall_seconds, read while the node renders its
- * answer, so between our send and the answer's first byte) against ours
- * at the middle of that interval. Sets the skew fields of |row|.
- */
-/*
- * GETs /metrics from |addr| on |fd| (metrics_connect; closed here), reading
- * by |deadline| at most MEMBERS_METRICS_MAX bytes: *|ret| is the
- * NUL-terminated answer, headers included (efs_mem_free), *|ret_first_ns|
- * (may be NULL) when its first byte came. -errno; -ECONNRESET when nothing
- * came.
- */
-static int metrics_get(int fd, const char *addr, uint64_t deadline, char **ret,
-		       uint64_t *ret_first_ns)
-{
-	uint64_t t1 = 0;
-	char *buf = NULL, *p;
-	size_t len = 0, cap = 0;
-	int r = 0;
-
-	if (dprintf(fd, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", addr) < 0)
-		r = -errno;
-	while (r == 0) {
-		struct pollfd pf = {.fd = fd, .events = POLLIN};
-		uint64_t now = efs_clock_mono_ns();
-		ssize_t n;
-
-		if (now >= deadline) {
-			r = -ETIMEDOUT;
-			break;
-		}
-		if (cap - len < 4096) {
-			if (cap >= MEMBERS_METRICS_MAX) {
-				r = -EFBIG;
-				break;
-			}
-			p = efs_mem_realloc(buf, cap ? cap * 2 : 65536);
-			if (!p) {
-				r = -ENOMEM;
-				break;
-			}
-			buf = p;
-			cap = cap ? cap * 2 : 65536;
-		}
-		n = poll(&pf, 1, (int)((deadline - now) / 1000000) + 1);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			r = -errno;
-			break;
-		}
-		if (n == 0)
-			continue;
-		n = read(fd, buf + len, cap - len - 1);
-		if (n < 0 && (errno == EINTR || errno == EAGAIN))
-			continue;
-		if (n < 0)
-			r = -errno;
-		if (n <= 0)
-			break;
-		if (!t1)
-			t1 = efs_clock_mono_ns();
-		len += (size_t)n;
-	}
-	close(fd);
-	if (r == 0 && !len)
-		r = -ECONNRESET;
-	if (r < 0) {
-		efs_mem_free(buf);
-		return r;
-	}
-	buf[len] = '\0';
-	*ret = buf;
-	if (ret_first_ns)
-		*ret_first_ns = t1;
-	return 0;
-}
-
 static void measure_skew(struct node_row *row, const char *addr)
 {
-	uint64_t t0, t1 = 0, deadline;
-	int64_t t0_real;
-	char *buf = NULL, *p;
-	const char *why = NULL;
-	double node_s = 0;
-	int fd, r;
+	int r = efs_cli_clock_probe(addr, MEMBERS_METRICS_MS, &row->skew_s, &row->skew_err_s,
+				    row->skew_why, sizeof(row->skew_why));
 
-	deadline = efs_clock_mono_ns() + (uint64_t)MEMBERS_METRICS_MS * 1000000;
-	fd = metrics_connect(addr, deadline);
-	if (fd < 0) {
-		snprintf(row->skew_why, sizeof(row->skew_why), "metrics unreachable: %s",
-			 strerror(-fd));
-		return;
-	}
-	t0 = efs_clock_mono_ns();
-	t0_real = (int64_t)efs_clock_real_ns();
-	r = metrics_get(fd, addr, deadline, &buf, &t1);
-	if (r == 0) {
-		if (strncmp(buf, "HTTP/1.", 7) || strncmp(buf + 8, " 200", 4))
-			why = "metrics answered no 200";
-		else if (!(p = strstr(buf, "\netcfs_clock_wall_seconds ")))
-			why = "no etcfs_clock_wall_seconds (an older etcfsd?)";
-		else
-			node_s = strtod(p + strlen("\netcfs_clock_wall_seconds "), NULL);
-	}
-	efs_mem_free(buf);
-	if (r < 0) {
-		snprintf(row->skew_why, sizeof(row->skew_why), "metrics unreachable: %s",
-			 strerror(-r));
-		return;
-	}
-	if (why) {
-		snprintf(row->skew_why, sizeof(row->skew_why), "%s", why);
-		return;
-	}
-	row->skew_known = true;
-	row->skew_err_s = (double)(t1 - t0) / 2e9;
-	row->skew_s = node_s - ((double)t0_real / 1e9 + row->skew_err_s);
+	row->skew_known = r == 0;
 }
 
 /* Everything about one node beyond its record: g/, the lease, the skew. */
@@ -3562,10 +3391,10 @@ static int stats_fetch(const char *addr, struct stats_sample *out)
 	int fd, r;
 
 	memset(out, 0, sizeof(*out));
-	fd = metrics_connect(addr, deadline);
+	fd = efs_cli_metrics_connect(addr, deadline);
 	if (fd < 0)
 		return fd;
-	r = metrics_get(fd, addr, deadline, &buf, NULL);
+	r = efs_cli_metrics_get(fd, addr, deadline, &buf, NULL);
 	if (r == 0)
 		r = stats_parse(buf, out);
 	efs_mem_free(buf);
