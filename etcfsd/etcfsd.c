@@ -196,6 +196,9 @@ struct daemon {
 	uint64_t usage_free_blocks; /* of the last complete poll */
 	int64_t usage_inodes;	    /* of the last complete poll, -1: none yet */
 	uint64_t usage_done_ns;	    /* mono time of the last complete poll */
+	struct skew_round *skew;    /* the clock probe in flight, or NULL */
+	double skew_s;		    /* this node's clock minus the cluster's median */
+	uint32_t skew_peers;	    /* peers the last round measured */
 	struct stat_counters m_lock[EFS_NLOCK_COUNTERS];
 	struct efs_counter *m_fuse_requests;
 	uint64_t fuse_requests_last;
@@ -1147,6 +1150,23 @@ static double gauge_wall_clock(void *arg)
 	return (double)efs_clock_real_ns() / 1e9;
 }
 
+static double gauge_pending_bytes(void *arg)
+{
+	struct daemon *d = arg;
+
+	return d->fs ? (double)efs_fs_pending_bytes(d->fs) : 0;
+}
+
+static double gauge_clock_skew(void *arg)
+{
+	return ((struct daemon *)arg)->skew_s;
+}
+
+static double gauge_clock_skew_peers(void *arg)
+{
+	return (double)((struct daemon *)arg)->skew_peers;
+}
+
 static void on_recall_wait(void *arg, uint64_t ns)
 {
 	struct daemon *d = arg;
@@ -1220,6 +1240,7 @@ static double gauge_usage_age(void *arg)
  * read ends the round; the next tick starts another.
  */
 static void usage_next(struct daemon *d);
+static void skew_start(struct daemon *d);
 
 static bool usage_can_run(const struct daemon *d)
 {
@@ -1237,6 +1258,8 @@ static void usage_count_cb(struct efs_etcd_result *r, Etcdserverpb__RangeRespons
 	d->usage_inodes = resp->count;
 	d->usage_free_blocks = d->usage_free_sum;
 	d->usage_done_ns = efs_clock_mono_ns();
+	if (usage_can_run(d))
+		skew_start(d);
 }
 
 static void usage_ag_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
@@ -1287,6 +1310,119 @@ static void usage_next(struct daemon *d)
 	efs_etcd_txn_free(t);
 	if (r < 0)
 		d->usage_busy = false;
+}
+
+/*
+ * The clock skew, after each usage poll: the metrics addresses of the
+ * other nodes' session records (n/), each node's clock read from its
+ * /metrics in a worker (efs_cli_clock_probe, SKEW_PROBE_MS each), and this
+ * node's clock minus the median of every clock measured, ours included.
+ * The median lets one wrong clock among three show on that node alone;
+ * with two nodes each shows half the difference, with the other's sign.
+ * Without a peer that answers it is 0 (the node is the cluster).
+ */
+#define SKEW_PROBE_MS  1000
+#define SKEW_PEERS_MAX 8
+
+struct skew_round {
+	uv_work_t work;
+	struct daemon *d;
+	uint32_t n, measured;
+	char addr[SKEW_PEERS_MAX][128];
+	double offs[SKEW_PEERS_MAX + 1]; /* peer minus us, then 0 for us */
+};
+
+static void skew_work(uv_work_t *w)
+{
+	struct skew_round *sr = w->data;
+	char why[96];
+
+	for (uint32_t i = 0; i < sr->n; i++) {
+		double s, err;
+
+		if (efs_cli_clock_probe(sr->addr[i], SKEW_PROBE_MS, &s, &err, why, sizeof(why)) ==
+		    0)
+			sr->offs[sr->measured++] = s;
+	}
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static void skew_done(uv_work_t *w, int status)
+{
+	struct skew_round *sr = w->data;
+	struct daemon *d = sr->d;
+	uint32_t n = sr->measured + 1;
+	double med;
+
+	d->skew = NULL;
+	if (status == 0) {
+		sr->offs[sr->measured] = 0;
+		qsort(sr->offs, n, sizeof(sr->offs[0]), cmp_double);
+		med = n % 2 ? sr->offs[n / 2] : (sr->offs[n / 2 - 1] + sr->offs[n / 2]) / 2;
+		d->skew_s = -med;
+		d->skew_peers = sr->measured;
+	}
+	efs_mem_free(sr);
+}
+
+static void skew_nodes_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp,
+			  void *arg)
+{
+	struct daemon *d = arg;
+	struct skew_round *sr;
+
+	if (r->err || !resp || !usage_can_run(d) || d->skew)
+		return;
+	sr = efs_mem_calloc(1, sizeof(*sr));
+	if (!sr)
+		return;
+	for (size_t i = 0; i < resp->n_kvs && sr->n < SKEW_PEERS_MAX; i++) {
+		const Mvccpb__KeyValue *kv = resp->kvs[i];
+		struct efs_meta_key_info info;
+		Etcfs__NodeInfo *ni = NULL;
+
+		if (efs_meta_key_parse(&d->ns, kv->key.data, kv->key.len, &info) < 0 ||
+		    info.family != EFS_META_K_NODE || !strcmp(info.node, d->node) ||
+		    efs_meta_nodeinfo_decode(kv->value.data, kv->value.len, &ni, NULL) < 0)
+			continue;
+		if (ni->metrics_addr && ni->metrics_addr[0] &&
+		    strlen(ni->metrics_addr) < sizeof(sr->addr[0]))
+			snprintf(sr->addr[sr->n++], sizeof(sr->addr[0]), "%s", ni->metrics_addr);
+		efs_meta_record_free(ni);
+	}
+	sr->d = d;
+	sr->work.data = sr;
+	if (!sr->n) {
+		d->skew_s = 0;
+		d->skew_peers = 0;
+		efs_mem_free(sr);
+		return;
+	}
+	if (uv_queue_work(&d->loop, &sr->work, skew_work, skew_done) < 0) {
+		efs_mem_free(sr);
+		return;
+	}
+	d->skew = sr;
+}
+
+static void skew_start(struct daemon *d)
+{
+	struct efs_meta_range range;
+
+	if (d->skew || efs_meta_range_family(&d->ns, EFS_META_K_NODE, &range) < 0)
+		return;
+	(void)efs_etcd_range(d->etcd, range.key.buf, range.key.len,
+			     &(struct efs_etcd_range_opts){
+				     .range_end = range.end.buf,
+				     .range_end_len = range.end.len,
+			     },
+			     NULL, skew_nodes_cb, d);
 }
 
 static void on_usage_tick(uv_timer_t *t)
@@ -1484,6 +1620,18 @@ static void register_metrics(struct daemon *d)
 			     "The node's wall clock (CLOCK_REALTIME) when /metrics was served, in "
 			     "seconds since the epoch",
 			     NULL, gauge_wall_clock, NULL);
+	efs_metrics_gauge_fn(m, "etcfs_data_pending_bytes",
+			     "Bytes of blocks allocated for writes and not yet published (lost "
+			     "with this node if it dies now)",
+			     NULL, gauge_pending_bytes, d);
+	efs_metrics_gauge_fn(m, "etcfs_clock_skew_seconds",
+			     "This node's wall clock minus the median of the cluster's (its own and "
+			     "every peer's read from their /metrics after each usage poll; 0 "
+			     "without a peer)",
+			     NULL, gauge_clock_skew, d);
+	efs_metrics_gauge_fn(m, "etcfs_clock_skew_peers",
+			     "Peers whose clocks the last skew measurement read", NULL,
+			     gauge_clock_skew_peers, d);
 }
 
 static void counter_sync(struct stat_counters *sc, uint64_t now)

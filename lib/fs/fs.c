@@ -594,6 +594,16 @@ uint64_t efs_fs_inode_limit(const struct efs_fs *fs)
 	return fs->fi->inode_limit;
 }
 
+uint64_t efs_fs_pending_bytes(const struct efs_fs *fs)
+{
+	struct efs_alloc_stats as;
+
+	if (!fs->alloc)
+		return 0;
+	efs_alloc_get_stats(fs->alloc, &as);
+	return as.pending_blocks * fs->blksize;
+}
+
 void efs_fs_abandon(struct efs_fs *fs)
 {
 	if (!fs)

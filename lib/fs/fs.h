@@ -102,6 +102,9 @@ int efs_fs_stop_io(struct efs_fs *fs, void (*cb)(void *arg), void *arg);
 uint64_t efs_fs_inflight(const struct efs_fs *fs);
 /* The inode limit in force (the mount's, or a later one from "sb"). */
 uint64_t efs_fs_inode_limit(const struct efs_fs *fs);
+/* Bytes of the blocks this node allocated for writes and has not published
+ * yet (0 on a read-only mount). */
+uint64_t efs_fs_pending_bytes(const struct efs_fs *fs);
 /*
  * The daemon leaves with operations still in flight and will not free the
  * fs (their continuations point into it), while the lock cache and the

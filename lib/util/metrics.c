@@ -43,6 +43,13 @@ static const char *const bounds_text[NBOUNDS] = {
 	"0.002", "0.005", "0.01",  "0.02",   "0.05",   "0.1",    "0.2",
 	"0.5",   "1",     "2",     "5",      "10",
 };
+/* A count histogram's bounds are the latency bounds over COUNT_SCALE: the
+ * same 1-2-5 series from 1 to 1000000. */
+#define COUNT_SCALE 10000ULL
+static const char *const count_bounds_text[NBOUNDS] = {
+	"1",	"2",	"5",	"10",	 "20",	  "50",	   "100",    "200",   "500",	"1000",
+	"2000", "5000", "10000", "20000", "50000", "100000", "200000", "500000", "1000000",
+};
 
 /* The part every metric shares: its label text and its place in a family. */
 struct metric {
@@ -69,7 +76,8 @@ struct efs_histogram {
 	 * observations in (bound i-1, bound i]. */
 	_Atomic uint64_t buckets[NBOUNDS + 1];
 	_Atomic uint64_t count;
-	_Atomic uint64_t sum_ns;
+	_Atomic uint64_t sum_ns; /* a count histogram's sum of values */
+	bool counts; /* set at registration: counts, not nanoseconds */
 };
 
 /* Families and their metrics render in the order they were registered. */
@@ -358,23 +366,44 @@ struct efs_histogram *efs_metrics_histogram(struct efs_metrics *m, const char *n
 						  sizeof(struct efs_histogram));
 }
 
-void efs_histogram_observe_ns(struct efs_histogram *h, uint64_t ns)
+struct efs_histogram *efs_metrics_histogram_counts(struct efs_metrics *m, const char *name,
+						   const char *help, const char *labels)
+{
+	struct efs_histogram *h = efs_metrics_histogram(m, name, help, labels);
+
+	if (h)
+		h->counts = true;
+	return h;
+}
+
+/* Counts |v| in the bucket of |key| (in nanoseconds' scale). */
+static void observe(struct efs_histogram *h, uint64_t key, uint64_t v)
 {
 	unsigned lo = 0, hi = NBOUNDS;
 
-	if (!h)
-		return;
 	while (lo < hi) {
 		unsigned mid = (lo + hi) / 2;
 
-		if (ns <= bounds_ns[mid])
+		if (key <= bounds_ns[mid])
 			hi = mid;
 		else
 			lo = mid + 1;
 	}
 	atomic_fetch_add_explicit(&h->buckets[lo], 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
-	atomic_fetch_add_explicit(&h->sum_ns, ns, memory_order_relaxed);
+	atomic_fetch_add_explicit(&h->sum_ns, v, memory_order_relaxed);
+}
+
+void efs_histogram_observe_ns(struct efs_histogram *h, uint64_t ns)
+{
+	if (h)
+		observe(h, ns, ns);
+}
+
+void efs_histogram_observe(struct efs_histogram *h, uint64_t v)
+{
+	if (h)
+		observe(h, v > UINT64_MAX / COUNT_SCALE ? UINT64_MAX : v * COUNT_SCALE, v);
 }
 
 uint64_t efs_histogram_count(const struct efs_histogram *h)
@@ -520,7 +549,8 @@ static void render_histogram(struct buf *b, const struct family *f,
 	 * bucket). */
 	for (unsigned i = 0; i < NBOUNDS; i++) {
 		cum += atomic_load_explicit(&w->buckets[i], memory_order_relaxed);
-		buf_put_series(b, f, "_bucket", &h->base, bounds_text[i]);
+		buf_put_series(b, f, "_bucket", &h->base,
+			       h->counts ? count_bounds_text[i] : bounds_text[i]);
 		buf_put_u64(b, cum);
 		buf_put(b, "\n", 1);
 	}
@@ -530,8 +560,12 @@ static void render_histogram(struct buf *b, const struct family *f,
 	buf_put(b, "\n", 1);
 	/* The sum in seconds, exactly: whole seconds, then nine decimals. */
 	buf_put_series(b, f, "_sum", &h->base, NULL);
-	buf_put_u64(b, sum / UINT64_C(1000000000));
-	buf_put_frac9(b, sum % UINT64_C(1000000000));
+	if (h->counts) {
+		buf_put_u64(b, sum);
+	} else {
+		buf_put_u64(b, sum / UINT64_C(1000000000));
+		buf_put_frac9(b, sum % UINT64_C(1000000000));
+	}
 	buf_put(b, "\n", 1);
 	buf_put_series(b, f, "_count", &h->base, NULL);
 	buf_put_u64(b, cum);

@@ -89,6 +89,16 @@ double efs_gauge_get(const struct efs_gauge *g);
 struct efs_histogram *efs_metrics_histogram(struct efs_metrics *m, const char *name,
 					    const char *help, const char *labels);
 void efs_histogram_observe_ns(struct efs_histogram *h, uint64_t ns);
+/*
+ * A histogram of counts (batch sizes and the like) with the same 19
+ * bounds as plain numbers, 1 to 1000000 (le="1", "2", "5", ..., "1000000",
+ * then "+Inf"); _sum renders as an integer. Observed with
+ * efs_histogram_observe only. Registering the name with
+ * efs_metrics_histogram first gives a latency histogram.
+ */
+struct efs_histogram *efs_metrics_histogram_counts(struct efs_metrics *m, const char *name,
+						   const char *help, const char *labels);
+void efs_histogram_observe(struct efs_histogram *h, uint64_t v);
 uint64_t efs_histogram_count(const struct efs_histogram *h);
 
 /*

@@ -37,7 +37,7 @@
 #include "../support/mount.h"
 #include "../support/proc.h"
 
-static struct efs_test_fs fs;
+static struct efs_test_fs fs, fs2; /* fs2: a second node on fs's etcd and image */
 static int nsock = -1;
 static char nsock_path[300];
 /* A daemon the test started itself in the background (not our child). */
@@ -53,6 +53,8 @@ static void fini(void)
 		if (kill(bg_daemon, 0) == 0)
 			kill(bg_daemon, SIGKILL);
 	}
+	if (fs2.mnt[0])
+		efs_test_fs_stop(&fs2);
 	efs_test_fs_stop(&fs);
 	if (nsock >= 0)
 		close(nsock);
@@ -775,5 +777,75 @@ Test(service, monitoring_rules_pass_promtool_and_name_only_real_metrics)
 	free(page);
 	cr_assert(!missing[0], "metrics named by the monitoring files but not on /metrics:%s",
 		  missing);
+	efs_test_fs_unmount(&fs);
+}
+
+/* ---- Publication batches, pending bytes and the clock skew ---- */
+
+static void write_small(const char *path)
+{
+	char buf[65536];
+	int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
+
+	cr_assert(fd >= 0, "create %s: %s", path, strerror(errno));
+	memset(buf, 'p', sizeof(buf));
+	cr_assert_eq(write(fd, buf, sizeof(buf)), (ssize_t)sizeof(buf), "write %s", path);
+	cr_assert_eq(close(fd), 0);
+}
+
+Test(service, metrics_show_publication_batches_pending_bytes_and_clock_skew)
+{
+	static const char *const args[] = {"--flush-interval", "60000", NULL};
+	struct efs_test_fs_opts o = {.metrics = true, .mount_args = args};
+	double sum0, count0, pending = 0, peers = 0, skew;
+	char path[3][400];
+	int fd;
+
+	efs_test_fs_start(&fs, &o);
+	sum0 = efs_test_fs_metric(&fs, "etcfs_data_publish_batch_inodes_sum");
+	count0 = efs_test_fs_metric(&fs, "etcfs_data_publish_batch_inodes_count");
+	/* Written, not published (the flush interval is a minute): pending. */
+	for (int i = 0; i < 3; i++) {
+		snprintf(path[i], sizeof(path[i]), "%s/pending%d", fs.mnt, i);
+		write_small(path[i]);
+	}
+	pending = efs_test_fs_metric(&fs, "etcfs_data_pending_bytes");
+	cr_assert_geq(pending, 3 * 65536.0, "etcfs_data_pending_bytes %.0f after 192 KiB", pending);
+	/* fsync publishes them: batches of the three inodes in all. */
+	for (int i = 0; i < 3; i++) {
+		fd = open(path[i], O_WRONLY | O_CLOEXEC);
+		cr_assert(fd >= 0 && fsync(fd) == 0, "fsync %s: %s", path[i], strerror(errno));
+		close(fd);
+	}
+	cr_assert_eq(efs_test_fs_metric(&fs, "etcfs_data_pending_bytes"), 0);
+	cr_assert_geq(efs_test_fs_metric(&fs, "etcfs_data_publish_batch_inodes_sum") - sum0, 3);
+	cr_assert_geq(efs_test_fs_metric(&fs, "etcfs_data_publish_batch_inodes_count") - count0, 1);
+	cr_assert_eq(efs_test_fs_metric(&fs, "etcfs_data_publish_batch_inodes_bucket{le=\"+Inf\"}"),
+		     efs_test_fs_metric(&fs, "etcfs_data_publish_batch_inodes_count"));
+
+	/* Alone, the node is the cluster; a second node reads the first's
+	 * clock at its first usage poll (right after its start). */
+	cr_assert_eq(efs_test_fs_metric(&fs, "etcfs_clock_skew_peers"), 0);
+	cr_assert_eq(efs_test_fs_metric(&fs, "etcfs_clock_skew_seconds"), 0);
+	fs2 = fs;
+	fs2.etcd = NULL;
+	fs2.daemon = 0;
+	fs2.dir[0] = '\0'; /* fs's stop removes the directory */
+	fs2.metrics[0] = '\0';
+	fs2.opts.node = "node2";
+	snprintf(fs2.mnt, sizeof(fs2.mnt), "%s/mnt2", fs.dir);
+	snprintf(fs2.log, sizeof(fs2.log), "%s/node2.log", fs.dir);
+	cr_assert_eq(mkdir(fs2.mnt, 0755), 0, "mkdir %s: %s", fs2.mnt, strerror(errno));
+	efs_test_fs_mount(&fs2, NULL);
+	for (int waited = 0; waited < 10000 && peers < 1; waited += 200) {
+		peers = efs_test_fs_metric(&fs2, "etcfs_clock_skew_peers");
+		if (peers < 1)
+			efs_tp_sleep_ms(200);
+	}
+	cr_assert_eq(peers, 1, "node2 measured %.0f peers' clocks", peers);
+	/* One host, one clock: half the probe's error at most. */
+	skew = efs_test_fs_metric(&fs2, "etcfs_clock_skew_seconds");
+	cr_assert(skew > -0.25 && skew < 0.25, "node2's skew %g s", skew);
+	efs_test_fs_unmount(&fs2);
 	efs_test_fs_unmount(&fs);
 }

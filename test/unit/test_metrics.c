@@ -477,6 +477,19 @@ static const char *const le_text[] = {
 	"0.02",  "0.05",  "0.1",   "0.2",    "0.5",    "1",      "2",     "5",     "10",    "+Inf",
 };
 
+/* Renders |m|, one histogram of 22 samples, as |want| says, then frees
+ * it; nothing leaks. */
+static void assert_histogram_page(struct efs_metrics *m, const char *const *want)
+{
+	char *text = render(m);
+
+	assert_lines(text, want);
+	cr_assert_eq(check_exposition(text), 22);
+	efs_mem_free(text);
+	efs_metrics_free(m);
+	efs_test_assert_no_leaks();
+}
+
 Test(metrics, histogram_buckets_are_inclusive_cumulative_and_exact)
 {
 	struct efs_metrics *m = registry();
@@ -502,7 +515,6 @@ Test(metrics, histogram_buckets_are_inclusive_cumulative_and_exact)
 	uint64_t want[20] = {0}, sum = 0, cum = 0;
 	char lines[24][96];
 	const char *wantl[26];
-	char *text;
 	int n = 0;
 
 	cr_assert_not_null(h);
@@ -529,12 +541,53 @@ Test(metrics, histogram_buckets_are_inclusive_cumulative_and_exact)
 	wantl[n++] = lines[21];
 	wantl[n] = NULL;
 	cr_assert_str_eq(lines[20], "lat_seconds_sum 3621.003060003");
-	text = render(m);
-	assert_lines(text, wantl);
-	cr_assert_eq(check_exposition(text), 22);
-	efs_mem_free(text);
-	efs_metrics_free(m);
-	efs_test_assert_no_leaks();
+	assert_histogram_page(m, wantl);
+}
+
+/* A count histogram: the same 1-2-5 bounds as plain numbers, an integer
+ * sum. */
+Test(metrics, count_histogram_renders_numbers_and_an_integer_sum)
+{
+	struct efs_metrics *m = registry();
+	struct efs_histogram *h =
+		efs_metrics_histogram_counts(m, "batch_inodes", "Inodes per batch.", NULL);
+	static const char *const wantl[] = {
+		"# HELP batch_inodes Inodes per batch.",
+		"# TYPE batch_inodes histogram",
+		"batch_inodes_bucket{le=\"1\"} 2",
+		"batch_inodes_bucket{le=\"2\"} 2",
+		"batch_inodes_bucket{le=\"5\"} 3",
+		"batch_inodes_bucket{le=\"10\"} 3",
+		"batch_inodes_bucket{le=\"20\"} 3",
+		"batch_inodes_bucket{le=\"50\"} 3",
+		"batch_inodes_bucket{le=\"100\"} 4",
+		"batch_inodes_bucket{le=\"200\"} 4",
+		"batch_inodes_bucket{le=\"500\"} 4",
+		"batch_inodes_bucket{le=\"1000\"} 4",
+		"batch_inodes_bucket{le=\"2000\"} 4",
+		"batch_inodes_bucket{le=\"5000\"} 4",
+		"batch_inodes_bucket{le=\"10000\"} 4",
+		"batch_inodes_bucket{le=\"20000\"} 4",
+		"batch_inodes_bucket{le=\"50000\"} 4",
+		"batch_inodes_bucket{le=\"100000\"} 4",
+		"batch_inodes_bucket{le=\"200000\"} 4",
+		"batch_inodes_bucket{le=\"500000\"} 4",
+		"batch_inodes_bucket{le=\"1000000\"} 5",
+		"batch_inodes_bucket{le=\"+Inf\"} 6",
+		"batch_inodes_sum 3000108",
+		"batch_inodes_count 6",
+		NULL,
+	};
+
+	cr_assert_not_null(h);
+	efs_histogram_observe(h, 0);
+	efs_histogram_observe(h, 1);	   /* inclusive: le="1" */
+	efs_histogram_observe(h, 3);
+	efs_histogram_observe(h, 100);
+	efs_histogram_observe(h, 1000000); /* the last bound */
+	efs_histogram_observe(h, 2000004); /* +Inf */
+	cr_assert_eq(efs_histogram_count(h), 6);
+	assert_histogram_page(m, wantl);
 }
 
 /* Observers on several threads (a read answered from an I/O worker): no

@@ -200,6 +200,7 @@ struct dctl {
 	struct efs_counter *c_txns, *c_inodes, *c_fsyncs, *c_wbytes, *c_rbytes, *c_syncs;
 	struct efs_counter *c_wreplies; /* reads answered from the I/O worker */
 	struct efs_histogram *h_pub;
+	struct efs_histogram *h_batch; /* inodes per committed publication */
 };
 
 /* One inode of a publication. */

@@ -768,6 +768,16 @@ int efs_file_pub_build(struct efs_fs_op *op, struct dpub *P)
 	return EFS_FS_CONT;
 }
 
+/* The inodes a publication's transaction carries. */
+static uint64_t snaps_included(const struct dpub *P)
+{
+	uint64_t n = 0;
+
+	for (size_t i = 0; i < P->n; i++)
+		n += P->s[i].included;
+	return n;
+}
+
 void efs_file_pub_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t rev)
 {
 	struct dpub *P = op->hook_state;
@@ -829,6 +839,7 @@ void efs_file_pub_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t r
 	}
 	/* Committed. */
 	rel_outcome(fs, P, EFS_LOCK_TXN_COMMITTED, rev);
+	efs_histogram_observe(c->h_batch, snaps_included(P));
 	for (size_t i = 0; i < P->n; i++) {
 		struct dsnap *s = &P->s[i];
 		struct efs_fs_data *d = s->d;
@@ -1223,6 +1234,9 @@ int efs_fs_data_init(struct efs_fs *fs)
 						 NULL);
 		c->h_pub = efs_metrics_histogram(fs->m, "etcfs_data_publish_seconds",
 						 "Publication latency (token, sync, commit)", NULL);
+		c->h_batch = efs_metrics_histogram_counts(
+			fs->m, "etcfs_data_publish_batch_inodes",
+			"Inodes per committed publication transaction", NULL);
 	}
 	fault_from_env(c);
 	efs_fs_ihooks_add(fs, &file_inode_hooks);
