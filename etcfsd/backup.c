@@ -11,11 +11,11 @@
  *    command puts first: the maintenance node never compacts past a pin, so
  *    every page of the range read is served at that one revision however
  *    long the copy takes.
- *  - Nodes publish buffered writes at least every --flush-interval (1 s by
- *    default); the backup waits --settle (2 s) before it takes its revision,
- *    so everything written before the command started is in it. There is
- *    no request key that makes nodes publish at once (see
- *    docs/OPERATIONS.md).
+ *  - Before it takes its revision the backup asks every mounted node to
+ *    publish what it buffers (sync/<id>, efs_backup_request_sync) and waits
+ *    for their answers, so everything written before the command started
+ *    is in it; for a node that does not answer it waits --settle (2 s,
+ *    twice the default --flush-interval) instead.
  *  - Blocks freed after the revision may be reused by the allocators while
  *    the copy runs: the allocators do not yet honour a hold (the design is
  *    in docs/DESIGN.md, "Backup and restore"), so after the copy the
@@ -51,6 +51,7 @@
 #include "meta/keys.h"
 #include "meta/records.h"
 #include "meta/sb.h"
+#include "util/clock.h"
 #include "util/mem.h"
 
 /* ---- The stream format ---- */
@@ -421,7 +422,7 @@ static int runs_add_chunk(struct runs *rs, const uint8_t *v, size_t len, uint64_
 
 /* ---- Options shared by both commands ---- */
 
-enum { OPT_ETCD = 0x100, OPT_HELP, OPT_SETTLE, OPT_FORCE, OPT_RETRIES };
+enum { OPT_ETCD = 0x100, OPT_HELP, OPT_SETTLE, OPT_FORCE, OPT_RETRIES, OPT_SYNC_TIMEOUT };
 
 static volatile sig_atomic_t interrupted;
 
@@ -444,9 +445,26 @@ static void catch_signals(void)
 
 /* Parses the options; the positionals go to |pos| (exactly |npos|).
  * Returns -1 to go on, else the exit status. */
+/* SECONDS (fractions allowed, 0 to 3600) of option --|name| into |ret_ms|.
+ * Returns -1 to go on, else the exit status. */
+static int parse_seconds(const char *prog, const char *name, const char *s, uint32_t *ret_ms)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || *end || v < 0 || v > 3600) {
+		fprintf(stderr, "%s: --%s '%s': seconds from 0 to 3600\n", prog, name, s);
+		return EFS_BACKUP_EXIT_USAGE;
+	}
+	*ret_ms = (uint32_t)(v * 1000 + 0.5);
+	return -1;
+}
+
 static int parse_args(const char *prog, int argc, char **argv, struct efs_cli_etcd *conn,
-		      uint32_t *settle_ms, bool *force, unsigned *retries, const char **pos,
-		      int npos, void (*help)(const char *))
+		      uint32_t *settle_ms, uint32_t *sync_ms, bool *force, unsigned *retries,
+		      const char **pos, int npos, void (*help)(const char *))
 {
 	static const struct option longopts[] = {
 		EFS_CLI_ETCD_LONGOPTS(OPT_ETCD),
@@ -454,6 +472,7 @@ static int parse_args(const char *prog, int argc, char **argv, struct efs_cli_et
 		{"settle", required_argument, NULL, OPT_SETTLE},
 		{"force", no_argument, NULL, OPT_FORCE},
 		{"retries", required_argument, NULL, OPT_RETRIES},
+		{"sync-timeout", required_argument, NULL, OPT_SYNC_TIMEOUT},
 		{NULL, 0, NULL, 0},
 	};
 	char err[EFS_CLI_ERR_MAX] = "";
@@ -492,18 +511,11 @@ static int parse_args(const char *prog, int argc, char **argv, struct efs_cli_et
 			*retries = (unsigned)v;
 		} else if (opt == OPT_FORCE && force) {
 			*force = true;
-		} else if (opt == OPT_SETTLE && settle_ms) {
-			char *end;
-			double v;
-
-			errno = 0;
-			v = strtod(optarg, &end);
-			if (errno || end == optarg || *end || v < 0 || v > 3600) {
-				fprintf(stderr, "%s: --settle '%s': seconds from 0 to 3600\n", prog,
-					optarg);
-				return EFS_BACKUP_EXIT_USAGE;
-			}
-			*settle_ms = (uint32_t)(v * 1000 + 0.5);
+		} else if ((opt == OPT_SETTLE && settle_ms) || (opt == OPT_SYNC_TIMEOUT && sync_ms)) {
+			r = parse_seconds(prog, longopts[idx].name, optarg,
+					  opt == OPT_SETTLE ? settle_ms : sync_ms);
+			if (r >= 0)
+				return r;
 		} else {
 			fprintf(stderr, "Try '%s %s --help'.\n", prog, argv[0]);
 			return EFS_BACKUP_EXIT_USAGE;
@@ -533,12 +545,17 @@ static void usage_backup(const char *prog)
 	       "the metadata at one etcd revision and every device block that revision's\n"
 	       "extents reference. OUTPUT is a file (created; an existing one is refused), a\n"
 	       "directory (the file NAME-REVISION.etcfs-backup is created in it) or - for\n"
-	       "stdout. The filesystem may stay mounted: the command first waits --settle\n"
-	       "seconds (default 2: twice the nodes' default --flush-interval) so that what\n"
-	       "was written before it started is published, then pins the revision it reads\n"
+	       "stdout. The filesystem may stay mounted: the command first asks every\n"
+	       "mounted node to publish what it buffers (a sync/ key the nodes watch) and\n"
+	       "waits for their answers, at most --sync-timeout seconds; for nodes that do\n"
+	       "not answer it says so and waits --settle seconds (default 2: twice the nodes'\n"
+	       "default --flush-interval) instead. Then it pins the revision it reads\n"
 	       "(pin/backup.*) so that compaction keeps it while the copy runs.\n"
 	       "\n"
-	       "  --settle SECONDS   wait before taking the revision (default 2; 0: none)\n"
+	       "  --sync-timeout SECONDS  how long to wait for the nodes' answers (default\n"
+	       "                     10; 0: ask nobody, wait --settle)\n"
+	       "  --settle SECONDS   wait before taking the revision when a node did not\n"
+	       "                     answer (default 2; 0: none)\n"
 	       "  --retries N        start again, at most N times (default 2), when blocks the\n"
 	       "                     copy needed were freed while it ran (a file OUTPUT\n"
 	       "                     only; on stdout such a backup fails at once)\n"
@@ -713,6 +730,8 @@ static bool is_session_state(enum efs_meta_family f)
 	case EFS_META_K_MAINT:
 	case EFS_META_K_PIN:
 	case EFS_META_K_HANDOVER:
+	case EFS_META_K_SYNC:
+	case EFS_META_K_SYNC_ACK:
 		return true;
 	default:
 		return false;
@@ -1030,12 +1049,171 @@ static int bk_trailer(struct bk *b)
 	return out_record(&b->o, REC_END, t, sizeof(t), NULL, 0);
 }
 
+/* ---- Publication request (sync/<id>) ---- */
+
+#define SYNC_POLL_MS  50
+#define SYNC_NODES_MAX 256
+
+struct sync_nodes {
+	const struct efs_meta_ns *ns;
+	uint32_t n;
+	char node[SYNC_NODES_MAX][EFS_META_NODE_MAX + 1];
+	bool ok[SYNC_NODES_MAX];
+	char why[SYNC_NODES_MAX][64]; /* an answer other than "ok" */
+};
+
+/* One n/ key: a node with a session, to be waited for. */
+static int sync_node_cb(const Mvccpb__KeyValue *kv, void *arg)
+{
+	struct sync_nodes *sn = arg;
+	struct efs_meta_key_info ki;
+
+	if (efs_meta_key_parse(sn->ns, kv->key.data, kv->key.len, &ki) < 0 ||
+	    ki.family != EFS_META_K_NODE || sn->n == SYNC_NODES_MAX)
+		return 0;
+	memcpy(sn->node[sn->n++], ki.node, sizeof(ki.node));
+	return 0;
+}
+
+/* One sync/<id>/<node> answer. */
+static int sync_ack_cb(const Mvccpb__KeyValue *kv, void *arg)
+{
+	struct sync_nodes *sn = arg;
+	struct efs_meta_key_info ki;
+
+	if (efs_meta_key_parse(sn->ns, kv->key.data, kv->key.len, &ki) < 0 ||
+	    ki.family != EFS_META_K_SYNC_ACK)
+		return 0;
+	for (uint32_t i = 0; i < sn->n; i++) {
+		if (strcmp(sn->node[i], ki.node) || sn->ok[i] || sn->why[i][0])
+			continue;
+		if (kv->value.len == 2 && !memcmp(kv->value.data, "ok", 2))
+			sn->ok[i] = true;
+		else
+			snprintf(sn->why[i], sizeof(sn->why[i]), "%.*s",
+				 (int)(kv->value.len < 60 ? kv->value.len : 60),
+				 (const char *)kv->value.data);
+	}
+	return 0;
+}
+
+static uint32_t sync_answered(const struct sync_nodes *sn)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < sn->n; i++)
+		n += sn->ok[i] || sn->why[i][0];
+	return n;
+}
+
+static int sync_lease(struct efs_etcd_sync *s, int64_t ttl_s, int64_t *ret)
+{
+	Etcdserverpb__LeaseGrantRequest rq = ETCDSERVERPB__LEASE_GRANT_REQUEST__INIT;
+	ProtobufCMessage *resp = NULL;
+	int r;
+
+	rq.ttl = ttl_s;
+	r = efs_etcd_sync_call(s, EFS_ETCD_LEASE_GRANT, &rq.base, &resp, NULL);
+	if (r == 0)
+		*ret = ((Etcdserverpb__LeaseGrantResponse *)resp)->id;
+	if (resp)
+		protobuf_c_message_free_unpacked(resp, efs_mem_protobuf());
+	return r;
+}
+
+static void sync_lease_revoke(struct efs_etcd_sync *s, int64_t lease)
+{
+	Etcdserverpb__LeaseRevokeRequest rq = ETCDSERVERPB__LEASE_REVOKE_REQUEST__INIT;
+	ProtobufCMessage *resp = NULL;
+
+	rq.id = lease;
+	(void)efs_etcd_sync_call(s, EFS_ETCD_LEASE_REVOKE, &rq.base, &resp, NULL);
+	if (resp)
+		protobuf_c_message_free_unpacked(resp, efs_mem_protobuf());
+}
+
+int efs_backup_request_sync(const char *prog, struct efs_etcd_sync *s,
+			    const struct efs_meta_ns *ns, uint32_t timeout_ms)
+{
+	struct sync_nodes *sn;
+	struct efs_meta_range nodes, acks;
+	struct efs_meta_key k;
+	char id[EFS_META_NODE_MAX + 1], err[EFS_CLI_ERR_MAX] = "";
+	uint64_t deadline;
+	int64_t lease = 0;
+	uint32_t missing;
+	int r;
+
+	if (!timeout_ms)
+		return 1;
+	sn = efs_mem_calloc(1, sizeof(*sn));
+	if (!sn) {
+		fprintf(stderr, "%s: asking the nodes to publish: %s\n", prog, strerror(ENOMEM));
+		return 1;
+	}
+	sn->ns = ns;
+	snprintf(id, sizeof(id), "req.%ld.%ld", (long)getpid(), (long)time(NULL));
+	r = efs_meta_range_family(ns, EFS_META_K_NODE, &nodes);
+	if (r == 0)
+		r = efs_cli_range_foreach(s, &nodes, true, sync_node_cb, sn, err, sizeof(err));
+	if (r == 0 && !sn->n)
+		goto out; /* not mounted: nothing is buffered */
+	if (r == 0)
+		r = efs_meta_key_sync(ns, id, &k);
+	if (r == 0)
+		r = efs_meta_range_sync_acks(ns, id, &acks);
+	/* The request lives on a lease, so that it goes when we die. */
+	if (r == 0)
+		r = sync_lease(s, timeout_ms / 1000 + 10, &lease);
+	if (r == 0)
+		r = efs_etcd_sync_put(s, k.buf, k.len, "", 0, lease, NULL);
+	if (r < 0) {
+		fprintf(stderr, "%s: asking the nodes to publish: %s\n", prog,
+			err[0] ? err : efs_etcd_sync_last_message(s));
+		missing = 1;
+		goto out_lease;
+	}
+	deadline = efs_clock_mono_ns() + (uint64_t)timeout_ms * 1000000;
+	while (sync_answered(sn) < sn->n && efs_clock_mono_ns() < deadline && !interrupted) {
+		struct timespec ts = {0, SYNC_POLL_MS * 1000000L};
+
+		nanosleep(&ts, NULL);
+		err[0] = '\0';
+		if (efs_cli_range_foreach(s, &acks, false, sync_ack_cb, sn, err, sizeof(err)) < 0)
+			break;
+	}
+	missing = sn->n - sync_answered(sn);
+	for (uint32_t i = 0; i < sn->n; i++) {
+		if (sn->why[i][0]) {
+			missing++;
+			fprintf(stderr, "%s: node %s could not publish what it buffers (%s)\n",
+				prog, sn->node[i], sn->why[i]);
+		} else if (!sn->ok[i]) {
+			fprintf(stderr,
+				"%s: node %s did not answer the request to publish within %.1f s\n",
+				prog, sn->node[i], timeout_ms / 1000.0);
+		}
+	}
+	(void)efs_etcd_sync_delete(s, acks.key.buf, acks.key.len, true, NULL);
+	(void)efs_etcd_sync_delete(s, k.buf, k.len, false, NULL);
+out_lease:
+	if (lease)
+		sync_lease_revoke(s, lease);
+	efs_mem_free(sn);
+	return (int)missing;
+out:
+	if (r < 0)
+		fprintf(stderr, "%s: listing the mounted nodes: %s\n", prog, err);
+	efs_mem_free(sn);
+	return r < 0 ? 1 : 0;
+}
+
 int efs_backup_cmd(const char *prog, int argc, char **argv)
 {
 	struct efs_cli_etcd conn = {0};
 	struct efs_cli_device dev = {.fd = -1};
 	struct bk b = {.prog = prog, .fd = -1, .dfd = -1, .o.fd = -1};
-	uint32_t settle_ms = 2000;
+	uint32_t settle_ms = 2000, sync_ms = 10000;
 	unsigned retries = 2, attempt = 0;
 	const char *pos[2];
 	char path[PATH_MAX] = "", partial[PATH_MAX + 16] = "";
@@ -1046,7 +1224,8 @@ int efs_backup_cmd(const char *prog, int argc, char **argv)
 	struct stat st;
 	int ret, r;
 
-	ret = parse_args(prog, argc, argv, &conn, &settle_ms, NULL, &retries, pos, 2, usage_backup);
+	ret = parse_args(prog, argc, argv, &conn, &settle_ms, &sync_ms, NULL, &retries, pos, 2,
+			 usage_backup);
 	if (ret >= 0)
 		goto out;
 	ret = EFS_BACKUP_EXIT_FAILED;
@@ -1087,9 +1266,13 @@ int efs_backup_cmd(const char *prog, int argc, char **argv)
 			strerror(-r));
 		goto out;
 	}
-	if (settle_ms) {
+	/* The nodes publish what they buffer; those that do not answer get the
+	 * settle. */
+	if (efs_backup_request_sync(prog, b.s, &b.ns, sync_ms) > 0 && settle_ms) {
 		struct timespec ts = {settle_ms / 1000, (long)(settle_ms % 1000) * 1000000L};
 
+		fprintf(stderr, "%s: waiting --settle %.1f s for them instead\n", prog,
+			settle_ms / 1000.0);
 		while (nanosleep(&ts, &ts) < 0 && errno == EINTR && !interrupted)
 			;
 	}
@@ -1914,7 +2097,7 @@ int efs_restore_cmd(const char *prog, int argc, char **argv)
 	bool force = false;
 	int fd = -1, ret, r;
 
-	ret = parse_args(prog, argc, argv, &conn, NULL, &force, NULL, pos, 2, usage_restore);
+	ret = parse_args(prog, argc, argv, &conn, NULL, NULL, &force, NULL, pos, 2, usage_restore);
 	if (ret >= 0)
 		goto out;
 	ret = EFS_BACKUP_EXIT_FAILED;

@@ -1,6 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #pragma once
 
+#include <stdint.h>
+
+struct efs_etcd_sync;
+struct efs_meta_ns;
+
 /*
  * etcfsctl backup and restore (docs/FORMAT.md section 6 has the stream
  * format, docs/OPERATIONS.md the usage and exit codes).
@@ -30,4 +35,15 @@ enum {
 };
 
 int efs_backup_cmd(const char *prog, int argc, char **argv);
+
+/*
+ * Asks every node mounted on filesystem |ns| (its n/ keys) to publish what
+ * it buffers: puts sync/<id> on a lease of its own and waits up to
+ * |timeout_ms| for each node's sync/<id>/<node> answer, then deletes the
+ * request and the answers. Returns how many nodes did not answer "ok"
+ * (each named on stderr), 0 when all did or none is mounted, 1 when the
+ * request could not be made (said on stderr) or |timeout_ms| is 0.
+ */
+int efs_backup_request_sync(const char *prog, struct efs_etcd_sync *s,
+			    const struct efs_meta_ns *ns, uint32_t timeout_ms);
 int efs_restore_cmd(const char *prog, int argc, char **argv);

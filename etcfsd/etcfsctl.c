@@ -2810,6 +2810,45 @@ static int cmd_restore(int argc, char **argv)
 	return efs_restore_cmd(prog, argc, argv);
 }
 
+/* ---- sync ---- */
+
+#define SYNC_TIMEOUT_MS 10000
+
+static void usage_sync(FILE *f)
+{
+	fprintf(f,
+		"Usage: %s sync [OPTIONS] DEVICE | --name NAME\n"
+		"\n"
+		"Asks every node that has the filesystem mounted to publish what it buffers\n"
+		"(written data, sizes and times not yet in etcd) and waits for each node's\n"
+		"answer, at most %d s; names the nodes that did not answer. What any node\n"
+		"wrote before the command started is then in etcd (and survives that node's\n"
+		"crash).\n"
+		"%s"
+		"\n"
+		"  --name NAME              the filesystem\n"
+		"  --help                   this text\n"
+		"\n"
+		"%s"
+		"\n"
+		"Exit status: 0 every node answered (or none is mounted); 2 usage error;\n"
+		"3 cannot connect to etcd; 4 a node did not answer or could not publish.\n",
+		prog, SYNC_TIMEOUT_MS / 1000, fs_cmd_help, efs_cli_etcd_usage());
+}
+
+static int cmd_sync(int argc, char **argv)
+{
+	struct fs_cmd f = {0};
+	int ret;
+
+	ret = fs_cmd_start(&f, argc, argv, 0, usage_sync);
+	if (ret < 0)
+		ret = efs_backup_request_sync(prog, f.s, &f.ns, SYNC_TIMEOUT_MS) ? EXIT_FAILED
+										  : EXIT_FIT;
+	fs_cmd_done(&f);
+	return ret;
+}
+
 /* ---- grow ---- */
 
 /* New groups' records written per transaction ahead of the final one. */
@@ -3574,6 +3613,7 @@ static const struct subcmd subcmds[] = {
 	{"evict", cmd_evict, "fence a wedged node: end its session, bump its generation"},
 	{"backup", cmd_backup, "copy a filesystem's metadata and blocks into one file"},
 	{"restore", cmd_restore, "restore a backup onto a device and an empty keyspace"},
+	{"sync", cmd_sync, "make every mounted node publish what it buffers, now"},
 };
 
 static void usage(FILE *f)

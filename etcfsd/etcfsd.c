@@ -74,6 +74,8 @@ static const char *prog = "etcfsd";
 #define LAG_INTERVAL_MS 100
 /* Space and inode usage poll (etcfs_fs_* gauges). */
 #define USAGE_INTERVAL_MS 30000
+/* Publication requests answered by one publication (more wait for the next). */
+#define SYNC_IDS_MAX 16
 /* Allocation groups' free counts read per transaction by the poll. */
 #define USAGE_GROUPS_PER_TXN 100
 /* etcd client counters exported (register_metrics, sync_counters). */
@@ -197,6 +199,13 @@ struct daemon {
 	int64_t usage_inodes;	    /* of the last complete poll, -1: none yet */
 	uint64_t usage_done_ns;	    /* mono time of the last complete poll */
 	struct skew_round *skew;    /* the clock probe in flight, or NULL */
+	/* publication requests (sync/<id>; loop thread only) */
+	struct efs_etcd_watch_stream *sync_ws;
+	struct efs_etcd_watcher *sync_w;
+	bool sync_busy; /* a publication for the requests in sync_cur runs */
+	uint32_t sync_ncur, sync_nnext;
+	char sync_cur[SYNC_IDS_MAX][EFS_META_NODE_MAX + 1];
+	char sync_next[SYNC_IDS_MAX][EFS_META_NODE_MAX + 1];
 	double skew_s;		    /* this node's clock minus the cluster's median */
 	uint32_t skew_peers;	    /* peers the last round measured */
 	struct stat_counters m_lock[EFS_NLOCK_COUNTERS];
@@ -1425,10 +1434,141 @@ static void skew_start(struct daemon *d)
 			     NULL, skew_nodes_cb, d);
 }
 
+/*
+ * Publication requests: etcfsctl backup (and sync) puts sync/<id> on its
+ * lease; every node that watches publishes every dirty inode and answers
+ * with sync/<id>/<node> on its session lease ("ok", or "error: ..."). A
+ * request that arrives while a publication for others runs waits for the
+ * next one, which starts when that one ends: an answer covers every write
+ * completed before the node saw the request. A watcher lost to a cancel or
+ * a compaction is made again by the usage tick; requests meanwhile go
+ * unanswered and the requester falls back to waiting.
+ */
+static void sync_round(struct daemon *d);
+
+static void sync_ack_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
+{
+	(void)resp;
+	(void)arg;
+	if (r->err)
+		efs_log_warn("sync: answering a publication request: %s", strerror(-r->err));
+}
+
+static void sync_published(int status, void *arg)
+{
+	struct daemon *d = arg;
+	char val[96] = "ok";
+
+	d->sync_busy = false;
+	if (status < 0) {
+		snprintf(val, sizeof(val), "error: %s", strerror(-status));
+		efs_log_warn("sync: publishing for a request failed: %s", strerror(-status));
+	}
+	/* Only while the request exists: an answer after the requester gave
+	 * up and deleted it would stay until our session ends. */
+	for (uint32_t i = 0; i < d->sync_ncur && d->etcd && !d->etcd_freed && d->session; i++) {
+		struct efs_etcd_txn *t = NULL;
+		struct efs_meta_key k, ack;
+		int r = efs_meta_key_sync(&d->ns, d->sync_cur[i], &k);
+
+		if (r == 0)
+			r = efs_meta_key_sync_ack(&d->ns, d->sync_cur[i], d->node, &ack);
+		if (r == 0)
+			r = efs_etcd_txn_new(&t, 0);
+		if (r == 0)
+			r = efs_etcd_txn_compare(t, EFS_ETCD_CMP_VERSION, EFS_ETCD_CMP_GREATER, k.buf,
+						 k.len, 0);
+		if (r == 0)
+			r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, ack.buf, ack.len, val,
+					     strlen(val), efs_session_lease_id(d->session));
+		if (r == 0)
+			r = efs_etcd_txn(d->etcd, efs_etcd_txn_request(t), NULL, sync_ack_cb, d);
+		efs_etcd_txn_free(t);
+		if (r < 0)
+			efs_log_warn("sync: answering request %s: %s", d->sync_cur[i],
+				     strerror(-r));
+	}
+	d->sync_ncur = 0;
+	sync_round(d);
+}
+
+static void sync_round(struct daemon *d)
+{
+	int r;
+
+	if (d->sync_busy || !d->sync_nnext || !d->fs || d->phase != PH_RUNNING)
+		return;
+	memcpy(d->sync_cur, d->sync_next, sizeof(d->sync_cur[0]) * d->sync_nnext);
+	d->sync_ncur = d->sync_nnext;
+	d->sync_nnext = 0;
+	d->sync_busy = true;
+	r = efs_fs_publish_all(d->fs, sync_published, d);
+	if (r != 0)
+		sync_published(r == 1 ? 0 : r, d);
+}
+
+/* One event on sync/: a new request joins those the next publication
+ * answers. */
+static void sync_requested(struct daemon *d, const Mvccpb__Event *ev)
+{
+	struct efs_meta_key_info ki;
+
+	if (!ev->kv || ev->type != MVCCPB__EVENT__EVENT_TYPE__PUT ||
+	    efs_meta_key_parse(&d->ns, ev->kv->key.data, ev->kv->key.len, &ki) < 0 ||
+	    ki.family != EFS_META_K_SYNC)
+		return;
+	for (uint32_t j = 0; j < d->sync_nnext; j++)
+		if (!strcmp(d->sync_next[j], ki.node))
+			return;
+	if (d->sync_nnext == SYNC_IDS_MAX) {
+		efs_log_warn("sync: more than %d publication requests waiting; %s is not answered",
+			     SYNC_IDS_MAX, ki.node);
+		return;
+	}
+	memcpy(d->sync_next[d->sync_nnext++], ki.node, sizeof(ki.node));
+}
+
+static void sync_watch_cb(struct efs_etcd_watcher *w, int status,
+			  const struct efs_etcd_watch_update *u, void *arg)
+{
+	struct daemon *d = arg;
+
+	(void)status;
+	if (u->kind == EFS_ETCD_WATCH_EVENTS) {
+		for (size_t i = 0; i < u->n_events; i++)
+			sync_requested(d, u->events[i]);
+		sync_round(d);
+	} else if (u->kind == EFS_ETCD_WATCH_CANCELED || u->kind == EFS_ETCD_WATCH_COMPACTED) {
+		d->sync_w = efs_etcd_watcher_free(w); /* made again by the usage tick */
+	}
+}
+
+static void sync_watch_start(struct daemon *d)
+{
+	struct efs_meta_range rg;
+	int r;
+
+	if (d->sync_w || !usage_can_run(d))
+		return;
+	r = efs_meta_range_syncs(&d->ns, &rg);
+	if (r == 0 && !d->sync_ws)
+		r = efs_etcd_watch_stream_new(&d->sync_ws, d->etcd, EFS_ETCD_CH_BULK);
+	if (r == 0)
+		r = efs_etcd_watcher_new(&d->sync_w, d->sync_ws,
+					 &(struct efs_etcd_watch_opts){.key = rg.key.buf,
+								       .key_len = rg.key.len,
+								       .prefix = true,
+								       .no_delete = true},
+					 sync_watch_cb, d);
+	if (r < 0)
+		efs_log_warn("sync: watching publication requests: %s (retried)", strerror(-r));
+}
+
 static void on_usage_tick(uv_timer_t *t)
 {
 	struct daemon *d = t->data;
 
+	sync_watch_start(d);
 	if (d->usage_busy || !usage_can_run(d))
 		return;
 	d->usage_busy = true;
@@ -1818,6 +1958,8 @@ static void teardown(struct daemon *d)
 		efs_httpd_stop(d->httpd, on_httpd_stopped, d);
 		d->httpd = NULL;
 	}
+	d->sync_ws = efs_etcd_watch_stream_free(d->sync_ws);
+	d->sync_w = NULL; /* freed with its stream */
 	if (d->etcd && !d->etcd_freed) {
 		d->etcd_freed = true;
 		efs_etcd_free(d->etcd, on_etcd_freed, d);

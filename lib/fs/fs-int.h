@@ -334,6 +334,11 @@ struct efs_fs {
 	const struct efs_fs_inode_hooks *ihooks[EFS_FS_NIHOOKS];
 	void *reclaim_priv; /* reclaim.c */
 	uint32_t dead_grace_ms; /* what a dead node's orphans wait (0: at once) */
+	/* A publication of everything for a request (efs_fs_publish_all), and
+	 * a leave that waits for it to end. */
+	void (*pub_cb)(int status, void *arg);
+	void *pub_arg;
+	struct leave_state *leave_next;
 	void *plock_priv;   /* plock.c */
 	void *maint_priv;   /* maint.c */
 	struct efs_meta_ns ns;

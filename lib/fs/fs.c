@@ -548,6 +548,41 @@ static void leave_synced(int status, void *arg)
 		leave_alloc_done(r, ls);
 }
 
+/* The publication for a request ended: its caller is told, then a leave
+ * that came meanwhile starts (its callback runs in every case). */
+static void fs_published(int status, void *arg)
+{
+	struct efs_fs *fs = arg;
+	void (*cb)(int status, void *arg) = fs->pub_cb;
+	struct leave_state *ls = fs->leave_next;
+	int r;
+
+	fs->pub_cb = NULL;
+	fs->leave_next = NULL;
+	cb(status, fs->pub_arg);
+	if (!ls)
+		return;
+	r = efs_fs_data_sync_all(fs, leave_synced, ls);
+	if (r == 1)
+		leave_synced(0, ls);
+	else if (r < 0)
+		leave_synced(r, ls);
+}
+
+int efs_fs_publish_all(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg)
+{
+	int r;
+
+	if (fs->pub_cb)
+		return -EBUSY;
+	r = efs_fs_data_sync_all(fs, fs_published, fs);
+	if (r == 0) {
+		fs->pub_cb = cb;
+		fs->pub_arg = arg;
+	}
+	return r;
+}
+
 int efs_fs_leave(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg)
 {
 	struct leave_state *ls;
@@ -561,6 +596,10 @@ int efs_fs_leave(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg
 	ls->fs = fs;
 	ls->cb = cb;
 	ls->arg = arg;
+	if (fs->pub_cb) {
+		fs->leave_next = ls;
+		return 0;
+	}
 	r = efs_fs_data_sync_all(fs, leave_synced, ls);
 	if (r == 1) {
 		/* Nothing to publish: give the groups back (may finish now). */

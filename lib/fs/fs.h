@@ -100,6 +100,14 @@ int efs_fs_leave(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg
 int efs_fs_stop_io(struct efs_fs *fs, void (*cb)(void *arg), void *arg);
 /* Operations in flight (the daemon waits for 0 before leaving). */
 uint64_t efs_fs_inflight(const struct efs_fs *fs);
+/*
+ * Publishes every inode with unpublished data or fields (a sync request:
+ * etcfsctl backup, etcfsctl sync); |cb| with 0 or the first error. Returns
+ * 1 when nothing was dirty (|cb| does not run), 0 when |cb| will run,
+ * -EBUSY while another such publication or the leave's runs. A leave asked
+ * meanwhile starts when this one ends.
+ */
+int efs_fs_publish_all(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg);
 /* The inode limit in force (the mount's, or a later one from "sb"). */
 uint64_t efs_fs_inode_limit(const struct efs_fs *fs);
 /* Bytes of the blocks this node allocated for writes and has not published

@@ -584,6 +584,8 @@ static const struct efs_check__family families[] = {
 	ROW(EFS_META_K_MAINT, "maintenance election key (maint)", load_ignored, NULL),
 	ROW(EFS_META_K_PIN, "revision pin", load_ignored, NULL),
 	ROW(EFS_META_K_HANDOVER, "group hand-over request", load_ignored, NULL),
+	ROW(EFS_META_K_SYNC, "publication request (sync)", load_ignored, NULL),
+	ROW(EFS_META_K_SYNC_ACK, "publication answer (sync)", load_ignored, NULL),
 #undef ROW
 };
 

@@ -30,6 +30,7 @@
 #define TAG_MAINT     "maint"
 #define TAG_PIN	      "pin/"
 #define TAG_HANDOVER  "ho/"
+#define TAG_SYNC      "sync/"
 #define AG_OWNER      "/owner"
 #define AG_MAP	      "/map"
 #define AG_FREE	      "/free"
@@ -334,6 +335,26 @@ int efs_meta_key_handover(const struct efs_meta_ns *ns, const char *node,
 	return node_key(ns, TAG_HANDOVER, node, ret);
 }
 
+int efs_meta_key_sync(const struct efs_meta_ns *ns, const char *id, struct efs_meta_key *ret)
+{
+	return node_key(ns, TAG_SYNC, id, ret);
+}
+
+int efs_meta_key_sync_ack(const struct efs_meta_ns *ns, const char *id, const char *node,
+			  struct efs_meta_key *ret)
+{
+	struct efs_meta_key tmp;
+	struct efs_etcd_key k;
+
+	if (!efs_meta_node_is_valid(id) || !efs_meta_node_is_valid(node))
+		return -EINVAL;
+	start(ns, &k, &tmp, TAG_SYNC);
+	efs_etcd_key_add_str(&k, id);
+	efs_etcd_key_add_str(&k, "/");
+	efs_etcd_key_add_str(&k, node);
+	return finish(&k, &tmp, ret);
+}
+
 int efs_meta_key_ag(const struct efs_meta_ns *ns, uint32_t group, enum efs_meta_family family,
 		    struct efs_meta_key *ret)
 {
@@ -452,6 +473,26 @@ static bool take_node_slash(struct cur *c, size_t tail, char out[EFS_META_NODE_M
 	return eat(c, "/");
 }
 
+/* After "sync/": "<id>" (a request) or "<id>/<node>" (an answer). */
+static int parse_sync(struct cur *c, struct efs_meta_key_info *info)
+{
+	const uint8_t *slash = memchr(c->p, '/', c->n);
+	char id[EFS_META_NODE_MAX + 1];
+	size_t idlen;
+
+	if (!slash) {
+		info->family = EFS_META_K_SYNC;
+		return take_node(c, c->n, info->node) ? 0 : -EINVAL;
+	}
+	info->family = EFS_META_K_SYNC_ACK;
+	idlen = (size_t)(slash - c->p);
+	info->name = c->p;
+	info->name_len = idlen;
+	if (!take_node(c, idlen, id) || !eat(c, "/"))
+		return -EINVAL;
+	return take_node(c, c->n, info->node) ? 0 : -EINVAL;
+}
+
 static int parse_ag(struct cur *c, struct efs_meta_key_info *info)
 {
 	if (!eat_u32(c, &info->group))
@@ -552,6 +593,8 @@ static int parse_body(struct cur *c, struct efs_meta_key_info *info)
 		info->family = EFS_META_K_HANDOVER;
 		return take_node(c, c->n, info->node) ? 0 : -EINVAL;
 	}
+	if (eat(c, TAG_SYNC))
+		return parse_sync(c, info);
 	if (eat(c, TAG_MAINT)) {
 		info->family = EFS_META_K_MAINT;
 		return 0;
@@ -657,6 +700,9 @@ static const char *family_tag(enum efs_meta_family family)
 		return TAG_PIN;
 	case EFS_META_K_HANDOVER:
 		return TAG_HANDOVER;
+	case EFS_META_K_SYNC:
+	case EFS_META_K_SYNC_ACK:
+		return TAG_SYNC;
 	case EFS_META_K_SB:
 	case EFS_META_K_INO_COUNTER:
 	case EFS_META_K_RENAMESEQ:
@@ -794,6 +840,27 @@ int efs_meta_range_dirents_after(const struct efs_meta_ns *ns, uint64_t parent, 
 int efs_meta_range_handovers(const struct efs_meta_ns *ns, struct efs_meta_range *ret)
 {
 	return prefix_of(ns, TAG_HANDOVER, ret);
+}
+
+int efs_meta_range_syncs(const struct efs_meta_ns *ns, struct efs_meta_range *ret)
+{
+	return prefix_of(ns, TAG_SYNC, ret);
+}
+
+int efs_meta_range_sync_acks(const struct efs_meta_ns *ns, const char *id,
+			     struct efs_meta_range *ret)
+{
+	struct efs_meta_range tmp;
+	int r = efs_meta_key_sync(ns, id, &tmp.key);
+
+	if (r < 0)
+		return r;
+	/* The request's key and a '/': its answers, not another id that
+	 * starts alike (the answers' keys are longer, so this fits). */
+	tmp.key.buf[tmp.key.len++] = '/';
+	prefix_range(&tmp);
+	*ret = tmp;
+	return 0;
 }
 
 int efs_meta_range_pins(const struct efs_meta_ns *ns, struct efs_meta_range *ret)

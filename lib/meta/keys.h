@@ -56,6 +56,9 @@ enum efs_meta_family {
 	EFS_META_K_PIN,		/* pin/<name>: a revision compaction keeps (name in |node|) */
 	/* Of the allocators (lib/alloc/alloc.h). */
 	EFS_META_K_HANDOVER,	/* ho/<node>: a node short of space asks owners for groups */
+	/* Of the publication request (etcfsctl backup and sync). */
+	EFS_META_K_SYNC,	/* sync/<id>: publish what you buffer (id in |node|) */
+	EFS_META_K_SYNC_ACK,	/* sync/<id>/<node>: |node| did (id in |name|) */
 };
 
 /* Lock modes, one byte inside holder keys ('S' sorts before 'X'). */
@@ -191,6 +194,16 @@ int efs_meta_key_pin(const struct efs_meta_ns *ns, const char *name, struct efs_
 int efs_meta_key_handover(const struct efs_meta_ns *ns, const char *node,
 			  struct efs_meta_key *ret);
 
+/* sync/<id>: a request that every node publish what it buffers (value:
+ * empty), on the requester's lease; |id| is checked like a node id. */
+int efs_meta_key_sync(const struct efs_meta_ns *ns, const char *id, struct efs_meta_key *ret);
+
+/* sync/<id>/<node>: node |node| published everything it had buffered when
+ * it saw request |id| (value: "ok", or "error: ..." when the publication
+ * failed), on its session lease. The parser returns |id| in |name|. */
+int efs_meta_key_sync_ack(const struct efs_meta_ns *ns, const char *id, const char *node,
+			  struct efs_meta_key *ret);
+
 /* ---- Parser ---- */
 
 /*
@@ -241,6 +254,12 @@ int efs_meta_range_dirents_after(const struct efs_meta_ns *ns, uint64_t parent, 
 
 /* Every hand-over request (ho/<node>). */
 int efs_meta_range_handovers(const struct efs_meta_ns *ns, struct efs_meta_range *ret);
+
+/* Every publication request and answer (sync/), and the answers to request
+ * |id| alone (sync/<id>/). */
+int efs_meta_range_syncs(const struct efs_meta_ns *ns, struct efs_meta_range *ret);
+int efs_meta_range_sync_acks(const struct efs_meta_ns *ns, const char *id,
+			     struct efs_meta_range *ret);
 
 /* Every revision pin (pin/<name>). */
 int efs_meta_range_pins(const struct efs_meta_ns *ns, struct efs_meta_range *ret);

@@ -12,6 +12,8 @@
  * write an inexact copy; one during which a file grows succeeds.
  */
 #include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,9 +30,13 @@
 #include "../support/mount.h"
 
 static struct efs_test_fs fs;
+static bool stopped; /* the daemon is SIGSTOPped: fini continues it */
 
 static void fini(void)
 {
+	if (stopped && fs.daemon > 0)
+		kill(fs.daemon, SIGCONT);
+	stopped = false;
 	efs_test_fs_stop(&fs);
 }
 
@@ -462,4 +468,99 @@ Test(backup, a_backup_overlapping_a_free_of_its_blocks_fails_or_starts_again)
 	snprintf(bk, sizeof(bk), "%s/grown.etcfs-backup", fs.dir);
 	cr_assert_eq(backup_around(bk, "0", grow_new), 0, "backup overlapping a new file");
 	cr_assert_eq(stat(bk, &st), 0);
+}
+
+/* ---- Publishing first: the sync/ request ---- */
+
+static double mono_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A write the node buffers (a minute's flush interval, no fsync, the file
+ * still open) is in a backup taken at once, without a settle: the backup
+ * asked the node to publish and the node answered. */
+Test(backup, a_backup_has_what_a_node_buffered_without_a_settle)
+{
+	static const char *const slow[] = {"--flush-interval", "60000", NULL};
+	struct efs_test_fs_opts o = {.image_size = 64 << 20, .mount_args = slow};
+	static unsigned char buf[100000];
+	char bk[400], out[8192], p[600];
+	const char *args[] = {"backup", "--settle", "0", fs.image, bk, NULL};
+	int fd, r;
+
+	efs_test_fs_start(&fs, &o);
+	for (size_t i = 0; i < sizeof(buf); i++)
+		buf[i] = byte_of(21, i);
+	path_in("buffered", p, sizeof(p));
+	fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	cr_assert(fd >= 0, "open %s: %s", p, strerror(errno));
+	cr_assert_eq(write(fd, buf, sizeof(buf)), (ssize_t)sizeof(buf));
+	snprintf(bk, sizeof(bk), "%s/buffered.etcfs-backup", fs.dir);
+	r = ctl(out, sizeof(out), args);
+	close(fd);
+	cr_assert_eq(r, 0, "backup: %d: %s", r, out);
+	cr_assert_not(strstr(out, "did not answer"), "%s", out);
+	cr_assert_not(strstr(out, "--settle"), "%s", out);
+
+	efs_test_fs_unmount(&fs);
+	clear_keyspace();
+	{
+		const char *rargs[] = {"restore", bk, fs.image, NULL};
+
+		r = ctl(out, sizeof(out), rargs);
+		cr_assert_eq(r, 0, "restore: %d: %s", r, out);
+	}
+	efs_test_fs_mount(&fs, NULL);
+	check_file("buffered", sizeof(buf), 21);
+	efs_test_fs_unmount(&fs);
+	/* The request and the answer are gone; fsck knows the family. */
+	r = efs_test_fs_run(&fs, out, sizeof(out), "fsck.etcfs", fs.image, NULL);
+	cr_assert_eq(r, 0, "fsck: %d: %s", r, out);
+}
+
+/* A node that never answers (stopped) costs the backup the sync timeout
+ * and the settle, said on stderr, and the backup completes. */
+Test(backup, a_node_that_does_not_answer_gets_the_settle)
+{
+	char bk[400], out[8192];
+	const char *args[] = {"backup", "--sync-timeout", "1", "--settle", "0.5",
+			      fs.image, bk, NULL};
+	char *keys = NULL;
+	double t0, took;
+	int r;
+
+	start_fs();
+	make_tree();
+	snprintf(bk, sizeof(bk), "%s/stopped.etcfs-backup", fs.dir);
+	args[5] = fs.image;
+	cr_assert_eq(kill(fs.daemon, SIGSTOP), 0);
+	stopped = true;
+	t0 = mono_s();
+	r = ctl(out, sizeof(out), args);
+	took = mono_s() - t0;
+	cr_assert_eq(kill(fs.daemon, SIGCONT), 0);
+	stopped = false;
+	cr_assert_eq(r, 0, "backup: %d: %s", r, out);
+	cr_assert(strstr(out, "node node1 did not answer the request to publish within 1.0 s"),
+		  "%s", out);
+	cr_assert(strstr(out, "waiting --settle 0.5 s for them instead"), "%s", out);
+	cr_assert(took >= 1.5 && took < 20, "the backup took %.1f s", took);
+	/* Running again, the node answers etcfsctl sync. */
+	{
+		const char *sargs[] = {"sync", fs.image, NULL};
+
+		r = ctl(out, sizeof(out), sargs);
+		cr_assert_eq(r, 0, "etcfsctl sync: %d: %s", r, out);
+	}
+	/* The request went with the backup. */
+	r = efs_harness_etcdctl(fs.etcd, &keys, "get", "--prefix", "--keys-only",
+				"/etcfs/testfs/sync/", NULL);
+	cr_assert_eq(r, 0);
+	cr_assert(!keys || !strstr(keys, "sync/"), "left behind: %s", keys);
+	free(keys);
+	efs_test_fs_unmount(&fs);
 }

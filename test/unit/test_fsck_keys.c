@@ -117,6 +117,12 @@ static void key_of(const struct efs_meta_ns *ns, enum efs_meta_family f, struct 
 	case EFS_META_K_HANDOVER:
 		r = efs_meta_key_handover(ns, "n1", k);
 		break;
+	case EFS_META_K_SYNC:
+		r = efs_meta_key_sync(ns, "b1", k);
+		break;
+	case EFS_META_K_SYNC_ACK:
+		r = efs_meta_key_sync_ack(ns, "b1", "n1", k);
+		break;
 	}
 	cr_assert_eq(r, 0, "no key built for family %d", (int)f);
 }
@@ -148,7 +154,7 @@ Test(fsck_keys, every_family_has_a_row_with_a_name_and_a_handler)
 		cr_assert(row->name && row->name[0], "family %d has no name", f);
 		cr_assert_not_null(row->load, "family %d has no handler", f);
 	}
-	cr_assert_gt(f, EFS_META_K_HANDOVER, "the families end before EFS_META_K_HANDOVER (%d)",
+	cr_assert_gt(f, EFS_META_K_SYNC_ACK, "the families end before EFS_META_K_SYNC_ACK (%d)",
 		     f);
 	cr_assert_null(efs_check__family_of(f));
 }
@@ -156,7 +162,7 @@ Test(fsck_keys, every_family_has_a_row_with_a_name_and_a_handler)
 Test(fsck_keys, unknown_families_have_no_row)
 {
 	cr_assert_null(efs_check__family_of((enum efs_meta_family)0));
-	cr_assert_null(efs_check__family_of((enum efs_meta_family)(EFS_META_K_HANDOVER + 1)));
+	cr_assert_null(efs_check__family_of((enum efs_meta_family)(EFS_META_K_SYNC_ACK + 1)));
 	cr_assert_null(efs_check__family_of((enum efs_meta_family)1000));
 	cr_assert_null(efs_check__family_of((enum efs_meta_family)-1));
 }
@@ -253,13 +259,15 @@ static const struct bad_value bad_values[] = {
     {EFS_META_K_MAINT, false, NULL, false},
     {EFS_META_K_PIN, false, NULL, false},
     {EFS_META_K_HANDOVER, false, NULL, false},
+    {EFS_META_K_SYNC, false, NULL, false},
+    {EFS_META_K_SYNC_ACK, false, NULL, false},
 };
 
 Test(fsck_keys, a_value_that_does_not_decode_is_a_clean_finding)
 {
 	size_t n = sizeof(bad_values) / sizeof(bad_values[0]);
 
-	cr_assert_eq(n, EFS_META_K_HANDOVER, "a family is missing from bad_values");
+	cr_assert_eq(n, EFS_META_K_SYNC_ACK, "a family is missing from bad_values");
 	for (size_t i = 0; i < n; i++) {
 		const struct bad_value *bv = &bad_values[i];
 		const struct efs_check__family *row = efs_check__family_of(bv->family);
@@ -344,7 +352,7 @@ Test(fsck_keys, shared_handlers_keep_their_families_apart)
 
 Test(fsck_keys, an_empty_value_of_any_family_does_not_crash)
 {
-	for (int f = EFS_META_K_SB; f <= EFS_META_K_HANDOVER; f++) {
+	for (int f = EFS_META_K_SB; f <= EFS_META_K_SYNC_ACK; f++) {
 		struct efs_check_report *rep = report_new();
 		state_t *st = rep->priv;
 		struct efs_meta_key key;
@@ -361,7 +369,7 @@ Test(fsck_keys, an_empty_value_of_any_family_does_not_crash)
 
 Test(fsck_keys, allocation_failures_are_reported_not_crashes)
 {
-	for (int f = EFS_META_K_SB; f <= EFS_META_K_HANDOVER; f++) {
+	for (int f = EFS_META_K_SB; f <= EFS_META_K_SYNC_ACK; f++) {
 		for (long n = 0;; n++) {
 			struct efs_check_report *rep = report_new();
 			state_t *st = rep->priv;

@@ -306,24 +306,70 @@ Test(meta_keys, node_and_generation_round_trip, .init = ns_setup)
 	cr_assert_eq(efs_meta_key_node(&ns, "..", &k), -EINVAL);
 }
 
+/* |k| is the key |text|, of |family| with |node| (as the parser says). */
+static struct efs_meta_key_info assert_key_is(const struct efs_meta_key *k, const char *text,
+					      enum efs_meta_family family, const char *node)
+{
+	struct efs_meta_key_info info;
+
+	cr_assert_eq(k->len, strlen(text));
+	cr_assert_eq(memcmp(k->buf, text, k->len), 0);
+	info = parse_ok(k);
+	cr_assert_eq(info.family, family);
+	cr_assert_str_eq(info.node, node);
+	return info;
+}
+
 Test(meta_keys, handover_request_round_trips_and_has_its_own_range, .init = ns_setup)
 {
 	struct efs_meta_key k, n;
-	struct efs_meta_key_info info;
 	struct efs_meta_range r;
 
 	cr_assert_eq(efs_meta_key_handover(&ns, "host1", &k), 0);
-	cr_assert_eq(k.len, strlen("/etcfs/fs1/ho/host1"));
-	cr_assert_eq(memcmp(k.buf, "/etcfs/fs1/ho/host1", k.len), 0);
-	info = parse_ok(&k);
-	cr_assert_eq(info.family, EFS_META_K_HANDOVER);
-	cr_assert_str_eq(info.node, "host1");
+	(void)assert_key_is(&k, "/etcfs/fs1/ho/host1", EFS_META_K_HANDOVER, "host1");
 	cr_assert_eq(efs_meta_key_handover(&ns, "a/b", &k), -EINVAL);
 	cr_assert_eq(efs_meta_range_handovers(&ns, &r), 0);
 	cr_assert_eq(efs_meta_key_handover(&ns, "host1", &k), 0);
 	cr_assert(memcmp(k.buf, r.key.buf, r.key.len) == 0);
 	cr_assert_eq(efs_meta_key_node(&ns, "host1", &n), 0);
 	cr_assert(memcmp(n.buf, r.key.buf, r.key.len) != 0, "n/ is outside ho/");
+}
+
+Test(meta_keys, sync_request_and_answer_round_trip_and_have_their_ranges, .init = ns_setup)
+{
+	struct efs_meta_key k, a, n;
+	struct efs_meta_key_info info;
+	struct efs_meta_range all, acks;
+
+	cr_assert_eq(efs_meta_key_sync(&ns, "backup.12", &k), 0);
+	(void)assert_key_is(&k, "/etcfs/fs1/sync/backup.12", EFS_META_K_SYNC, "backup.12");
+	cr_assert_eq(efs_meta_key_sync_ack(&ns, "backup.12", "host1", &a), 0);
+	info = assert_key_is(&a, "/etcfs/fs1/sync/backup.12/host1", EFS_META_K_SYNC_ACK, "host1");
+	cr_assert_eq(info.name_len, strlen("backup.12"));
+	cr_assert_eq(memcmp(info.name, "backup.12", info.name_len), 0);
+	cr_assert_eq(efs_meta_key_sync(&ns, "a/b", &k), -EINVAL);
+	cr_assert_eq(efs_meta_key_sync_ack(&ns, "a/b", "host1", &k), -EINVAL);
+	cr_assert_eq(efs_meta_key_sync_ack(&ns, "b", "..", &k), -EINVAL);
+	cr_assert_eq(efs_meta_range_syncs(&ns, &all), 0);
+	cr_assert_eq(efs_meta_range_sync_acks(&ns, "backup.12", &acks), 0);
+	cr_assert(memcmp(a.buf, acks.key.buf, acks.key.len) == 0);
+	cr_assert(memcmp(a.buf, all.key.buf, all.key.len) == 0);
+	/* The request itself is outside its answers' range. */
+	cr_assert(efs_meta_key_sync(&ns, "backup.12", &k) == 0 &&
+		  (k.len < acks.key.len || memcmp(k.buf, acks.key.buf, acks.key.len) != 0));
+	/* Another request's answers too ("backup.123" starts like "backup.12"). */
+	cr_assert_eq(efs_meta_key_sync_ack(&ns, "backup.123", "host1", &n), 0);
+	cr_assert(memcmp(n.buf, acks.key.buf, acks.key.len) != 0);
+	/* Malformed: an empty id or node, a third part. */
+	for (size_t i = 0; i < 3; i++) {
+		static const char *const bad[] = {"/etcfs/fs1/sync/", "/etcfs/fs1/sync//h",
+						  "/etcfs/fs1/sync/a/b/c"};
+		struct efs_meta_key_info bi;
+
+		cr_assert_eq(efs_meta_key_parse(&ns, (const uint8_t *)bad[i], strlen(bad[i]),
+						&bi),
+			     -EINVAL, "%s", bad[i]);
+	}
 }
 
 Test(meta_keys, group_keys_round_trip, .init = ns_setup)
@@ -574,6 +620,8 @@ static void fill(struct keyset *s)
 	add(s, efs_meta_key_node(&ns, "n1", &s->k[s->n]));
 	add(s, efs_meta_key_gen(&ns, "n1", &s->k[s->n]));
 	add(s, efs_meta_key_handover(&ns, "n1", &s->k[s->n]));
+	add(s, efs_meta_key_sync(&ns, "b1", &s->k[s->n]));
+	add(s, efs_meta_key_sync_ack(&ns, "b1", "n1", &s->k[s->n]));
 	for (uint32_t g = 1; g <= 2; g++) {
 		add(s, efs_meta_key_ag(&ns, g, EFS_META_K_AG_OWNER, &s->k[s->n]));
 		add(s, efs_meta_key_ag(&ns, g, EFS_META_K_AG_MAP, &s->k[s->n]));
@@ -764,6 +812,17 @@ static int rebuild(const struct efs_meta_key_info *info, struct efs_meta_key *k)
 		return efs_meta_key_pin(&ns, info->node, k);
 	case EFS_META_K_HANDOVER:
 		return efs_meta_key_handover(&ns, info->node, k);
+	case EFS_META_K_SYNC:
+		return efs_meta_key_sync(&ns, info->node, k);
+	case EFS_META_K_SYNC_ACK: {
+		char id[EFS_META_NODE_MAX + 1];
+
+		if (info->name_len > EFS_META_NODE_MAX)
+			return -EINVAL;
+		memcpy(id, info->name, info->name_len);
+		id[info->name_len] = '\0';
+		return efs_meta_key_sync_ack(&ns, id, info->node, k);
+	}
 	case EFS_META_K_INODE:
 		return efs_meta_key_inode(&ns, info->ino, k);
 	case EFS_META_K_ORPHAN:
