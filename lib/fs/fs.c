@@ -548,25 +548,27 @@ static void leave_synced(int status, void *arg)
 		leave_alloc_done(r, ls);
 }
 
-/* The publication for a request ended: its caller is told, then a leave
- * that came meanwhile starts (its callback runs in every case). */
+/* The publication for a request ended: a leave that came meanwhile starts
+ * (its callback runs in every case, perhaps at once), then the request's
+ * caller is told, so that it cannot start another publication first. */
 static void fs_published(int status, void *arg)
 {
 	struct efs_fs *fs = arg;
 	void (*cb)(int status, void *arg) = fs->pub_cb;
+	void *cb_arg = fs->pub_arg;
 	struct leave_state *ls = fs->leave_next;
 	int r;
 
 	fs->pub_cb = NULL;
 	fs->leave_next = NULL;
-	cb(status, fs->pub_arg);
-	if (!ls)
-		return;
-	r = efs_fs_data_sync_all(fs, leave_synced, ls);
-	if (r == 1)
-		leave_synced(0, ls);
-	else if (r < 0)
-		leave_synced(r, ls);
+	if (ls) {
+		r = efs_fs_data_sync_all(fs, leave_synced, ls);
+		if (r == 1)
+			leave_synced(0, ls);
+		else if (r < 0)
+			leave_synced(r, ls);
+	}
+	cb(status, cb_arg);
 }
 
 int efs_fs_publish_all(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg)
