@@ -273,23 +273,29 @@ static void read_io_done(void *arg, int err)
 			      r->wbytes);
 	if (r->d && r->d->in)
 		efs_fs_note_kpages(fs, r->d->in);
-	if (r->d && r->d->in && r->d->in->rec) {
-		struct efs_fs_data *d = r->d;
-
-		/* Relatime, written only by an exclusive holder (this read
-		 * pins the lock, so it is held until the request ends): a
-		 * pending field that the lock's sync publishes. A reader
-		 * under a shared lock leaves atime alone. */
-		if (!fs->noatime && !fs->read_only &&
-		    efs_lock_held(fs->lc, r->ino) == EFS_LOCK_EXCLUSIVE &&
-		    efs_fs_atime_due(d->in->rec, efs_fs_now())) {
-			d->in->rec->atime_ns = efs_fs_now();
-			d->pf |= PF_ATIME;
-			d->p_atime = d->in->rec->atime_ns;
-			efs_file_state_changed(d);
-		}
-	}
 	efs_file_dreq_end(r, 0);
+}
+
+/*
+ * Relatime, written only by an exclusive holder (the read pins the lock, so
+ * it is held until the request ends): a pending field that the lock's sync
+ * publishes. A reader under a shared lock leaves atime alone. Decided when
+ * the read goes out, not when it is answered: the worker may answer it, and
+ * a stat after the read must see the new atime.
+ */
+static void read_atime(struct dreq *r)
+{
+	struct efs_fs *fs = r->fs;
+	struct efs_fs_data *d = r->d;
+
+	if (!d || !d->in || !d->in->rec || fs->noatime || fs->read_only ||
+	    efs_lock_held(fs->lc, r->ino) != EFS_LOCK_EXCLUSIVE ||
+	    !efs_fs_atime_due(d->in->rec, efs_fs_now()))
+		return;
+	d->in->rec->atime_ns = efs_fs_now();
+	d->pf |= PF_ATIME;
+	d->p_atime = d->in->rec->atime_ns;
+	efs_file_state_changed(d);
 }
 
 static void read_cont(struct dreq *r)
@@ -319,6 +325,7 @@ static void read_cont(struct dreq *r)
 		efs_file_dreq_end(r, -ENOMEM);
 		return;
 	}
+	read_atime(r);
 	e = efs_file_read_blocks_w(d, r->b0, r->nb, r->buf, read_io_done, read_wreply, r);
 	if (e == 1)
 		read_io_done(r, 0);
