@@ -876,6 +876,15 @@ void efs_file_pub_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t r
 				continue;
 			}
 			if (!s->partial) {
+				/* What made it urgent (a part left, an fsync, a
+				 * buffer limit, a sync of everything) is
+				 * published; fsync waiters of later versions,
+				 * writes waiting on limits and a sync of
+				 * everything keep the publisher going on their
+				 * own. Still urgent, an inode written without a
+				 * pause was published back to back forever, a
+				 * handful of chunks per transaction. */
+				d->urgent = false;
 				if (d->ver == s->ver)
 					d->pf = 0;
 				if (s->ver > d->ver_pub)
