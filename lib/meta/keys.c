@@ -868,6 +868,11 @@ int efs_meta_range_pins(const struct efs_meta_ns *ns, struct efs_meta_range *ret
 	return prefix_of(ns, TAG_PIN, ret);
 }
 
+int efs_meta_range_backup_pins(const struct efs_meta_ns *ns, struct efs_meta_range *ret)
+{
+	return prefix_of(ns, TAG_PIN EFS_META_PIN_BACKUP, ret);
+}
+
 static int group_range(const struct efs_meta_ns *ns, uint32_t group, const char *sub,
 		       struct efs_meta_range *ret)
 {

@@ -188,6 +188,9 @@ int efs_meta_key_maint(const struct efs_meta_ns *ns, struct efs_meta_key *ret);
  * the maintenance node does not compact past; |name| is checked like a
  * node id (efs_meta_node_is_valid); the parser returns it in |node|. */
 int efs_meta_key_pin(const struct efs_meta_ns *ns, const char *name, struct efs_meta_key *ret);
+/* The names of the pins etcfsctl backup puts start so; while one exists the
+ * allocators hold the blocks they free (lib/alloc/alloc.h). */
+#define EFS_META_PIN_BACKUP "backup."
 
 /* ho/<node>: a hand-over request of node |node| (value: the blocks it
  * wants, decimal ASCII), on its session lease (lib/alloc/alloc.h). */
@@ -263,6 +266,8 @@ int efs_meta_range_sync_acks(const struct efs_meta_ns *ns, const char *id,
 
 /* Every revision pin (pin/<name>). */
 int efs_meta_range_pins(const struct efs_meta_ns *ns, struct efs_meta_range *ret);
+/* Every backup pin (pin/backup.*). */
+int efs_meta_range_backup_pins(const struct efs_meta_ns *ns, struct efs_meta_range *ret);
 
 /* Every key of allocation group |group|, and its free intents alone. */
 int efs_meta_range_group(const struct efs_meta_ns *ns, uint32_t group, struct efs_meta_range *ret);

@@ -372,6 +372,25 @@ Test(meta_keys, sync_request_and_answer_round_trip_and_have_their_ranges, .init 
 	}
 }
 
+/* The allocators' hold reads this range: every backup pin, no other pin. */
+Test(meta_keys, backup_pin_range_covers_backup_pins_only, .init = ns_setup)
+{
+	static const char *const in[] = {"backup.1.2", "backup.12345.1700000000", "backup."};
+	static const char *const out[] = {"backup", "backupx.1", "maint.1", "a", "backuo.9"};
+	struct efs_meta_range r;
+	struct efs_meta_key k;
+
+	cr_assert_eq(efs_meta_range_backup_pins(&ns, &r), 0);
+	for (size_t i = 0; i < sizeof(in) / sizeof(in[0]); i++) {
+		cr_assert_eq(efs_meta_key_pin(&ns, in[i], &k), 0, "%s", in[i]);
+		cr_assert(in_range(&k, &r), "pin/%s is outside the range", in[i]);
+	}
+	for (size_t i = 0; i < sizeof(out) / sizeof(out[0]); i++) {
+		cr_assert_eq(efs_meta_key_pin(&ns, out[i], &k), 0, "%s", out[i]);
+		cr_assert(!in_range(&k, &r), "pin/%s is inside the range", out[i]);
+	}
+}
+
 Test(meta_keys, group_keys_round_trip, .init = ns_setup)
 {
 	const enum efs_meta_family fams[] = {EFS_META_K_AG_OWNER, EFS_META_K_AG_MAP,
