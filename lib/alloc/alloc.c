@@ -49,6 +49,7 @@
 
 #include <linux/fs.h>
 
+#include "config.h"
 #include "etcd/kv.h"
 #include "etcd/watch.h"
 #include "alloc/alloc.h"
@@ -77,6 +78,9 @@ struct grp {
 	uint64_t start, blocks;
 	struct efs_freemap committed, avail;
 	struct efs_runs pending, quar; /* group-relative, normalized */
+	/* Blocks freed by a map transaction that saw a backup pin: not
+	 * allocated until one sees none (group-relative, normalized). */
+	struct efs_runs held;
 	int64_t map_rev, owner_rev;
 	bool has_intents; /* the last read saw free intents: fold soon */
 	bool other_owner; /* the last scan saw an owner key not ours */
@@ -156,6 +160,13 @@ struct efs_alloc_txn {
 	struct tgrp *v;
 	size_t n, cap;
 	bool unknown;
+	/* The backup hold: whether the built request reads pin/backup. (at
+	 * |hold_idx| of its success branch), a->held_gen then, and what the
+	 * response said (1: a pin, 0: none, -1: not told, taken as a pin). */
+	bool hold_asked;
+	size_t hold_idx;
+	uint64_t hold_gen;
+	int64_t hold;
 	void (*cb)(int status, void *arg);
 	void *arg;
 };
@@ -257,13 +268,18 @@ struct efs_alloc {
 	uint32_t grow_count;	       /* ... in this many groups */
 	uint64_t grow_warned;	       /* grow_size last logged as not visible yet */
 
+	/* The backup hold (docs/DESIGN.md, "Backup and restore"). */
+	uint64_t held_gen;    /* bumped whenever blocks join a group's held list */
+	bool hold_probe_busy; /* the sweep's read of pin/backup. is in flight */
+	bool hold_off;	      /* fault hook: nothing is held */
+
 	/* Leave. */
 	void (*leave_cb)(int status, void *arg);
 	void *leave_arg;
 
 	/* Figures. */
 	uint64_t double_frees, claims, given;
-	struct efs_gauge *g_owned, *g_avail, *g_pending, *g_quar, *g_grace;
+	struct efs_gauge *g_owned, *g_avail, *g_pending, *g_quar, *g_grace, *g_held;
 	struct efs_counter *c_double, *c_claims, *c_given;
 	struct efs_counter *c_txn[4]; /* etcfs_etcd_txns_total{origin="space"}: ok, conflict,
 				       * error, unknown (fs.c's outcome names) */
@@ -283,6 +299,7 @@ static void ho_stop(struct efs_alloc *a);
 static void give_soon(struct efs_alloc *a);
 static void sb_watch_start(struct efs_alloc *a);
 static void grow_try(struct efs_alloc *a);
+static void kick(struct efs_alloc *a);
 
 /* ---- Small helpers ---- */
 
@@ -315,6 +332,8 @@ static void update_gauges(struct efs_alloc *a)
 		efs_gauge_set(a->g_quar, (double)st.quarantine_blocks);
 	if (a->g_grace)
 		efs_gauge_set(a->g_grace, (double)st.grace_blocks * a->block_size);
+	if (a->g_held)
+		efs_gauge_set(a->g_held, (double)st.held_blocks * a->block_size);
 }
 
 static void grp_forget(struct grp *g)
@@ -323,6 +342,7 @@ static void grp_forget(struct grp *g)
 	efs_freemap_done(&g->avail);
 	efs_runs_done(&g->pending);
 	efs_runs_done(&g->quar);
+	efs_runs_done(&g->held);
 	g->owned = false;
 	g->stale = false;
 	g->dirty = false;
@@ -332,7 +352,7 @@ static void grp_forget(struct grp *g)
 	g->map_rev = g->owner_rev = 0;
 }
 
-/* avail = committed free - pending - quarantined. */
+/* avail = committed free - pending - quarantined - held. */
 static int avail_recompute(struct grp *g)
 {
 	struct efs_freemap n;
@@ -345,6 +365,8 @@ static int avail_recompute(struct grp *g)
 		r = efs_runs_subtract(&n.free, g->pending.v[i].start, g->pending.v[i].len, NULL);
 	for (size_t i = 0; i < g->quar.n && r == 0; i++)
 		r = efs_runs_subtract(&n.free, g->quar.v[i].start, g->quar.v[i].len, NULL);
+	for (size_t i = 0; i < g->held.n && r == 0; i++)
+		r = efs_runs_subtract(&n.free, g->held.v[i].start, g->held.v[i].len, NULL);
 	/* A grown last group's map may be longer than this node's view of the
 	 * device (docs/DESIGN.md, "Online growth"): its tail is not ours to
 	 * hand out until this node takes the new geometry. */
@@ -451,6 +473,177 @@ static void count_txn(struct efs_alloc *a, const struct efs_etcd_result *r,
 
 	if (a->c_txn[k])
 		efs_counter_inc(a->c_txn[k]);
+}
+
+/* ---- The backup hold ---- */
+
+/*
+ * A backup copies the blocks its revision R references after it took R; a
+ * block freed after R must not be handed out again before the copy ends.
+ * The backup's pin (pin/backup.*, put at R) is the hold: every map
+ * transaction reads that prefix (keys only, one key), and etcd serialises
+ * transactions, so one committed after R sees the pin in its own response.
+ * Blocks a transaction frees while it sees a pin (or cannot tell) join
+ * their group's held list, which allocation leaves alone. A transaction
+ * that sees none releases every held block, provided none joined since it
+ * was built: those were all freed by transactions committed before it, so
+ * before any backup still running took its revision, and a snapshot never
+ * references a block that was free at its revision.
+ */
+
+/* Adds the read of pin/backup. (the oldest pin: its create revision is
+ * the revision of the longest-running backup) to the success branch of |t|
+ * and sets *ret_idx to its index there. 0, -E2BIG, -ENOMEM. */
+static int hold_read(struct efs_alloc *a, struct efs_etcd_txn *t, size_t *ret_idx)
+{
+	Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	size_t idx = efs_etcd_txn_request(t)->n_success;
+	struct efs_meta_range rg;
+	struct efs_etcd_range_opts ro = {.limit = 1, .keys_only = true};
+	int r;
+
+	r = efs_meta_range_backup_pins(&a->ns, &rg);
+	if (r < 0)
+		return r;
+	ro.range_end = rg.end.buf;
+	ro.range_end_len = rg.end.len;
+	r = efs_etcd_range_fill(&rq, rg.key.buf, rg.key.len, &ro, NULL);
+	if (r < 0)
+		return r;
+	rq.sort_order = ETCDSERVERPB__RANGE_REQUEST__SORT_ORDER__ASCEND;
+	rq.sort_target = ETCDSERVERPB__RANGE_REQUEST__SORT_TARGET__CREATE;
+	r = efs_etcd_txn_range_req(t, EFS_ETCD_TXN_SUCCESS, &rq);
+	if (r == 0)
+		*ret_idx = idx;
+	return r;
+}
+
+/* What the read at |idx| of |resp| says: 0 no backup pin; the revision
+ * of the oldest one (its put); -1 no answer (no response, the other
+ * branch ran), which callers take as a pin of an unknown revision. */
+static int64_t hold_in(const Etcdserverpb__TxnResponse *resp, size_t idx)
+{
+	Etcdserverpb__RangeResponse *rr = NULL;
+
+	if (!resp || !resp->succeeded || efs_etcd_txn_resp_range(resp, idx, &rr) < 0)
+		return -1;
+	if (rr->n_kvs > 0)
+		return rr->kvs[0]->create_revision > 0 ? rr->kvs[0]->create_revision : -1;
+	return rr->count > 0 ? -1 : 0;
+}
+
+/* Holds [s, s + l) of group |g| (it may hold part of it already). */
+static void hold_add(struct efs_alloc *a, struct grp *g, uint64_t s, uint64_t l)
+{
+	int r;
+
+	if (a->hold_off)
+		return;
+	r = efs_runs_subtract(&g->held, s, l, NULL);
+	if (r == 0)
+		r = efs_runs_insert(&g->held, s, l);
+	if (r < 0)
+		efs_log_err("alloc: out of memory holding %" PRIu64 " freed blocks of group %" PRIu32
+			    " for a running backup: they may be reused before it copies them "
+			    "(its check after the copy fails it if they were)",
+			    l, g->g);
+	a->held_gen++;
+	g->dirty = true;
+}
+
+/* Holds the blocks free in |now| that were not free in |was| (a map read
+ * again, or folded, while a pin was seen). */
+static void hold_newly_free(struct efs_alloc *a, struct grp *g, const struct efs_runs *now,
+			    const struct efs_runs *was)
+{
+	struct efs_runs nf = {0};
+	int r = efs_runs_append(&nf, now);
+
+	if (r == 0)
+		r = efs_runs_remove_all(&nf, was, NULL);
+	if (r < 0) {
+		/* Cannot tell which: every free block of the group. */
+		efs_runs_done(&nf);
+		for (size_t i = 0; i < now->n; i++)
+			hold_add(a, g, now->v[i].start, now->v[i].len);
+		return;
+	}
+	for (size_t i = 0; i < nf.n; i++)
+		hold_add(a, g, nf.v[i].start, nf.v[i].len);
+	efs_runs_done(&nf);
+}
+
+static uint64_t held_blocks(const struct efs_alloc *a)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < a->ngroups; i++)
+		n += efs_runs_total(&a->groups[i].held);
+	return n;
+}
+
+/* A transaction built when a->held_gen was |gen| saw no backup pin:
+ * releases every held block, unless some joined since. */
+static void hold_release(struct efs_alloc *a, uint64_t gen)
+{
+	uint64_t n = 0;
+
+	if (gen != a->held_gen)
+		return;
+	for (uint32_t i = 0; i < a->ngroups; i++) {
+		struct grp *g = &a->groups[i];
+
+		if (!g->held.n)
+			continue;
+		n += efs_runs_total(&g->held);
+		efs_runs_clear(&g->held);
+		if (g->owned && avail_recompute(g) < 0)
+			g->dirty = true;
+	}
+	if (!n)
+		return;
+	efs_log_info("alloc: no backup pin left: %" PRIu64 " held blocks released", n);
+	update_gauges(a);
+	if (!efs_list_empty(&a->getw))
+		kick(a);
+}
+
+static void hold_probe_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result *r,
+			  Etcdserverpb__TxnResponse *resp)
+{
+	a->hold_probe_busy = false;
+	if (c->epoch != a->epoch)
+		return;
+	if (r->err < 0) {
+		efs_log_warn("alloc: reading backup pins failed: %s", r->message);
+		return; /* the next tick reads again */
+	}
+	if (hold_in(resp, 0) == 0)
+		hold_release(a, c->u);
+}
+
+/* The sweep's read of pin/backup. while blocks are held, so that a node
+ * with no map transaction to make releases them once the backup ended. */
+static void hold_probe(struct efs_alloc *a)
+{
+	struct efs_etcd_txn *t = NULL;
+	size_t idx;
+	int r;
+
+	if (a->hold_probe_busy || !held_blocks(a))
+		return;
+	r = efs_etcd_txn_new(&t, 0);
+	if (r == 0)
+		r = hold_read(a, t, &idx);
+	if (r == 0) {
+		r = send_txn(a, t, hold_probe_cb, a->held_gen, NULL);
+		t = NULL;
+	}
+	efs_etcd_txn_free(t);
+	if (r == 0)
+		a->hold_probe_busy = true;
+	else
+		efs_log_warn("alloc: reading backup pins: %s", strerror(-r));
 }
 
 /* Compare "ag/<g>/owner is on our lease" and "ag/<g>/map unchanged". */
@@ -608,7 +801,8 @@ static bool any_stale(const struct efs_alloc *a)
 static void reread_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_result *r,
 		      Etcdserverpb__TxnResponse *resp)
 {
-	size_t k = 0;
+	size_t k = 1; /* after the read of pin/backup. */
+	int64_t hold;
 
 	a->rereading = false;
 	a->token = NULL;
@@ -621,10 +815,16 @@ static void reread_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_resu
 		/* Retried on the next grant (from the tick, or a waiter's kick). */
 		return;
 	}
+	/* A map read again may show blocks freed by a transaction whose
+	 * outcome was unknown, after a backup took its revision. */
+	hold = hold_in(resp, 0);
+	if (hold == 0)
+		hold_release(a, c->u);
 	for (uint32_t i = 0; i < a->ngroups; i++) {
 		struct grp *g = &a->groups[i];
 		Etcdserverpb__RangeResponse *ro = NULL, *rm = NULL;
 		Etcfs__AgOwner *ow = NULL;
+		struct efs_runs was = {0};
 		bool ok = false;
 
 		if (!g->owned || !g->stale)
@@ -640,13 +840,23 @@ static void reread_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_resu
 			     ro->kvs[0]->lease == efs_session_lease_id(a->s);
 			efs_meta_record_free(ow);
 		}
+		if (ok && hold != 0 && efs_runs_append(&was, &g->committed.free) < 0) {
+			efs_runs_done(&was);
+			continue; /* stays stale: read again before the next grant */
+		}
 		if (ok && rm->n_kvs == 1 && load_map(a, g, rm->kvs[0]) == 0) {
 			g->owner_rev = ro->kvs[0]->mod_revision;
 			g->stale = false;
+			if (hold != 0) {
+				hold_newly_free(a, g, &g->committed.free, &was);
+				if (avail_recompute(g) < 0)
+					g->dirty = true;
+			}
 		} else {
 			efs_log_warn("alloc: group %" PRIu32 " is no longer ours", g->g);
 			grp_forget(g);
 		}
+		efs_runs_done(&was);
 	}
 	update_gauges(a);
 	kick(a);
@@ -656,11 +866,13 @@ static int start_reread(struct efs_alloc *a)
 {
 	struct efs_etcd_txn *t;
 	struct efs_meta_key k;
+	size_t idx;
 	int r;
 
 	r = efs_etcd_txn_new(&t, 0);
 	if (r < 0)
 		return r;
+	r = hold_read(a, t, &idx); /* first: reread_cb reads it at 0 */
 	for (uint32_t i = 0; i < a->ngroups && r == 0; i++) {
 		struct grp *g = &a->groups[i];
 
@@ -678,7 +890,7 @@ static int start_reread(struct efs_alloc *a)
 		efs_etcd_txn_free(t);
 		return r;
 	}
-	r = send_txn(a, t, reread_cb, 0, NULL);
+	r = send_txn(a, t, reread_cb, a->held_gen, NULL);
 	if (r == 0) {
 		a->rereading = true;
 		a->token = TOKEN_INTERNAL;
@@ -867,6 +1079,15 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 	if (!a->ho_wait_ns)
 		a->ho_wait_ns = 2000ull * 1000000;
 	efs_session_owner_self(s, &a->self);
+#if EFS_FAULT_HOOKS
+	/* ETCFS_FAULT_NO_BACKUP_HOLD=1 (tests): freed blocks are never held,
+	 * as on a node without the hold, to show what it prevents. */
+	if (getenv("ETCFS_FAULT_NO_BACKUP_HOLD")) {
+		a->hold_off = true;
+		efs_log_warn("alloc: ETCFS_FAULT_NO_BACKUP_HOLD: blocks freed during a backup "
+			     "are not held");
+	}
+#endif
 	a->groups = efs_mem_calloc(a->ngroups, sizeof(*a->groups));
 	if (!a->groups)
 		goto fail;
@@ -896,6 +1117,10 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 					       "Free space of dead nodes' groups waiting out the "
 					       "dead-node grace",
 					       NULL);
+		a->g_held = efs_metrics_gauge(o->m, "etcfs_space_held_bytes",
+					      "Freed space held back from allocation while a backup "
+					      "runs",
+					      NULL);
 		a->c_double = efs_metrics_counter(o->m, "etcfs_space_double_frees_total",
 						  "Double frees found and refused", NULL);
 		a->c_claims = efs_metrics_counter(o->m, "etcfs_space_claims_total",
@@ -910,6 +1135,7 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 			"allocation it let through",
 			NULL);
 		if (!a->g_owned || !a->g_avail || !a->g_pending || !a->g_quar || !a->g_grace ||
+		    !a->g_held ||
 		    !a->c_double || !a->c_claims || !a->c_given || !a->h_ho_wait)
 			goto fail;
 		for (int k = 0; k < 4; k++) {
@@ -1030,6 +1256,7 @@ static void claim_txn_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_r
 			 Etcdserverpb__TxnResponse *resp)
 {
 	struct grp *g = &a->groups[c->u];
+	int64_t hold;
 
 	count_txn(a, r, resp);
 	if (c->epoch != a->epoch) {
@@ -1051,6 +1278,20 @@ static void claim_txn_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_r
 		a->icand++;
 		claim_next(a);
 		return;
+	}
+	/* Claimed while a backup runs, with a map that changed since that
+	 * backup's revision: its previous owner's frees since then are not
+	 * told apart from older ones, so every free block starts held. A map
+	 * unchanged since has freed nothing the backup references. */
+	hold = hold_in(resp, 0);
+	if (hold != 0 && (hold < 0 || g->map_rev > hold)) {
+		for (size_t i = 0; i < g->committed.free.n; i++)
+			hold_add(a, g, g->committed.free.v[i].start, g->committed.free.v[i].len);
+		if (avail_recompute(g) < 0)
+			g->dirty = true;
+		efs_log_info("alloc: group %" PRIu32 " claimed while a backup runs: its free "
+			     "blocks are held until it ends",
+			     g->g);
 	}
 	g->owned = true;
 	g->stale = false;
@@ -1077,6 +1318,7 @@ static void claim_next(struct efs_alloc *a)
 	struct efs_meta_key k;
 	const Mvccpb__KeyValue *okv, *mkv;
 	struct grp *g;
+	size_t idx;
 	int r;
 
 	if (a->claim_need == 0 || a->icand >= a->ncand) {
@@ -1104,6 +1346,8 @@ static void claim_next(struct efs_alloc *a)
 					 mkv->key.len, mkv->mod_revision);
 	if (r == 0)
 		r = efs_session_guard(a->s, t);
+	if (r == 0)
+		r = hold_read(a, t, &idx); /* first: claim_txn_cb reads it at 0 */
 	if (r == 0)
 		r = put_free(a, t, g->g, g->seen_free, false);
 	ow.node = a->node;
@@ -1513,6 +1757,7 @@ struct fold {
 	size_t ngrps, igrp;
 	size_t from; /* next kv of the current group's range */
 	size_t bfrom; /* first kv of the batch in flight */
+	uint64_t held_gen; /* a->held_gen when the batch in flight was built */
 	struct efs_freemap built;
 	bool has_built;
 };
@@ -1653,8 +1898,15 @@ static void fold_txn_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_re
 		f->from = 0;
 	} else {
 		Etcdserverpb__RangeResponse *rr = NULL;
+		int64_t hold = hold_in(resp, 0);
 
+		if (hold == 0)
+			hold_release(a, f->held_gen);
 		if (g->owned) {
+			/* The blocks it folds in are freed now, as far as a
+			 * backup's snapshot can tell. */
+			if (hold != 0)
+				hold_newly_free(a, g, &f->built.free, &g->committed.free);
 			efs_freemap_done(&g->committed);
 			g->committed = f->built;
 			f->has_built = false;
@@ -1684,7 +1936,7 @@ static void fold_step(struct efs_alloc *a, struct fold *f)
 		struct grp *g = &a->groups[f->grps[f->igrp]];
 		struct efs_runs all = {0}, dbl = {0};
 		struct efs_etcd_txn *t = NULL;
-		size_t nint = 0;
+		size_t nint = 0, idx;
 		int64_t freed;
 		int r = 0;
 
@@ -1699,6 +1951,9 @@ static void fold_step(struct efs_alloc *a, struct fold *f)
 			r = owner_compares(a, t, g);
 		if (r == 0)
 			r = efs_session_guard(a->s, t);
+		if (r == 0)
+			r = hold_read(a, t, &idx); /* first: fold_txn_cb reads it at 0 */
+		f->held_gen = a->held_gen;
 		f->bfrom = f->from;
 		for (; r == 0 && f->from < rr->n_kvs && nint < BATCH_MAX; f->from++) {
 			const Mvccpb__KeyValue *kv = rr->kvs[f->from];
@@ -1946,6 +2201,7 @@ static void tick_cb(uv_timer_t *t)
 	grow_try(a);
 	quar_release(a);
 	drain_next(a);
+	hold_probe(a);
 	if (a->started && !a->fold_busy && session_ok(a)) {
 		bool owned = false;
 
@@ -2570,7 +2826,7 @@ static uint64_t fs_free(const struct efs_alloc *a)
 
 		if (!g->owned)
 			continue;
-		p = efs_runs_total(&g->pending);
+		p = efs_runs_total(&g->pending) + efs_runs_total(&g->held);
 		n += g->committed.nfree > p ? g->committed.nfree - p : 0;
 	}
 	return n;
@@ -2791,6 +3047,7 @@ int efs_alloc_txn_begin(struct efs_alloc *a, struct efs_alloc_txn **ret,
 		return -ENOMEM;
 	t->a = a;
 	t->epoch = a->epoch;
+	t->hold = -1;
 	t->cb = cb;
 	t->arg = arg;
 	*ret = t;
@@ -2908,7 +3165,7 @@ size_t efs_alloc_txn_nops(const struct efs_alloc_txn *t)
 		else if (tg->fre.n)
 			n += 2; /* compare, put */
 	}
-	return n;
+	return n ? n + 1 : 0; /* the read of pin/backup. */
 }
 
 /* Takes the blocks of |s|+|l| that are still free in |fm| (uses already
@@ -3021,14 +3278,18 @@ static int build_intent(struct efs_alloc_txn *t, struct tgrp *tg, struct efs_etc
 int efs_alloc_txn_build(struct efs_alloc_txn *t, struct efs_etcd_txn *txn)
 {
 	struct efs_alloc *a = t->a;
+	bool any = false;
+	int r;
 
 	if (t->epoch != a->epoch)
 		return -EIO;
+	t->hold_asked = false;
+	t->hold = -1;
 	for (size_t i = 0; i < t->n; i++) {
 		struct tgrp *tg = &t->v[i];
 		struct grp *g = &a->groups[tg->g];
-		int r = 0;
 
+		r = 0;
 		if (!g->owned && tg->use.n) {
 			/* Its ownership went (a lost session): publishing extents
 			 * in it cannot be made safe. */
@@ -3037,6 +3298,7 @@ int efs_alloc_txn_build(struct efs_alloc_txn *t, struct efs_etcd_txn *txn)
 				     g->g);
 			return -EIO;
 		}
+		any |= tg->use.n || tg->fre.n;
 		if (g->owned && (tg->use.n || tg->fre.n))
 			r = build_owned(t, tg, g, txn);
 		else if (tg->fre.n)
@@ -3044,7 +3306,22 @@ int efs_alloc_txn_build(struct efs_alloc_txn *t, struct efs_etcd_txn *txn)
 		if (r < 0)
 			return r;
 	}
+	if (!any)
+		return 0;
+	r = hold_read(a, txn, &t->hold_idx);
+	if (r == -E2BIG)
+		return 0; /* no room: its frees are held as if it saw a pin */
+	if (r < 0)
+		return r;
+	t->hold_asked = true;
+	t->hold_gen = a->held_gen;
 	return 0;
+}
+
+void efs_alloc_txn_result(struct efs_alloc_txn *t, const Etcdserverpb__TxnResponse *resp)
+{
+	if (t && t->hold_asked)
+		t->hold = hold_in(resp, t->hold_idx);
 }
 
 static void txn_free(struct efs_alloc_txn *t)
@@ -3086,6 +3363,8 @@ static void commit_group(struct efs_alloc_txn *t, struct tgrp *tg, int64_t rev)
 			r = efs_quar_add(a->q, tg->g, tg->fre.v[i].start, tg->fre.v[i].len);
 			if (r == 0)
 				r = runs_add_norm(&g->quar, tg->fre.v[i].start, tg->fre.v[i].len);
+			if (r == 0 && t->hold != 0)
+				hold_add(a, g, tg->fre.v[i].start, tg->fre.v[i].len);
 		}
 		if (r == 0)
 			r = avail_recompute(g);
@@ -3140,6 +3419,9 @@ void efs_alloc_txn_end(struct efs_alloc_txn *t, enum efs_alloc_outcome oc, int64
 	case EFS_ALLOC_FAILED:
 		break;
 	case EFS_ALLOC_COMMITTED:
+		/* First: what it freed itself is not older than its read. */
+		if (t->hold == 0)
+			hold_release(a, t->hold_gen);
 		for (size_t i = 0; i < t->n; i++)
 			commit_group(t, &t->v[i], rev);
 		break;
@@ -3165,6 +3447,7 @@ void efs_alloc_get_stats(const struct efs_alloc *a, struct efs_alloc_stats *ret)
 		ret->avail_blocks += g->avail.nfree;
 		ret->pending_blocks += efs_runs_total(&g->pending);
 		ret->quarantine_blocks += efs_runs_total(&g->quar);
+		ret->held_blocks += efs_runs_total(&g->held);
 	}
 	for (const struct intent *in = a->intents; in; in = in->next)
 		if (!in->ready)

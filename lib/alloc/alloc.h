@@ -66,6 +66,17 @@
  * before they are folded. etcfs_space_grace_bytes is the free space of
  * groups waiting so.
  *
+ * Backup hold: a block a backup's snapshot references may be freed after
+ * the backup took its revision and must not be handed out again before it
+ * is copied. Every map transaction (publication, truncate, reclaim batch,
+ * fold, claim, the re-read after an unknown outcome) also reads the
+ * pin/backup. prefix (keys only, one key); blocks it frees, folds in or
+ * claims while a pin exists (or when its response is not known) join a
+ * per-group held list that allocation leaves alone, and the first one that
+ * sees no pin releases them all. While blocks are held the sweep reads the
+ * prefix too, so that an idle node releases them. etcfs_space_held_bytes
+ * is the space held; statfs and the reserve count it as used.
+ *
  * Reserve: allocations with EFS_ALLOC_NEW (extending writes, hole fills,
  * fallocate) fail with ENOSPC when the filesystem's free blocks would fall
  * below |reserve_blocks|; overwrites (copy-on-write of blocks already
@@ -173,11 +184,20 @@ int efs_alloc_txn_free(struct efs_alloc_txn *t, const struct efs_runs *runs, uin
 /* Operations and compares the contribution will add (for the caller's
  * budget under etcd's 128 per transaction). */
 size_t efs_alloc_txn_nops(const struct efs_alloc_txn *t);
-/* Adds the map/free puts, owner and mod_revision compares and intents to
- * |txn| (success branch and compares). May be called again after a reset
+/* Adds the map/free puts, owner and mod_revision compares, intents and the
+ * read of pin/backup. to |txn| (success branch and compares); |txn| must
+ * be the root builder of the request. May be called again after a reset
  * of |txn| (a rebuild). 0, -ENOMEM, -EUCLEAN (a free of blocks that are
  * already free in an owned group: reported, the transaction must not go). */
 int efs_alloc_txn_build(struct efs_alloc_txn *t, struct efs_etcd_txn *txn);
+/*
+ * The response of the transaction that committed (before
+ * efs_alloc_txn_end COMMITTED): whether it saw a backup pin. A contribution
+ * ended COMMITTED without it (settled after an unknown outcome) holds what
+ * it freed as if it had seen one. |resp| NULL: the same; |t| NULL:
+ * nothing.
+ */
+void efs_alloc_txn_result(struct efs_alloc_txn *t, const Etcdserverpb__TxnResponse *resp);
 
 enum efs_alloc_outcome {
 	EFS_ALLOC_COMMITTED = 0, /* applied: |rev| is the commit revision */
@@ -198,6 +218,7 @@ struct efs_alloc_stats {
 	uint64_t avail_blocks;	   /* allocatable now in owned groups */
 	uint64_t pending_blocks;   /* allocated, not published */
 	uint64_t quarantine_blocks;
+	uint64_t held_blocks; /* freed while a backup runs: not allocatable until it ends */
 	uint64_t reserve_blocks;
 	uint64_t double_frees;
 	uint64_t grace_blocks; /* free blocks of dead nodes' groups waiting out the grace */

@@ -319,12 +319,15 @@ static void statfs_reply(struct efs_fs_op *op)
 	st.f_bfree = fs->free_blocks < total ? fs->free_blocks : total;
 	st.f_bavail = st.f_bfree;
 	if (fs->alloc) {
-		/* Blocks this node allocated and has not published yet are free
-		 * in the group maps; and the reserve is not for new data. */
+		/* Blocks this node allocated and has not published yet, and
+		 * those it holds for a running backup, are free in the group
+		 * maps; and the reserve is not for new data. */
 		struct efs_alloc_stats as;
+		uint64_t busy;
 
 		efs_alloc_get_stats(fs->alloc, &as);
-		st.f_bfree = st.f_bfree > as.pending_blocks ? st.f_bfree - as.pending_blocks : 0;
+		busy = as.pending_blocks + as.held_blocks;
+		st.f_bfree = st.f_bfree > busy ? st.f_bfree - busy : 0;
 		st.f_bavail = st.f_bfree > as.reserve_blocks ? st.f_bfree - as.reserve_blocks : 0;
 	}
 	st.f_files = limit;

@@ -531,6 +531,7 @@ static void report_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t 
 	}
 	if (op->d->outcome)
 		op->d->outcome(op, oc, rev);
+	op->commit_resp = NULL;
 }
 
 /* ---- Finish ---- */
@@ -1799,6 +1800,7 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 		step_session(op);
 		return;
 	}
+	op->commit_resp = resp; /* for the outcome hook (report_outcome clears it) */
 	op_done(op, resp->header ? resp->header->revision : 0);
 }
 

@@ -547,6 +547,9 @@ struct efs_fs_op {
 	bool has_vkey;
 	size_t vkv;
 	int64_t commit_rev;
+	/* During the COMMITTED outcome hook: the commit's response (borrowed;
+	 * NULL when the outcome was settled after an unknown one). */
+	const Etcdserverpb__TxnResponse *commit_resp;
 
 	uint8_t op_id[EFS_FS_OPID_MAX];
 	size_t op_id_len;

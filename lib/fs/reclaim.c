@@ -666,6 +666,7 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 		batch_failed(rc);
 		return;
 	}
+	efs_alloc_txn_result(rc->at, resp);
 	batch_settle(rc, EFS_ALLOC_COMMITTED, resp->header ? resp->header->revision : 0);
 	batch_applied(rc, resp->header ? resp->header->revision : 0);
 }

@@ -299,6 +299,7 @@ struct txn_ctx {
 	bool done;
 	bool ok;
 	int64_t rev;
+	Etcdserverpb__TxnResponse *resp; /* kept (caller frees) */
 };
 
 static void txn_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
@@ -308,6 +309,10 @@ static void txn_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, v
 	x->done = true;
 	x->ok = r->err == 0 && resp->succeeded;
 	x->rev = r->err == 0 && resp->header ? resp->header->revision : 0;
+	if (r->err == 0) {
+		x->resp = resp;
+		r->resp = NULL;
+	}
 }
 
 /* One map transaction: |use| published, |fre| freed. Returns the build
@@ -344,7 +349,9 @@ static int publish(struct efs_alloc *a, struct efs_session *s, const struct efs_
 	efs_etcd_txn_free(et);
 	cr_assert(efs_test_run_until(&x.done, 10000));
 	cr_assert(x.ok);
+	efs_alloc_txn_result(t, x.resp);
 	efs_alloc_txn_end(t, EFS_ALLOC_COMMITTED, x.rev);
+	efs_test_pb_free(x.resp);
 	return 0;
 }
 
@@ -441,6 +448,149 @@ Test(alloc, claim_publish_free)
 	efs_test_client_free(c);
 	c = NULL;
 	efs_test_assert_no_leaks();
+}
+
+/* The end of a test: the client goes, and nothing may be left allocated. */
+static void client_end(void)
+{
+	efs_test_client_free(c);
+	c = NULL;
+	efs_test_assert_no_leaks();
+}
+
+/* Puts (|put|) or deletes the backup pin pin/backup.test. */
+static void backup_pin(bool put)
+{
+	struct efs_meta_key k;
+
+	cr_assert_eq(efs_meta_key_pin(&ns, EFS_META_PIN_BACKUP "test", &k), 0);
+	if (put)
+		cr_assert_eq(efs_etcd_sync_put(sc, k.buf, k.len, "1", 1, 0, NULL), 0);
+	else
+		cr_assert_eq(efs_etcd_sync_delete(sc, k.buf, k.len, false, NULL), 0);
+}
+
+/* Whether any block of |r| is in |got|. */
+static bool runs_meet(const struct efs_runs *r, const struct efs_runs *got)
+{
+	for (size_t i = 0; i < r->n; i++)
+		for (size_t j = 0; j < got->n; j++)
+			if (r->v[i].start < got->v[j].start + got->v[j].len &&
+			    got->v[j].start < r->v[i].start + r->v[i].len)
+				return true;
+	return false;
+}
+
+Test(alloc, blocks_freed_under_a_backup_pin_are_held_until_a_transaction_sees_none)
+{
+	struct efs_session *s;
+	struct efs_alloc *a;
+	struct efs_alloc_stats st;
+	struct efs_runs got = {0}, more = {0}, rest = {0};
+	uint64_t all = 0;
+
+	layout_init(64ull << 20);
+	s = session("n1");
+	a = alloc_start(s, 1);
+	cr_assert_eq(efs_alloc_get(a, 10, 0, 0, &got, cb_done, NULL), 1);
+	cr_assert_eq(publish(a, s, &got, NULL), 0);
+
+	/* Freed while a backup pin exists: held, not available. */
+	backup_pin(true);
+	cr_assert_eq(publish(a, s, NULL, &got), 0);
+	efs_alloc_get_stats(a, &st);
+	cr_assert_eq(st.held_blocks, 10);
+	cr_assert_eq(st.quarantine_blocks, 0, "no read was in flight");
+	cr_assert_eq(st.avail_blocks, lay.ag_blocks - 10);
+	all = st.avail_blocks;
+	/* Everything allocatable, and none of it held. */
+	cr_assert_eq(efs_alloc_get(a, all, 0, 0, &rest, cb_done, NULL), 1);
+	cr_assert_not(runs_meet(&rest, &got), "a held block was allocated");
+	efs_alloc_unuse(a, &rest);
+	efs_runs_clear(&rest);
+	/* A transaction that still sees the pin keeps them held. */
+	cr_assert_eq(efs_alloc_get(a, 2, 0, 0, &more, cb_done, NULL), 1);
+	cr_assert_eq(publish(a, s, &more, NULL), 0);
+	efs_alloc_get_stats(a, &st);
+	cr_assert_eq(st.held_blocks, 10);
+
+	/* The pin is gone: the next map transaction releases them. */
+	backup_pin(false);
+	cr_assert_eq(publish(a, s, NULL, &more), 0);
+	efs_alloc_get_stats(a, &st);
+	cr_assert_eq(st.held_blocks, 0, "still held after a transaction saw no pin");
+	cr_assert_eq(st.avail_blocks, lay.ag_blocks);
+
+	/* With no transaction to make, the sweep releases them. */
+	backup_pin(true);
+	cr_assert_eq(efs_alloc_get(a, 3, 0, 0, &rest, cb_done, NULL), 1);
+	cr_assert_eq(publish(a, s, &rest, NULL), 0);
+	cr_assert_eq(publish(a, s, NULL, &rest), 0);
+	efs_alloc_get_stats(a, &st);
+	cr_assert_eq(st.held_blocks, 3);
+	efs_test_run_for(1000); /* sweeps every 200 ms: the pin is still there */
+	efs_alloc_get_stats(a, &st);
+	cr_assert_eq(st.held_blocks, 3);
+	backup_pin(false);
+	for (int i = 0; i < 50 && st.held_blocks; i++) {
+		efs_test_run_for(100);
+		efs_alloc_get_stats(a, &st);
+	}
+	cr_assert_eq(st.held_blocks, 0, "the sweep did not release the held blocks");
+	cr_assert_eq(st.avail_blocks, lay.ag_blocks);
+
+	alloc_leave(a);
+	efs_runs_done(&got);
+	efs_runs_done(&more);
+	efs_runs_done(&rest);
+	session_end(s);
+	client_end();
+}
+
+/* A group claimed while a backup runs holds its free blocks only when its
+ * map changed after the backup's revision. */
+Test(alloc, a_group_claimed_under_a_backup_pin_holds_what_its_map_freed_since)
+{
+	struct efs_session *s1, *s2;
+	struct efs_alloc *a1, *a2;
+	struct efs_alloc_stats st;
+	struct efs_runs got = {0};
+	uint64_t total, g1_blocks;
+	uint32_t g1;
+
+	layout_init(64ull << 20);
+	total = efs_layout_total_blocks(&lay);
+	s1 = session("n1");
+	a1 = alloc_start(s1, 1);
+	cr_assert_eq(efs_alloc_get(a1, 10, 0, 0, &got, cb_done, NULL), 1);
+	cr_assert_eq(publish(a1, s1, &got, NULL), 0);
+	g1 = group_of(got.v[0].start);
+	g1_blocks = g1 + 1 < lay.ag_count ? lay.ag_blocks : total - (uint64_t)g1 * lay.ag_blocks;
+	/* A backup starts; n1 then frees the 10 blocks and leaves its group. */
+	backup_pin(true);
+	cr_assert_eq(publish(a1, s1, NULL, &got), 0);
+	alloc_leave(a1);
+	/* n2 claims every group: n1's (its map changed since the pin: held)
+	 * and the others, untouched since (nothing held). */
+	s2 = session("n2");
+	a2 = alloc_start(s2, lay.ag_count);
+	efs_alloc_get_stats(a2, &st);
+	cr_assert_eq(st.groups_owned, lay.ag_count);
+	cr_assert_eq(st.held_blocks, g1_blocks, "held %llu blocks, group %u has %llu",
+		     (unsigned long long)st.held_blocks, g1, (unsigned long long)g1_blocks);
+	cr_assert_eq(st.avail_blocks, total - g1_blocks);
+	backup_pin(false);
+	for (int i = 0; i < 50 && st.held_blocks; i++) {
+		efs_test_run_for(100);
+		efs_alloc_get_stats(a2, &st);
+	}
+	cr_assert_eq(st.held_blocks, 0);
+	cr_assert_eq(st.avail_blocks, total);
+	alloc_leave(a2);
+	efs_runs_done(&got);
+	session_end(s1);
+	session_end(s2);
+	client_end();
 }
 
 /* Owner key of group |g| for a node of another process, on a lease of its
@@ -718,9 +868,7 @@ static void pair_end(struct efs_alloc *a1, struct efs_session *s1, struct efs_al
 	alloc_leave(a2);
 	session_end(s1);
 	session_end(s2);
-	efs_test_client_free(c);
-	c = NULL;
-	efs_test_assert_no_leaks();
+	client_end();
 }
 
 Test(alloc, short_node_takes_an_idle_owners_group_then_enospc_within_the_bound)
@@ -1061,6 +1209,7 @@ Test(alloc, unknown_outcome_rereads_maps)
 	efs_etcd_txn_free(et);
 	cr_assert(efs_test_run_until(&x.done, 10000));
 	cr_assert_not(x.ok);
+	efs_test_pb_free(x.resp);
 	efs_alloc_txn_end(t, EFS_ALLOC_UNKNOWN, 0);
 	view("n1", &v);
 	cr_assert_eq(v.free_sum, total - 10);

@@ -900,6 +900,7 @@ void efs_file_pub_outcome(struct efs_fs_op *op, enum efs_fs_commit oc, int64_t r
 			efs_file_state_check_clean(d);
 		}
 	}
+	efs_alloc_txn_result(P->t, op->commit_resp);
 	if (P->t)
 		efs_alloc_txn_end(P->t, EFS_ALLOC_COMMITTED, rev);
 	P->t = NULL;
