@@ -16,11 +16,13 @@
  *    for their answers, so everything written before the command started
  *    is in it; for a node that does not answer it waits --settle (2 s,
  *    twice the default --flush-interval) instead.
- *  - Blocks freed after the revision may be reused by the allocators while
- *    the copy runs: the allocators do not yet honour a hold (the design is
- *    in docs/DESIGN.md, "Backup and restore"), so after the copy the
- *    history of every chunk it copied blocks for is checked (bk_changed),
- *    and a backup that overlapped a free of its blocks fails.
+ *  - Blocks freed after the revision are not reused while the copy runs:
+ *    the pin is also the allocators' hold (lib/alloc/alloc.h). As a second
+ *    line of defence (a node that does not honour it, a bug), after the
+ *    copy the history of every chunk it copied blocks for is checked
+ *    (bk_changed): a block freed since the revision must still be free in
+ *    its group's map (or named by a free intent) and not mapped again in
+ *    its place, or the backup fails.
  *  - restore reads its input twice: once to check everything, once to
  *    write; a stream cannot be checked before it is written, so restore
  *    wants a file.
@@ -51,6 +53,8 @@
 #include "meta/keys.h"
 #include "meta/records.h"
 #include "meta/sb.h"
+#include "space/freemap.h"
+#include "space/runs.h"
 #include "util/clock.h"
 #include "util/mem.h"
 
@@ -550,15 +554,17 @@ static void usage_backup(const char *prog)
 	       "waits for their answers, at most --sync-timeout seconds; for nodes that do\n"
 	       "not answer it says so and waits --settle seconds (default 2: twice the nodes'\n"
 	       "default --flush-interval) instead. Then it pins the revision it reads\n"
-	       "(pin/backup.*) so that compaction keeps it while the copy runs.\n"
+	       "(pin/backup.*) so that compaction keeps it while the copy runs; the nodes do\n"
+	       "not reuse blocks freed after that revision while the pin exists.\n"
 	       "\n"
 	       "  --sync-timeout SECONDS  how long to wait for the nodes' answers (default\n"
 	       "                     10; 0: ask nobody, wait --settle)\n"
 	       "  --settle SECONDS   wait before taking the revision when a node did not\n"
 	       "                     answer (default 2; 0: none)\n"
 	       "  --retries N        start again, at most N times (default 2), when blocks the\n"
-	       "                     copy needed were freed while it ran (a file OUTPUT\n"
-	       "                     only; on stdout such a backup fails at once)\n"
+	       "                     copy needed were freed and reused while it ran, which\n"
+	       "                     only a node that does not hold them allows (a file\n"
+	       "                     OUTPUT only; on stdout such a backup fails at once)\n"
 	       "\n"
 	       "%s\n"
 	       "Exit status: 0 success; 2 usage error; 3 cannot connect to etcd; 4 failed.\n",
@@ -587,7 +593,13 @@ struct bk {
 		bool suspect; /* changed or gone since b->rev */
 	} *cs;
 	size_t ncs, cs_cap, cs_next;
-	uint64_t changed;
+	uint64_t changed; /* chunks that dropped copied blocks since b->rev */
+	/* Copied blocks freed since b->rev (bk_changed), the part of them in
+	 * the group being read, what of it that group shows free (its map and
+	 * free intents), and the blocks found reused. */
+	struct efs_runs freed, gpart, gfree;
+	uint64_t reused;
+	uint64_t ag_blocks;
 	char pin_name[64];
 	bool pinned;
 	char err[EFS_CLI_ERR_MAX];
@@ -630,7 +642,7 @@ static int bk_pin(struct bk *b)
 	char val[32];
 	int r;
 
-	snprintf(b->pin_name, sizeof(b->pin_name), "backup.%ld.%ld", (long)getpid(),
+	snprintf(b->pin_name, sizeof(b->pin_name), EFS_META_PIN_BACKUP "%ld.%ld", (long)getpid(),
 		 (long)time(NULL));
 	r = efs_meta_key_sb(&b->ns, &sbk);
 	if (r == 0)
@@ -887,79 +899,191 @@ static int get_at(struct bk *b, const uint8_t *key, size_t len, int64_t rev,
 	return 0;
 }
 
-/* Whether every block mapping of |old| (non-preallocated extents) is in
- * chunk value |v|: file block f still maps to the same device block. */
-static bool chunk_keeps(const Etcfs__ExtentChunk *old, const uint8_t *v, size_t len)
+/*
+ * Appends to |out| the device blocks of |old|'s written extents that chunk
+ * value |v| (NULL: none, the chunk is gone) does not map at the same file
+ * block. An undecodable |v| maps nothing.
+ */
+static int chunk_lacking(const Etcfs__ExtentChunk *old, const uint8_t *v, size_t len,
+			 struct efs_runs *out)
 {
 	Etcfs__ExtentChunk *ch = NULL;
-	bool ok = true;
+	int r = 0;
 
-	if (efs_meta_extent_chunk_decode(v, len, &ch, NULL) < 0)
-		return false;
-	for (size_t i = 0; ok && i < old->n_extents; i++) {
+	if (v && efs_meta_extent_chunk_decode(v, len, &ch, NULL) < 0)
+		ch = NULL;
+	for (size_t i = 0; r == 0 && i < old->n_extents; i++) {
 		const Etcfs__Extent *e = old->extents[i];
-		uint64_t f = e->file_block, end = e->file_block + e->count;
+		struct efs_runs left = {0};
 
 		if (e->flags & EFS_META_EXTENT_F_PREALLOC)
 			continue;
-		for (size_t j = 0; f < end && j < ch->n_extents; j++) {
+		r = efs_runs_add(&left, e->dev_block, e->count);
+		for (size_t j = 0; r == 0 && ch && j < ch->n_extents; j++) {
 			const Etcfs__Extent *x = ch->extents[j];
 
-			if (x->file_block + x->count <= f || x->file_block > f)
-				continue;
-			if (x->dev_block - x->file_block != e->dev_block - e->file_block)
-				break;
-			f = x->file_block + x->count;
+			if (x->dev_block - x->file_block == e->dev_block - e->file_block)
+				r = efs_runs_subtract(&left, x->dev_block, x->count, NULL);
 		}
-		ok = f >= end;
+		if (r == 0)
+			r = efs_runs_append(out, &left);
+		efs_runs_done(&left);
 	}
-	efs_meta_record_free(ch);
-	return ok;
+	if (ch)
+		efs_meta_record_free(ch);
+	return r;
 }
 
 /*
- * Whether the chunk |key| kept every block it referenced at b->rev in
- * every version since (walking its history back from the latest: the pin
- * keeps it): 1 yes, 0 no (some version dropped a block: it was freed), or
+ * The chunk |key| changed or went since b->rev. Walking its history back
+ * from the latest version (the pin keeps it): the blocks it mapped at
+ * b->rev and no longer maps now were freed since, and go to b->freed for
+ * bk_reused; a block missing from some version in between but mapped in
+ * its place again now was freed and reused, which the hold forbids
+ * (b->reused). b->changed counts the chunks that dropped blocks. 0 or
  * -errno.
  */
-static int chunk_exact(struct bk *b, const uint8_t *key, size_t len)
+static int chunk_freed(struct bk *b, const uint8_t *key, size_t len)
 {
 	Etcdserverpb__RangeResponse *at = NULL, *cur = NULL;
 	Etcfs__ExtentChunk *old = NULL;
+	struct efs_runs now = {0}, then = {0};
 	int64_t rev = 0;
+	bool latest = true;
 	int r;
 
 	r = get_at(b, key, len, b->rev, &at);
 	if (r <= 0)
-		return r < 0 ? r : 0;
+		return r;
 	r = efs_meta_extent_chunk_decode(at->kvs[0]->value.data, at->kvs[0]->value.len, &old,
 					 NULL);
 	protobuf_c_message_free_unpacked(&at->base, efs_mem_protobuf());
 	if (r < 0)
-		return 0;
+		return 0; /* copied as it was; restore's check judges it */
 	for (;;) {
 		const Mvccpb__KeyValue *kv;
 
 		r = get_at(b, key, len, rev, &cur);
-		if (r <= 0)
-			break; /* an error, or absent in some version: deleted */
-		kv = cur->kvs[0];
-		if (kv->mod_revision <= b->rev) {
-			r = 1; /* back at the backup's version */
+		if (r < 0)
+			break;
+		kv = r ? cur->kvs[0] : NULL;
+		if (kv && kv->mod_revision <= b->rev) {
+			r = 0; /* back at the backup's version */
 			break;
 		}
-		if (!chunk_keeps(old, kv->value.data, kv->value.len)) {
-			r = 0;
-			break;
+		efs_runs_clear(&then);
+		r = chunk_lacking(old, kv ? kv->value.data : NULL, kv ? kv->value.len : 0,
+				  latest ? &now : &then);
+		if (r == 0 && latest) {
+			r = efs_runs_normalize(&now);
+			if (r == 0 && now.n) {
+				b->changed++;
+				r = efs_runs_append(&b->freed, &now);
+			}
+		} else if (r == 0 && efs_runs_normalize(&then) == 0 &&
+			   efs_runs_remove_all(&then, &now, NULL) == 0 && then.n) {
+			b->reused += efs_runs_total(&then);
+			fprintf(stderr,
+				"%s: an extent chunk dropped device block %" PRIu64
+				" after the backup's revision and maps it in its place again\n",
+				b->prog, then.v[0].start);
 		}
+		latest = false;
+		if (r < 0 || !kv)
+			break; /* absent in some version: deleted (or created) since */
 		rev = kv->mod_revision - 1;
 		protobuf_c_message_free_unpacked(&cur->base, efs_mem_protobuf());
 		cur = NULL;
 	}
 	if (cur)
 		protobuf_c_message_free_unpacked(&cur->base, efs_mem_protobuf());
+	efs_runs_done(&now);
+	efs_runs_done(&then);
 	efs_meta_record_free(old);
+	return r;
+}
+
+/* One key of a group's range (bk_reused): its map's free runs and its free
+ * intents' runs go to b->gfree. */
+static int group_free_cb(struct bk *b, const Mvccpb__KeyValue *kv)
+{
+	struct efs_meta_key_info ki;
+	int r = 0;
+
+	if (efs_meta_key_parse(&b->ns, kv->key.data, kv->key.len, &ki) < 0)
+		return 0;
+	if (ki.family == EFS_META_K_AG_MAP) {
+		Etcfs__AgMap *m = NULL;
+		struct efs_freemap fm;
+
+		if (efs_meta_ag_map_decode(kv->value.data, kv->value.len, &m, NULL) < 0)
+			return 0; /* nothing shown free: its blocks count as reused */
+		r = efs_freemap_from_msg(&fm, m);
+		efs_meta_record_free(m);
+		if (r < 0)
+			return r == -ENOMEM ? r : 0;
+		r = efs_runs_append(&b->gfree, &fm.free);
+		efs_freemap_done(&fm);
+	} else if (ki.family == EFS_META_K_FREE_INTENT) {
+		Etcfs__FreeIntent *fi = NULL;
+
+		if (efs_meta_free_intent_decode(kv->value.data, kv->value.len, &fi, NULL) < 0)
+			return 0;
+		for (size_t i = 0; r == 0 && i < fi->n_runs; i++)
+			r = efs_runs_add(&b->gfree, fi->runs[i]->start, fi->runs[i]->len);
+		efs_meta_record_free(fi);
+	}
+	return r;
+}
+
+/*
+ * Whether the copied blocks freed since b->rev (b->freed) are still free:
+ * each group they lie in is read now (its map and free intents), and a
+ * block it shows in use was handed out again while the pin held it
+ * (b->reused). A reuse not yet published leaves no trace here.
+ */
+static int bk_reused(struct bk *b)
+{
+	uint64_t ds = b->sb.data_start, agb = b->ag_blocks;
+	size_t i = 0;
+	int r = efs_runs_normalize(&b->freed);
+
+	if (r == -EUCLEAN)
+		r = 0; /* a block two chunks mapped: sorted, checked twice */
+	while (r == 0 && i < b->freed.n && agb) {
+		uint64_t g = (b->freed.v[i].start - ds) / agb, gs = ds + g * agb;
+		struct efs_meta_range range;
+
+		efs_runs_clear(&b->gpart);
+		efs_runs_clear(&b->gfree);
+		for (; r == 0 && i < b->freed.n && b->freed.v[i].start < gs + agb; i++) {
+			uint64_t s = b->freed.v[i].start, e = s + b->freed.v[i].len;
+
+			if (e > gs + agb) {
+				/* The rest is in the next group. */
+				b->freed.v[i].start = gs + agb;
+				b->freed.v[i].len = e - (gs + agb);
+				e = gs + agb;
+				r = efs_runs_add(&b->gpart, s - gs, e - s);
+				break;
+			}
+			r = efs_runs_add(&b->gpart, s - gs, e - s);
+		}
+		if (r == 0)
+			r = efs_meta_range_group(&b->ns, (uint32_t)g, &range);
+		if (r == 0)
+			r = bk_range(b, &range, 0, false, group_free_cb);
+		for (size_t k = 0; r == 0 && k < b->gfree.n; k++)
+			r = efs_runs_subtract(&b->gpart, b->gfree.v[k].start, b->gfree.v[k].len,
+					      NULL);
+		if (r == 0 && b->gpart.n) {
+			b->reused += efs_runs_total(&b->gpart);
+			fprintf(stderr,
+				"%s: device block %" PRIu64
+				" was freed after the backup's revision and is in use again\n",
+				b->prog, gs + b->gpart.v[0].start);
+		}
+	}
 	return r;
 }
 
@@ -967,10 +1091,9 @@ static int chunk_exact(struct bk *b, const uint8_t *key, size_t len)
  * After the copy: whether any extent chunk that referenced copied blocks
  * at b->rev has changed or gone since. Blocks are freed only by the
  * transaction that changes (or deletes) the chunk referencing them, so
- * when none has, no copied block was freed, hence none reused: the copy
- * is exact. Otherwise a copied block may hold another file's newer bytes
- * (the allocators do not hold freed blocks back yet): b->changed counts
- * the chunks whose history shows a version without one of the blocks.
+ * when none has, no copied block was freed. Those that were are held by
+ * the allocators while the pin exists; that they are still free, and not
+ * mapped again, is checked here (b->reused) rather than trusted.
  */
 static int bk_changed(struct bk *b)
 {
@@ -984,14 +1107,11 @@ static int bk_changed(struct bk *b)
 	/* A chunk that changed may only have gained extents (a publication
 	 * of appended data): only a version without one of its blocks means
 	 * the block was freed. */
-	for (size_t i = 0; r == 0 && i < b->ncs; i++) {
-		if (!b->cs[i].suspect)
-			continue;
-		r = chunk_exact(b, b->ck + b->cs[i].off, b->cs[i].len);
-		if (r == 0)
-			b->changed++;
-		r = r < 0 ? r : 0;
-	}
+	for (size_t i = 0; r == 0 && i < b->ncs; i++)
+		if (b->cs[i].suspect)
+			r = chunk_freed(b, b->ck + b->cs[i].off, b->cs[i].len);
+	if (r == 0 && b->freed.n)
+		r = bk_reused(b);
 	return r;
 }
 
@@ -1311,6 +1431,7 @@ again:
 	snprintf(h.name, sizeof(h.name), "%s", b.sb.name);
 	h.revision = (uint64_t)b.rev;
 	h.data_start = b.sb.data_start;
+	b.ag_blocks = fi->ag_blocks;
 	h.device_size = fi->device_size > b.sb.device_size ? fi->device_size : b.sb.device_size;
 	b.sb.device_size = h.device_size; /* extents may reach a grown end */
 	{
@@ -1350,12 +1471,12 @@ again:
 		r = bk_blocks(&b);
 	if (r == 0)
 		r = bk_changed(&b);
-	if (r == 0 && b.changed && partial[0] && attempt < retries) {
+	if (r == 0 && b.reused && partial[0] && attempt < retries) {
 		/* A file can start over at a new revision. */
 		fprintf(stderr,
-			"%s: %" PRIu64 " extent chunks dropped blocks while they were copied;"
+			"%s: %" PRIu64 " copied blocks were reused while they were copied;"
 			" starting again at a new revision (%u of %u)\n",
-			prog, b.changed, attempt + 1, retries);
+			prog, b.reused, attempt + 1, retries);
 		close(b.o.fd);
 		b.o.fd = -1;
 		unlink(partial);
@@ -1366,18 +1487,19 @@ again:
 		b.o.bytes = 0;
 		b.runs.n = 0;
 		b.ck_len = b.ncs = b.cs_next = 0;
-		b.keys = b.skipped = b.data_records = b.blocks = b.changed = 0;
+		b.keys = b.skipped = b.data_records = b.blocks = b.changed = b.reused = 0;
+		efs_runs_clear(&b.freed);
 		attempt++;
 		goto again;
 	}
-	if (r == 0 && b.changed) {
+	if (r == 0 && b.reused) {
 		/* No trailer: a stream cut here is refused by restore. */
 		snprintf(b.err, sizeof(b.err),
-			 "%" PRIu64 " extent chunks dropped blocks while they were copied (overwritten,"
-			 " truncated or deleted), so copied blocks may have been reused by newer writes; the backup is not"
-			 " exact (and has no trailer, so restore refuses it): run it again when"
-			 " fewer files are being overwritten or deleted",
-			 b.changed);
+			 "%" PRIu64 " blocks freed after the backup's revision (files overwritten,"
+			 " truncated or deleted) were in use again before the copy ended, although"
+			 " the backup's pin holds them (a node that does not honour the hold?); the"
+			 " backup is not exact (and has no trailer, so restore refuses it)",
+			 b.reused);
 		r = -EAGAIN;
 	}
 	if (r == 0)
@@ -1407,6 +1529,11 @@ again:
 		double el = now_s() - t0;
 		double mib = (double)(b.blocks * b.sb.block_size) / 1048576.0;
 
+		if (b.changed)
+			fprintf(stderr,
+				"%s: %" PRIu64 " extent chunks dropped blocks during the copy; "
+				"the blocks were held and are still free\n",
+				prog, b.changed);
 		fprintf(stderr,
 			"backup of %s at revision %" PRId64 ": %" PRIu64 " keys, %" PRIu64
 			" blocks (%.1f MiB), %" PRIu64 " bytes in %.1f s (%.1f MiB/s) -> %s\n",
@@ -1426,6 +1553,9 @@ out:
 	efs_mem_free(b.runs.v);
 	efs_mem_free(b.ck);
 	efs_mem_free(b.cs);
+	efs_runs_done(&b.freed);
+	efs_runs_done(&b.gpart);
+	efs_runs_done(&b.gfree);
 	free(b.io);
 	if (b.dfd >= 0)
 		close(b.dfd);
