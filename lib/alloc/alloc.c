@@ -1284,7 +1284,7 @@ static void claim_txn_cb(struct efs_alloc *a, struct acall *c, struct efs_etcd_r
 	 * told apart from older ones, so every free block starts held. A map
 	 * unchanged since has freed nothing the backup references. */
 	hold = hold_in(resp, 0);
-	if (hold != 0 && (hold < 0 || g->map_rev > hold)) {
+	if (hold != 0 && (hold < 0 || g->map_rev > hold) && !a->hold_off) {
 		for (size_t i = 0; i < g->committed.free.n; i++)
 			hold_add(a, g, g->committed.free.v[i].start, g->committed.free.v[i].len);
 		if (avail_recompute(g) < 0)
