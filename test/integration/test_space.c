@@ -481,6 +481,20 @@ static bool runs_meet(const struct efs_runs *r, const struct efs_runs *got)
 	return false;
 }
 
+/* Node |node| on a 64 MiB layout, owning one group, with 10 blocks
+ * published (in |got|). */
+static struct efs_alloc *one_group_in_use(const char *node, struct efs_session **ret_s,
+					  struct efs_runs *got)
+{
+	struct efs_session *s = session(node);
+	struct efs_alloc *a = alloc_start(s, 1);
+
+	cr_assert_eq(efs_alloc_get(a, 10, 0, 0, got, cb_done, NULL), 1);
+	cr_assert_eq(publish(a, s, got, NULL), 0);
+	*ret_s = s;
+	return a;
+}
+
 Test(alloc, blocks_freed_under_a_backup_pin_are_held_until_a_transaction_sees_none)
 {
 	struct efs_session *s;
@@ -490,10 +504,7 @@ Test(alloc, blocks_freed_under_a_backup_pin_are_held_until_a_transaction_sees_no
 	uint64_t all = 0;
 
 	layout_init(64ull << 20);
-	s = session("n1");
-	a = alloc_start(s, 1);
-	cr_assert_eq(efs_alloc_get(a, 10, 0, 0, &got, cb_done, NULL), 1);
-	cr_assert_eq(publish(a, s, &got, NULL), 0);
+	a = one_group_in_use("n1", &s, &got);
 
 	/* Freed while a backup pin exists: held, not available. */
 	backup_pin(true);
@@ -560,10 +571,7 @@ Test(alloc, a_group_claimed_under_a_backup_pin_holds_what_its_map_freed_since)
 
 	layout_init(64ull << 20);
 	total = efs_layout_total_blocks(&lay);
-	s1 = session("n1");
-	a1 = alloc_start(s1, 1);
-	cr_assert_eq(efs_alloc_get(a1, 10, 0, 0, &got, cb_done, NULL), 1);
-	cr_assert_eq(publish(a1, s1, &got, NULL), 0);
+	a1 = one_group_in_use("n1", &s1, &got);
 	g1 = group_of(got.v[0].start);
 	g1_blocks = g1 + 1 < lay.ag_count ? lay.ag_blocks : total - (uint64_t)g1 * lay.ag_blocks;
 	/* A backup starts; n1 then frees the 10 blocks and leaves its group. */
