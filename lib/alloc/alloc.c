@@ -162,7 +162,7 @@ struct efs_alloc_txn {
 	bool unknown;
 	/* The backup hold: whether the built request reads pin/backup. (at
 	 * |hold_idx| of its success branch), a->held_gen then, and what the
-	 * response said (1: a pin, 0: none, -1: not told, taken as a pin). */
+	 * response said (hold_in: 0 no pin, else a pin; -1 until told). */
 	bool hold_asked;
 	size_t hold_idx;
 	uint64_t hold_gen;
