@@ -600,6 +600,14 @@ struct bk {
 	struct efs_runs freed, gpart, gfree;
 	uint64_t reused;
 	uint64_t ag_blocks;
+	/* Every extent of inode |mapped_ino|'s chunks now (chunk_freed): a
+	 * chunk that splits moves extents to a new chunk key, not freeing
+	 * them. */
+	struct bk_ext {
+		uint64_t file_block, dev_block, count;
+	} *mapped;
+	size_t nmapped, mapped_cap;
+	uint64_t mapped_ino; /* 0: none read */
 	char pin_name[64];
 	bool pinned;
 	char err[EFS_CLI_ERR_MAX];
@@ -934,20 +942,93 @@ static int chunk_lacking(const Etcfs__ExtentChunk *old, const uint8_t *v, size_t
 	return r;
 }
 
+/* One chunk of the inode being read (inode_mapped): its extents. */
+static int mapped_cb(struct bk *b, const Mvccpb__KeyValue *kv)
+{
+	Etcfs__ExtentChunk *ch = NULL;
+
+	if (efs_meta_extent_chunk_decode(kv->value.data, kv->value.len, &ch, NULL) < 0)
+		return 0; /* maps nothing */
+	for (size_t i = 0; i < ch->n_extents; i++) {
+		if (b->nmapped == b->mapped_cap) {
+			size_t cap = b->mapped_cap ? 2 * b->mapped_cap : 256;
+			struct bk_ext *n = efs_mem_realloc(b->mapped, cap * sizeof(*n));
+
+			if (!n) {
+				efs_meta_record_free(ch);
+				return -ENOMEM;
+			}
+			b->mapped = n;
+			b->mapped_cap = cap;
+		}
+		b->mapped[b->nmapped++] = (struct bk_ext){ch->extents[i]->file_block,
+							  ch->extents[i]->dev_block,
+							  ch->extents[i]->count};
+	}
+	efs_meta_record_free(ch);
+	return 0;
+}
+
+/*
+ * Removes from |gone| (device blocks |old| mapped and its chunk no longer
+ * does) those that a chunk of the same inode maps now at the same file
+ * block: moved by a split, not freed. The inode's chunks are read once for
+ * consecutive chunks of one inode.
+ */
+static int still_mapped(struct bk *b, const uint8_t *key, size_t len,
+			const Etcfs__ExtentChunk *old, struct efs_runs *gone)
+{
+	struct efs_meta_key_info ki;
+	struct efs_meta_range range;
+	int r;
+
+	if (efs_meta_key_parse(&b->ns, key, len, &ki) < 0 || ki.family != EFS_META_K_EXTENT)
+		return 0;
+	if (b->mapped_ino != ki.ino) {
+		b->nmapped = 0;
+		b->mapped_ino = 0;
+		r = efs_meta_range_ino(&b->ns, EFS_META_K_EXTENT, ki.ino, &range);
+		if (r == 0)
+			r = bk_range(b, &range, 0, false, mapped_cb);
+		if (r < 0)
+			return r;
+		b->mapped_ino = ki.ino;
+	}
+	r = 0;
+	for (size_t i = 0; r == 0 && i < old->n_extents; i++) {
+		const Etcfs__Extent *e = old->extents[i];
+
+		for (size_t j = 0; r == 0 && j < b->nmapped; j++) {
+			const struct bk_ext *x = &b->mapped[j];
+			uint64_t lo, hi;
+
+			if (x->dev_block - x->file_block != e->dev_block - e->file_block)
+				continue;
+			lo = x->dev_block > e->dev_block ? x->dev_block : e->dev_block;
+			hi = x->dev_block + x->count < e->dev_block + e->count
+				     ? x->dev_block + x->count
+				     : e->dev_block + e->count;
+			if (lo < hi)
+				r = efs_runs_subtract(gone, lo, hi - lo, NULL);
+		}
+	}
+	return r;
+}
+
 /*
  * The chunk |key| changed or went since b->rev. Walking its history back
  * from the latest version (the pin keeps it): the blocks it mapped at
- * b->rev and no longer maps now were freed since, and go to b->freed for
- * bk_reused; a block missing from some version in between but mapped in
- * its place again now was freed and reused, which the hold forbids
- * (b->reused). b->changed counts the chunks that dropped blocks. 0 or
- * -errno.
+ * b->rev and no longer maps now, nor does another chunk of the inode
+ * (a split), were freed since, and go to b->freed for bk_reused; a block
+ * missing from some version in between but mapped in its place again now
+ * was freed and reused, which the hold forbids (b->reused). b->changed
+ * counts the chunks that dropped blocks. 0 or -errno.
  */
 static int chunk_freed(struct bk *b, const uint8_t *key, size_t len)
 {
 	Etcdserverpb__RangeResponse *at = NULL, *cur = NULL;
 	Etcfs__ExtentChunk *old = NULL;
-	struct efs_runs now = {0}, then = {0};
+	struct efs_runs now = {0}, then = {0}, gone = {0};
 	int64_t rev = 0;
 	bool latest = true;
 	int r;
@@ -976,9 +1057,13 @@ static int chunk_freed(struct bk *b, const uint8_t *key, size_t len)
 				  latest ? &now : &then);
 		if (r == 0 && latest) {
 			r = efs_runs_normalize(&now);
-			if (r == 0 && now.n) {
+			if (r == 0)
+				r = efs_runs_append(&gone, &now);
+			if (r == 0 && gone.n)
+				r = still_mapped(b, key, len, old, &gone);
+			if (r == 0 && gone.n) {
 				b->changed++;
-				r = efs_runs_append(&b->freed, &now);
+				r = efs_runs_append(&b->freed, &gone);
 			}
 		} else if (r == 0 && efs_runs_normalize(&then) == 0 &&
 			   efs_runs_remove_all(&then, &now, NULL) == 0 && then.n) {
@@ -999,6 +1084,7 @@ static int chunk_freed(struct bk *b, const uint8_t *key, size_t len)
 		protobuf_c_message_free_unpacked(&cur->base, efs_mem_protobuf());
 	efs_runs_done(&now);
 	efs_runs_done(&then);
+	efs_runs_done(&gone);
 	efs_meta_record_free(old);
 	return r;
 }
@@ -1489,6 +1575,7 @@ again:
 		b.ck_len = b.ncs = b.cs_next = 0;
 		b.keys = b.skipped = b.data_records = b.blocks = b.changed = b.reused = 0;
 		efs_runs_clear(&b.freed);
+		b.mapped_ino = 0;
 		attempt++;
 		goto again;
 	}
@@ -1556,6 +1643,7 @@ out:
 	efs_runs_done(&b.freed);
 	efs_runs_done(&b.gpart);
 	efs_runs_done(&b.gfree);
+	efs_mem_free(b.mapped);
 	free(b.io);
 	if (b.dfd >= 0)
 		close(b.dfd);

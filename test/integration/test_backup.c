@@ -458,7 +458,33 @@ static void grow_new(void)
 	write_file("grown", 300000, 43);
 }
 
-Test(backup, a_backup_overlapping_an_overwrite_or_a_new_file_succeeds)
+/* Writes one block at every other file block from |from| to |to|
+ * (exclusive), each fsynced: one extent each. */
+static void sparse_blocks(const char *rel, unsigned from, unsigned to)
+{
+	unsigned char blk[4096];
+	char p[600];
+	int fd;
+
+	path_in(rel, p, sizeof(p));
+	fd = open(p, O_WRONLY | O_CREAT, 0644);
+	cr_assert(fd >= 0, "open %s: %s", p, strerror(errno));
+	for (unsigned b = from; b < to; b += 2) {
+		memset(blk, (int)(b & 0xff), sizeof(blk));
+		cr_assert_eq(pwrite(fd, blk, sizeof(blk), (off_t)b * 4096), (ssize_t)sizeof(blk));
+		cr_assert_eq(fsync(fd), 0);
+	}
+	close(fd);
+}
+
+/* The chunk of "sparse" passes 64 extents and splits: half its extents
+ * move to a new chunk key, none is freed. */
+static void split_chunk(void)
+{
+	sparse_blocks("sparse", 120, 140);
+}
+
+Test(backup, a_backup_overlapping_an_overwrite_a_new_file_or_a_chunk_split_succeeds)
 {
 	char bk[400];
 	struct stat st;
@@ -470,6 +496,11 @@ Test(backup, a_backup_overlapping_an_overwrite_or_a_new_file_succeeds)
 	cr_assert_eq(stat(bk, &st), 0);
 	snprintf(bk, sizeof(bk), "%s/grown.etcfs-backup", fs.dir);
 	cr_assert_eq(backup_around(bk, "0", grow_new), 0, "backup overlapping a new file");
+	cr_assert_eq(stat(bk, &st), 0);
+	/* 60 one-block extents, then 10 more during the copy. */
+	sparse_blocks("sparse", 0, 120);
+	snprintf(bk, sizeof(bk), "%s/split.etcfs-backup", fs.dir);
+	cr_assert_eq(backup_around(bk, "0", split_chunk), 0, "backup overlapping a chunk split");
 	cr_assert_eq(stat(bk, &st), 0);
 }
 
