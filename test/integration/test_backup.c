@@ -8,8 +8,9 @@
  * keyspace that holds keys, a mounted device, and a backup that is
  * corrupt, truncated, not a backup at all, or well-formed but without its
  * blocks, writing nothing. A backup during which a file it copies is
- * overwritten (its old blocks freed) or a file grows succeeds: the
- * allocators hold what is freed while the backup's pin exists. A backup
+ * overwritten (its old blocks freed), a file grows or an extent chunk
+ * splits succeeds: the allocators hold what is freed while the backup's
+ * pin exists, and the check after the copy tells a split from a free. A backup
  * taken while a writer overwrites, truncates and deletes the files it
  * copies and writes new ones restores exactly the backup-time contents,
  * and the space held meanwhile comes back once the backup ended; without
