@@ -25,26 +25,37 @@ struct noted {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct noted ring[RING];
 static size_t ring_next;
+/* Entries of |ring| in use: every reply checks this first, and only the
+ * rare reply while an open is pending takes the mutex (replies come from
+ * the loop and from the I/O workers at once). */
+static atomic_uint pending;
 static atomic_ulong patched;
 
 static void note(int fd, uint32_t opcode, uint64_t unique)
 {
 	pthread_mutex_lock(&mu);
+	if (!ring[ring_next].opcode)
+		atomic_fetch_add_explicit(&pending, 1, memory_order_relaxed);
 	ring[ring_next] = (struct noted){.fd = fd, .opcode = opcode, .unique = unique};
 	ring_next = (ring_next + 1) % RING;
 	pthread_mutex_unlock(&mu);
 }
 
-/* The opcode noted for (fd, unique), forgotten now; 0 when none. */
+/* The opcode noted for (fd, unique), forgotten now; 0 when none. A reply
+ * never races its own request's note: the kernel sends the request (read
+ * hook, which notes it) before anyone can reply to it. */
 static uint32_t take(int fd, uint64_t unique)
 {
 	uint32_t op = 0;
 
+	if (!atomic_load_explicit(&pending, memory_order_relaxed))
+		return 0;
 	pthread_mutex_lock(&mu);
 	for (size_t i = 0; i < RING; i++) {
 		if (ring[i].opcode && ring[i].fd == fd && ring[i].unique == unique) {
 			op = ring[i].opcode;
 			ring[i].opcode = 0;
+			atomic_fetch_sub_explicit(&pending, 1, memory_order_relaxed);
 			break;
 		}
 	}
