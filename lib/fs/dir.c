@@ -344,12 +344,36 @@ static void plus_unlock(struct efs_fs_op *op)
 	st->nlocks = 0;
 }
 
+/*
+ * A listing read whole, every page under the grant and mseq the last one
+ * was read under (no name change of this node, nor of any other, between
+ * its first page and its last), is every name of the directory: the name
+ * cache takes them all and answers misses too.
+ */
+static void listing_complete(struct efs_fs *fs, const struct efs_fs_handle *h,
+			     struct efs_fs_inode *din, uint64_t gen, uint64_t mseq)
+{
+	for (size_t i = 0; i < h->nents; i++) {
+		if (h->ents[i].dir_gen != gen || h->ents[i].dir_mseq != mseq)
+			return;
+	}
+	for (size_t i = 0; i < h->nents; i++) {
+		const struct efs_fs_dirent_ent *ent = &h->ents[i];
+
+		if (!efs_fs_dcache_put(fs, din, ent->name, strlen(ent->name), ent->ino, ent->type))
+			return;
+	}
+	efs_fs_dcache_set_complete(fs, din);
+}
+
 static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
 {
 	struct efs_fs_op *op = arg;
 	struct dir_op *dop = dop_of(op);
 	struct dir_state *st = &dop_of(op)->st;
 	struct efs_fs_handle *h = dop->h;
+	struct efs_fs_inode *din;
+	bool cur;
 	int e;
 
 	if (r->err) {
@@ -357,6 +381,8 @@ static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 		efs_fs_op_resume_prepare(op, -EIO);
 		return;
 	}
+	din = efs_fs_ifind(op->fs, h->ino);
+	cur = efs_fs_dcache_current(op->fs, din, st->fetch_gen, st->fetch_mseq);
 	for (size_t i = 0; i < resp->n_kvs; i++) {
 		struct efs_meta_key_info info;
 		Etcfs__Dirent *de = NULL;
@@ -372,6 +398,9 @@ static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 			continue;
 		}
 		e = ents_add(h, info.name, info.name_len, de->ino, de->type);
+		if (e == 0 && cur)
+			efs_fs_dcache_put(op->fs, din, (const char *)info.name, info.name_len,
+					  de->ino, de->type);
 		efs_meta_record_free(de);
 		if (e < 0) {
 			efs_fs_op_resume_prepare(op, e);
@@ -380,8 +409,11 @@ static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 		h->ents[h->nents - 1].dir_mseq = st->fetch_mseq;
 		h->ents[h->nents - 1].dir_gen = st->fetch_gen;
 	}
-	if (!resp->more || resp->n_kvs == 0)
+	if (!resp->more || resp->n_kvs == 0) {
 		h->complete = true;
+		if (cur)
+			listing_complete(op->fs, h, din, st->fetch_gen, st->fetch_mseq);
+	}
 	/* readdirplus prepares the entries when it is about to emit them. */
 	efs_fs_op_resume_prepare(op, 0);
 }

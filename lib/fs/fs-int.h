@@ -212,10 +212,16 @@ struct efs_fs_dcache {
 	uint64_t gen; /* the directory's lock grant when filled */
 	size_t n, nbuckets;
 	struct efs_fs_dent **b;
+	/* Every name of the directory is here (a listing read whole under
+	 * this grant, kept up to date by this node's own changes since): a
+	 * name not found is absent, with no etcd read. */
+	bool complete;
 };
 
-/* Most names cached per directory (the cache empties when full). */
-#define EFS_FS_DCACHE_MAX 4096
+/* Most names cached per directory. A full cache takes no more names and
+ * stops being complete; it is not emptied (a directory larger than this
+ * keeps the names it has, and the rest are read from etcd). */
+#define EFS_FS_DCACHE_MAX (1u << 17)
 
 /*
  * One cached inode. |rec| is trusted only while this node still holds the
@@ -410,6 +416,8 @@ struct efs_fs {
 	} kal_ring[16];
 	unsigned kal_next;
 	struct efs_counter *m_kal_estales;
+	struct efs_counter *m_lookup_cached; /* lookups the name cache answered */
+	struct efs_counter *m_lookup_read;   /* lookups that read the dirent */
 	/* The invalidations of the last suspension (fs.c). */
 	uint64_t susp_pending, susp_count, susp_start_ns;
 	/* Inodes whose pages the kernel may cache, least recently filled
@@ -833,14 +841,27 @@ void efs_fs_inode_dropped(struct efs_fs *fs, uint64_t ino);
  * The directory name cache: answers lookups with no etcd read while this
  * node holds the directory's lock (other nodes change names only under an
  * exclusive lock, which recalls ours). get: 1 (|*ino| set, 0 for a known
- * absent name) or 0 (not cached). This node's own changes forget the names
- * they touch.
+ * absent name, also any name missing from a complete cache) or 0 (not
+ * cached). put with |ino| 0 records an absent name (false: not stored). This node's own
+ * changes put what they committed (creates, unlinks) or forget the names
+ * they touch and the completeness (links, renames, an unsettled outcome).
+ * current: whether names read under grant |gen| when the directory's
+ * mseq was |mseq| may be put now (the same grant, no name change of this
+ * node since, none in flight). set_complete: a listing read from its first
+ * page to its last, every page current under one grant and mseq, is all
+ * there (its names put first).
  */
 int efs_fs_dcache_get(struct efs_fs *fs, struct efs_fs_inode *dir, const char *name, size_t len,
 		      uint64_t *ino, uint32_t *type);
-void efs_fs_dcache_put(struct efs_fs *fs, struct efs_fs_inode *dir, const char *name, size_t len,
+bool efs_fs_dcache_put(struct efs_fs *fs, struct efs_fs_inode *dir, const char *name, size_t len,
 		       uint64_t ino, uint32_t type);
 void efs_fs_dcache_forget(struct efs_fs *fs, uint64_t dir, const char *name, size_t len);
+void efs_fs_dcache_incomplete(struct efs_fs *fs, uint64_t dir);
+bool efs_fs_dcache_current(struct efs_fs *fs, struct efs_fs_inode *dir, uint64_t gen,
+			   uint64_t mseq);
+void efs_fs_dcache_set_complete(struct efs_fs *fs, struct efs_fs_inode *dir);
+/* A directory this node just made: empty, and complete under its grant. */
+void efs_fs_dcache_new_empty(struct efs_fs *fs, struct efs_fs_inode *dir);
 void efs_fs_dcache_clear(struct efs_fs_inode *dir);
 
 /*

@@ -190,6 +190,11 @@ static int register_metrics(struct efs_fs *fs)
 	fs->m_kpages_evicted = efs_metrics_counter(
 		fs->m, "etcfs_kernel_cached_files_dropped_total",
 		"Inodes whose kernel pages were dropped to keep under --max-cached-files", NULL);
+	fs->m_lookup_cached = efs_metrics_counter(
+		fs->m, "etcfs_lookup_cache_answers_total",
+		"Lookups answered from the directory name cache, absent names included", NULL);
+	fs->m_lookup_read = efs_metrics_counter(fs->m, "etcfs_lookup_reads_total",
+						"Lookups that read the name from etcd", NULL);
 	fs->m_retries = efs_metrics_counter(
 		fs->m, "etcfs_op_retries_total",
 		"Operations that read again and retried after a conflict or an unknown outcome "

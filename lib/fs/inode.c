@@ -87,10 +87,90 @@ int efs_fs_dcache_get(struct efs_fs *fs, struct efs_fs_inode *dir, const char *n
 			return 1;
 		}
 	}
+	if (dir->dc->complete) {
+		*ino = 0;
+		*type = 0;
+		return 1;
+	}
 	return 0;
 }
 
-void efs_fs_dcache_put(struct efs_fs *fs, struct efs_fs_inode *dir, const char *name, size_t len,
+bool efs_fs_dcache_current(struct efs_fs *fs, struct efs_fs_inode *dir, uint64_t gen,
+			   uint64_t mseq)
+{
+	return dir && !dir->mx_owner && dir->mseq == mseq && efs_fs_grant_current(fs, dir, gen) &&
+	       efs_fs_inode_valid(fs, dir) && dir->rec && S_ISDIR(dir->rec->mode);
+}
+
+void efs_fs_dcache_set_complete(struct efs_fs *fs, struct efs_fs_inode *dir)
+{
+	if (dcache_valid(fs, dir) && dir->dc->n < EFS_FS_DCACHE_MAX)
+		dir->dc->complete = true;
+}
+
+void efs_fs_dcache_incomplete(struct efs_fs *fs, uint64_t dir)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(fs, dir);
+
+	if (in && in->dc)
+		in->dc->complete = false;
+}
+
+/* Doubles the buckets of |dc| when its chains grow long (best effort). */
+static void dcache_grow(struct efs_fs_dcache *dc)
+{
+	size_t nb = dc->nbuckets * 2;
+	struct efs_fs_dent **b;
+
+	if (dc->n < dc->nbuckets * 2)
+		return;
+	b = efs_mem_calloc(nb, sizeof(*b));
+	if (!b)
+		return;
+	for (size_t i = 0; i < dc->nbuckets; i++) {
+		struct efs_fs_dent *d = dc->b[i];
+
+		while (d) {
+			struct efs_fs_dent *next = d->next;
+			size_t h = hash_name(d->name, d->len, nb);
+
+			d->next = b[h];
+			b[h] = d;
+			d = next;
+		}
+	}
+	efs_mem_free(dc->b);
+	dc->b = b;
+	dc->nbuckets = nb;
+}
+
+static struct efs_fs_dcache *dcache_new(struct efs_fs *fs, struct efs_fs_inode *dir)
+{
+	struct efs_fs_dcache *dc = efs_mem_calloc(1, sizeof(*dc));
+
+	if (!dc)
+		return NULL;
+	dc->nbuckets = 256;
+	dc->b = efs_mem_calloc(dc->nbuckets, sizeof(*dc->b));
+	if (!dc->b) {
+		efs_mem_free(dc);
+		return NULL;
+	}
+	dc->gen = efs_fs_grant(fs, dir);
+	dir->dc = dc;
+	return dc;
+}
+
+void efs_fs_dcache_new_empty(struct efs_fs *fs, struct efs_fs_inode *dir)
+{
+	if (!efs_fs_inode_valid(fs, dir) || !dir->rec || !S_ISDIR(dir->rec->mode))
+		return;
+	efs_fs_dcache_clear(dir);
+	if (dcache_new(fs, dir))
+		dir->dc->complete = true;
+}
+
+bool efs_fs_dcache_put(struct efs_fs *fs, struct efs_fs_inode *dir, const char *name, size_t len,
 		       uint64_t ino, uint32_t type)
 {
 	struct efs_fs_dcache *dc = dir->dc;
@@ -98,35 +178,42 @@ void efs_fs_dcache_put(struct efs_fs *fs, struct efs_fs_inode *dir, const char *
 	size_t h;
 
 	if (!efs_fs_inode_valid(fs, dir))
-		return;
-	if (dc && (!efs_fs_grant_current(fs, dir, dc->gen) || dc->n >= EFS_FS_DCACHE_MAX)) {
+		return false;
+	if (dc && !efs_fs_grant_current(fs, dir, dc->gen)) {
 		efs_fs_dcache_clear(dir);
 		dc = NULL;
 	}
 	if (!dc) {
-		dc = efs_mem_calloc(1, sizeof(*dc));
+		dc = dcache_new(fs, dir);
 		if (!dc)
-			return;
-		dc->nbuckets = 256;
-		dc->b = efs_mem_calloc(dc->nbuckets, sizeof(*dc->b));
-		if (!dc->b) {
-			efs_mem_free(dc);
-			return;
-		}
-		dc->gen = efs_fs_grant(fs, dir);
-		dir->dc = dc;
+			return false;
 	}
 	h = hash_name(name, len, dc->nbuckets);
-	for (d = dc->b[h]; d; d = d->next) {
+	for (struct efs_fs_dent **pp = &dc->b[h]; (d = *pp); pp = &d->next) {
 		if (d->len == len && memcmp(d->name, name, len) == 0) {
+			if (ino == 0 && dc->complete) {
+				/* absent names of a complete cache are not kept */
+				*pp = d->next;
+				efs_mem_free(d);
+				dc->n--;
+				return true;
+			}
 			d->ino = ino;
 			d->type = type;
-			return;
+			return true;
 		}
 	}
+	if (ino == 0 && dc->complete)
+		return true;
+	if (dc->n >= EFS_FS_DCACHE_MAX) {
+		dc->complete = false; /* a name it cannot take */
+		return false;
+	}
 	d = efs_mem_malloc(sizeof(*d) + len + 1);
-	if (!d)
-		return; /* a cache: the next lookup reads etcd */
+	if (!d) {
+		dc->complete = false;
+		return false; /* a cache: the next lookup reads etcd */
+	}
 	d->ino = ino;
 	d->type = type;
 	d->len = len;
@@ -135,6 +222,8 @@ void efs_fs_dcache_put(struct efs_fs *fs, struct efs_fs_inode *dir, const char *
 	d->next = dc->b[h];
 	dc->b[h] = d;
 	dc->n++;
+	dcache_grow(dc);
+	return true;
 }
 
 void efs_fs_dcache_forget(struct efs_fs *fs, uint64_t dir, const char *name, size_t len)
@@ -144,6 +233,7 @@ void efs_fs_dcache_forget(struct efs_fs *fs, uint64_t dir, const char *name, siz
 
 	if (!in || !in->dc)
 		return;
+	in->dc->complete = false; /* the name is unknown now, not absent */
 	for (pp = &in->dc->b[hash_name(name, len, in->dc->nbuckets)]; *pp; pp = &(*pp)->next) {
 		if ((*pp)->len == len && memcmp((*pp)->name, name, len) == 0) {
 			struct efs_fs_dent *d = *pp;

@@ -87,13 +87,18 @@ static struct ns_op *nop_of(struct efs_fs_op *op)
 }
 
 /*
- * After a commit, before the reply: the names changed leave the node's
- * name cache, and each parent's listing sequence moves on, so that
- * listings and lookups cached before the change are read again.
+ * After a commit, before the reply: the name cache takes what the commit
+ * made true under the directory's exclusive lock (a created name and its
+ * inode, an unlinked name absent), so that a directory this node fills
+ * keeps answering its lookups, misses included, without etcd; links and
+ * renames forget the names they touch. Each parent's listing sequence
+ * moves on, so that listings and lookups read before the change are read
+ * again.
  */
 static void ns_committed(struct efs_fs_op *op)
 {
 	struct ns_op *nop = nop_of(op);
+	struct efs_fs_inode *pin = efs_fs_ifind(op->fs, op->ino);
 
 	if (nop->oref_gone) {
 		struct efs_fs_inode *in = efs_fs_ifind(op->fs, nop->oref_gone);
@@ -101,10 +106,33 @@ static void ns_committed(struct efs_fs_op *op)
 		if (in)
 			in->oref_epoch = 0;
 	}
-	if (nop->name_len)
-		efs_fs_dcache_forget(op->fs, op->ino, nop->name, nop->name_len);
-	if (nop->name2_len)
-		efs_fs_dcache_forget(op->fs, nop->ino2, nop->name2, nop->name2_len);
+	switch (op->d->code) {
+	case EFS_FS_OP_CREATE:
+	case EFS_FS_OP_MKNOD:
+	case EFS_FS_OP_MKDIR:
+	case EFS_FS_OP_SYMLINK:
+		if (pin)
+			efs_fs_dcache_put(op->fs, pin, nop->name, nop->name_len, op->new_ino,
+					  efs_meta_dt_from_mode(nop->mode));
+		if (op->d->code == EFS_FS_OP_MKDIR) {
+			struct efs_fs_inode *nin = efs_fs_ifind(op->fs, op->new_ino);
+
+			if (nin)
+				efs_fs_dcache_new_empty(op->fs, nin);
+		}
+		break;
+	case EFS_FS_OP_UNLINK:
+	case EFS_FS_OP_RMDIR:
+		if (pin)
+			efs_fs_dcache_put(op->fs, pin, nop->name, nop->name_len, 0, 0);
+		break;
+	default:
+		if (nop->name_len)
+			efs_fs_dcache_forget(op->fs, op->ino, nop->name, nop->name_len);
+		if (nop->name2_len)
+			efs_fs_dcache_forget(op->fs, nop->ino2, nop->name2, nop->name2_len);
+		break;
+	}
 	for (int i = 0; i < 2; i++) {
 		struct efs_fs_inode *d = efs_fs_ifind(op->fs, i ? nop->ino2 : op->ino);
 
@@ -115,7 +143,17 @@ static void ns_committed(struct efs_fs_op *op)
 
 static void ns_release(struct efs_fs_op *op)
 {
-	efs_mem_free(nop_of(op)->link);
+	struct ns_op *nop = nop_of(op);
+
+	/* A commit whose outcome stayed unknown may have changed the names:
+	 * none of them is known any more. */
+	if (op->unsettled && !op->committed) {
+		if (nop->name_len)
+			efs_fs_dcache_forget(op->fs, op->ino, nop->name, nop->name_len);
+		if (nop->name2_len)
+			efs_fs_dcache_forget(op->fs, nop->ino2, nop->name2, nop->name2_len);
+	}
+	efs_mem_free(nop->link);
 }
 
 /*
@@ -324,9 +362,11 @@ static int lookup_plan(struct efs_fs_op *op)
 	if (!nop->child && op->nkv == 0) {
 		/* The name cache first; a miss reads the dirent. */
 		if (pin && efs_fs_dcache_get(fs, pin, nop->name, nop->name_len, &nop->child, &type)) {
+			efs_counter_inc(fs->m_lookup_cached);
 			if (!nop->child)
 				goto negative;
 		} else {
+			efs_counter_inc(fs->m_lookup_read);
 			kv = efs_fs_want_kv(op);
 			if (!kv)
 				return -E2BIG;

@@ -330,6 +330,64 @@ static void names_and_data_of_one_node_are_seen_by_the_others(void)
 	}
 }
 
+/*
+ * A directory listed whole on one node answers its missing names there
+ * from the name cache, with no etcd read, and a name a peer then makes or
+ * removes is seen at once (the peer's exclusive lock ended the listing's
+ * grant, and with it the cache).
+ */
+static void a_listed_directory_answers_missing_names_until_a_peer_changes_it(void)
+{
+	const char *reads = "etcfs_lookup_reads_total";
+	const char *cached = "etcfs_lookup_cache_answers_total";
+	double r0, c0;
+	int seen = 0;
+
+	check_dir();
+	mkdir_ok(P(0, "ld"));
+	for (int i = 0; i < 40; i++)
+		put_file(P(0, "ld/f%02d", i), "x", 1);
+	{
+		DIR *d = opendir(P(2, "ld"));
+		struct dirent *e;
+
+		CL_CHECK(d, "opendir: %s", strerror(errno));
+		while ((e = readdir(d)))
+			seen += e->d_name[0] == 'f';
+		closedir(d);
+	}
+	CL_CHECK(seen == 40, "node3 listed %d of 40 names", seen);
+	r0 = efs_cl_metric(&cl, 2, reads);
+	c0 = efs_cl_metric(&cl, 2, cached);
+	for (int i = 0; i < 30; i++)
+		CL_CHECK(!exists(P(2, "ld/miss%02d", i)), "node3 found ld/miss%02d", i);
+	CL_CHECK(exists(P(2, "ld/f05")), "node3 lost ld/f05");
+	CL_CHECK(efs_cl_metric(&cl, 2, reads) == r0,
+		 "node3 read %.0f names from etcd in a directory it listed whole",
+		 efs_cl_metric(&cl, 2, reads) - r0);
+	CL_CHECK(efs_cl_metric(&cl, 2, cached) >= c0 + 30, "node3's name cache answered %.0f of 30",
+		 efs_cl_metric(&cl, 2, cached) - c0);
+	/* A peer's change ends the cache: the made name is found, the
+	 * removed one is gone. */
+	put_file(P(0, "ld/miss07"), "y", 1);
+	CL_CHECK(unlink(P(0, "ld/f05")) == 0, "unlink: %s", strerror(errno));
+	CL_CHECK(exists(P(2, "ld/miss07")), "node3 does not see ld/miss07 its peer made");
+	CL_CHECK(!exists(P(2, "ld/f05")), "node3 still sees ld/f05 its peer removed");
+	CL_CHECK(!exists(P(2, "ld/miss08")), "node3 found ld/miss08");
+	/* A directory a node just made is complete there from the start: an
+	 * untar's lookups before each create read nothing. */
+	mkdir_ok(P(0, "new"));
+	r0 = efs_cl_metric(&cl, 0, reads);
+	for (int i = 0; i < 10; i++) {
+		CL_CHECK(!exists(P(0, "new/m%d", i)), "node1 found new/m%d", i);
+		put_file(P(0, "new/f%d", i), "z", 1);
+		CL_CHECK(exists(P(0, "new/f%d", i)), "node1 lost new/f%d", i);
+	}
+	CL_CHECK(efs_cl_metric(&cl, 0, reads) == r0,
+		 "node1 read %.0f names from etcd in a directory it made",
+		 efs_cl_metric(&cl, 0, reads) - r0);
+}
+
 /* Each change of the promise, made by one node after the two others
  * looked at what it changes (so that they hold locks and the kernel
  * caches), and checked on both at once. */
@@ -1954,6 +2012,7 @@ enum { RUN_SUBSET, RUN_FULL, RUN_NAMED };
 static const struct check checks[] = {
 	CHECK(names_and_data_of_one_node_are_seen_by_the_others, 60, RUN_SUBSET),
 	CHECK(every_change_is_seen_at_once_by_the_other_nodes, 120, RUN_SUBSET),
+	CHECK(a_listed_directory_answers_missing_names_until_a_peer_changes_it, 60, RUN_SUBSET),
 	CHECK(a_file_open_for_writing_is_read_between_its_writes, 90, RUN_FULL),
 	CHECK(o_append_from_every_node_loses_and_tears_nothing, 180, RUN_FULL),
 	CHECK(an_append_after_another_nodes_is_read_whole_on_its_node, 60, RUN_FULL),
