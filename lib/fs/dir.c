@@ -366,6 +366,80 @@ static void listing_complete(struct efs_fs *fs, const struct efs_fs_handle *h,
 	efs_fs_dcache_set_complete(fs, din);
 }
 
+/* ---- A directory's names read for its lookups ---- */
+
+/* Most names a read for lookups asks for (a larger directory's first
+ * names are still put, without completeness). */
+#define FILL_MAX 8192
+
+struct dfill {
+	struct efs_fs *fs;
+	struct efs_fs_inode *din; /* referenced until the reply */
+	uint64_t grant, mseq;	  /* the directory's when the read left */
+};
+
+static void fill_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
+{
+	struct dfill *f = arg;
+	struct efs_fs *fs = f->fs;
+	struct efs_fs_inode *din = f->din;
+	bool ok = !r->err && efs_fs_dcache_current(fs, din, f->grant, f->mseq);
+
+	for (size_t i = 0; ok && i < resp->n_kvs; i++) {
+		struct efs_meta_key_info info;
+		Etcfs__Dirent *de = NULL;
+
+		if (efs_meta_key_parse(&fs->ns, resp->kvs[i]->key.data, resp->kvs[i]->key.len,
+				       &info) < 0 ||
+		    info.family != EFS_META_K_DIRENT ||
+		    efs_meta_dirent_decode(resp->kvs[i]->value.data, resp->kvs[i]->value.len, &de,
+					   NULL) < 0) {
+			ok = false; /* a name it cannot read: not complete */
+			break;
+		}
+		ok = efs_fs_dcache_put(fs, din, (const char *)info.name, info.name_len, de->ino,
+				       de->type);
+		efs_meta_record_free(de);
+	}
+	if (ok && !resp->more)
+		efs_fs_dcache_set_complete(fs, din);
+	efs_fs_iput(fs, din);
+	efs_mem_free(f);
+	fs->inflight--;
+}
+
+void efs_fs_dcache_fill(struct efs_fs *fs, struct efs_fs_inode *dir)
+{
+	uint64_t grant = efs_fs_grant(fs, dir);
+	struct efs_etcd_range_opts o = {0};
+	struct efs_meta_range rg;
+	struct dfill *f;
+
+	if (!grant || dir->dc_fill_grant == grant || !dir->rec || !S_ISDIR(dir->rec->mode) ||
+	    dir->mx_owner || efs_fs_dcache_complete(fs, dir))
+		return;
+	if (efs_meta_range_ino(&fs->ns, EFS_META_K_DIRENT, dir->ino, &rg) < 0)
+		return;
+	f = efs_mem_calloc(1, sizeof(*f));
+	if (!f)
+		return;
+	f->fs = fs;
+	f->din = dir;
+	f->grant = grant;
+	f->mseq = dir->mseq;
+	o.range_end = rg.end.buf;
+	o.range_end_len = rg.end.len;
+	o.limit = FILL_MAX;
+	dir->refs++;
+	dir->dc_fill_grant = grant;
+	fs->inflight++; /* the fs outlives the reply (teardown waits for it) */
+	if (efs_etcd_range(fs->c, rg.key.buf, rg.key.len, &o, NULL, fill_cb, f) < 0) {
+		efs_fs_iput(fs, dir);
+		efs_mem_free(f);
+		fs->inflight--;
+	}
+}
+
 static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
 {
 	struct efs_fs_op *op = arg;

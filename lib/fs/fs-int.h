@@ -263,6 +263,7 @@ struct efs_fs_inode {
 	bool orphan_seen;	    /* an o/<ino> put was seen (reclaim.c's watch) */
 	bool atime_busy;	    /* a relatime update is in flight */
 	struct efs_fs_dcache *dc;   /* directories: names, valid under the lock */
+	uint64_t dc_fill_grant;	    /* directories: the grant a listing read for lookups was sent under */
 	struct efs_fs_knames *kn;   /* directories: names the kernel may cache (lockops.c) */
 	/* The grant under which a read's GETATTR last passed a drain
 	 * (attr.c: at most one per grant, so that readers cannot starve a
@@ -860,6 +861,14 @@ void efs_fs_dcache_incomplete(struct efs_fs *fs, uint64_t dir);
 bool efs_fs_dcache_current(struct efs_fs *fs, struct efs_fs_inode *dir, uint64_t gen,
 			   uint64_t mseq);
 void efs_fs_dcache_set_complete(struct efs_fs *fs, struct efs_fs_inode *dir);
+bool efs_fs_dcache_complete(struct efs_fs *fs, struct efs_fs_inode *dir);
+/*
+ * Reads the names of |dir| (locked by the caller's operation) into its
+ * name cache in the background, once per grant: a directory of up to 8,192
+ * names becomes complete, so that the lookups after a first one, present
+ * names and missing ones, need no etcd read of their own (dir.c).
+ */
+void efs_fs_dcache_fill(struct efs_fs *fs, struct efs_fs_inode *dir);
 /* A directory this node just made: empty, and complete under its grant. */
 void efs_fs_dcache_new_empty(struct efs_fs *fs, struct efs_fs_inode *dir);
 void efs_fs_dcache_clear(struct efs_fs_inode *dir);

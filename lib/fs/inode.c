@@ -102,6 +102,11 @@ bool efs_fs_dcache_current(struct efs_fs *fs, struct efs_fs_inode *dir, uint64_t
 	       efs_fs_inode_valid(fs, dir) && dir->rec && S_ISDIR(dir->rec->mode);
 }
 
+bool efs_fs_dcache_complete(struct efs_fs *fs, struct efs_fs_inode *dir)
+{
+	return dcache_valid(fs, dir) && dir->dc->complete;
+}
+
 void efs_fs_dcache_set_complete(struct efs_fs *fs, struct efs_fs_inode *dir)
 {
 	if (dcache_valid(fs, dir) && dir->dc->n < EFS_FS_DCACHE_MAX)

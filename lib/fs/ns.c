@@ -367,6 +367,8 @@ static int lookup_plan(struct efs_fs_op *op)
 				goto negative;
 		} else {
 			efs_counter_inc(fs->m_lookup_read);
+			if (pin)
+				efs_fs_dcache_fill(fs, pin);
 			kv = efs_fs_want_kv(op);
 			if (!kv)
 				return -E2BIG;

@@ -334,7 +334,8 @@ static void names_and_data_of_one_node_are_seen_by_the_others(void)
  * A directory listed whole on one node answers its missing names there
  * from the name cache, with no etcd read, and a name a peer then makes or
  * removes is seen at once (the peer's exclusive lock ended the listing's
- * grant, and with it the cache).
+ * grant, and with it the cache). A lookup that reads a name also reads
+ * the directory's names for the next ones.
  */
 static void a_listed_directory_answers_missing_names_until_a_peer_changes_it(void)
 {
@@ -374,6 +375,17 @@ static void a_listed_directory_answers_missing_names_until_a_peer_changes_it(voi
 	CL_CHECK(exists(P(2, "ld/miss07")), "node3 does not see ld/miss07 its peer made");
 	CL_CHECK(!exists(P(2, "ld/f05")), "node3 still sees ld/f05 its peer removed");
 	CL_CHECK(!exists(P(2, "ld/miss08")), "node3 found ld/miss08");
+	/* Those lookups read the names again, in the background after the
+	 * first: the lookups after them read nothing. */
+	usleep(200 * 1000);
+	r0 = efs_cl_metric(&cl, 2, reads);
+	for (int i = 10; i < 20; i++) {
+		CL_CHECK(exists(P(2, "ld/f%02d", i)), "node3 lost ld/f%02d", i);
+		CL_CHECK(!exists(P(2, "ld/miss%02d", i + 20)), "node3 found ld/miss%02d", i + 20);
+	}
+	CL_CHECK(efs_cl_metric(&cl, 2, reads) == r0,
+		 "node3 read %.0f names from etcd after the directory's names were read",
+		 efs_cl_metric(&cl, 2, reads) - r0);
 	/* A directory a node just made is complete there from the start: an
 	 * untar's lookups before each create read nothing. */
 	mkdir_ok(P(0, "new"));
