@@ -440,6 +440,147 @@ void efs_fs_dcache_fill(struct efs_fs *fs, struct efs_fs_inode *dir)
 	}
 }
 
+/* ---- Locks and records taken ahead of lookups ---- */
+
+/* A directory with fewer names is not read ahead. */
+#define AHEAD_MIN 32
+
+struct ahead {
+	struct efs_lock_req lr;
+	struct efs_fs *fs;
+	struct efs_fs_inode *dir; /* referenced */
+	struct efs_fs_inode *in[EFS_LOCK_REQ_MAX];
+};
+
+static void ahead_send(struct efs_fs *fs, struct efs_fs_inode *dir, const uint64_t *ino, size_t n);
+
+static void ahead_free(struct ahead *ah)
+{
+	struct efs_fs *fs = ah->fs;
+
+	for (size_t i = 0; i < ah->lr.n; i++)
+		efs_fs_iput(fs, ah->in[i]);
+	efs_fs_iput(fs, ah->dir);
+	efs_mem_free(ah);
+	fs->inflight--;
+}
+
+/*
+ * A try that found a lock not free is tried again in halves, so that the
+ * one a peer holds is found in a few transactions and left out (the
+ * directory's name cache remembers it) while the others are taken.
+ */
+static void ahead_split(struct ahead *ah)
+{
+	struct efs_fs_dcache *dc = ah->dir->dc;
+	size_t n = ah->lr.n, h = n / 2;
+
+	if (!efs_fs_dcache_complete(ah->fs, ah->dir))
+		return;
+	if (n == 1) {
+		if (dc->nbusy < EFS_FS_AHEAD_BUSY)
+			dc->busy[dc->nbusy++] = ah->lr.ino[0];
+		return;
+	}
+	ahead_send(ah->fs, ah->dir, ah->lr.ino, h);
+	ahead_send(ah->fs, ah->dir, ah->lr.ino + h, n - h);
+}
+
+static void ahead_cb(struct efs_lock_req *req, int status)
+{
+	struct ahead *ah = req->arg;
+	struct efs_fs *fs = ah->fs;
+
+	if (status == -EWOULDBLOCK)
+		ahead_split(ah);
+	if (status == 0) {
+		efs_fs_count_txn(fs, EFS_FS_ORIG_LOCK, EFS_FS_TXN_OK);
+		for (size_t i = 0; i < req->n; i++) {
+			struct efs_fs_inode *in = ah->in[i];
+			const Mvccpb__KeyValue *kv = req->recs[i];
+			Etcfs__Inode *rec = NULL;
+
+			if (!in || !kv ||
+			    efs_meta_inode_decode(kv->value.data, kv->value.len, &rec, NULL) < 0)
+				continue;
+			if (efs_fs_inode_valid(fs, in) && in->mod_rev >= kv->mod_revision) {
+				efs_meta_record_free(rec);
+				continue;
+			}
+			efs_fs_inode_set(fs, in, rec, kv->mod_revision, true);
+			efs_fs_ahead_keep(fs, in);
+		}
+		efs_lock_put(fs->lc, req);
+	}
+	ahead_free(ah);
+}
+
+static void ahead_send(struct efs_fs *fs, struct efs_fs_inode *dir, const uint64_t *ino, size_t n)
+{
+	struct ahead *ah = efs_mem_calloc(1, sizeof(*ah));
+	int r;
+
+	if (!ah)
+		return;
+	ah->fs = fs;
+	ah->dir = dir;
+	dir->refs++;
+	fs->inflight++; /* the fs outlives the reply (teardown waits for it) */
+	for (size_t i = 0; i < n; i++) {
+		struct efs_fs_inode *in = efs_fs_iget(fs, ino[i]);
+
+		if (!in)
+			continue;
+		in->refs++;
+		ah->in[ah->lr.n] = in;
+		ah->lr.ino[ah->lr.n] = ino[i];
+		ah->lr.mode[ah->lr.n] = EFS_LOCK_SHARED;
+		ah->lr.n++;
+	}
+	if (ah->lr.n == 0) {
+		ahead_free(ah);
+		return;
+	}
+	ah->lr.cb = ahead_cb;
+	ah->lr.arg = ah;
+	ah->lr.flags = EFS_LOCK_F_TRY;
+	r = efs_lock_acquire(fs->lc, &ah->lr);
+	if (r == 1)
+		ahead_cb(&ah->lr, 0);
+	else if (r < 0)
+		ahead_free(ah);
+}
+
+static bool ahead_busy(const struct efs_fs_dcache *dc, uint64_t ino)
+{
+	for (size_t i = 0; i < dc->nbusy; i++)
+		if (dc->busy[i] == ino)
+			return true;
+	return false;
+}
+
+void efs_fs_read_ahead(struct efs_fs *fs, struct efs_fs_inode *dir, uint64_t child)
+{
+	struct efs_fs_dcache *dc = dir->dc;
+	uint64_t ino[EFS_LOCK_REQ_MAX];
+	size_t n = 0, b = 0;
+
+	if (!fs->lc || !efs_fs_dcache_complete(fs, dir) || dc->n < AHEAD_MIN)
+		return;
+	for (size_t k = 0; k < dc->nbuckets && n < EFS_LOCK_REQ_MAX; k++) {
+		b = (dc->ahead_from + k) % dc->nbuckets;
+		for (struct efs_fs_dent *d = dc->b[b]; d && n < EFS_LOCK_REQ_MAX; d = d->next) {
+			if (!d->ino || d->ino == child || d->ino == dir->ino ||
+			    efs_lock_held(fs->lc, d->ino) != EFS_LOCK_NONE || ahead_busy(dc, d->ino))
+				continue;
+			ino[n++] = d->ino;
+		}
+	}
+	dc->ahead_from = b;
+	if (n)
+		ahead_send(fs, dir, ino, n);
+}
+
 static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
 {
 	struct efs_fs_op *op = arg;

@@ -216,7 +216,13 @@ struct efs_fs_dcache {
 	 * this grant, kept up to date by this node's own changes since): a
 	 * name not found is absent, with no etcd read. */
 	bool complete;
+	size_t ahead_from; /* the bucket the next read ahead starts at */
+	/* Names whose locks a read ahead found not free (a peer holds them):
+	 * left to the lookups that want them. */
+	uint64_t busy[8];
+	size_t nbusy;
 };
+#define EFS_FS_AHEAD_BUSY 8
 
 /* Most names cached per directory. A full cache takes no more names and
  * stops being complete; it is not emptied (a directory larger than this
@@ -368,6 +374,10 @@ struct efs_fs {
 	uint64_t seq; /* operation sequence of op ids */
 
 	/* Inode cache. */
+	/* Inodes whose locks and records were taken ahead of their lookups,
+	 * referenced so that the records stay (a ring, the oldest let go). */
+	struct efs_fs_inode **ahead;
+	size_t ahead_pos;
 	struct efs_fs_inode **htab;
 	size_t hsize, ninodes;
 
@@ -869,6 +879,18 @@ bool efs_fs_dcache_complete(struct efs_fs *fs, struct efs_fs_inode *dir);
  * names and missing ones, need no etcd read of their own (dir.c).
  */
 void efs_fs_dcache_fill(struct efs_fs *fs, struct efs_fs_inode *dir);
+/*
+ * Takes, in the background, shared locks and records of up to 32 names of
+ * |dir| not held yet besides |child| (which the caller's lookup locks
+ * itself): for a complete name cache of at least 32 names, so that a stat
+ * of every file costs a transaction per 32 files rather than per file.
+ * Only locks free to take now (EFS_LOCK_F_TRY): a peer's lock is never
+ * recalled for it (dir.c).
+ */
+void efs_fs_read_ahead(struct efs_fs *fs, struct efs_fs_inode *dir, uint64_t child);
+/* Keeps |in| (a reference) among the last EFS_FS_AHEAD_MAX inodes read ahead. */
+void efs_fs_ahead_keep(struct efs_fs *fs, struct efs_fs_inode *in);
+#define EFS_FS_AHEAD_MAX 4096
 /* A directory this node just made: empty, and complete under its grant. */
 void efs_fs_dcache_new_empty(struct efs_fs *fs, struct efs_fs_inode *dir);
 void efs_fs_dcache_clear(struct efs_fs_inode *dir);

@@ -292,8 +292,26 @@ static void inode_free(struct efs_fs *fs, struct efs_fs_inode *in)
 	efs_mem_free(in);
 }
 
+void efs_fs_ahead_keep(struct efs_fs *fs, struct efs_fs_inode *in)
+{
+	struct efs_fs_inode *old;
+
+	if (!fs->ahead) {
+		fs->ahead = efs_mem_calloc(EFS_FS_AHEAD_MAX, sizeof(*fs->ahead));
+		if (!fs->ahead)
+			return;
+	}
+	old = fs->ahead[fs->ahead_pos];
+	in->refs++;
+	fs->ahead[fs->ahead_pos] = in;
+	fs->ahead_pos = (fs->ahead_pos + 1) % EFS_FS_AHEAD_MAX;
+	efs_fs_iput(fs, old);
+}
+
 void efs_fs_icache_done(struct efs_fs *fs)
 {
+	efs_mem_free(fs->ahead); /* its inodes go with the table below */
+	fs->ahead = NULL;
 	if (!fs->htab)
 		return;
 	for (size_t i = 0; i < fs->hsize; i++) {

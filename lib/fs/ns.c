@@ -398,6 +398,8 @@ static int lookup_plan(struct efs_fs_op *op)
 		if (cacheable)
 			efs_fs_dcache_put(fs, pin, nop->name, nop->name_len, nop->child, type);
 	}
+	if (pin && fs->lc && efs_lock_held(fs->lc, nop->child) == EFS_LOCK_NONE)
+		efs_fs_read_ahead(fs, pin, nop->child);
 	r = efs_fs_want(op, nop->child, EFS_LOCK_SHARED);
 	if (r < 0)
 		return r;

@@ -1375,6 +1375,8 @@ static bool acq_step(struct acq *a)
 	if (a->cancelled)
 		return acq_finish(a, -EINTR);
 	if (!efs_session_is_active(lc->s)) {
+		if (a->req->flags & EFS_LOCK_F_TRY)
+			return acq_finish(a, -EWOULDBLOCK);
 		r = efs_session_wait(lc->s, &a->sw, session_ready, a);
 		if (r == 0) {
 			a->wait = AW_SESSION;
@@ -1445,6 +1447,8 @@ static bool acq_step(struct acq *a)
 			 * its end decides (they share the node's lock). */
 			uint64_t yino;
 
+			if (a->req->flags & EFS_LOCK_F_TRY)
+				return acq_finish(a, -EWOULDBLOCK);
 			a->local_wait = true;
 			yino = pinned_recalled(a);
 			if (yino)
@@ -1456,6 +1460,8 @@ static bool acq_step(struct acq *a)
 		if (give_back_pending(lc, a->req->ino[i])) {
 			/* Our own key of it is being deleted: an acquisition
 			 * now would put that key again and lose it. */
+			if (a->req->flags & EFS_LOCK_F_TRY)
+				return acq_finish(a, -EWOULDBLOCK);
 			a->wait = AW_ENTRY;
 			a->blocked_on = NULL;
 			return true;
@@ -1471,7 +1477,7 @@ static bool acq_step(struct acq *a)
 
 	if (yino)
 		return acq_yield(a, yino);
-	if (n_need > 1 && !a->batch_tried)
+	if ((n_need > 1 || (a->req->flags & EFS_LOCK_F_TRY)) && !a->batch_tried)
 		r = start_batch(a, need, n_need);
 	else
 		r = start_single(a, need[0]);
@@ -1900,9 +1906,12 @@ static bool batch_done(struct acq *a, struct efs_etcd_result *res,
 	bool kept;
 
 	if (!inner->succeeded) {
-		/* Some conflict: take them one by one, waiting as needed. */
+		/* Some conflict: take them one by one, waiting as needed
+		 * (a try ends here: it never queues nor recalls). */
 		a->batch_tried = true;
 		revert_busy(a);
+		if (a->req->flags & EFS_LOCK_F_TRY)
+			return acq_finish(a, -EWOULDBLOCK);
 		return acq_step(a);
 	}
 	kept = keep_resp(a, res, outer);

@@ -141,12 +141,20 @@ enum efs_lock_mode {
  * that, waits for the release (efs_lock_release_now with |yield_to|), and
  * acquires again. */
 #define EFS_LOCK_F_RESTART 0x8u
+/* Only locks free to take now: one transaction that takes them all when no
+ * other node holds any of them in a conflicting mode and none is waited
+ * for; otherwise -EWOULDBLOCK, with no recall sent and no wait (also when
+ * the session is not active, or another acquisition or release of this
+ * node is on one of them). For speculative locks (taken ahead of the
+ * lookups that will want them), which must never take a lock from a peer. */
+#define EFS_LOCK_F_TRY 0x10u
 
 struct efs_lock_req;
 /*
  * Acquisition finished: 0 (every inode held, pinned), or -EIO (session
  * lost or not active past the wait bound), -EINTR (cancelled), -EAGAIN
- * (EFS_LOCK_F_RESTART: it gave way to a recall), another negative errno.
+ * (EFS_LOCK_F_RESTART: it gave way to a recall), -EWOULDBLOCK
+ * (EFS_LOCK_F_TRY: not free now), another negative errno.
  * On error nothing stays pinned. For each inode whose lock
  * was newly taken, |recs[i]| holds the i/<ino> record read in the same
  * transaction (a KeyValue owned by the request until efs_lock_put; NULL

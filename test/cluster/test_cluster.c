@@ -400,6 +400,46 @@ static void a_listed_directory_answers_missing_names_until_a_peer_changes_it(voi
 		 efs_cl_metric(&cl, 0, reads) - r0);
 }
 
+/*
+ * A stat of every file of a directory takes their shared locks 32 at a
+ * time (read ahead of the lookups), and only locks that are free: a file
+ * a peer holds exclusively is left to the lookup that wants it, no recall
+ * is sent for it ahead of that.
+ */
+static void a_stat_of_every_file_takes_free_locks_in_batches(void)
+{
+	const char *txns = "etcfs_etcd_txns_total{origin=\"lock\",outcome=\"ok\"}";
+	const char *answered = "etcfs_lock_recalls_total";
+	double t0, a0;
+	int fd;
+
+	check_dir();
+	mkdir_ok(P(2, "ra"));
+	for (int i = 0; i < 96; i++)
+		put_file(P(2, "ra/f%02d", i), "x", 1);
+	/* Node 3 lets its locks go; node 1 writes f00 (exclusive). */
+	efs_cl_unmount(&cl, 2);
+	efs_cl_mount(&cl, 2);
+	fd = open(P(0, "ra/f00"), O_WRONLY | O_CLOEXEC);
+	CL_CHECK(fd >= 0, "open: %s", strerror(errno));
+	CL_CHECK(write(fd, "y", 1) == 1, "write: %s", strerror(errno));
+	/* A first lookup reads the directory's names. */
+	CL_CHECK(!exists(P(2, "ra/missing")), "node3 found ra/missing");
+	usleep(200 * 1000);
+	t0 = efs_cl_metric(&cl, 2, txns);
+	a0 = efs_cl_metric(&cl, 0, answered);
+	for (int i = 1; i < 96; i++)
+		CL_CHECK(exists(P(2, "ra/f%02d", i)), "node3 lost ra/f%02d", i);
+	CL_CHECK(efs_cl_metric(&cl, 2, txns) - t0 <= 12,
+		 "node3 sent %.0f lock transactions for a stat of 95 files",
+		 efs_cl_metric(&cl, 2, txns) - t0);
+	CL_CHECK(efs_cl_metric(&cl, 0, answered) == a0,
+		 "node1 answered %.0f recalls of its f00 that no lookup wanted",
+		 efs_cl_metric(&cl, 0, answered) - a0);
+	close(fd);
+	CL_CHECK(exists(P(2, "ra/f00")), "node3 lost ra/f00");
+}
+
 /* Each change of the promise, made by one node after the two others
  * looked at what it changes (so that they hold locks and the kernel
  * caches), and checked on both at once. */
@@ -2025,6 +2065,7 @@ static const struct check checks[] = {
 	CHECK(names_and_data_of_one_node_are_seen_by_the_others, 60, RUN_SUBSET),
 	CHECK(every_change_is_seen_at_once_by_the_other_nodes, 120, RUN_SUBSET),
 	CHECK(a_listed_directory_answers_missing_names_until_a_peer_changes_it, 60, RUN_SUBSET),
+	CHECK(a_stat_of_every_file_takes_free_locks_in_batches, 60, RUN_FULL),
 	CHECK(a_file_open_for_writing_is_read_between_its_writes, 90, RUN_FULL),
 	CHECK(o_append_from_every_node_loses_and_tears_nothing, 180, RUN_FULL),
 	CHECK(an_append_after_another_nodes_is_read_whole_on_its_node, 60, RUN_FULL),
