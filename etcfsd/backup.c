@@ -650,8 +650,12 @@ static int bk_pin(struct bk *b)
 	char val[32];
 	int r;
 
-	snprintf(b->pin_name, sizeof(b->pin_name), EFS_META_PIN_BACKUP "%ld.%ld", (long)getpid(),
-		 (long)time(NULL));
+	/* Put again (a later revision) under the same name: the key stays
+	 * from the first put to the end, and with it the nodes' stop of
+	 * in-place overwrites. */
+	if (!b->pinned)
+		snprintf(b->pin_name, sizeof(b->pin_name), EFS_META_PIN_BACKUP "%ld.%ld",
+			 (long)getpid(), (long)time(NULL));
 	r = efs_meta_key_sb(&b->ns, &sbk);
 	if (r == 0)
 		r = efs_meta_key_pin(&b->ns, b->pin_name, &k);
@@ -1265,6 +1269,7 @@ struct sync_nodes {
 	uint32_t n;
 	char node[SYNC_NODES_MAX][EFS_META_NODE_MAX + 1];
 	bool ok[SYNC_NODES_MAX];
+	bool cow[SYNC_NODES_MAX];     /* mounted -o cow: never overwrites in place */
 	char why[SYNC_NODES_MAX][64]; /* an answer other than "ok" */
 };
 
@@ -1274,11 +1279,36 @@ static int sync_node_cb(const Mvccpb__KeyValue *kv, void *arg)
 	struct sync_nodes *sn = arg;
 	struct efs_meta_key_info ki;
 
+	Etcfs__NodeInfo *ni = NULL;
+
 	if (efs_meta_key_parse(sn->ns, kv->key.data, kv->key.len, &ki) < 0 ||
 	    ki.family != EFS_META_K_NODE || sn->n == SYNC_NODES_MAX)
 		return 0;
+	/* A record that does not decode is taken as overwriting in place. */
+	if (efs_meta_nodeinfo_decode(kv->value.data, kv->value.len, &ni, NULL) == 0) {
+		sn->cow[sn->n] = ni->cow;
+		efs_meta_record_free(ni);
+	}
 	memcpy(sn->node[sn->n++], ki.node, sizeof(ki.node));
 	return 0;
+}
+
+/* Nodes that did not answer (an error answer comes after the node
+ * stopped overwriting in place) and may overwrite in place: each named. */
+static uint32_t sync_inplace(const char *prog, const struct sync_nodes *sn)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < sn->n; i++) {
+		if (sn->ok[i] || sn->why[i][0] || sn->cow[i])
+			continue;
+		fprintf(stderr,
+			"%s: node %s may overwrite blocks in place (it did not answer and is not"
+			" mounted with -o cow): a copy now could hold blocks it rewrote half-way\n",
+			prog, sn->node[i]);
+		n++;
+	}
+	return n;
 }
 
 /* One sync/<id>/<node> answer. */
@@ -1339,7 +1369,7 @@ static void sync_lease_revoke(struct efs_etcd_sync *s, int64_t lease)
 }
 
 int efs_backup_request_sync(const char *prog, struct efs_etcd_sync *s,
-			    const struct efs_meta_ns *ns, uint32_t timeout_ms)
+			    const struct efs_meta_ns *ns, uint32_t timeout_ms, uint32_t *ret_inplace)
 {
 	struct sync_nodes *sn;
 	struct efs_meta_range nodes, acks;
@@ -1350,7 +1380,9 @@ int efs_backup_request_sync(const char *prog, struct efs_etcd_sync *s,
 	uint32_t missing;
 	int r;
 
-	if (!timeout_ms)
+	if (ret_inplace)
+		*ret_inplace = 0;
+	if (!timeout_ms && !ret_inplace)
 		return 1;
 	sn = efs_mem_calloc(1, sizeof(*sn));
 	if (!sn) {
@@ -1361,9 +1393,16 @@ int efs_backup_request_sync(const char *prog, struct efs_etcd_sync *s,
 	snprintf(id, sizeof(id), "req.%ld.%ld", (long)getpid(), (long)time(NULL));
 	r = efs_meta_range_family(ns, EFS_META_K_NODE, &nodes);
 	if (r == 0)
-		r = efs_cli_range_foreach(s, &nodes, true, sync_node_cb, sn, err, sizeof(err));
+		r = efs_cli_range_foreach(s, &nodes, false, sync_node_cb, sn, err, sizeof(err));
 	if (r == 0 && !sn->n)
 		goto out; /* not mounted: nothing is buffered */
+	if (r == 0 && !timeout_ms) {
+		/* Nobody asked: only the -o cow nodes are known not to
+		 * overwrite in place. */
+		*ret_inplace = sync_inplace(prog, sn);
+		efs_mem_free(sn);
+		return 1;
+	}
 	if (r == 0)
 		r = efs_meta_key_sync(ns, id, &k);
 	if (r == 0)
@@ -1377,6 +1416,8 @@ int efs_backup_request_sync(const char *prog, struct efs_etcd_sync *s,
 		fprintf(stderr, "%s: asking the nodes to publish: %s\n", prog,
 			err[0] ? err : efs_etcd_sync_last_message(s));
 		missing = 1;
+		if (ret_inplace)
+			*ret_inplace = sync_inplace(prog, sn);
 		goto out_lease;
 	}
 	deadline = efs_clock_mono_ns() + (uint64_t)timeout_ms * 1000000;
@@ -1400,6 +1441,8 @@ int efs_backup_request_sync(const char *prog, struct efs_etcd_sync *s,
 				prog, sn->node[i], timeout_ms / 1000.0);
 		}
 	}
+	if (ret_inplace)
+		*ret_inplace = sync_inplace(prog, sn);
 	(void)efs_etcd_sync_delete(s, acks.key.buf, acks.key.len, true, NULL);
 	(void)efs_etcd_sync_delete(s, k.buf, k.len, false, NULL);
 out_lease:
@@ -1472,15 +1515,43 @@ int efs_backup_cmd(const char *prog, int argc, char **argv)
 			strerror(-r));
 		goto out;
 	}
-	/* The nodes publish what they buffer; those that do not answer get the
-	 * settle. */
-	if (efs_backup_request_sync(prog, b.s, &b.ns, sync_ms) > 0 && settle_ms) {
-		struct timespec ts = {settle_ms / 1000, (long)(settle_ms % 1000) * 1000000L};
+	/*
+	 * The pin first: a node that sees the request stops overwriting in
+	 * place and stays so while a backup pin exists. Then the nodes
+	 * publish what they buffer; those that do not answer get the settle,
+	 * unless one may overwrite in place (not mounted -o cow): nothing
+	 * after the copy could tell a block it rewrote during the copy, so
+	 * the backup fails rather than be torn.
+	 */
+	r = bk_pin(&b);
+	if (r < 0) {
+		fprintf(stderr, "%s: pinning a revision of %s: %s\n", prog, b.sb.name,
+			efs_etcd_sync_last_message(b.s));
+		goto out;
+	}
+	{
+		uint32_t inplace = 0;
+		int missing = efs_backup_request_sync(prog, b.s, &b.ns, sync_ms, &inplace);
 
-		fprintf(stderr, "%s: waiting --settle %.1f s for them instead\n", prog,
-			settle_ms / 1000.0);
-		while (nanosleep(&ts, &ts) < 0 && errno == EINTR && !interrupted)
-			;
+		if (inplace) {
+			fprintf(stderr,
+				"%s: backup of %s failed: %u mounted node%s may overwrite in place"
+				" during the copy (named above); mount %s with -o cow, or retry"
+				" when %s\n",
+				prog, b.sb.name, inplace, inplace == 1 ? "" : "s",
+				inplace == 1 ? "it" : "them",
+				inplace == 1 ? "it answers" : "they answer");
+			goto out;
+		}
+		if (missing > 0 && settle_ms) {
+			struct timespec ts = {settle_ms / 1000,
+					      (long)(settle_ms % 1000) * 1000000L};
+
+			fprintf(stderr, "%s: waiting --settle %.1f s for them instead\n", prog,
+				settle_ms / 1000.0);
+			while (nanosleep(&ts, &ts) < 0 && errno == EINTR && !interrupted)
+				;
+		}
 	}
 again:
 	t0 = now_s(); /* the rate counts the copy, not the settle */
@@ -1567,7 +1638,6 @@ again:
 		b.o.fd = -1;
 		unlink(partial);
 		partial[0] = '\0';
-		bk_unpin(&b);
 		b.o.len = 0;
 		b.o.crc = 0;
 		b.o.bytes = 0;

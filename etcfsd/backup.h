@@ -43,7 +43,12 @@ int efs_backup_cmd(const char *prog, int argc, char **argv);
  * request and the answers. Returns how many nodes did not answer "ok"
  * (each named on stderr), 0 when all did or none is mounted, 1 when the
  * request could not be made (said on stderr) or |timeout_ms| is 0.
+ * A node that answers has stopped overwriting blocks in place, and stays
+ * so while a pin/backup.* key exists. |ret_inplace| (may be NULL; set
+ * also with |timeout_ms| 0, when nobody is asked) gets how many mounted
+ * nodes did not answer and may overwrite in place (not mounted -o cow),
+ * each named on stderr.
  */
 int efs_backup_request_sync(const char *prog, struct efs_etcd_sync *s,
-			    const struct efs_meta_ns *ns, uint32_t timeout_ms);
+			    const struct efs_meta_ns *ns, uint32_t timeout_ms, uint32_t *ret_inplace);
 int efs_restore_cmd(const char *prog, int argc, char **argv);

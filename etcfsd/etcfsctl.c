@@ -2843,7 +2843,7 @@ static int cmd_sync(int argc, char **argv)
 
 	ret = fs_cmd_start(&f, argc, argv, 0, usage_sync);
 	if (ret < 0)
-		ret = efs_backup_request_sync(prog, f.s, &f.ns, SYNC_TIMEOUT_MS) ? EXIT_FAILED
+		ret = efs_backup_request_sync(prog, f.s, &f.ns, SYNC_TIMEOUT_MS, NULL) ? EXIT_FAILED
 										  : EXIT_FIT;
 	fs_cmd_done(&f);
 	return ret;

@@ -76,6 +76,7 @@ static const char *prog = "etcfsd";
 #define USAGE_INTERVAL_MS 30000
 /* Publication requests answered by one publication (more wait for the next). */
 #define SYNC_IDS_MAX 16
+#define BK_PROBE_MS 1000 /* the backup guard's reads of pin/backup. */
 /* Allocation groups' free counts read per transaction by the poll. */
 #define USAGE_GROUPS_PER_TXN 100
 /* etcd client counters exported (register_metrics, sync_counters). */
@@ -120,6 +121,7 @@ struct daemon {
 	bool read_only;
 	bool ro_forced; /* read-only because of unknown ro_compat features */
 	bool noatime;
+	bool cow; /* -o cow */
 	char *log_file; /* owned */
 
 	struct efs_capacity *capacity;
@@ -206,6 +208,14 @@ struct daemon {
 	uint32_t sync_ncur, sync_nnext;
 	char sync_cur[SYNC_IDS_MAX][EFS_META_NODE_MAX + 1];
 	char sync_next[SYNC_IDS_MAX][EFS_META_NODE_MAX + 1];
+	/* The backup guard: in-place overwrites stopped (one
+	 * efs_fs_inplace_stop held) from a publication request until a read
+	 * of pin/backup. issued after the last request finds none. */
+	bool bk_guard;
+	bool bk_probe_busy;
+	uint64_t bk_gen; /* bumped by every request and the start */
+	uint64_t bk_probe_gen; /* bk_gen when the read in flight was sent */
+	uv_timer_t bk_timer;
 	double skew_s;		    /* this node's clock minus the cluster's median */
 	uint32_t skew_peers;	    /* peers the last round measured */
 	struct stat_counters m_lock[EFS_NLOCK_COUNTERS];
@@ -330,9 +340,10 @@ static void usage(FILE *out)
 		"                           (default 1000)\n"
 		"  --metrics-addr HOST:PORT serve Prometheus metrics on /metrics\n"
 		"                           (\":PORT\" listens on 127.0.0.1; port 0 picks one)\n"
-		"  -o OPT[,OPT...]          mount options: ro, rw, noatime, allow_other,\n"
+		"  -o OPT[,OPT...]          mount options: ro, rw, noatime, cow, allow_other,\n"
 		"                           nosuid, nodev, noexec, fsname=, subtype=, ... (passed\n"
-		"                           to FUSE; default_permissions is always on)\n"
+		"                           to FUSE; default_permissions is always on); cow:\n"
+		"                           overwrites go to fresh blocks, never in place\n"
 		"  --log-level LEVEL        err, warn, info (default), debug\n"
 		"  --log-file FILE          append logs to FILE once in the background\n"
 		"                           (default: discarded)\n"
@@ -578,6 +589,11 @@ static int parse_mount_opts(struct daemon *d, const char *arg)
 		else if (!skip && (opt_is(p, len, "atime") || opt_is(p, len, "relatime") ||
 				   opt_is(p, len, "strictatime")))
 			d->noatime = false;
+		if (!skip && (opt_is(p, len, "cow") || opt_is(p, len, "nocow"))) {
+			/* Ours alone: FUSE would reject it. */
+			d->cow = opt_is(p, len, "cow");
+			skip = true;
+		}
 		if (!skip && opt_has_prefix(p, len, "fsname=")) {
 			efs_mem_free(d->fsname_opt);
 			d->fsname_opt = efs_mem_strndup(p, len);
@@ -1445,6 +1461,68 @@ static void skew_start(struct daemon *d)
  * unanswered and the requester falls back to waiting.
  */
 static void sync_round(struct daemon *d);
+static void bk_probe(struct daemon *d);
+
+static void bk_guard_on(struct daemon *d)
+{
+	if (!d->fs)
+		return;
+	d->bk_gen++;
+	if (!d->bk_guard)
+		efs_fs_inplace_stop(d->fs);
+	d->bk_guard = true;
+}
+
+static void on_bk_tick(uv_timer_t *t)
+{
+	bk_probe(t->data);
+}
+
+static void bk_probe_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
+{
+	struct daemon *d = arg;
+	uint64_t gen = d->bk_probe_gen;
+
+	d->bk_probe_busy = false;
+	if (!d->bk_guard || !d->fs || d->phase != PH_RUNNING)
+		return;
+	if (!r->err && resp && resp->count == 0 && gen == d->bk_gen && !d->sync_busy) {
+		efs_fs_inplace_allow(d->fs);
+		d->bk_guard = false;
+		efs_log_debug("sync: no backup pin: overwrites go in place again");
+		return;
+	}
+	if (r->err)
+		efs_log_warn("sync: reading backup pins: %s (retried)", strerror(-r->err));
+	uv_timer_start(&d->bk_timer, on_bk_tick, BK_PROBE_MS, 0);
+}
+
+/* While the guard is on, reads pin/backup. (keys counted, none sent),
+ * again every BK_PROBE_MS until it finds none. */
+static void bk_probe(struct daemon *d)
+{
+	struct efs_meta_range rg;
+	int r;
+
+	if (!d->bk_guard || d->bk_probe_busy || !d->etcd || d->etcd_freed ||
+	    d->phase != PH_RUNNING)
+		return;
+	uv_timer_stop(&d->bk_timer);
+	r = efs_meta_range_backup_pins(&d->ns, &rg);
+	if (r == 0)
+		r = efs_etcd_range(d->etcd, rg.key.buf, rg.key.len,
+				   &(struct efs_etcd_range_opts){.range_end = rg.end.buf,
+								 .range_end_len = rg.end.len,
+								 .count_only = true},
+				   NULL, bk_probe_cb, d);
+	if (r < 0) {
+		efs_log_warn("sync: reading backup pins: %s (retried)", strerror(-r));
+		uv_timer_start(&d->bk_timer, on_bk_tick, BK_PROBE_MS, 0);
+		return;
+	}
+	d->bk_probe_gen = d->bk_gen;
+	d->bk_probe_busy = true;
+}
 
 static void sync_ack_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
 {
@@ -1489,9 +1567,32 @@ static void sync_published(int status, void *arg)
 				     strerror(-r));
 	}
 	d->sync_ncur = 0;
+	bk_probe(d);
 	sync_round(d);
 }
 
+/* The in-place overwrites in flight have ended: publish. */
+static void sync_drained(void *arg)
+{
+	struct daemon *d = arg;
+	int r;
+
+	if (!d->fs || d->phase != PH_RUNNING) {
+		sync_published(-ESHUTDOWN, d);
+		return;
+	}
+	r = efs_fs_publish_all(d->fs, sync_published, d);
+	if (r != 0)
+		sync_published(r == 1 ? 0 : r, d);
+}
+
+/*
+ * A request may come from a backup, which then copies the blocks of its
+ * revision: before the answer, overwrites stop going in place and those
+ * in flight end (the answer promises that no block the backup may copy
+ * is rewritten in place while its pin exists); they go in place again
+ * once a read after the last request finds no backup pin (bk_probe).
+ */
 static void sync_round(struct daemon *d)
 {
 	int r;
@@ -1502,9 +1603,12 @@ static void sync_round(struct daemon *d)
 	d->sync_ncur = d->sync_nnext;
 	d->sync_nnext = 0;
 	d->sync_busy = true;
-	r = efs_fs_publish_all(d->fs, sync_published, d);
-	if (r != 0)
-		sync_published(r == 1 ? 0 : r, d);
+	bk_guard_on(d);
+	r = efs_fs_inplace_drain(d->fs, sync_drained, d);
+	if (r == 1)
+		sync_drained(d);
+	else if (r < 0)
+		sync_published(r, d);
 }
 
 /* One event on sync/: a new request joins those the next publication
@@ -1911,6 +2015,7 @@ static void teardown(struct daemon *d)
 		uv_close((uv_handle_t *)&d->ready_poll, on_handle_closed);
 		uv_close((uv_handle_t *)&d->teardown_timer, on_handle_closed);
 		uv_close((uv_handle_t *)&d->usage_timer, on_handle_closed);
+		uv_close((uv_handle_t *)&d->bk_timer, on_handle_closed);
 		d->handles_init = false;
 	}
 	if (d->fl) {
@@ -2151,6 +2256,7 @@ static void begin_leave(struct daemon *d, const char *reason)
 	}
 	efs_log_info("%s: leaving (node %s, %s)", reason, d->node, d->mountpoint);
 	uv_timer_stop(&d->usage_timer);
+	uv_timer_stop(&d->bk_timer);
 	notify("STOPPING=1\nSTATUS=stopping (%s): releasing locks, unmounting %s", reason,
 	       d->mountpoint);
 	if (!d->ready)
@@ -2324,6 +2430,10 @@ static void on_ready_poll(uv_timer_t *t)
 		     d->sb.name, d->device, d->mountpoint, d->node,
 		     efs_session_generation(d->session), (int)getpid());
 	arm_fault_hooks(d);
+	/* A backup that listed the nodes before ours registered never asks
+	 * us: no in-place overwrite until a read shows no backup pin. */
+	bk_guard_on(d);
+	bk_probe(d);
 	uv_timer_start(&d->usage_timer, on_usage_tick, 0, USAGE_INTERVAL_MS);
 	/* In the background the service manager knows the parent's pid:
 	 * name the child that serves. */
@@ -2445,6 +2555,7 @@ static int mount_fuse(struct daemon *d)
 		.fi = d->fi,
 		.read_only = d->read_only,
 		.noatime = d->noatime,
+		.cow = d->cow,
 		.dev_fd = d->data_fd,
 		.dev_direct = d->data_direct,
 		.io_threads = d->io_threads,
@@ -2563,6 +2674,7 @@ static int start_loop(struct daemon *d)
 		.node = d->node,
 		.ttl_s = d->session_ttl_s,
 		.quorum_loss_ms = d->quorum_timeout_ms,
+		.cow = d->cow,
 	};
 	int r;
 
@@ -2582,6 +2694,8 @@ static int start_loop(struct daemon *d)
 	uv_timer_init(&d->loop, &d->teardown_timer);
 	uv_timer_init(&d->loop, &d->usage_timer);
 	d->usage_timer.data = d;
+	uv_timer_init(&d->loop, &d->bk_timer);
+	d->bk_timer.data = d;
 	d->usage_inodes = -1;
 	d->teardown_timer.data = d;
 	d->sig_term.data = d->sig_int.data = d;

@@ -359,6 +359,7 @@ struct efs_fs {
 	uint32_t blksize;
 	bool read_only;
 	bool noatime;
+	bool cow; /* -o cow: overwrites never go in place */
 	bool posix_acl; /* FUSE_CAP_POSIX_ACL granted at init */
 	uint32_t cache_timeout_ms;
 	uint32_t ino_batch;

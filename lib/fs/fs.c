@@ -353,6 +353,7 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 	fs->ns = *o->ns;
 	fs->read_only = o->read_only;
 	fs->noatime = o->noatime;
+	fs->cow = o->cow;
 	fs->cache_timeout_ms = o->cache_timeout_ms == EFS_FS_NO_KERNEL_CACHE ? 0
 			       : o->cache_timeout_ms		    ? o->cache_timeout_ms
 								    : 500;

@@ -38,6 +38,10 @@ struct efs_fs_opts {
 	const Etcfs__FsInfo *fi; /* copied */
 	bool read_only;		 /* -o ro */
 	bool noatime;		 /* -o noatime */
+	/* -o cow: every overwrite goes to fresh blocks (a crash never leaves
+	 * one half written); otherwise an overwrite of blocks the file maps
+	 * goes in place. */
+	bool cow;
 	/* Entry/attr timeout given to the kernel under a held lock (0: 500 ms,
 	 * a quarter of the default 2 s session TTL, so that caches granted
 	 * before a suspension time out before the lease deadline; pass
@@ -108,6 +112,17 @@ uint64_t efs_fs_inflight(const struct efs_fs *fs);
  * meanwhile starts when this one ends.
  */
 int efs_fs_publish_all(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg);
+/*
+ * In-place overwrites, for a backup's copy (a block rewritten in place
+ * while it is copied would be torn in the copy): efs_fs_inplace_stop
+ * sends every later overwrite copy-on-write until as many
+ * efs_fs_inplace_allow calls; efs_fs_inplace_drain returns 1 when no
+ * in-place overwrite is in flight, else 0 and runs |cb| once the last
+ * ends (one waiter at a time: -EBUSY). Loop thread only.
+ */
+void efs_fs_inplace_stop(struct efs_fs *fs);
+void efs_fs_inplace_allow(struct efs_fs *fs);
+int efs_fs_inplace_drain(struct efs_fs *fs, void (*cb)(void *arg), void *arg);
 /* The inode limit in force (the mount's, or a later one from "sb"). */
 uint64_t efs_fs_inode_limit(const struct efs_fs *fs);
 /* Bytes of the blocks this node allocated for writes and has not published

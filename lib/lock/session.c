@@ -58,6 +58,7 @@ struct efs_session {
 	int32_t pid;	    /* ours: the process never forks after the start */
 	char *hostname;
 	char *metrics_addr;
+	bool cow;
 	int64_t ttl_s;
 	uint32_t suspend_ms;
 	uint32_t quorum_loss_ms;
@@ -746,6 +747,7 @@ static int reg_put(struct efs_session *s)
 	ni.version = (char *)ETCFS_VERSION;
 	ni.wall_clock_ns = (int64_t)efs_clock_real_ns();
 	ni.metrics_addr = s->metrics_addr;
+	ni.cow = s->cow;
 	ni.session_generation = s->read_gen + 1;
 	ni.lease_id = s->pending_lease;
 	ni.started_ns = (int64_t)s->started_ns;
@@ -1144,6 +1146,7 @@ int efs_session_start(struct efs_session **ret, uv_loop_t *loop, struct efs_etcd
 	s->pid_start = pid_start_time(s->pid);
 	s->pid_ns = pid_namespace();
 	s->metrics_addr = efs_mem_strdup(o->metrics_addr ? o->metrics_addr : "");
+	s->cow = o->cow;
 	if (!s->machine_id || !s->metrics_addr)
 		goto fail;
 	s->tick = efs_timer_new(s->loop, s);

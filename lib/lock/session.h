@@ -59,6 +59,7 @@ struct efs_session_opts {
 	const char *machine_id;	  /* NULL: read /etc/machine-id (hostname if none) */
 	const char *hostname;	  /* NULL: gethostname() */
 	const char *metrics_addr; /* published in NodeInfo; may be NULL */
+	bool cow;		  /* published in NodeInfo: -o cow */
 	int64_t ttl_s;		  /* session lease TTL (0: 2 s) */
 	uint32_t suspend_ms;	  /* 0: TTL/2 */
 	uint32_t quorum_loss_ms;  /* how long operations wait while suspended before

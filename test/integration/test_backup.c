@@ -14,7 +14,11 @@
  * taken while a writer overwrites, truncates and deletes the files it
  * copies and writes new ones restores exactly the backup-time contents,
  * and the space held meanwhile comes back once the backup ended; without
- * the hold (a fault hook) the same backup is refused or inexact.
+ * the hold (a fault hook) the same backup is refused or inexact. While
+ * the backup's pin exists the writer's overwrites of mapped blocks go
+ * copy-on-write, and in place again after. A node that does not answer
+ * the backup's publication request gets the settle when it is mounted
+ * -o cow, and fails the backup, named, when it may overwrite in place.
  */
 #include <errno.h>
 #include <signal.h>
@@ -557,10 +561,13 @@ Test(backup, a_backup_has_what_a_node_buffered_without_a_settle)
 	cr_assert_eq(r, 0, "fsck: %d: %s", r, out);
 }
 
-/* A node that never answers (stopped) costs the backup the sync timeout
- * and the settle, said on stderr, and the backup completes. */
-Test(backup, a_node_that_does_not_answer_gets_the_settle)
+/* A node mounted -o cow that never answers (stopped) costs the backup the
+ * sync timeout and the settle, said on stderr, and the backup completes:
+ * it cannot rewrite a block in place under the copy. */
+Test(backup, a_cow_node_that_does_not_answer_gets_the_settle)
 {
+	static const char *const cow[] = {"-o", "cow", NULL};
+	struct efs_test_fs_opts o = {.image_size = 64 << 20, .mount_args = cow};
 	char bk[400], out[8192];
 	const char *args[] = {"backup", "--sync-timeout", "1", "--settle", "0.5",
 			      fs.image, bk, NULL};
@@ -568,7 +575,7 @@ Test(backup, a_node_that_does_not_answer_gets_the_settle)
 	double t0, took;
 	int r;
 
-	start_fs();
+	efs_test_fs_start(&fs, &o);
 	make_tree();
 	snprintf(bk, sizeof(bk), "%s/stopped.etcfs-backup", fs.dir);
 	args[5] = fs.image;
@@ -596,6 +603,43 @@ Test(backup, a_node_that_does_not_answer_gets_the_settle)
 				"/etcfs/testfs/sync/", NULL);
 	cr_assert_eq(r, 0);
 	cr_assert(!keys || !strstr(keys, "sync/"), "left behind: %s", keys);
+	free(keys);
+	efs_test_fs_unmount(&fs);
+}
+
+/* A stopped node that may overwrite in place (no -o cow) fails the
+ * backup, named, rather than get the settle: nothing after the copy could
+ * tell a block it rewrote meanwhile. Nothing is left behind: no backup
+ * file, no pin, no request. */
+Test(backup, a_node_that_overwrites_in_place_and_does_not_answer_fails_the_backup)
+{
+	char bk[400], out[8192];
+	const char *args[] = {"backup", "--sync-timeout", "1", "--settle", "0.5",
+			      fs.image, bk, NULL};
+	char *keys = NULL;
+	struct stat st;
+	int r;
+
+	start_fs();
+	make_tree();
+	snprintf(bk, sizeof(bk), "%s/stopped.etcfs-backup", fs.dir);
+	args[5] = fs.image;
+	cr_assert_eq(kill(fs.daemon, SIGSTOP), 0);
+	stopped = true;
+	r = ctl(out, sizeof(out), args);
+	cr_assert_eq(kill(fs.daemon, SIGCONT), 0);
+	stopped = false;
+	cr_assert_eq(r, 4, "backup: %d: %s", r, out);
+	cr_assert(strstr(out, "node node1 may overwrite blocks in place"), "%s", out);
+	cr_assert(strstr(out, "backup of testfs failed: 1 mounted node may overwrite in place"),
+		  "%s", out);
+	cr_assert_not(strstr(out, "--settle"), "%s", out);
+	cr_assert_eq(stat(bk, &st), -1, "a backup file was left at %s", bk);
+	r = efs_harness_etcdctl(fs.etcd, &keys, "get", "--prefix", "--keys-only",
+				"/etcfs/testfs/", NULL);
+	cr_assert_eq(r, 0);
+	cr_assert(!keys || (!strstr(keys, "/sync/") && !strstr(keys, "pin/backup.")),
+		  "left behind: %s", keys);
 	free(keys);
 	efs_test_fs_unmount(&fs);
 }
@@ -687,6 +731,20 @@ static bool pin_exists(void)
 	return yes;
 }
 
+/* The backup's pin was put again: its revision (the first put, before
+ * the nodes were asked to publish, only stops in-place overwrites). */
+static bool pin_revision_taken(void)
+{
+	char *out = NULL;
+	bool yes;
+	int r = efs_harness_etcdctl(fs.etcd, &out, "get", "--prefix", "-w", "json",
+				    "/etcfs/testfs/pin/backup.", NULL);
+
+	yes = r == 0 && out && strstr(out, "\"version\":2");
+	free(out);
+	return yes;
+}
+
 static void sleep_ms(long ms)
 {
 	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -709,13 +767,14 @@ struct churned {
 	int status;
 	char out[8192];
 	double held;
+	double inplace_during; /* in-place overwrites while the writer ran */
 	uint64_t free_during, free_after;
 };
 
 /*
  * Makes the tree and the pool, starts a backup that pauses 6 s between
- * the metadata and the blocks, and runs the writer from when the pin is
- * put (so everything before the backup's revision was written before)
+ * the metadata and the blocks, and runs the writer from when the backup's
+ * revision is taken (so everything before it was written before)
  * for CHURN_MS. Then waits for the backup and, when |hold|, for the held
  * space to come back.
  */
@@ -753,13 +812,14 @@ static void churned_backup(const char *bk, bool hold, struct churned *c)
 		}
 		_exit(r < 0 ? 99 : r);
 	}
-	for (i = 0; i < 500 && !pin_exists(); i++)
+	for (i = 0; i < 500 && !pin_revision_taken(); i++)
 		sleep_ms(20);
 	if (i == 500) {
 		kill(bpid, SIGKILL);
 		waitpid(bpid, &st, 0);
-		cr_assert_fail("the backup put no pin within 10 s");
+		cr_assert_fail("the backup took no revision within 10 s");
 	}
+	c->inplace_during = efs_test_fs_metric(&fs, "etcfs_data_inplace_writes_total");
 	wpid = fork();
 	cr_assert(wpid >= 0);
 	if (wpid == 0)
@@ -771,6 +831,8 @@ static void churned_backup(const char *bk, bool hold, struct churned *c)
 	cr_assert_eq(waitpid(wpid, &st, 0), wpid);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the writer failed");
 	cr_assert(pin_exists(), "the backup ended before the writer did: make its pause longer");
+	c->inplace_during = efs_test_fs_metric(&fs, "etcfs_data_inplace_writes_total") -
+			    c->inplace_during;
 	sleep_ms(300);
 	c->held = efs_test_fs_metric(&fs, "etcfs_space_held_bytes");
 	c->free_during = bfree();
@@ -795,6 +857,22 @@ static void churned_backup(const char *bk, bool hold, struct churned *c)
 			break;
 		sleep_ms(100); /* statfs is cached for a second */
 	}
+}
+
+/* Rewrites the first block of |rel| (mapped: in place when allowed). */
+static void write_in_place(const char *rel, unsigned char v)
+{
+	unsigned char buf[4096];
+	char p[600];
+	int fd;
+
+	memset(buf, v, sizeof(buf));
+	path_in(rel, p, sizeof(p));
+	fd = open(p, O_WRONLY);
+	cr_assert(fd >= 0, "open %s: %s", p, strerror(errno));
+	cr_assert_eq(pwrite(fd, buf, sizeof(buf), 0), (ssize_t)sizeof(buf));
+	cr_assert_eq(fsync(fd), 0);
+	close(fd);
 }
 
 /* Restores |bk| onto the image (unmounted, keyspace emptied), checks fsck
@@ -833,6 +911,22 @@ Test(backup, a_backup_under_a_writer_freeing_its_blocks_restores_backup_time_con
 		    c.held, (unsigned long long)c.free_during, (unsigned long long)c.free_after);
 	/* What was freed meanwhile was held, out of statfs, and came back. */
 	cr_assert_gt(c.held, 0, "nothing was held while the backup ran");
+	/* The writer's rewrites of mapped blocks went copy-on-write while
+	 * the pin existed, and go in place again once it is gone. */
+	cr_assert_eq(c.inplace_during, 0, "%.0f overwrites went in place under the backup",
+		     c.inplace_during);
+	{
+		double n0 = efs_test_fs_metric(&fs, "etcfs_data_inplace_writes_total");
+		int i;
+
+		for (i = 0; i < 50; i++) {
+			write_in_place("a/b/mid", 77);
+			if (efs_test_fs_metric(&fs, "etcfs_data_inplace_writes_total") > n0)
+				break;
+			sleep_ms(100);
+		}
+		cr_assert_lt(i, 50, "no overwrite went in place 5 s after the backup ended");
+	}
 	cr_assert_eq(efs_test_fs_metric(&fs, "etcfs_space_held_bytes"), 0,
 		     "blocks still held after the backup ended");
 	cr_assert_geq((double)c.free_after - (double)c.free_during, c.held,

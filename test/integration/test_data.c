@@ -2150,3 +2150,136 @@ Test(data, reads_answered_from_the_worker)
 	efs_test_assert_no_leaks();
 }
 #endif
+
+#ifndef DATA_LOCAL
+/* ==== In-place overwrites ==== */
+
+#define IP_BLOCKS 256 /* a 1 MiB file */
+
+/* Writes the file "ip" (IP_BLOCKS blocks of 'a' + block % 7) with one
+ * O_DIRECT pwrite and fsyncs it; |model| gets its bytes. Returns the
+ * O_DIRECT descriptor. */
+static int ip_file(uint8_t *model)
+{
+	char path[PATH_MAX];
+	int fd;
+
+	env_path(path, sizeof(path), "ip");
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0644);
+	cr_assert_geq(fd, 0, "create: %s", strerror(errno));
+	for (unsigned b = 0; b < IP_BLOCKS; b++)
+		memset(model + (size_t)b * BLK, 'a' + (int)(b % 7), BLK);
+	IO_EQ(pwrite(fd, model, (size_t)IP_BLOCKS * BLK, 0), (ssize_t)IP_BLOCKS * BLK);
+	IO_EQ(fsync(fd), 0);
+	return fd;
+}
+
+/* 64 one-block O_DIRECT overwrites at scattered blocks, and a partial
+ * write of 100 bytes inside block 9 through a buffered descriptor (its
+ * block is read, merged and written whole), all mirrored in |model|. */
+static void ip_overwrite(int fd, uint8_t *model, uint8_t v)
+{
+	char path[PATH_MAX];
+	uint8_t *buf = blk_alloc(1);
+	int bfd;
+
+	for (unsigned i = 0; i < 64; i++) {
+		unsigned b = (i * 37 + 11) % IP_BLOCKS;
+
+		memset(buf, v + (int)(i % 5), BLK);
+		IO_EQ(pwrite(fd, buf, BLK, (off_t)b * BLK), (ssize_t)BLK);
+		memcpy(model + (size_t)b * BLK, buf, BLK);
+	}
+	env_path(path, sizeof(path), "ip");
+	bfd = open(path, O_RDWR | O_CLOEXEC);
+	cr_assert_geq(bfd, 0, "open: %s", strerror(errno));
+	memset(buf, 'P', 100);
+	IO_EQ(pwrite(bfd, buf, 100, 9 * BLK + 50), 100);
+	memcpy(model + 9 * BLK + 50, buf, 100);
+	IO_EQ(close(bfd), 0);
+	free(buf);
+}
+
+static void ip_check(int fd, const uint8_t *model, const char *when)
+{
+	uint8_t *got = blk_alloc(IP_BLOCKS);
+
+	IO_EQ(pread(fd, got, (size_t)IP_BLOCKS * BLK, 0), (ssize_t)IP_BLOCKS * BLK);
+	for (size_t i = 0; i < (size_t)IP_BLOCKS * BLK; i++)
+		cr_assert_eq(got[i], model[i], "%s: byte %zu is %#x, expected %#x", when, i,
+			     got[i], model[i]);
+	free(got);
+}
+
+/*
+ * Overwrites of a published file's blocks go in place: the counter
+ * moves, no extent chunk is added (the map does not change), the bytes
+ * (also a partial block, merged) read back before and after a remount,
+ * fsck is clean. An fsync after nothing but in-place overwrites still
+ * flushes the device (the publication interval is a minute here, so only
+ * the fsync can have), and one with nothing written since does not.
+ */
+Test(data, overwrites_of_mapped_blocks_go_in_place_and_fsync_flushes_them)
+{
+	static const char *const args[] = {"-o", "allow_other", "--flush-interval", "60000",
+					   NULL};
+	uint8_t *model = blk_alloc(IP_BLOCKS);
+	double n0, s0, s1;
+	long chunks;
+	int fd;
+
+	env_start(0, args);
+	fd = ip_file(model);
+	chunks = etcd_count("e/");
+	n0 = efs_test_fs_metric(&env.f, "etcfs_data_inplace_writes_total");
+	ip_overwrite(fd, model, 'A');
+	cr_assert_geq(efs_test_fs_metric(&env.f, "etcfs_data_inplace_writes_total") - n0, 65,
+		      "in-place overwrites: %.0f of 65",
+		      efs_test_fs_metric(&env.f, "etcfs_data_inplace_writes_total") - n0);
+	s0 = efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total");
+	IO_EQ(fsync(fd), 0);
+	s1 = efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total");
+	cr_assert_geq(s1 - s0, 1, "the fsync after in-place overwrites flushed nothing");
+	IO_EQ(fsync(fd), 0);
+	cr_assert_eq(efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total"), s1,
+		     "an fsync with nothing written since flushed the device");
+	cr_assert_eq(etcd_count("e/"), chunks, "in-place overwrites changed the extent chunks");
+	ip_check(fd, model, "after in-place overwrites");
+	IO_EQ(close(fd), 0);
+	unmount_fsck_clean("after in-place overwrites");
+	efs_test_fs_mount(&env.f, NULL);
+	{
+		char path[PATH_MAX];
+
+		fd = open(env_path(path, sizeof(path), "ip"), O_RDONLY | O_DIRECT | O_CLOEXEC);
+		cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+	}
+	ip_check(fd, model, "after a remount");
+	IO_EQ(close(fd), 0);
+	free(model);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
+/* With -o cow the same overwrites go to fresh blocks: the counter stays
+ * 0 and the bytes read back. */
+Test(data, a_cow_mount_overwrites_copy_on_write)
+{
+	static const char *const args[] = {"-o", "allow_other,cow", NULL};
+	uint8_t *model = blk_alloc(IP_BLOCKS);
+	int fd;
+
+	env_start(0, args);
+	fd = ip_file(model);
+	ip_overwrite(fd, model, 'A');
+	IO_EQ(fsync(fd), 0);
+	cr_assert_eq(efs_test_fs_metric(&env.f, "etcfs_data_inplace_writes_total"), 0,
+		     "an overwrite went in place under -o cow");
+	ip_check(fd, model, "after copy-on-write overwrites");
+	IO_EQ(close(fd), 0);
+	free(model);
+	unmount_fsck_clean("after copy-on-write overwrites");
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+#endif

@@ -30,8 +30,31 @@ static void read_end(struct efs_fs *fs, uint64_t ticket)
 		efs_alloc_read_end(fs->alloc, ticket);
 }
 
+/* The file blocks [fblk, fblk + n) of a device read or write in flight,
+ * on one of its file's lists. */
+struct span {
+	uint64_t fblk, n;
+	struct efs_list link;
+};
+
+/* Whether a span on |list| overlaps [fblk, fblk + n). */
+static bool spans_overlap(const struct efs_list *list, uint64_t fblk, uint64_t n)
+{
+	const struct efs_list *l;
+
+	efs_list_for_each(l, list) {
+		const struct span *x = efs_list_entry(l, const struct span, link);
+
+		if (x->fblk < fblk + n && fblk < x->fblk + x->n)
+			return true;
+	}
+	return false;
+}
+
 struct rb {
 	struct efs_fs *fs;
+	struct efs_fs_data *d; /* nref held */
+	struct span sp;	       /* on d->rds */
 	uint64_t ticket;
 	size_t pending;
 	int err;
@@ -42,9 +65,20 @@ struct rb {
 	struct efs_io io[];
 };
 
+/* A read waiting for the in-place overwrites it overlaps (d->rdefer). */
+struct rdefer {
+	struct efs_list link;
+	uint64_t fblk, n;
+	uint8_t *buf;
+	void (*cb)(void *arg, int err);
+	void (*wcb)(void *arg);
+	void *arg;
+};
+
 static void rb_io_cb(struct efs_io *io, ssize_t res)
 {
 	struct rb *j = io->arg;
+	struct efs_fs_data *d = j->d;
 
 	if (res < 0 && j->err == 0)
 		j->err = (int)res;
@@ -54,9 +88,12 @@ static void rb_io_cb(struct efs_io *io, ssize_t res)
 		efs_counter_add(efs_file_ctl_of(j->fs)->c_rbytes, (uint64_t)res);
 	if (--j->pending)
 		return;
+	efs_list_del(&j->sp.link);
 	read_end(j->fs, j->ticket);
 	j->cb(j->arg, j->err < 0 ? -EIO : 0);
 	efs_mem_free(j);
+	d->nref--;
+	efs_file_state_maybe_free(d);
 }
 
 /* The whole read was one device I/O, and it is done: the buffer is
@@ -75,17 +112,55 @@ int efs_file_read_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8
 	return efs_file_read_blocks_w(d, fblk, n, buf, cb, NULL, arg);
 }
 
+/* Reads waiting for in-place overwrites of |d|: those no overwrite in
+ * flight overlaps any more go out (their callbacks run, as promised,
+ * also when the read ends at once). */
+static void rdefer_run(struct efs_fs_data *d)
+{
+	struct efs_list *n, *tmp;
+
+	efs_list_for_each_safe(n, tmp, &d->rdefer) {
+		struct rdefer *w = efs_list_entry(n, struct rdefer, link);
+		int r;
+
+		if (spans_overlap(&d->ipw, w->fblk, w->n))
+			continue;
+		efs_list_del(&w->link);
+		r = d->broken || d->dropped || !d->map
+			    ? -EIO
+			    : efs_file_read_blocks_w(d, w->fblk, w->n, w->buf, w->cb, w->wcb, w->arg);
+		if (r != 0)
+			w->cb(w->arg, r < 0 ? r : 0);
+		efs_mem_free(w);
+		d->nref--;
+	}
+}
+
 int efs_file_read_blocks_w(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
 			   void (*cb)(void *arg, int err), void (*wcb)(void *arg), void *arg)
 {
 	struct efs_fs *fs = d->fs;
 	uint64_t bs = fs->blksize, pos = fblk;
-	uint64_t ticket = fs->alloc ? efs_alloc_read_begin(fs->alloc) : 0;
+	uint64_t ticket;
 	struct efs_ext *px = NULL;
 	size_t cnt, nio = 0;
 	struct rb *j;
 	int r = 0;
 
+	if (spans_overlap(&d->ipw, fblk, n)) {
+		/* Blocks being rewritten in place: the read goes out after
+		 * them, and sees the new bytes whole. */
+		struct rdefer *w = efs_mem_calloc(1, sizeof(*w));
+
+		if (!w)
+			return -ENOMEM;
+		*w = (struct rdefer){.fblk = fblk, .n = n, .buf = buf, .cb = cb, .wcb = wcb,
+				     .arg = arg};
+		efs_list_add_tail(&d->rdefer, &w->link);
+		d->nref++;
+		return 0;
+	}
+	ticket = fs->alloc ? efs_alloc_read_begin(fs->alloc) : 0;
 	cnt = efs_extmap_lookup(d->map, fblk, n, NULL, 0);
 	if (cnt) {
 		px = efs_mem_malloc(cnt * sizeof(*px));
@@ -105,6 +180,9 @@ int efs_file_read_blocks_w(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uin
 		return -ENOMEM;
 	}
 	j->fs = fs;
+	j->d = d;
+	j->sp.fblk = fblk;
+	j->sp.n = n;
 	j->ticket = ticket;
 	j->cb = cb;
 	j->arg = arg;
@@ -159,6 +237,8 @@ int efs_file_read_blocks_w(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uin
 	/* Drop the submission hold: never completes inline (callbacks come
 	 * from the loop later). */
 	j->pending--;
+	efs_list_add_tail(&d->rds, &j->sp.link);
+	d->nref++;
 	return 0;
 }
 
@@ -221,12 +301,57 @@ struct wb {
 	void *arg;
 	struct efs_io *io;
 	size_t nio;
+	/* In place over blocks not all preallocated (an overwrite): |sp| on
+	 * d->ipw, counted in struct dctl's inplace_inflight. */
+	bool ov;
+	struct span sp;
 };
+
+/* |j| goes out in place over blocks the file maps. */
+static void ov_begin(struct wb *j)
+{
+	struct dctl *c = efs_file_ctl_of(j->d->fs);
+
+	j->ov = true;
+	j->sp = (struct span){.fblk = j->fblk, .n = j->n};
+	efs_list_add_tail(&j->d->ipw, &j->sp.link);
+	c->inplace_inflight++;
+	if (c->c_inplace)
+		efs_counter_inc(c->c_inplace);
+}
+
+/* |j|'s in-place overwrite ended (mapped, or failed): the reads it held
+ * back go out. */
+static void ov_end(struct wb *j)
+{
+	struct dctl *c = efs_file_ctl_of(j->d->fs);
+
+	j->ov = false;
+	efs_list_del(&j->sp.link);
+	c->inplace_inflight--;
+	rdefer_run(j->d);
+}
+
+/* A drain waiting for the last in-place overwrite ends (called once the
+ * write's own completion is done, outside it). */
+static void ov_drained(struct dctl *c)
+{
+	void (*cb)(void *) = c->inplace_drain_cb;
+
+	if (c->inplace_inflight || !cb)
+		return;
+	c->inplace_drain_cb = NULL;
+	cb(c->inplace_drain_arg);
+}
 
 static void wb_end(struct wb *j, int err)
 {
 	struct efs_fs_data *d = j->d;
+	struct dctl *c = efs_file_ctl_of(d->fs);
+	bool ov = j->ov;
 
+	if (ov)
+		ov_end(j);
 	j->cb(j->arg, err);
 	efs_runs_done(&j->runs);
 	efs_mem_free(j->px);
@@ -234,6 +359,8 @@ static void wb_end(struct wb *j, int err)
 	efs_mem_free(j);
 	d->nref--;
 	efs_file_state_maybe_free(d);
+	if (ov)
+		ov_drained(c);
 }
 
 /* The blocks are on the device: map them. */
@@ -246,6 +373,13 @@ static int wb_map(struct wb *j)
 	int e = 0;
 
 	if (j->inplace) {
+		bool pre = false;
+
+		/* An overwrite of written blocks changes no extent. */
+		for (size_t k = 0; k < j->npx; k++)
+			pre |= (j->px[k].flags & EFS_META_EXTENT_F_PREALLOC) != 0;
+		if (!pre)
+			return 0;
 		e = efs_extmap_clear_flags(d->map, j->fblk, j->n, EFS_META_EXTENT_F_PREALLOC);
 		if (e == 0)
 			efs_file_state_changed(d);
@@ -455,6 +589,29 @@ static int wb_cow(struct wb *j)
 	return r;
 }
 
+/* Some block of |j|'s range holds written data (not only preallocated). */
+static bool wb_overwrites(const struct wb *j)
+{
+	for (size_t i = 0; i < j->npx; i++)
+		if (!(j->px[i].flags & EFS_META_EXTENT_F_PREALLOC))
+			return true;
+	return false;
+}
+
+/*
+ * May |j| overwrite written blocks in place now: not on a copy-on-write
+ * mount, not while a backup stops it, and not while a device read of
+ * this node is reading any of them (that read would see them part old,
+ * part new; copy-on-write leaves it the old blocks whole).
+ */
+static bool ov_allowed(const struct wb *j)
+{
+	struct efs_fs *fs = j->d->fs;
+
+	return !fs->cow && !efs_file_ctl_of(fs)->inplace_stops &&
+	       !spans_overlap(&j->d->rds, j->fblk, j->n);
+}
+
 /* The lock cache's answer for a write waiting to go in place. */
 static void wb_placed(void *arg, bool inplace)
 {
@@ -462,10 +619,13 @@ static void wb_placed(void *arg, bool inplace)
 	struct efs_fs_data *d = j->d;
 	void (*cb)(void *, int) = j->cb;
 	void *cb_arg = j->arg;
+	bool ov = wb_overwrites(j);
 	int r;
 
-	if (inplace && !d->dropped && !d->broken) {
+	if (inplace && !d->dropped && !d->broken && (!ov || ov_allowed(j))) {
 		j->inplace = true;
+		if (ov)
+			ov_begin(j);
 		wb_issue(j); /* takes over the reference the wait held */
 		return;
 	}
@@ -477,14 +637,19 @@ static void wb_placed(void *arg, bool inplace)
 }
 
 /*
- * Writes the n blocks of |buf| as file blocks [fblk, fblk + n) of |d|
- * (copy-on-write; in place when the whole range is preallocated and the
- * lock cache allows it: not after a takeover from a peer whose session
- * ended, during its grace period), or maps
- * fresh preallocated blocks there without I/O (|xflags| PREALLOC). The
- * caller holds the block-range lock. |cb| runs once, later (also on
- * errors: -ENOSPC with nothing written, -EIO), after the map is updated.
- * Returns 0 or a negative errno (|cb| never runs).
+ * Writes the n blocks of |buf| as file blocks [fblk, fblk + n) of |d|,
+ * or maps fresh preallocated blocks there without I/O (|xflags|
+ * PREALLOC). In place when the file maps the whole range (written or
+ * preallocated blocks) and the lock cache allows it (not after a
+ * takeover from a peer whose session ended, during its grace period);
+ * an overwrite of written blocks goes in place only as ov_allowed says.
+ * Everything else is copy-on-write. A crash during an in-place overwrite
+ * may leave its range part old, part new (as on ext4); a copy-on-write
+ * mount (-o cow) keeps every overwrite whole or absent. The caller holds
+ * the block-range lock and has merged partial edge blocks into |buf|
+ * (every block of it is whole). |cb| runs once, later (also on errors:
+ * -ENOSPC with nothing written, -EIO), after the map is updated. Returns
+ * 0 or a negative errno (|cb| never runs).
  */
 int efs_file_write_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
 			  uint32_t xflags, void (*cb)(void *arg, int err), void *arg)
@@ -493,7 +658,7 @@ int efs_file_write_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint
 	struct wb *j;
 	size_t cnt;
 	uint64_t mapped = 0;
-	bool all_prealloc = true;
+	bool ov;
 	int r;
 
 	if (!fs->alloc || !fs->pool)
@@ -518,12 +683,10 @@ int efs_file_write_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint
 		efs_extmap_lookup(d->map, fblk, n, j->px, cnt);
 		j->npx = cnt;
 	}
-	for (size_t i = 0; i < cnt; i++) {
+	for (size_t i = 0; i < cnt; i++)
 		mapped += j->px[i].count;
-		if (!(j->px[i].flags & EFS_META_EXTENT_F_PREALLOC))
-			all_prealloc = false;
-	}
-	if (mapped == n && all_prealloc && !(xflags & EFS_META_EXTENT_F_PREALLOC)) {
+	ov = wb_overwrites(j);
+	if (mapped == n && !(xflags & EFS_META_EXTENT_F_PREALLOC) && (!ov || ov_allowed(j))) {
 		/* In place only while no peer that held the file exclusively
 		 * when its session ended may still land a queued write there
 		 * (lock.h); while that is being read, the write waits. */
@@ -534,6 +697,8 @@ int efs_file_write_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint
 		}
 		if (r == 1) {
 			j->inplace = true;
+			if (ov)
+				ov_begin(j);
 			d->nref++;
 			return wb_issue(j);
 		}
@@ -544,4 +709,35 @@ int efs_file_write_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint
 		}
 	}
 	return wb_cow(j);
+}
+
+/* ---- In-place overwrites and backups ---- */
+
+void efs_fs_inplace_stop(struct efs_fs *fs)
+{
+	struct dctl *c = efs_file_ctl_of(fs);
+
+	if (c)
+		c->inplace_stops++;
+}
+
+void efs_fs_inplace_allow(struct efs_fs *fs)
+{
+	struct dctl *c = efs_file_ctl_of(fs);
+
+	if (c && c->inplace_stops)
+		c->inplace_stops--;
+}
+
+int efs_fs_inplace_drain(struct efs_fs *fs, void (*cb)(void *arg), void *arg)
+{
+	struct dctl *c = efs_file_ctl_of(fs);
+
+	if (!c || !c->inplace_inflight)
+		return 1;
+	if (c->inplace_drain_cb)
+		return -EBUSY;
+	c->inplace_drain_cb = cb;
+	c->inplace_drain_arg = arg;
+	return 0;
 }

@@ -154,6 +154,11 @@ struct efs_fs_data {
 	uint64_t cache_gen, cache_epoch; /* page cache valid under this hold */
 	bool cache_ok;
 	uint64_t last_dblk; /* allocation goal */
+	/* In-place overwrites in flight (struct wb), device reads in flight
+	 * (struct rb) and reads waiting for an in-place overwrite they
+	 * overlap (struct rdefer): a read never sees a block half rewritten
+	 * in place, as it never saw one under copy-on-write. */
+	struct efs_list ipw, rds, rdefer;
 };
 
 /* The publisher (fs->data_priv). */
@@ -199,6 +204,13 @@ struct dctl {
 	struct efs_gauge *g_dirty;
 	struct efs_counter *c_txns, *c_inodes, *c_fsyncs, *c_wbytes, *c_rbytes, *c_syncs;
 	struct efs_counter *c_wreplies; /* reads answered from the I/O worker */
+	struct efs_counter *c_inplace;	/* overwrites of mapped blocks done in place */
+	/* In-place overwrites: stopped while > 0 (efs_fs_inplace_stop), the
+	 * number in flight, and who waits for it to reach 0. */
+	uint32_t inplace_stops;
+	uint64_t inplace_inflight;
+	void (*inplace_drain_cb)(void *arg);
+	void *inplace_drain_arg;
 	struct efs_histogram *h_pub;
 	struct efs_histogram *h_batch; /* inodes per committed publication */
 };

@@ -1239,6 +1239,10 @@ int efs_fs_data_init(struct efs_fs *fs)
 						    "Reads answered from the I/O worker "
 						    "(one device read filled them)",
 						    NULL);
+		c->c_inplace = efs_metrics_counter(fs->m, "etcfs_data_inplace_writes_total",
+						   "Writes that overwrote blocks the file maps in "
+						   "place (no new extent)",
+						   NULL);
 		c->c_syncs = efs_metrics_counter(fs->m, "etcfs_data_device_syncs_total",
 						 "Device fdatasyncs issued by publications",
 						 NULL);

@@ -206,6 +206,9 @@ struct efs_fs_data *efs_file_state_get(struct efs_fs *fs, struct efs_fs_inode *i
 	d->sid = ++c->sid_seq;
 	efs_list_init(&d->fw);
 	efs_list_init(&d->lw);
+	efs_list_init(&d->ipw);
+	efs_list_init(&d->rds);
+	efs_list_init(&d->rdefer);
 	in->refs++;
 	in->data = d;
 	return d;
