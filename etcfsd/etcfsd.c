@@ -1458,10 +1458,12 @@ static void skew_start(struct daemon *d)
  * next one, which starts when that one ends: an answer covers every write
  * completed before the node saw the request. A watcher lost to a cancel or
  * a compaction is made again by the usage tick; requests meanwhile go
- * unanswered and the requester falls back to waiting.
+ * unanswered, and a backup fails on them unless this node mounted -o cow
+ * (it could overwrite in place under the copy), else waits its settle.
  */
 static void sync_round(struct daemon *d);
 static void bk_probe(struct daemon *d);
+static void bk_guard_on(struct daemon *d);
 
 static void bk_guard_on(struct daemon *d)
 {
@@ -2430,9 +2432,6 @@ static void on_ready_poll(uv_timer_t *t)
 		     d->sb.name, d->device, d->mountpoint, d->node,
 		     efs_session_generation(d->session), (int)getpid());
 	arm_fault_hooks(d);
-	/* A backup that listed the nodes before ours registered never asks
-	 * us: no in-place overwrite until a read shows no backup pin. */
-	bk_guard_on(d);
 	bk_probe(d);
 	uv_timer_start(&d->usage_timer, on_usage_tick, 0, USAGE_INTERVAL_MS);
 	/* In the background the service manager knows the parent's pid:
@@ -2595,6 +2594,10 @@ static int mount_fuse(struct daemon *d)
 		return r;
 	}
 	efs_fs_set_capacity(d->fs, d->capacity);
+	/* A backup that listed the nodes before ours registered never asks
+	 * us: no in-place overwrite until a read shows no backup pin (the
+	 * first once the mount serves). */
+	bk_guard_on(d);
 
 	opts = fuse_opt_string(d);
 	if (!opts) {
@@ -2674,7 +2677,7 @@ static int start_loop(struct daemon *d)
 		.node = d->node,
 		.ttl_s = d->session_ttl_s,
 		.quorum_loss_ms = d->quorum_timeout_ms,
-		.cow = d->cow,
+		.cow = d->cow || d->read_only, /* a read-only node writes nothing */
 	};
 	int r;
 
