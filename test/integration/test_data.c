@@ -28,6 +28,11 @@
  *    builds) while a completed write is mapped (a sweep over each of its
  *    allocations) and while a committed publication settles the pending
  *    runs: fsck stays clean and the data reads back after a remount.
+ *  - in-place overwrites: overwrites of mapped blocks go in place (counter,
+ *    no new extent chunk, bytes back after a remount, fsck clean), an
+ *    fsync after them flushes the device, a read racing one is never torn
+ *    (checked to fail with the read guard taken out), and -o cow keeps
+ *    them copy-on-write.
  *
  * Every expectation was first checked on ext4: build with -DDATA_LOCAL=1
  * (e.g. gcc -DDATA_LOCAL=1 -I<build> -Itest/support test_data.c
@@ -2257,6 +2262,100 @@ Test(data, overwrites_of_mapped_blocks_go_in_place_and_fsync_flushes_them)
 	ip_check(fd, model, "after a remount");
 	IO_EQ(close(fd), 0);
 	free(model);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
+#define TORN_BLOCKS 16
+#define TORN_MS	    1500
+
+/* The rewriting thread: its buffer (the caller's), how far it got. */
+struct torn_writer {
+	atomic_bool stop;
+	uint8_t *buf;
+	int fd, err;
+	unsigned writes;
+};
+
+/* Rewrites the whole file, each time with one byte value, until stopped. */
+static void *torn_writer_main(void *arg)
+{
+	struct torn_writer *w = arg;
+
+	for (unsigned i = 1; !atomic_load(&w->stop) && !w->err; i++) {
+		memset(w->buf, (int)(i % 251) + 1, TORN_BLOCKS * BLK);
+		if (pwrite(w->fd, w->buf, TORN_BLOCKS * BLK, 0) != TORN_BLOCKS * BLK)
+			w->err = errno ? errno : EIO;
+		w->writes++;
+	}
+	return NULL;
+}
+
+/*
+ * A read racing an in-place overwrite of the same blocks sees the blocks
+ * all old or all new, as it did under copy-on-write: one thread rewrites
+ * a 64 KiB file with O_DIRECT, each time with one byte value, while this
+ * one reads it whole with O_DIRECT; every read must hold one value.
+ */
+Test(data, a_read_racing_an_in_place_overwrite_is_never_torn)
+{
+	char path[PATH_MAX];
+	struct torn_writer w = {0};
+	uint8_t *buf = blk_alloc(TORN_BLOCKS);
+	double n0;
+	uint64_t end;
+	unsigned reads = 0;
+	pthread_t t;
+	int fd;
+
+	int gap;
+
+	env_start(0, NULL);
+	env_path(path, sizeof(path), "torn");
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0644);
+	cr_assert_geq(fd, 0, "create: %s", strerror(errno));
+	env_path(path, sizeof(path), "gap");
+	gap = open(path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0644);
+	cr_assert_geq(gap, 0, "create: %s", strerror(errno));
+	/* Blocks written in turn with another file's: an extent per block,
+	 * so that each rewrite and each read is many device I/Os at once. */
+	memset(buf, 1, TORN_BLOCKS * BLK);
+	for (int b = 0; b < TORN_BLOCKS; b++) {
+		IO_EQ(pwrite(fd, buf, BLK, (off_t)b * BLK), (ssize_t)BLK);
+		IO_EQ(pwrite(gap, buf, BLK, (off_t)b * BLK), (ssize_t)BLK);
+	}
+	IO_EQ(fsync(fd), 0);
+	IO_EQ(close(gap), 0);
+	n0 = efs_test_fs_metric(&env.f, "etcfs_data_inplace_writes_total");
+	w.fd = fd;
+	w.buf = blk_alloc(TORN_BLOCKS);
+	cr_assert_eq(pthread_create(&t, NULL, torn_writer_main, &w), 0);
+	end = mono_ms() + TORN_MS;
+	while (mono_ms() < end) {
+		ssize_t r = pread(fd, buf, TORN_BLOCKS * BLK, 0);
+
+		if (r != TORN_BLOCKS * BLK)
+			break;
+		reads++;
+		for (size_t i = 1; i < TORN_BLOCKS * BLK; i++)
+			if (buf[i] != buf[0]) {
+				atomic_store(&w.stop, true);
+				pthread_join(t, NULL);
+				cr_assert_fail("read %u: byte %zu is %u, byte 0 is %u (a torn read)",
+					       reads, i, buf[i], buf[0]);
+			}
+	}
+	atomic_store(&w.stop, true);
+	pthread_join(t, NULL);
+	cr_assert_eq(w.err, 0, "writer: %s", strerror(w.err));
+	cr_assert_gt(reads, 10, "only %u reads", reads);
+	cr_log_info("%u reads, %u writes, %.0f in place", reads, w.writes,
+		    efs_test_fs_metric(&env.f, "etcfs_data_inplace_writes_total") - n0);
+	cr_assert_gt(efs_test_fs_metric(&env.f, "etcfs_data_inplace_writes_total"), n0,
+		     "no overwrite went in place");
+	IO_EQ(close(fd), 0);
+	free(w.buf);
+	free(buf);
 	env_stop();
 	efs_test_assert_no_leaks();
 }
