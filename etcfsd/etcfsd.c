@@ -121,7 +121,7 @@ struct daemon {
 	bool read_only;
 	bool ro_forced; /* read-only because of unknown ro_compat features */
 	bool noatime;
-	bool cow; /* -o cow */
+	bool cow; /* -o cow (the default); -o nocow: overwrites in place */
 	char *log_file; /* owned */
 
 	struct efs_capacity *capacity;
@@ -2771,6 +2771,10 @@ int main(int argc, char **argv)
 	}
 	d->ready_fd = -1;
 	d->data_fd = -1;
+	/* Copy-on-write until the blocks a file frees during its takeover
+	 * grace are held: a cut-off node's delayed in-place write could
+	 * otherwise land in such a block handed to another file. */
+	d->cow = true;
 	r = parse_args(d, argc, argv);
 	if (r != 0) {
 		code = r > 0 ? 0 : 2;

@@ -169,6 +169,9 @@ static void start_fs(void)
 	efs_test_fs_start(&fs, &o);
 }
 
+/* Mount options of a node that overwrites in place. */
+static const char *const nocow_args[] = {"-o", "nocow", NULL};
+
 Test(backup, restore_brings_back_the_tree_at_backup_time)
 {
 	char bk[400], out[8192], p[600], lk[64];
@@ -620,7 +623,11 @@ Test(backup, a_node_that_overwrites_in_place_and_does_not_answer_fails_the_backu
 	struct stat st;
 	int r;
 
-	start_fs();
+	{
+		struct efs_test_fs_opts o = {.image_size = 64 << 20, .mount_args = nocow_args};
+
+		efs_test_fs_start(&fs, &o);
+	}
 	make_tree();
 	snprintf(bk, sizeof(bk), "%s/stopped.etcfs-backup", fs.dir);
 	args[5] = fs.image;
@@ -895,7 +902,8 @@ static void restore_from(const char *bk)
 Test(backup, a_backup_under_a_writer_freeing_its_blocks_restores_backup_time_contents,
      .timeout = 240)
 {
-	struct efs_test_fs_opts o = {.image_size = 128 << 20, .metrics = true};
+	struct efs_test_fs_opts o = {.image_size = 128 << 20, .metrics = true,
+				     .mount_args = nocow_args};
 	struct churned c;
 	char bk[400], p[600];
 	struct stat st;

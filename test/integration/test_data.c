@@ -2226,7 +2226,7 @@ static void ip_check(int fd, const uint8_t *model, const char *when)
  */
 Test(data, overwrites_of_mapped_blocks_go_in_place_and_fsync_flushes_them)
 {
-	static const char *const args[] = {"-o", "allow_other", "--flush-interval", "60000",
+	static const char *const args[] = {"-o", "allow_other,nocow", "--flush-interval", "60000",
 					   NULL};
 	uint8_t *model = blk_alloc(IP_BLOCKS);
 	double n0, s0, s1;
@@ -2299,6 +2299,7 @@ static void *torn_writer_main(void *arg)
  */
 Test(data, a_read_racing_an_in_place_overwrite_is_never_torn)
 {
+	static const char *const nocow_args[] = {"-o", "allow_other,nocow", NULL};
 	char path[PATH_MAX];
 	struct torn_writer w = {0};
 	uint8_t *buf = blk_alloc(TORN_BLOCKS);
@@ -2310,7 +2311,7 @@ Test(data, a_read_racing_an_in_place_overwrite_is_never_torn)
 
 	int gap;
 
-	env_start(0, NULL);
+	env_start(0, nocow_args);
 	env_path(path, sizeof(path), "torn");
 	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0644);
 	cr_assert_geq(fd, 0, "create: %s", strerror(errno));
@@ -2360,11 +2361,11 @@ Test(data, a_read_racing_an_in_place_overwrite_is_never_torn)
 	efs_test_assert_no_leaks();
 }
 
-/* With -o cow the same overwrites go to fresh blocks: the counter stays
- * 0 and the bytes read back. */
-Test(data, a_cow_mount_overwrites_copy_on_write)
+/* On a default mount (copy-on-write) the same overwrites go to fresh
+ * blocks: the counter stays 0 and the bytes read back. */
+Test(data, a_default_mount_overwrites_copy_on_write)
 {
-	static const char *const args[] = {"-o", "allow_other,cow", NULL};
+	static const char *const args[] = {"-o", "allow_other", NULL};
 	uint8_t *model = blk_alloc(IP_BLOCKS);
 	int fd;
 
@@ -2373,7 +2374,7 @@ Test(data, a_cow_mount_overwrites_copy_on_write)
 	ip_overwrite(fd, model, 'A');
 	IO_EQ(fsync(fd), 0);
 	cr_assert_eq(efs_test_fs_metric(&env.f, "etcfs_data_inplace_writes_total"), 0,
-		     "an overwrite went in place under -o cow");
+		     "an overwrite went in place on a default mount");
 	ip_check(fd, model, "after copy-on-write overwrites");
 	IO_EQ(close(fd), 0);
 	free(model);
