@@ -153,8 +153,9 @@ struct efs_lock_req;
 /*
  * Acquisition finished: 0 (every inode held, pinned), or -EIO (session
  * lost or not active past the wait bound), -EINTR (cancelled), -EAGAIN
- * (EFS_LOCK_F_RESTART: it gave way to a recall), -EWOULDBLOCK
- * (EFS_LOCK_F_TRY: not free now), another negative errno.
+ * (EFS_LOCK_F_RESTART: it gave way to a recall), -EWOULDBLOCK (the
+ * same value as -EAGAIN; EFS_LOCK_F_TRY: not free now), another negative
+ * errno.
  * On error nothing stays pinned. For each inode whose lock
  * was newly taken, |recs[i]| holds the i/<ino> record read in the same
  * transaction (a KeyValue owned by the request until efs_lock_put; NULL
