@@ -460,6 +460,7 @@ static void ahead_free(struct ahead *ah)
 
 	for (size_t i = 0; i < ah->lr.n; i++)
 		efs_fs_iput(fs, ah->in[i]);
+	ah->dir->ahead_inflight--;
 	efs_fs_iput(fs, ah->dir);
 	efs_mem_free(ah);
 	fs->inflight--;
@@ -475,7 +476,7 @@ static void ahead_split(struct ahead *ah)
 	struct efs_fs_dcache *dc = ah->dir->dc;
 	size_t n = ah->lr.n, h = n / 2;
 
-	if (!efs_fs_dcache_complete(ah->fs, ah->dir))
+	if (!efs_fs_dcache_complete(ah->fs, ah->dir) || !efs_session_is_active(ah->fs->s))
 		return;
 	if (n == 1) {
 		if (dc->nbusy < EFS_FS_AHEAD_BUSY)
@@ -525,6 +526,7 @@ static void ahead_send(struct efs_fs *fs, struct efs_fs_inode *dir, const uint64
 	ah->fs = fs;
 	ah->dir = dir;
 	dir->refs++;
+	dir->ahead_inflight++;
 	fs->inflight++; /* the fs outlives the reply (teardown waits for it) */
 	for (size_t i = 0; i < n; i++) {
 		struct efs_fs_inode *in = efs_fs_iget(fs, ino[i]);
@@ -565,7 +567,11 @@ void efs_fs_read_ahead(struct efs_fs *fs, struct efs_fs_inode *dir, uint64_t chi
 	uint64_t ino[EFS_LOCK_REQ_MAX];
 	size_t n = 0, b = 0;
 
-	if (!fs->lc || !efs_fs_dcache_complete(fs, dir) || dc->n < AHEAD_MIN)
+	/* One read ahead of a directory at a time: a second one would ask
+	 * for the locks the first is taking, find them taken by this node,
+	 * and leave them out as if a peer held them. */
+	if (!fs->lc || dir->ahead_inflight || !efs_fs_dcache_complete(fs, dir) ||
+	    dc->n < AHEAD_MIN)
 		return;
 	for (size_t k = 0; k < dc->nbuckets && n < EFS_LOCK_REQ_MAX; k++) {
 		b = (dc->ahead_from + k) % dc->nbuckets;

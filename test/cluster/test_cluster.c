@@ -430,7 +430,11 @@ static void a_stat_of_every_file_takes_free_locks_in_batches(void)
 	a0 = efs_cl_metric(&cl, 0, answered);
 	for (int i = 1; i < 96; i++)
 		CL_CHECK(exists(P(2, "ra/f%02d", i)), "node3 lost ra/f%02d", i);
-	CL_CHECK(efs_cl_metric(&cl, 2, txns) - t0 <= 12,
+	printf("# node3: %.0f lock transactions for 95 stats\n", efs_cl_metric(&cl, 2, txns) - t0);
+	/* 10-13 measured (three batches, five halvings around f00, lookups
+	 * between batches on their own): 24 leaves room
+	 * for a lookup that races its batch, and still fails without it. */
+	CL_CHECK(efs_cl_metric(&cl, 2, txns) - t0 <= 24,
 		 "node3 sent %.0f lock transactions for a stat of 95 files",
 		 efs_cl_metric(&cl, 2, txns) - t0);
 	CL_CHECK(efs_cl_metric(&cl, 0, answered) == a0,
