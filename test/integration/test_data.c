@@ -1183,6 +1183,30 @@ Test(data, unsettled_drop)
 }
 #endif
 
+#ifndef DATA_LOCAL
+/* Unmounts (etcfsd must exit 0: under ASan, no report) and runs fsck: no
+ * block both free and used, none leaked, no double free. */
+static void unmount_fsck_clean(const char *when)
+{
+	char out[16384];
+	int st;
+
+	cr_assert_eq(chdir("/"), 0);
+	efs_test_fs_unmount(&env.f);
+	st = run_fsck(out, sizeof(out));
+	cr_assert_eq(st, 0, "fsck %s: exit %d\n%s", when, st, out);
+	cr_assert_null(strstr(out, "double free"), "fsck %s reports a double free:\n%s", when, out);
+}
+
+static uint8_t *blk_alloc(size_t n)
+{
+	void *p = NULL;
+
+	cr_assert_eq(posix_memalign(&p, BLK, n * BLK), 0);
+	return p;
+}
+#endif
+
 /* ==== mem_map, mem_settle: allocation failures (etcfs with fault hooks) ==== */
 
 #if !defined(DATA_LOCAL) && EFS_FAULT_HOOKS
@@ -1218,28 +1242,6 @@ static void remount_fault_mem(const char *site)
 	cr_assert_eq(setenv("ETCFS_FAULT_MEM", site, 1), 0);
 	efs_test_fs_mount(&env.f, NULL);
 	unsetenv("ETCFS_FAULT_MEM");
-}
-
-/* Unmounts (etcfsd must exit 0: under ASan, no report) and runs fsck: no
- * block both free and used, none leaked, no double free. */
-static void unmount_fsck_clean(const char *when)
-{
-	char out[16384];
-	int st;
-
-	cr_assert_eq(chdir("/"), 0);
-	efs_test_fs_unmount(&env.f);
-	st = run_fsck(out, sizeof(out));
-	cr_assert_eq(st, 0, "fsck %s: exit %d\n%s", when, st, out);
-	cr_assert_null(strstr(out, "double free"), "fsck %s reports a double free:\n%s", when, out);
-}
-
-static uint8_t *blk_alloc(size_t n)
-{
-	void *p = NULL;
-
-	cr_assert_eq(posix_memalign(&p, BLK, n * BLK), 0);
-	return p;
 }
 
 #define MAP_FILES 64
