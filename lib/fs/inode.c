@@ -182,8 +182,14 @@ bool efs_fs_dcache_put(struct efs_fs *fs, struct efs_fs_inode *dir, const char *
 	struct efs_fs_dent *d;
 	size_t h;
 
-	if (!efs_fs_inode_valid(fs, dir))
+	if (!efs_fs_inode_valid(fs, dir)) {
+		/* Its record is being read again (after an unknown outcome,
+		 * an upgrade) under the same grant: the cache is valid again
+		 * after that, so what it says of this name goes, and it is no
+		 * longer complete. */
+		efs_fs_dcache_forget(fs, dir->ino, name, len);
 		return false;
+	}
 	if (dc && !efs_fs_grant_current(fs, dir, dc->gen)) {
 		efs_fs_dcache_clear(dir);
 		dc = NULL;
