@@ -347,23 +347,31 @@ static void plus_unlock(struct efs_fs_op *op)
 /*
  * A listing read whole, every page under the grant and mseq the last one
  * was read under (no name change of this node, nor of any other, between
- * its first page and its last), is every name of the directory: the name
- * cache takes them all and answers misses too.
+ * its first page and its last) and put into the name cache as it came
+ * (h->dc_put), is every name of the directory: the cache answers misses
+ * too.
  */
 static void listing_complete(struct efs_fs *fs, const struct efs_fs_handle *h,
 			     struct efs_fs_inode *din, uint64_t gen, uint64_t mseq)
 {
+	if (!h->dc_put)
+		return;
 	for (size_t i = 0; i < h->nents; i++) {
 		if (h->ents[i].dir_gen != gen || h->ents[i].dir_mseq != mseq)
 			return;
 	}
-	for (size_t i = 0; i < h->nents; i++) {
-		const struct efs_fs_dirent_ent *ent = &h->ents[i];
-
-		if (!efs_fs_dcache_put(fs, din, ent->name, strlen(ent->name), ent->ino, ent->type))
-			return;
-	}
 	efs_fs_dcache_set_complete(fs, din);
+}
+
+/* The name and dirent of a listing's |kv|: 0, or -1 when it is not a
+ * dirent or does not decode. */
+static int kv_dirent(struct efs_fs *fs, const Mvccpb__KeyValue *kv, struct efs_meta_key_info *info,
+		     Etcfs__Dirent **de)
+{
+	if (efs_meta_key_parse(&fs->ns, kv->key.data, kv->key.len, info) < 0 ||
+	    info->family != EFS_META_K_DIRENT)
+		return -1;
+	return efs_meta_dirent_decode(kv->value.data, kv->value.len, de, NULL) < 0 ? -1 : 0;
 }
 
 /* ---- A directory's names read for its lookups ---- */
@@ -389,11 +397,8 @@ static void fill_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 		struct efs_meta_key_info info;
 		Etcfs__Dirent *de = NULL;
 
-		if (efs_meta_key_parse(&fs->ns, resp->kvs[i]->key.data, resp->kvs[i]->key.len,
-				       &info) < 0 ||
-		    info.family != EFS_META_K_DIRENT ||
-		    efs_meta_dirent_decode(resp->kvs[i]->value.data, resp->kvs[i]->value.len, &de,
-					   NULL) < 0) {
+		if (kv_dirent(fs, resp->kvs[i], &info, &de) < 0) {
+			efs_meta_record_free(de);
 			ok = false; /* a name it cannot read: not complete */
 			break;
 		}
@@ -444,6 +449,8 @@ void efs_fs_dcache_fill(struct efs_fs *fs, struct efs_fs_inode *dir)
 
 /* A directory with fewer names is not read ahead. */
 #define AHEAD_MIN 32
+/* Most cached names one read ahead looks at for locks not held. */
+#define AHEAD_SCAN 1024
 
 struct ahead {
 	struct efs_lock_req lr;
@@ -565,7 +572,7 @@ void efs_fs_read_ahead(struct efs_fs *fs, struct efs_fs_inode *dir, uint64_t chi
 {
 	struct efs_fs_dcache *dc = dir->dc;
 	uint64_t ino[EFS_LOCK_REQ_MAX];
-	size_t n = 0, b = 0;
+	size_t n = 0, b = 0, seen = 0;
 
 	/* One read ahead of a directory at a time: a second one would ask
 	 * for the locks the first is taking, find them taken by this node,
@@ -573,9 +580,12 @@ void efs_fs_read_ahead(struct efs_fs *fs, struct efs_fs_inode *dir, uint64_t chi
 	if (!fs->lc || dir->ahead_inflight || !efs_fs_dcache_complete(fs, dir) ||
 	    dc->n < AHEAD_MIN)
 		return;
-	for (size_t k = 0; k < dc->nbuckets && n < EFS_LOCK_REQ_MAX; k++) {
+	/* On the loop thread, under a lookup: a bounded look, continued by
+	 * the next read ahead from where this one stopped. */
+	for (size_t k = 0; k < dc->nbuckets && n < EFS_LOCK_REQ_MAX && seen < AHEAD_SCAN; k++) {
 		b = (dc->ahead_from + k) % dc->nbuckets;
 		for (struct efs_fs_dent *d = dc->b[b]; d && n < EFS_LOCK_REQ_MAX; d = d->next) {
+			seen++;
 			if (!d->ino || d->ino == child || d->ino == dir->ino ||
 			    efs_lock_held(fs->lc, d->ino) != EFS_LOCK_NONE || ahead_busy(dc, d->ino))
 				continue;
@@ -604,24 +614,26 @@ static void page_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 	}
 	din = efs_fs_ifind(op->fs, h->ino);
 	cur = efs_fs_dcache_current(op->fs, din, st->fetch_gen, st->fetch_mseq);
+	if (h->nents == 0)
+		h->dc_put = true; /* a first page: a listing from the start */
+	if (!cur)
+		h->dc_put = false;
 	for (size_t i = 0; i < resp->n_kvs; i++) {
 		struct efs_meta_key_info info;
 		Etcfs__Dirent *de = NULL;
 
-		if (efs_meta_key_parse(&op->fs->ns, resp->kvs[i]->key.data, resp->kvs[i]->key.len,
-				       &info) < 0 ||
-		    info.family != EFS_META_K_DIRENT)
-			continue;
-		if (efs_meta_dirent_decode(resp->kvs[i]->value.data, resp->kvs[i]->value.len, &de,
-					   NULL) < 0) {
+		if (kv_dirent(op->fs, resp->kvs[i], &info, &de) < 0) {
 			efs_log_debug("fs: bad dirent in directory %llu, skipped",
 				      (unsigned long long)h->ino);
+			h->dc_put = false;
+			efs_meta_record_free(de);
 			continue;
 		}
 		e = ents_add(h, info.name, info.name_len, de->ino, de->type);
-		if (e == 0 && cur)
-			efs_fs_dcache_put(op->fs, din, (const char *)info.name, info.name_len,
-					  de->ino, de->type);
+		if (e == 0 && cur &&
+		    !efs_fs_dcache_put(op->fs, din, (const char *)info.name, info.name_len, de->ino,
+				       de->type))
+			h->dc_put = false;
 		efs_meta_record_free(de);
 		if (e < 0) {
 			efs_fs_op_resume_prepare(op, e);
@@ -771,6 +783,7 @@ static void drop_from(struct efs_fs_op *op, size_t i)
 		efs_mem_free(h->ents[k].name);
 	h->nents = i;
 	h->complete = false;
+	h->dc_put = false; /* read again: no completeness from this handle */
 	if (st->prep_to > i)
 		st->prep_to = i;
 	st->reread = true;

@@ -313,6 +313,7 @@ struct efs_fs_handle {
 	struct efs_fs_dirent_ent *ents;
 	size_t nents, cap;
 	bool complete; /* every entry after the last one has been read */
+	bool dc_put;   /* every entry read so far went into the name cache */
 	uint64_t parent; /* ".." */
 	/* Files (fs/data.h): open flags, and what the data path (file/) and
 	 * plock.c keep. */
