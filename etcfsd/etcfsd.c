@@ -121,7 +121,7 @@ struct daemon {
 	bool read_only;
 	bool ro_forced; /* read-only because of unknown ro_compat features */
 	bool noatime;
-	bool cow; /* -o cow (the default); -o nocow: overwrites in place */
+	bool cow; /* -o cow; -o nocow (the default): overwrites in place */
 	char *log_file; /* owned */
 
 	struct efs_capacity *capacity;
@@ -344,6 +344,7 @@ static void usage(FILE *out)
 		"                           nosuid, nodev, noexec, fsname=, subtype=, ... (passed\n"
 		"                           to FUSE; default_permissions is always on); cow:\n"
 		"                           overwrites go to fresh blocks, never in place\n"
+		"                           (default nocow: overwrites in place)\n"
 		"  --log-level LEVEL        err, warn, info (default), debug\n"
 		"  --log-file FILE          append logs to FILE once in the background\n"
 		"                           (default: discarded)\n"
@@ -2771,10 +2772,6 @@ int main(int argc, char **argv)
 	}
 	d->ready_fd = -1;
 	d->data_fd = -1;
-	/* Copy-on-write until the blocks a file frees during its takeover
-	 * grace are held: a cut-off node's delayed in-place write could
-	 * otherwise land in such a block handed to another file. */
-	d->cow = true;
 	r = parse_args(d, argc, argv);
 	if (r != 0) {
 		code = r > 0 ? 0 : 2;

@@ -109,6 +109,16 @@ enum {
 	V_GRACE,       /* a process that may still write: claimable after the grace */
 };
 
+/* Blocks a committed transaction freed, waiting for the death hold:
+ * [start, start + len) of |group|, or the free intent |start| when
+ * |group| is INTENT_GROUP. */
+struct dheld {
+	uint32_t group;
+	uint64_t start, len;
+	int64_t rev;	 /* the commit revision (0: not known) */
+	uint64_t ask_ns; /* when to ask the hold again (0: at once) */
+};
+
 /* A session of another node (or an earlier one of ours) seen ended, for
  * the grace of its undrained free intents. */
 struct deadsess {
@@ -167,6 +177,12 @@ struct efs_alloc_txn {
 	size_t hold_idx;
 	uint64_t hold_gen;
 	int64_t hold;
+	/* The death hold: whether the built request reads n/ and g/ (at
+	 * |dh_idx| and the next), and what the hold said of its response
+	 * (dh_known; 0: its frees go to the quarantine at once). */
+	bool dh_asked, dh_known;
+	size_t dh_idx;
+	uint64_t dh_until;
 	void (*cb)(int status, void *arg);
 	void *arg;
 };
@@ -273,14 +289,21 @@ struct efs_alloc {
 	bool hold_probe_busy; /* the sweep's read of pin/backup. is in flight */
 	bool hold_off;	      /* fault hook: nothing is held */
 
+	/* The death hold (efs_alloc_set_death_hold). */
+	efs_alloc_hold_fn dh_fn;
+	void *dh_arg;
+	struct dheld *dh;
+	size_t ndh, capdh;
+	uv_timer_t *dh_timer;
+
 	/* Leave. */
 	void (*leave_cb)(int status, void *arg);
 	void *leave_arg;
 
 	/* Figures. */
 	uint64_t double_frees, claims, given;
-	struct efs_gauge *g_owned, *g_avail, *g_pending, *g_quar, *g_grace, *g_held;
-	struct efs_counter *c_double, *c_claims, *c_given;
+	struct efs_gauge *g_owned, *g_avail, *g_pending, *g_quar, *g_grace, *g_held, *g_dheld;
+	struct efs_counter *c_double, *c_claims, *c_given, *c_dh_waits;
 	struct efs_counter *c_txn[4]; /* etcfs_etcd_txns_total{origin="space"}: ok, conflict,
 				       * error, unknown (fs.c's outcome names) */
 };
@@ -334,6 +357,8 @@ static void update_gauges(struct efs_alloc *a)
 		efs_gauge_set(a->g_grace, (double)st.grace_blocks * a->block_size);
 	if (a->g_held)
 		efs_gauge_set(a->g_held, (double)st.held_blocks * a->block_size);
+	if (a->g_dheld)
+		efs_gauge_set(a->g_dheld, (double)st.death_held_blocks * a->block_size);
 }
 
 static void grp_forget(struct grp *g)
@@ -1101,8 +1126,9 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 	a->kick = efs_timer_new(loop, a);
 	a->tick = efs_timer_new(loop, a);
 	a->ho_timer = efs_timer_new(loop, a);
+	a->dh_timer = efs_timer_new(loop, a);
 	a->give_sel = efs_mem_calloc(BATCH_MAX / 3, sizeof(*a->give_sel));
-	if (!a->kick || !a->tick || !a->ho_timer || !a->give_sel)
+	if (!a->kick || !a->tick || !a->ho_timer || !a->dh_timer || !a->give_sel)
 		goto fail;
 	if (o->m) {
 		a->g_owned = efs_metrics_gauge(o->m, "etcfs_space_groups_owned",
@@ -1121,6 +1147,16 @@ int efs_alloc_new(struct efs_alloc **ret, uv_loop_t *loop, struct efs_etcd *c,
 					      "Freed space held back from allocation while a backup "
 					      "runs",
 					      NULL);
+		a->g_dheld = efs_metrics_gauge(o->m, "etcfs_space_death_held_bytes",
+					       "Freed space held back from allocation while a node "
+					       "whose session ended may still write to it",
+					       NULL);
+		a->c_dh_waits = efs_metrics_counter(
+			o->m, "etcfs_space_death_hold_waits_total",
+			"Freed runs that waited for the death hold (a dead node's grace, or "
+			"a session end not known yet) instead of joining the quarantine at "
+			"commit",
+			NULL);
 		a->c_double = efs_metrics_counter(o->m, "etcfs_space_double_frees_total",
 						  "Double frees found and refused", NULL);
 		a->c_claims = efs_metrics_counter(o->m, "etcfs_space_claims_total",
@@ -3165,7 +3201,13 @@ size_t efs_alloc_txn_nops(const struct efs_alloc_txn *t)
 		else if (tg->fre.n)
 			n += 2; /* compare, put */
 	}
-	return n ? n + 1 : 0; /* the read of pin/backup. */
+	if (!n)
+		return 0;
+	n++; /* the read of pin/backup. */
+	for (size_t i = 0; i < t->n && t->a->dh_fn; i++)
+		if (t->v[i].fre.n)
+			return n + 2; /* the reads of n/ and g/ (the death hold) */
+	return n;
 }
 
 /* Takes the blocks of |s|+|l| that are still free in |fm| (uses already
@@ -3275,6 +3317,51 @@ static int build_intent(struct efs_alloc_txn *t, struct tgrp *tg, struct efs_etc
 	return r;
 }
 
+static uint64_t grace_groups_until(const struct efs_alloc *a, uint64_t now)
+{
+	uint64_t until = 0;
+
+	for (uint32_t i = 0; i < a->ngroups; i++) {
+		const struct grp *g = &a->groups[i];
+
+		if (!g->owned && g->verdict == V_GRACE && g->ownerless_ns &&
+		    g->ownerless_ns + a->grace_ns > now && g->ownerless_ns + a->grace_ns > until)
+			until = g->ownerless_ns + a->grace_ns;
+	}
+	return until;
+}
+
+/* For the death hold of a transaction that frees: reads of n/ and g/
+ * (keys only) in its success branch, so that its response tells whether
+ * a session ended since the death tracker last knew (no round trip more). */
+static int dh_reads(struct efs_alloc_txn *t, struct efs_etcd_txn *txn)
+{
+	struct efs_alloc *a = t->a;
+	struct efs_meta_range rn, rg;
+	size_t idx = efs_etcd_txn_request(txn)->n_success;
+	bool frees = false;
+	int r;
+
+	for (size_t i = 0; i < t->n; i++)
+		frees |= t->v[i].fre.n > 0;
+	if (!a->dh_fn || !frees)
+		return 0;
+	r = efs_meta_range_family(&a->ns, EFS_META_K_NODE, &rn);
+	if (r == 0)
+		r = efs_meta_range_family(&a->ns, EFS_META_K_GEN, &rg);
+	if (r == 0)
+		r = efs_etcd_txn_range(txn, EFS_ETCD_TXN_SUCCESS, rn.key.buf, rn.key.len,
+				       rn.end.buf, rn.end.len);
+	if (r == 0)
+		r = efs_etcd_txn_range(txn, EFS_ETCD_TXN_SUCCESS, rg.key.buf, rg.key.len,
+				       rg.end.buf, rg.end.len);
+	if (r < 0)
+		return r;
+	t->dh_asked = true;
+	t->dh_idx = idx;
+	return 0;
+}
+
 int efs_alloc_txn_build(struct efs_alloc_txn *t, struct efs_etcd_txn *txn)
 {
 	struct efs_alloc *a = t->a;
@@ -3285,6 +3372,7 @@ int efs_alloc_txn_build(struct efs_alloc_txn *t, struct efs_etcd_txn *txn)
 		return -EIO;
 	t->hold_asked = false;
 	t->hold = -1;
+	t->dh_asked = t->dh_known = false;
 	for (size_t i = 0; i < t->n; i++) {
 		struct tgrp *tg = &t->v[i];
 		struct grp *g = &a->groups[tg->g];
@@ -3315,13 +3403,34 @@ int efs_alloc_txn_build(struct efs_alloc_txn *t, struct efs_etcd_txn *txn)
 		return r;
 	t->hold_asked = true;
 	t->hold_gen = a->held_gen;
-	return 0;
+	r = dh_reads(t, txn);
+	return r == -E2BIG ? 0 : r; /* no room: the hold asks after the commit */
 }
 
 void efs_alloc_txn_result(struct efs_alloc_txn *t, const Etcdserverpb__TxnResponse *resp)
 {
-	if (t && t->hold_asked)
+	Etcdserverpb__RangeResponse *nodes = NULL, *gens = NULL;
+	struct efs_alloc *a;
+
+	if (!t)
+		return;
+	a = t->a;
+	if (t->hold_asked)
 		t->hold = hold_in(resp, t->hold_idx);
+	if (!t->dh_asked || !resp || !resp->succeeded || !resp->header || !a->dh_fn ||
+	    efs_etcd_txn_resp_range(resp, t->dh_idx, &nodes) < 0 ||
+	    efs_etcd_txn_resp_range(resp, t->dh_idx + 1, &gens) < 0)
+		return;
+	t->dh_until = a->dh_fn(a->dh_arg, resp->header->revision, nodes, gens);
+	{
+		uint64_t now = efs_clock_mono_ns(), gu = grace_groups_until(a, now);
+
+		if (gu > t->dh_until)
+			t->dh_until = gu;
+		if (t->dh_until <= now)
+			t->dh_until = 0;
+	}
+	t->dh_known = true;
 }
 
 static void txn_free(struct efs_alloc_txn *t)
@@ -3338,6 +3447,110 @@ static void txn_free(struct efs_alloc_txn *t)
 	if (a->token == t)
 		token_release(a);
 	efs_mem_free(t);
+}
+
+/* ---- The death hold ---- */
+
+/*
+ * A node whose session ended may still land an in-place write it queued
+ * before its deadline, for the grace period: a block a survivor frees in
+ * that time (a copy-on-write rewrite, a truncate, a reclaim of the file
+ * the dead node wrote) must not be handed to another file before the
+ * grace ends. So the blocks a committed transaction frees (and the
+ * drained mark of the free intents it makes) reach the quarantine only
+ * once the hold says so: the fs layer's |dh_fn| (the lock cache's death
+ * tracker: any grace running since a death before the commit) and the
+ * groups this node saw ownerless and waiting out their grace (a death
+ * before this node started, which the tracker never saw).
+ */
+
+static void dh_timer_cb(uv_timer_t *t);
+
+/* Hands what the hold lets go to the quarantine; arms the timer for the
+ * rest. */
+static void dh_run(struct efs_alloc *a)
+{
+	uint64_t now = efs_clock_mono_ns(), next = 0, groups = 0;
+	bool any = false, asked_groups = false;
+	size_t k = 0;
+
+	for (size_t i = 0; i < a->ndh; i++) {
+		struct dheld e = a->dh[i];
+
+		if (e.ask_ns <= now) {
+			uint64_t u = a->dh_fn ? a->dh_fn(a->dh_arg, e.rev, NULL, NULL) : 0;
+
+			if (!asked_groups) {
+				groups = grace_groups_until(a, now);
+				asked_groups = true;
+			}
+			if (groups > u)
+				u = groups;
+			if (u <= now) {
+				if (efs_quar_add(a->q, e.group, e.start, e.len) == 0) {
+					any = true;
+					continue;
+				}
+				u = now + RESCAN_NS; /* out of memory: later */
+			}
+			e.ask_ns = u;
+		}
+		if (!next || e.ask_ns < next)
+			next = e.ask_ns;
+		a->dh[k++] = e;
+	}
+	a->ndh = k;
+	if (next)
+		uv_timer_start(a->dh_timer, dh_timer_cb, (next - now) / 1000000u + 1, 0);
+	else
+		uv_timer_stop(a->dh_timer);
+	if (any)
+		quar_release(a);
+}
+
+static void dh_timer_cb(uv_timer_t *t)
+{
+	struct efs_alloc *a = t->data;
+
+	if (a) {
+		dh_run(a);
+		update_gauges(a);
+	}
+}
+
+/* Whether the death hold keeps blocks of group |g|: at a clean leave
+ * the group is then not marked released, so that it waits out the grace
+ * for whoever claims it. */
+static bool dh_in_group(const struct efs_alloc *a, uint32_t g)
+{
+	for (size_t i = 0; i < a->ndh; i++)
+		if (a->dh[i].group == g)
+			return true;
+	return false;
+}
+
+/* Freed by |t| (committed at |rev|): to the quarantine at once when its
+ * response showed no grace running, else through the death hold. */
+static int free_add(struct efs_alloc_txn *t, uint32_t group, uint64_t start, uint64_t len,
+		    int64_t rev)
+{
+	struct efs_alloc *a = t->a;
+
+	if (t->dh_known && t->dh_until == 0)
+		return efs_quar_add(a->q, group, start, len);
+	if (efs_mem_reserve(&a->dh, &a->capdh, a->ndh + 1, sizeof(*a->dh)) < 0)
+		return -ENOMEM;
+	if (a->c_dh_waits)
+		efs_counter_inc(a->c_dh_waits);
+	a->dh[a->ndh++] = (struct dheld){group, start, len, rev, t->dh_known ? t->dh_until : 0};
+	return 0;
+}
+
+void efs_alloc_set_death_hold(struct efs_alloc *a, efs_alloc_hold_fn fn, void *arg)
+{
+	a->dh_fn = fn;
+	a->dh_arg = arg;
+	dh_run(a);
 }
 
 static void commit_group(struct efs_alloc_txn *t, struct tgrp *tg, int64_t rev)
@@ -3360,7 +3573,7 @@ static void commit_group(struct efs_alloc_txn *t, struct tgrp *tg, int64_t rev)
 		for (size_t i = 0; i < tg->use.n; i++)
 			efs_runs_subtract(&g->pending, tg->use.v[i].start, tg->use.v[i].len, NULL);
 		for (size_t i = 0; r == 0 && i < tg->fre.n; i++) {
-			r = efs_quar_add(a->q, tg->g, tg->fre.v[i].start, tg->fre.v[i].len);
+			r = free_add(t, tg->g, tg->fre.v[i].start, tg->fre.v[i].len, rev);
 			if (r == 0)
 				r = runs_add_norm(&g->quar, tg->fre.v[i].start, tg->fre.v[i].len);
 			if (r == 0 && t->hold != 0)
@@ -3380,7 +3593,7 @@ static void commit_group(struct efs_alloc_txn *t, struct tgrp *tg, int64_t rev)
 			r = efs_runs_append(&in->runs, &tg->fre);
 		if (r == 0) {
 			in->id = ++a->intent_id;
-			r = efs_quar_add(a->q, INTENT_GROUP, in->id, 1);
+			r = free_add(t, INTENT_GROUP, in->id, 1, rev);
 		}
 		if (r < 0) {
 			if (in)
@@ -3423,10 +3636,11 @@ void efs_alloc_txn_end(struct efs_alloc_txn *t, enum efs_alloc_outcome oc, int64
 		if (t->hold == 0)
 			hold_release(a, t->hold_gen);
 		for (size_t i = 0; i < t->n; i++)
-			commit_group(t, &t->v[i], rev);
+			commit_group(t, &t->v[i], t->unknown ? 0 : rev);
 		break;
 	}
 	txn_free(t);
+	dh_run(a);
 	quar_release(a);
 	update_gauges(a);
 	if (a->probe_want)
@@ -3452,6 +3666,17 @@ void efs_alloc_get_stats(const struct efs_alloc *a, struct efs_alloc_stats *ret)
 	for (const struct intent *in = a->intents; in; in = in->next)
 		if (!in->ready)
 			ret->quarantine_blocks += efs_runs_total(&in->runs);
+	for (size_t i = 0; i < a->ndh; i++) {
+		const struct dheld *e = &a->dh[i];
+
+		if (e->group != INTENT_GROUP) {
+			ret->death_held_blocks += e->len;
+			continue;
+		}
+		for (const struct intent *in = a->intents; in; in = in->next)
+			if (in->id == e->start)
+				ret->death_held_blocks += efs_runs_total(&in->runs);
+	}
 	ret->reserve_blocks = a->reserve;
 	ret->double_frees = a->double_frees;
 	ret->grace_blocks = a->grace_blocks;
@@ -3541,8 +3766,9 @@ static void leave_step(struct efs_alloc *a)
 						false);
 		/* A group whose map we may not know (an unknown outcome not
 		 * re-read) is left unreleased rather than given a wrong count:
-		 * it then waits out the grace. */
-		if (r == 0 && !a->groups[i].unsure)
+		 * it then waits out the grace, as does one whose freed
+		 * blocks the death hold keeps. */
+		if (r == 0 && !a->groups[i].unsure && !dh_in_group(a, i))
 			r = put_free(a, t, i, a->groups[i].committed.nfree, true);
 		n++;
 	}
@@ -3595,6 +3821,11 @@ int efs_alloc_leave(struct efs_alloc *a, void (*cb)(int status, void *arg), void
 void efs_alloc_session_lost(struct efs_alloc *a)
 {
 	a->epoch++;
+	/* The groups and intents go: what the death hold kept goes too (the
+	 * groups wait out the grace for whoever claims them, the intents
+	 * stay undrained). */
+	a->ndh = 0;
+	uv_timer_stop(a->dh_timer);
 	for (uint32_t i = 0; i < a->ngroups; i++)
 		grp_forget(&a->groups[i]);
 	while (a->intents)
@@ -3645,6 +3876,8 @@ struct efs_alloc *efs_alloc_free(struct efs_alloc *a)
 	a->kick = efs_timer_free(a->kick);
 	a->tick = efs_timer_free(a->tick);
 	a->ho_timer = efs_timer_free(a->ho_timer);
+	a->dh_timer = efs_timer_free(a->dh_timer);
+	efs_mem_free(a->dh);
 	a->ho_w = efs_etcd_watcher_free(a->ho_w);
 	a->sb_w = efs_etcd_watcher_free(a->sb_w);
 	a->ho_ws = efs_etcd_watch_stream_free(a->ho_ws);

@@ -211,6 +211,27 @@ enum efs_alloc_outcome {
  */
 void efs_alloc_txn_end(struct efs_alloc_txn *t, enum efs_alloc_outcome oc, int64_t rev);
 
+/*
+ * The death hold: a node whose session ended may still land an in-place
+ * write it queued before its deadline, for the dead-node grace, so blocks
+ * freed while such a grace runs must not be handed to another file before
+ * it ends. Blocks a committed map transaction frees in owned groups, and
+ * the drained mark of the free intents it makes, reach the quarantine only
+ * once |fn|(|arg|, rev, nodes, gens) (rev the commit revision, 0 when not
+ * known) answers 0; a nonzero answer is the monotonic time (ns) at which
+ * to ask again. A transaction that frees reads n/ and g/ (keys only) and
+ * hands them to |fn| with its commit revision, so that a session end
+ * since the tracker last knew shows without a round trip more; later
+ * asks pass NULL. Groups this node sees ownerless and waiting out their grace hold
+ * the same way (a death before this node started). A group holding such
+ * blocks is not marked released at a clean leave. etcfs_space_death_held_bytes
+ * is the space held. NULL: no hold but the groups' (the default).
+ */
+typedef uint64_t (*efs_alloc_hold_fn)(void *arg, int64_t rev,
+				      const Etcdserverpb__RangeResponse *nodes,
+				      const Etcdserverpb__RangeResponse *gens);
+void efs_alloc_set_death_hold(struct efs_alloc *a, efs_alloc_hold_fn fn, void *arg);
+
 /* ---- Figures ---- */
 
 struct efs_alloc_stats {
@@ -219,6 +240,7 @@ struct efs_alloc_stats {
 	uint64_t pending_blocks;   /* allocated, not published */
 	uint64_t quarantine_blocks;
 	uint64_t held_blocks; /* freed while a backup runs: not allocatable until it ends */
+	uint64_t death_held_blocks; /* freed while a dead node's grace runs (the death hold) */
 	uint64_t reserve_blocks;
 	uint64_t double_frees;
 	uint64_t grace_blocks; /* free blocks of dead nodes' groups waiting out the grace */

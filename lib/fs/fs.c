@@ -289,6 +289,16 @@ static void fs_inode_limit(void *arg, uint64_t inode_limit)
 	fs->fi->inode_limit = inode_limit;
 }
 
+/* Blocks freed while a dead peer's grace runs stay unallocated until it
+ * ends: it may still land an in-place write in them. */
+static uint64_t death_hold(void *arg, int64_t rev, const Etcdserverpb__RangeResponse *nodes,
+			   const Etcdserverpb__RangeResponse *gens)
+{
+	struct efs_fs *fs = arg;
+
+	return fs->lc ? efs_lock_free_hold(fs->lc, rev, nodes, gens) : 0;
+}
+
 /* The device pool and the data path; read-write mounts also get the
  * allocator and the reclaimer. */
 static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
@@ -314,6 +324,7 @@ static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
 	r = efs_alloc_new(&fs->alloc, fs->loop, fs->c, fs->s, &ao);
 	if (r < 0)
 		return r;
+	efs_alloc_set_death_hold(fs->alloc, death_hold, fs);
 	r = efs_fs_reclaim_init(fs);
 	if (r < 0)
 		return r;

@@ -19,6 +19,9 @@
 #define CATCHUP_GAP_NS (100ull * 1000 * 1000)
 /* A catch-up read not answered by then answers its checks copy-on-write. */
 #define CATCHUP_TIMEOUT_MS 2000
+/* A free hold asked about a revision the watch has not reached yet asks
+ * again after this (a catch-up read is on its way). */
+#define FREE_RECHECK_NS (100ull * 1000 * 1000)
 /* Holder keys per page of the read at a death's revision - 1. */
 #define HOLDER_PAGE 1000
 
@@ -78,6 +81,7 @@ struct efs_deaths {
 	struct mark *marks;
 	size_t n_marks, n_sorted, cap_marks;
 	uint64_t all_until_ns; /* every inode is marked until then */
+	uint64_t death_until_ns; /* the latest grace end of the deaths seen */
 
 	struct efs_list waits; /* checks waiting for the known revision (dwait.link), newest first */
 	bool catching_up;
@@ -119,6 +123,8 @@ static int64_t known_rev(const struct efs_deaths *d)
 
 static bool is_marked(const struct efs_deaths *d, uint64_t ino, uint64_t now);
 static void catchup_start(struct efs_deaths *d);
+static bool unchanged_since(const struct efs_deaths *d, const Etcdserverpb__RangeResponse *nodes,
+			    const Etcdserverpb__RangeResponse *gens, int64_t base);
 
 /*
  * Answers the checks that can be answered: those whose grant is known now,
@@ -381,6 +387,8 @@ static int death_add(struct efs_deaths *d, const char *node, int64_t rev)
 	d->pending[d->n_pending].rev = rev;
 	d->n_pending++;
 	d->stats.deaths++;
+	if (now_ns() + d->grace_ns > d->death_until_ns)
+		d->death_until_ns = now_ns() + d->grace_ns;
 	return 0;
 }
 
@@ -619,6 +627,31 @@ int efs_deaths_check(struct efs_deaths *d, uint64_t ino, int64_t grant_rev, efs_
 	efs_deaths_start(d);
 	catchup_start(d);
 	return -EINPROGRESS;
+}
+
+uint64_t efs_deaths_free_hold(struct efs_deaths *d, int64_t rev,
+			      const Etcdserverpb__RangeResponse *nodes,
+			      const Etcdserverpb__RangeResponse *gens)
+{
+	uint64_t now = now_ns();
+	uint64_t until = d->death_until_ns > d->all_until_ns ? d->death_until_ns : d->all_until_ns;
+
+	if (rev <= 0)
+		return now + d->grace_ns; /* when it committed is not known */
+	/* n/ and g/ as of |rev|, unchanged since the watch's revision: no
+	 * session ended up to |rev| (as a catch-up read proves). */
+	if (d->w && rev > d->watch_rev && nodes && gens && !d->n_pending &&
+	    unchanged_since(d, nodes, gens, d->watch_rev))
+		d->watch_rev = rev;
+	if (d->w && rev <= d->watch_rev)
+		return until > now ? until : 0;
+	/* A death before |rev| may not have reached us yet: a catch-up read
+	 * (or the watch) tells. While a grace runs anyway, ask at its end. */
+	efs_deaths_start(d);
+	catchup_start(d);
+	if (until > now)
+		return until;
+	return now + FREE_RECHECK_NS;
 }
 
 void efs_deaths_set_peer_cb(struct efs_deaths *d, efs_deaths_peer_cb cb, void *arg)

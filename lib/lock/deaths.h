@@ -79,6 +79,22 @@ void efs_deaths_start(struct efs_deaths *d);
 typedef void (*efs_deaths_cb)(void *arg, bool inplace);
 int efs_deaths_check(struct efs_deaths *d, uint64_t ino, int64_t grant_rev, efs_deaths_cb cb,
 		     void *arg);
+/*
+ * Until when blocks freed by a transaction committed at revision |rev|
+ * must stay unallocated: a node whose session ended before |rev| may
+ * still land an in-place write in them (its grace period), and one handed
+ * out again would take it. 0: none may (every session end up to |rev| is
+ * known and every grace is over); otherwise a monotonic time at which to
+ * ask again. Deaths are not told apart: any grace running holds every
+ * free (deaths are rare, the grace is bounded). A revision the watch has
+ * not reached yet is proven free of deaths by |nodes| and |gens| (n/ and
+ * g/ read at |rev| by the freeing transaction: unchanged since the watch's
+ * revision) or, without them, sends a catch-up read and answers "ask
+ * again shortly"; |rev| <= 0 (not known) answers a whole grace from now.
+ */
+uint64_t efs_deaths_free_hold(struct efs_deaths *d, int64_t rev,
+			      const Etcdserverpb__RangeResponse *nodes,
+			      const Etcdserverpb__RangeResponse *gens);
 /* Registers |cb| (NULL: none). */
 void efs_deaths_set_peer_cb(struct efs_deaths *d, efs_deaths_peer_cb cb, void *arg);
 /* From a timer (the lock cache's tick): starts what is not running and

@@ -3430,6 +3430,9 @@ int efs_lockcache_new(struct efs_lockcache **ret, uv_loop_t *loop, struct efs_et
 			efs_mem_free(lc);
 			return r;
 		}
+		/* Now rather than at the first tick: the first frees ask it. */
+		if (efs_session_is_active(s))
+			efs_deaths_start(lc->deaths);
 	}
 	efs_list_init(&lc->acqs);
 	efs_list_init(&lc->recalls);
@@ -3794,6 +3797,13 @@ int efs_lock_inplace_check(struct efs_lockcache *lc, uint64_t ino, efs_lock_inpl
 	if (!e || e->mode != EFS_LOCK_EXCLUSIVE)
 		return 0;
 	return efs_deaths_check(lc->deaths, ino, e->grant_rev, cb, arg);
+}
+
+uint64_t efs_lock_free_hold(struct efs_lockcache *lc, int64_t rev,
+			    const Etcdserverpb__RangeResponse *nodes,
+			    const Etcdserverpb__RangeResponse *gens)
+{
+	return efs_deaths_free_hold(lc->deaths, rev, nodes, gens);
 }
 
 uint64_t efs_lock_grant(const struct efs_lockcache *lc, uint64_t ino)

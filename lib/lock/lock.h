@@ -360,6 +360,15 @@ typedef void (*efs_lock_inplace_cb)(void *arg, bool inplace);
 int efs_lock_inplace_check(struct efs_lockcache *lc, uint64_t ino, efs_lock_inplace_cb cb,
 			   void *arg);
 
+/*
+ * Until when blocks freed by a transaction committed at |rev| must stay
+ * unallocated because a peer whose session ended may still land an
+ * in-place write in them: lock/deaths.h efs_deaths_free_hold.
+ */
+uint64_t efs_lock_free_hold(struct efs_lockcache *lc, int64_t rev,
+			    const Etcdserverpb__RangeResponse *nodes,
+			    const Etcdserverpb__RangeResponse *gens);
+
 /* The grant id under which this node holds |ino| now; 0 when
  * efs_lock_held() is NONE. */
 uint64_t efs_lock_grant(const struct efs_lockcache *lc, uint64_t ino);

@@ -1137,6 +1137,10 @@ static void wait_for_the_lk_range(int node)
 
 /* Node |i|'s sample |name| once it reaches |min| (it is synced from the
  * daemon's counters every 100 ms), or its last value after |ms|. */
+/* The nodes' --dead-grace: short, so that a dead node's groups come back
+ * within a check. */
+#define DEAD_GRACE_S "5"
+
 static double metric_at_least(int i, const char *name, double min, unsigned ms)
 {
 	uint64_t end = efs_cl_now_ms() + ms;
@@ -1256,6 +1260,11 @@ static void a_killed_nodes_locks_pass_to_the_survivors(void)
 		 cow0, cow1);
 	CL_CHECK(efs_cl_metric(&cl, 1, "etcfs_takeover_marked_inodes_total") >= 2,
 		 "node2 marked fewer than node1's two exclusive files");
+	/* The blocks node2's copy-on-write rewrites of f and pa freed wait
+	 * out node1's grace before they can be handed out again (node1 may
+	 * have queued an in-place write there before its lease ran out). */
+	CL_CHECK(efs_cl_metric(&cl, 1, "etcfs_space_death_hold_waits_total") >= 1,
+		 "blocks node2 freed after node1's death did not wait for its grace");
 	/* Its own preallocated file: in place, as before any death. */
 	CL_CHECK(pwrite(pb, blk, sizeof(blk), 65536) == (ssize_t)sizeof(blk) && fsync(pb) == 0,
 		 "node2 writes pb: %s", strerror(errno));
@@ -1295,6 +1304,17 @@ static void a_killed_nodes_locks_pass_to_the_survivors(void)
 			 adopted);
 	}
 	close(orph);
+	/* ... and come back once it is over (a liveness bound, generous). */
+	{
+		uint64_t end = efs_cl_now_ms() + (uint64_t)atoi(DEAD_GRACE_S) * 1000 + 15000;
+		double held;
+
+		while ((held = efs_cl_metric(&cl, 1, "etcfs_space_death_held_bytes")) != 0 &&
+		       efs_cl_now_ms() < end)
+			efs_cl_sleep_ms(100);
+		CL_CHECK(held == 0, "node2 still holds %.0f freed bytes %s s after node1's grace",
+			 held, "15");
+	}
 	efs_cl_mount(&cl, 0);
 }
 
@@ -1736,9 +1756,6 @@ static void three_nodes_creating_in_one_directory_agree_on_every_name(void)
 
 /* ---- Dead nodes' space, grace and evict (issue 12) ---- */
 
-/* The nodes' --dead-grace: short, so that a dead node's groups come back
- * within a check. */
-#define DEAD_GRACE_S "5"
 
 static const char evict_json_py[] =
 	"import json,sys\n"

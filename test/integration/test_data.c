@@ -2228,7 +2228,8 @@ static void ip_check(int fd, const uint8_t *model, const char *when)
  */
 Test(data, overwrites_of_mapped_blocks_go_in_place_and_fsync_flushes_them)
 {
-	static const char *const args[] = {"-o", "allow_other,nocow", "--flush-interval", "60000",
+	/* In place is the default: no -o nocow. */
+	static const char *const args[] = {"-o", "allow_other", "--flush-interval", "60000",
 					   NULL};
 	uint8_t *model = blk_alloc(IP_BLOCKS);
 	double n0, s0, s1;
@@ -2365,9 +2366,13 @@ Test(data, a_read_racing_an_in_place_overwrite_is_never_torn)
 
 /* On a default mount (copy-on-write) the same overwrites go to fresh
  * blocks: the counter stays 0 and the bytes read back. */
-Test(data, a_default_mount_overwrites_copy_on_write)
+/* -o cow: every overwrite copy-on-write, and the blocks they free join
+ * the quarantine at their publication's commit (no node died: the
+ * death hold lets them go at once, proven by the reads of n/ and g/ in
+ * the same transaction). */
+Test(data, a_cow_mount_overwrites_copy_on_write)
 {
-	static const char *const args[] = {"-o", "allow_other", NULL};
+	static const char *const args[] = {"-o", "allow_other,cow", NULL};
 	uint8_t *model = blk_alloc(IP_BLOCKS);
 	int fd;
 
@@ -2376,7 +2381,11 @@ Test(data, a_default_mount_overwrites_copy_on_write)
 	ip_overwrite(fd, model, 'A');
 	IO_EQ(fsync(fd), 0);
 	cr_assert_eq(efs_test_fs_metric(&env.f, "etcfs_data_inplace_writes_total"), 0,
-		     "an overwrite went in place on a default mount");
+		     "an overwrite went in place on a -o cow mount");
+	cr_assert_eq(efs_test_fs_metric(&env.f, "etcfs_space_death_hold_waits_total"), 0,
+		     "blocks freed with no node dead waited for the death hold");
+	cr_assert_eq(efs_test_fs_metric(&env.f, "etcfs_space_death_held_bytes"), 0,
+		     "blocks freed with no node dead are held");
 	ip_check(fd, model, "after copy-on-write overwrites");
 	IO_EQ(close(fd), 0);
 	free(model);
