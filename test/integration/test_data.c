@@ -2269,6 +2269,90 @@ Test(data, overwrites_of_mapped_blocks_go_in_place_and_fsync_flushes_them)
 	efs_test_assert_no_leaks();
 }
 
+/* fdatasync after in-place overwrites needs no publication (only the
+ * times changed): a device flush alone answers it, as it does an O_DSYNC
+ * write in place, and what they covered survives a kill -9. An
+ * fdatasync that extends the file publishes its size. */
+Test(data, an_fdatasync_after_in_place_overwrites_is_a_device_flush_alone)
+{
+	static const char *const args[] = {"-o", "allow_other", "--flush-interval", "60000",
+					   NULL};
+	uint8_t *model = blk_alloc(IP_BLOCKS + 1), *buf = blk_alloc(1);
+	char path[PATH_MAX];
+	double p0, s0, f0;
+	int fd;
+
+	env_start(0, args);
+	fd = ip_file(model);
+	p0 = efs_test_fs_metric(&env.f, "etcfs_data_published_inodes_total");
+	s0 = efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total");
+	f0 = efs_test_fs_metric(&env.f, "etcfs_data_fsyncs_total");
+	for (unsigned i = 0; i < 8; i++) {
+		unsigned b = (i * 5 + 3) % IP_BLOCKS;
+
+		memset(buf, 'K' + (int)i, BLK);
+		IO_EQ(pwrite(fd, buf, BLK, (off_t)b * BLK), (ssize_t)BLK);
+		memcpy(model + (size_t)b * BLK, buf, BLK);
+		IO_EQ(fdatasync(fd), 0);
+	}
+	cr_assert_eq(efs_test_fs_metric(&env.f, "etcfs_data_fsyncs_total") - f0, 8);
+	cr_assert_geq(efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total") - s0, 8,
+		      "8 fdatasyncs after in-place overwrites flushed the device %.0f times",
+		      efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total") - s0);
+	cr_assert_eq(efs_test_fs_metric(&env.f, "etcfs_data_published_inodes_total"), p0,
+		     "an fdatasync after in-place overwrites published the inode");
+	/* O_DSYNC writes in place: the same flush alone per write. */
+	{
+		int dfd = open(env_path(path, sizeof(path), "ip"),
+			       O_RDWR | O_DIRECT | O_DSYNC | O_CLOEXEC);
+
+		cr_assert_geq(dfd, 0, "open O_DSYNC: %s", strerror(errno));
+		s0 = efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total");
+		for (unsigned i = 0; i < 4; i++) {
+			unsigned b = (i * 7 + 1) % IP_BLOCKS;
+
+			memset(buf, 'k' + (int)i, BLK);
+			IO_EQ(pwrite(dfd, buf, BLK, (off_t)b * BLK), (ssize_t)BLK);
+			memcpy(model + (size_t)b * BLK, buf, BLK);
+		}
+		IO_EQ(close(dfd), 0);
+		cr_assert_geq(efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total") - s0, 4,
+			      "4 O_DSYNC writes in place flushed the device %.0f times",
+			      efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total") - s0);
+		cr_assert_eq(efs_test_fs_metric(&env.f, "etcfs_data_published_inodes_total"), p0,
+			     "an O_DSYNC write in place published the inode");
+	}
+	/* Past the end: the size must be published before it answers. */
+	memset(buf, 'Z', BLK);
+	IO_EQ(pwrite(fd, buf, BLK, (off_t)IP_BLOCKS * BLK), (ssize_t)BLK);
+	memcpy(model + (size_t)IP_BLOCKS * BLK, buf, BLK);
+	IO_EQ(fdatasync(fd), 0);
+	cr_assert_gt(efs_test_fs_metric(&env.f, "etcfs_data_published_inodes_total"), p0,
+		     "an fdatasync that extended the file published nothing");
+	IO_EQ(close(fd), 0);
+	/* What the fdatasyncs acknowledged is on the device. */
+	efs_test_fs_kill(&env.f);
+	efs_test_fs_mount(&env.f, NULL);
+	fd = open(env_path(path, sizeof(path), "ip"), O_RDONLY | O_DIRECT | O_CLOEXEC);
+	cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+	{
+		uint8_t *got = blk_alloc(IP_BLOCKS + 1);
+
+		IO_EQ(pread(fd, got, (size_t)(IP_BLOCKS + 1) * BLK, 0),
+		      (ssize_t)(IP_BLOCKS + 1) * BLK);
+		for (unsigned b = 0; b <= IP_BLOCKS; b++)
+			cr_assert(memcmp(got + (size_t)b * BLK, model + (size_t)b * BLK, BLK) == 0,
+				  "block %u after a kill -9 is not what fdatasync acknowledged", b);
+		free(got);
+	}
+	IO_EQ(close(fd), 0);
+	free(buf);
+	free(model);
+	unmount_fsck_clean("after fdatasyncs and a kill -9");
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
 #define TORN_BLOCKS 16
 #define TORN_MS	    1500
 

@@ -177,6 +177,12 @@ struct dctl {
 	/* |writes_done| when the last fdatasync that finished was issued:
 	 * every write completed up to then is durable. */
 	uint64_t synced_mark;
+	/* fdatasyncs answered by a device flush alone (struct dswait,
+	 * oldest first), the flush in flight and the |writes_done| it covers. */
+	struct efs_list ds_waiters;
+	struct efs_io ds_io;
+	bool ds_busy;
+	uint64_t ds_mark;
 	struct efs_list bp_waiters; /* writes waiting on buffer limits (dreq.bp_link) */
 	void (*sync_cb)(int status, void *arg);
 	void *sync_arg;

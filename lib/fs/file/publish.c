@@ -1198,6 +1198,7 @@ int efs_fs_data_init(struct efs_fs *fs)
 	c->fs = fs;
 	efs_list_init(&c->linvals);
 	efs_list_init(&c->bp_waiters);
+	efs_list_init(&c->ds_waiters);
 	c->sweep = efs_mem_calloc(1, sizeof(*c->sweep));
 	c->kick = efs_mem_calloc(1, sizeof(*c->kick));
 	if (!c->sweep || !c->kick) {
