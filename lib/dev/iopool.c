@@ -47,6 +47,7 @@ struct efs_iopool {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct efs_list queue; /* of efs_io (link) */
+	unsigned idle; /* workers waiting on |cv| */
 	bool stopping; /* workers exit once the queue is empty */
 
 	/* Completions not yet delivered, protected by |done_mu|. */
@@ -401,8 +402,11 @@ static void *worker(void *arg)
 		struct efs_io *io;
 
 		pthread_mutex_lock(&p->mu);
-		while (efs_list_empty(&p->queue) && !p->stopping)
+		while (efs_list_empty(&p->queue) && !p->stopping) {
+			p->idle++;
 			pthread_cond_wait(&p->cv, &p->mu);
+			p->idle--;
+		}
 		n = efs_list_pop(&p->queue);
 		pthread_mutex_unlock(&p->mu);
 		if (!n)
@@ -613,6 +617,8 @@ static bool is_aligned(uint64_t v)
 
 int efs_iopool_submit(struct efs_iopool *p, struct efs_io *io)
 {
+	bool wake;
+
 	if (!p || !io || !io->cb || (unsigned)io->op >= EFS_IO_NOPS)
 		return -EINVAL;
 	if (p->closing)
@@ -637,10 +643,15 @@ int efs_iopool_submit(struct efs_iopool *p, struct efs_io *io)
 	}
 	efs_gauge_set(p->g_inflight, (double)p->inflight);
 
+	/* A worker is woken only when one sleeps (the busy ones take the
+	 * queue's next before they would), and after the unlock, so that it
+	 * does not wake only to wait for the mutex the loop still holds. */
 	pthread_mutex_lock(&p->mu);
 	efs_list_add_tail(&p->queue, &io->link);
-	pthread_cond_signal(&p->cv);
+	wake = p->idle > 0;
 	pthread_mutex_unlock(&p->mu);
+	if (wake)
+		pthread_cond_signal(&p->cv);
 	return 0;
 }
 
