@@ -2269,6 +2269,15 @@ Test(data, overwrites_of_mapped_blocks_go_in_place_and_fsync_flushes_them)
 	efs_test_assert_no_leaks();
 }
 
+/* Block |b| of the "ip" file through |fd|, all bytes |v| (|buf|: one
+ * aligned block), mirrored in |model|. */
+static void ip_put(int fd, uint8_t *model, uint8_t *buf, unsigned b, int v)
+{
+	memset(buf, v, BLK);
+	IO_EQ(pwrite(fd, buf, BLK, (off_t)b * BLK), (ssize_t)BLK);
+	memcpy(model + (size_t)b * BLK, buf, BLK);
+}
+
 /* fdatasync after in-place overwrites needs no publication (only the
  * times changed): a device flush alone answers it, as it does an O_DSYNC
  * write in place, and what they covered survives a kill -9. An
@@ -2288,11 +2297,7 @@ Test(data, an_fdatasync_after_in_place_overwrites_is_a_device_flush_alone)
 	s0 = efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total");
 	f0 = efs_test_fs_metric(&env.f, "etcfs_data_fsyncs_total");
 	for (unsigned i = 0; i < 8; i++) {
-		unsigned b = (i * 5 + 3) % IP_BLOCKS;
-
-		memset(buf, 'K' + (int)i, BLK);
-		IO_EQ(pwrite(fd, buf, BLK, (off_t)b * BLK), (ssize_t)BLK);
-		memcpy(model + (size_t)b * BLK, buf, BLK);
+		ip_put(fd, model, buf, (i * 5 + 3) % IP_BLOCKS, 'K' + (int)i);
 		IO_EQ(fdatasync(fd), 0);
 	}
 	cr_assert_eq(efs_test_fs_metric(&env.f, "etcfs_data_fsyncs_total") - f0, 8);
@@ -2308,13 +2313,8 @@ Test(data, an_fdatasync_after_in_place_overwrites_is_a_device_flush_alone)
 
 		cr_assert_geq(dfd, 0, "open O_DSYNC: %s", strerror(errno));
 		s0 = efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total");
-		for (unsigned i = 0; i < 4; i++) {
-			unsigned b = (i * 7 + 1) % IP_BLOCKS;
-
-			memset(buf, 'k' + (int)i, BLK);
-			IO_EQ(pwrite(dfd, buf, BLK, (off_t)b * BLK), (ssize_t)BLK);
-			memcpy(model + (size_t)b * BLK, buf, BLK);
-		}
+		for (unsigned i = 0; i < 4; i++)
+			ip_put(dfd, model, buf, (i * 7 + 1) % IP_BLOCKS, 'k' + (int)i);
 		IO_EQ(close(dfd), 0);
 		cr_assert_geq(efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total") - s0, 4,
 			      "4 O_DSYNC writes in place flushed the device %.0f times",

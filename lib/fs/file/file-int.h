@@ -177,7 +177,7 @@ struct dctl {
 	/* |writes_done| when the last fdatasync that finished was issued:
 	 * every write completed up to then is durable. */
 	uint64_t synced_mark;
-	/* fdatasyncs answered by a device flush alone (struct dswait,
+	/* The device flush (efs_file_dev_sync): its waiters (struct dswait,
 	 * oldest first), the flush in flight and the |writes_done| it covers. */
 	struct efs_list ds_waiters;
 	struct efs_io ds_io;
@@ -241,8 +241,6 @@ struct dpub {
 	bool synced, syncing; /* the current snapshot's fdatasync */
 	bool dev_err; /* the fdatasync or the allocator's begin failed */
 	bool left_partial; /* a committed inode was published only in part */
-	uint64_t sync_mark;
-	struct efs_io sio;
 	bool unknown;
 	bool fault_unsettled; /* fault hook: its verdict after an unknown is not heard */
 	bool committed;
@@ -426,6 +424,15 @@ int efs_file_handle_ok(struct efs_fs *fs, struct efs_fs_handle *h);
 void efs_file_bp_resume(struct efs_fs *fs);
 void efs_file_write_step(struct dreq *r);
 int efs_file_fsync_wait(struct efs_fs_data *d, void (*cb)(void *arg, int err), void *arg);
+/*
+ * A device flush covering every write completed by now (|writes_done|):
+ * 1 when a finished one covers them already, 0 when |done|(arg, err) runs
+ * later (err -EIO when the flush failed), -EIO when it cannot be issued,
+ * -ENOMEM. One flush is in flight at a time and answers every waiter that
+ * came before it was issued; publications (their seal), fdatasync and
+ * O_DSYNC writes share it.
+ */
+int efs_file_dev_sync(struct efs_fs *fs, void (*done)(void *arg, int err), void *arg);
 /* Waits until every change of |d| made so far is published (a release's
  * sync; a latched error of an earlier publication is left to fsync): 1
  * (nothing to publish), 0 (|cb| later with the publication's status), or

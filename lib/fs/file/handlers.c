@@ -523,98 +523,14 @@ static void wr_edges_read(void *arg, int err)
  * the extents and size that find them, not the times or the mode. A file
  * whose unpublished changes are attributes only (in-place overwrites of
  * blocks it has, which change nothing but the times; a deferred setattr)
- * is answered by one device flush that covers every write completed so
- * far, without a publication; the attributes go with the next one. Flushes
- * are shared: one in flight at a time, each answering every fdatasync
- * that came before it was issued.
+ * is answered by the device flush that covers every write completed so
+ * far (efs_file_dev_sync, shared with the publications' seal), without a
+ * publication; the attributes go with the next one.
  */
-struct dswait {
-	struct efs_list link;
-	struct dreq *r;
-	void (*done)(void *arg, int err); /* with |r| */
-	uint64_t mark; /* |writes_done| when it came */
-};
-
 static bool datasync_device_only(const struct efs_fs_data *d)
 {
 	return !d->broken && !d->err && !d->snap && !d->loading && d->apend.n == 0 &&
 	       !(d->pf & (PF_SIZE | PF_BLOCKS)) && (!d->map || efs_extmap_ndirty(d->map) == 0);
-}
-
-static void dsync_issue(struct dctl *c);
-
-static void dsync_cb(struct efs_io *io, ssize_t res)
-{
-	struct dctl *c = io->arg;
-	uint64_t mark = c->ds_mark;
-	struct efs_list *n, *tmp;
-
-	c->ds_busy = false;
-	c->fs->inflight--;
-	if (res < 0) {
-		efs_log_warn("data: fdatasync of the device failed: %s", strerror((int)-res));
-	} else {
-		if (mark > c->synced_mark)
-			c->synced_mark = mark;
-		efs_file_synchk_synced(c, mark);
-	}
-	efs_list_for_each_safe(n, tmp, &c->ds_waiters) {
-		struct dswait *w = efs_list_entry(n, struct dswait, link);
-
-		if (res >= 0 && w->mark > mark)
-			continue; /* came after the flush was issued */
-		efs_list_del(n);
-		w->done(w->r, res < 0 ? -EIO : 0);
-		efs_mem_free(w);
-	}
-	if (!efs_list_empty(&c->ds_waiters))
-		dsync_issue(c);
-}
-
-static void dsync_issue(struct dctl *c)
-{
-	struct efs_list *n;
-
-	memset(&c->ds_io, 0, sizeof(c->ds_io));
-	c->ds_io.op = EFS_IO_SYNC;
-	c->ds_io.cb = dsync_cb;
-	c->ds_io.arg = c;
-	c->ds_mark = c->writes_done;
-	if (efs_iopool_submit(c->fs->pool, &c->ds_io) == 0) {
-		c->ds_busy = true;
-		c->fs->inflight++; /* teardown waits for the flush */
-		if (c->c_syncs)
-			efs_counter_inc(c->c_syncs);
-		return;
-	}
-	while ((n = efs_list_pop(&c->ds_waiters))) {
-		struct dswait *w = efs_list_entry(n, struct dswait, link);
-
-		w->done(w->r, -EIO);
-		efs_mem_free(w);
-	}
-}
-
-/* Waits for a device flush covering every write completed by now: 1
- * (covered already: the caller goes on), 0 (|done|(r, err) later) or
- * -ENOMEM. */
-static int dsync_wait(struct efs_fs *fs, struct dreq *r, void (*done)(void *arg, int err))
-{
-	struct dctl *c = efs_file_ctl_of(fs);
-	struct dswait *w;
-
-	if (c->writes_done == c->synced_mark)
-		return 1;
-	w = efs_mem_calloc(1, sizeof(*w));
-	if (!w)
-		return -ENOMEM;
-	w->r = r;
-	w->done = done;
-	w->mark = c->writes_done;
-	efs_list_add_tail(&c->ds_waiters, &w->link);
-	if (!c->ds_busy)
-		dsync_issue(c);
-	return 0;
 }
 
 /* 1: answered (or being answered) by a device flush; 0: not eligible. */
@@ -632,7 +548,7 @@ static int datasync_start(struct efs_fs *fs, fuse_req_t req, fuse_ino_t ino,
 	r = efs_file_dreq_checked(req, 0, RK_FSYNC, EFS_FS_OP_FSYNC, ino);
 	if (!r)
 		return 1;
-	e = dsync_wait(fs, r, efs_file_fsync_done);
+	e = efs_file_dev_sync(fs, efs_file_fsync_done, r);
 	if (e != 0)
 		efs_file_fsync_done(r, e < 0 ? e : 0);
 	return 1;
@@ -779,7 +695,7 @@ static void wr_complete(struct dreq *r)
 		/* O_DSYNC (not O_SYNC) after an in-place overwrite: the
 		 * device flush alone, as fdatasync. */
 		if (r->h && (r->h->oflags & O_SYNC) != O_SYNC && datasync_device_only(r->d))
-			e = dsync_wait(r->fs, r, wsync_done);
+			e = efs_file_dev_sync(r->fs, wsync_done, r);
 		else
 			e = efs_file_fsync_wait(r->d, wsync_done, r);
 

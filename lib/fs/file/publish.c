@@ -466,23 +466,113 @@ void efs_file_synchk_commit(struct dctl *c, uint64_t ino, const struct efs_runs 
 }
 #endif
 
-static void pub_sync_cb(struct efs_io *io, ssize_t res)
-{
-	struct efs_fs_op *op = io->arg;
-	struct dpub *P = op->hook_state;
-	struct dctl *c = efs_file_ctl_of(P->fs);
+/* ---- The device flush ---- */
 
-	P->syncing = false;
+struct dswait {
+	struct efs_list link;
+	void (*done)(void *arg, int err);
+	void *arg;
+	uint64_t mark; /* |writes_done| when it came */
+};
+
+static void dsync_cb(struct efs_io *io, ssize_t res);
+
+static int dsync_issue(struct dctl *c)
+{
+	memset(&c->ds_io, 0, sizeof(c->ds_io));
+	c->ds_io.op = EFS_IO_SYNC;
+	c->ds_io.cb = dsync_cb;
+	c->ds_io.arg = c;
+	c->ds_mark = c->writes_done;
+	if (efs_iopool_submit(c->fs->pool, &c->ds_io) < 0)
+		return -EIO;
+	c->ds_busy = true;
+	c->fs->inflight++; /* teardown waits for the flush */
+	if (c->c_syncs)
+		efs_counter_inc(c->c_syncs);
+	return 0;
+}
+
+static void dsync_run(struct efs_list *list, int err)
+{
+	struct efs_list *n;
+
+	while ((n = efs_list_pop(list))) {
+		struct dswait *w = efs_list_entry(n, struct dswait, link);
+
+		w->done(w->arg, err);
+		efs_mem_free(w);
+	}
+}
+
+static void dsync_cb(struct efs_io *io, ssize_t res)
+{
+	struct dctl *c = io->arg;
+	uint64_t mark = c->ds_mark;
+	struct efs_list ready, failed, *n, *tmp;
+	int err = 0;
+
+	c->ds_busy = false;
+	c->fs->inflight--;
 	if (res < 0) {
 		efs_log_warn("data: fdatasync of the device failed: %s", strerror((int)-res));
+		err = -EIO;
+	} else {
+		if (mark > c->synced_mark)
+			c->synced_mark = mark;
+		efs_file_synchk_synced(c, mark);
+	}
+	efs_list_init(&ready);
+	efs_list_init(&failed);
+	efs_list_for_each_safe(n, tmp, &c->ds_waiters) {
+		struct dswait *w = efs_list_entry(n, struct dswait, link);
+
+		if (err == 0 && w->mark > mark)
+			continue; /* came after the flush was issued: the next one */
+		efs_list_del(n);
+		efs_list_add_tail(&ready, n);
+	}
+	if (!efs_list_empty(&c->ds_waiters) && dsync_issue(c) < 0)
+		efs_list_splice_tail(&failed, &c->ds_waiters);
+	dsync_run(&ready, err);
+	dsync_run(&failed, -EIO);
+}
+
+int efs_file_dev_sync(struct efs_fs *fs, void (*done)(void *arg, int err), void *arg)
+{
+	struct dctl *c = efs_file_ctl_of(fs);
+	struct dswait *w;
+
+	if (c->writes_done == c->synced_mark) {
+		efs_file_synchk_synced(c, c->synced_mark);
+		return 1;
+	}
+	w = efs_mem_calloc(1, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	if (!c->ds_busy && dsync_issue(c) < 0) {
+		efs_mem_free(w);
+		return -EIO;
+	}
+	w->done = done;
+	w->arg = arg;
+	w->mark = c->writes_done;
+	efs_list_add_tail(&c->ds_waiters, &w->link);
+	return 0;
+}
+
+static void pub_synced(void *arg, int err)
+{
+	struct efs_fs_op *op = arg;
+	struct dpub *P = op->hook_state;
+
+	P->syncing = false;
+	if (err < 0) {
 		P->dev_err = true;
 		efs_fs_op_resume_seal(op, -EIO);
 		return;
 	}
 	P->synced = true;
-	if (P->sync_mark > c->synced_mark)
-		c->synced_mark = P->sync_mark;
-	efs_file_synchk_synced(c, P->sync_mark);
 	efs_fs_op_resume_seal(op, 0);
 }
 
@@ -652,30 +742,21 @@ int efs_file_pub_prepare(struct efs_fs_op *op, struct dpub *P)
 int efs_file_pub_seal(struct efs_fs_op *op, struct dpub *P)
 {
 	struct efs_fs *fs = op->fs;
-	struct dctl *c = efs_file_ctl_of(fs);
 	int e;
 
 	if (P->synced)
 		return EFS_FS_CONT;
 	if (P->syncing)
 		return EFS_FS_WAIT;
-	if (c->writes_done == c->synced_mark) {
+	e = efs_file_dev_sync(fs, pub_synced, op);
+	if (e == 1) {
 		P->synced = true;
-		efs_file_synchk_synced(c, c->synced_mark);
 		return EFS_FS_CONT;
 	}
-	memset(&P->sio, 0, sizeof(P->sio));
-	P->sio.op = EFS_IO_SYNC;
-	P->sio.cb = pub_sync_cb;
-	P->sio.arg = op;
-	P->sync_mark = c->writes_done;
-	e = efs_iopool_submit(fs->pool, &P->sio);
 	if (e < 0) {
 		P->dev_err = true;
 		return -EIO;
 	}
-	if (c->c_syncs)
-		efs_counter_inc(c->c_syncs);
 	P->syncing = true;
 	return EFS_FS_WAIT;
 }
