@@ -115,6 +115,7 @@ enum {
 struct dheld {
 	uint32_t group;
 	uint64_t start, len;
+	uint64_t blocks;	 /* held: |len|, or the intent's blocks */
 	int64_t rev;	 /* the commit revision (0: not known) */
 	uint64_t ask_ns; /* when to ask the hold again (0: at once) */
 };
@@ -294,6 +295,7 @@ struct efs_alloc {
 	void *dh_arg;
 	struct dheld *dh;
 	size_t ndh, capdh;
+	uint64_t dh_blocks; /* the sum of their |blocks| */
 	uv_timer_t *dh_timer;
 
 	/* Leave. */
@@ -3331,6 +3333,20 @@ static uint64_t grace_groups_until(const struct efs_alloc *a, uint64_t now)
 	return until;
 }
 
+/* The death hold's answer for frees committed at |rev| (|nodes| and
+ * |gens|: n/ and g/ read by that transaction, or NULL; |groups|:
+ * grace_groups_until now): 0 when they may go to the quarantine now,
+ * else when to ask again. */
+static uint64_t dh_ask(struct efs_alloc *a, int64_t rev, const Etcdserverpb__RangeResponse *nodes,
+		       const Etcdserverpb__RangeResponse *gens, uint64_t groups, uint64_t now)
+{
+	uint64_t u = a->dh_fn ? a->dh_fn(a->dh_arg, rev, nodes, gens) : 0;
+
+	if (groups > u)
+		u = groups;
+	return u > now ? u : 0;
+}
+
 /* For the death hold of a transaction that frees: reads of n/ and g/
  * (keys only) in its success branch, so that its response tells whether
  * a session ended since the death tracker last knew (no round trip more). */
@@ -3411,6 +3427,7 @@ void efs_alloc_txn_result(struct efs_alloc_txn *t, const Etcdserverpb__TxnRespon
 {
 	Etcdserverpb__RangeResponse *nodes = NULL, *gens = NULL;
 	struct efs_alloc *a;
+	uint64_t now;
 
 	if (!t)
 		return;
@@ -3421,15 +3438,8 @@ void efs_alloc_txn_result(struct efs_alloc_txn *t, const Etcdserverpb__TxnRespon
 	    efs_etcd_txn_resp_range(resp, t->dh_idx, &nodes) < 0 ||
 	    efs_etcd_txn_resp_range(resp, t->dh_idx + 1, &gens) < 0)
 		return;
-	t->dh_until = a->dh_fn(a->dh_arg, resp->header->revision, nodes, gens);
-	{
-		uint64_t now = efs_clock_mono_ns(), gu = grace_groups_until(a, now);
-
-		if (gu > t->dh_until)
-			t->dh_until = gu;
-		if (t->dh_until <= now)
-			t->dh_until = 0;
-	}
+	now = efs_clock_mono_ns();
+	t->dh_until = dh_ask(a, resp->header->revision, nodes, gens, grace_groups_until(a, now), now);
 	t->dh_known = true;
 }
 
@@ -3471,23 +3481,21 @@ static void dh_timer_cb(uv_timer_t *t);
 static void dh_run(struct efs_alloc *a)
 {
 	uint64_t now = efs_clock_mono_ns(), next = 0, groups = 0;
-	bool any = false, asked_groups = false;
+	bool any = false;
 	size_t k = 0;
+
+	if (a->ndh)
+		groups = grace_groups_until(a, now); /* once: the groups' part is the same for all */
 
 	for (size_t i = 0; i < a->ndh; i++) {
 		struct dheld e = a->dh[i];
 
 		if (e.ask_ns <= now) {
-			uint64_t u = a->dh_fn ? a->dh_fn(a->dh_arg, e.rev, NULL, NULL) : 0;
+			uint64_t u = dh_ask(a, e.rev, NULL, NULL, groups, now);
 
-			if (!asked_groups) {
-				groups = grace_groups_until(a, now);
-				asked_groups = true;
-			}
-			if (groups > u)
-				u = groups;
-			if (u <= now) {
+			if (u == 0) {
 				if (efs_quar_add(a->q, e.group, e.start, e.len) == 0) {
+					a->dh_blocks -= e.blocks;
 					any = true;
 					continue;
 				}
@@ -3530,9 +3538,10 @@ static bool dh_in_group(const struct efs_alloc *a, uint32_t g)
 }
 
 /* Freed by |t| (committed at |rev|): to the quarantine at once when its
- * response showed no grace running, else through the death hold. */
+ * response showed no grace running, else through the death hold. |blocks|:
+ * the blocks it frees (an intent's [start, start + len) is its id). */
 static int free_add(struct efs_alloc_txn *t, uint32_t group, uint64_t start, uint64_t len,
-		    int64_t rev)
+		    uint64_t blocks, int64_t rev)
 {
 	struct efs_alloc *a = t->a;
 
@@ -3542,7 +3551,9 @@ static int free_add(struct efs_alloc_txn *t, uint32_t group, uint64_t start, uin
 		return -ENOMEM;
 	if (a->c_dh_waits)
 		efs_counter_inc(a->c_dh_waits);
-	a->dh[a->ndh++] = (struct dheld){group, start, len, rev, t->dh_known ? t->dh_until : 0};
+	a->dh[a->ndh++] =
+		(struct dheld){group, start, len, blocks, rev, t->dh_known ? t->dh_until : 0};
+	a->dh_blocks += blocks;
 	return 0;
 }
 
@@ -3573,7 +3584,8 @@ static void commit_group(struct efs_alloc_txn *t, struct tgrp *tg, int64_t rev)
 		for (size_t i = 0; i < tg->use.n; i++)
 			efs_runs_subtract(&g->pending, tg->use.v[i].start, tg->use.v[i].len, NULL);
 		for (size_t i = 0; r == 0 && i < tg->fre.n; i++) {
-			r = free_add(t, tg->g, tg->fre.v[i].start, tg->fre.v[i].len, rev);
+			r = free_add(t, tg->g, tg->fre.v[i].start, tg->fre.v[i].len,
+				     tg->fre.v[i].len, rev);
 			if (r == 0)
 				r = runs_add_norm(&g->quar, tg->fre.v[i].start, tg->fre.v[i].len);
 			if (r == 0 && t->hold != 0)
@@ -3593,7 +3605,7 @@ static void commit_group(struct efs_alloc_txn *t, struct tgrp *tg, int64_t rev)
 			r = efs_runs_append(&in->runs, &tg->fre);
 		if (r == 0) {
 			in->id = ++a->intent_id;
-			r = free_add(t, INTENT_GROUP, in->id, 1, rev);
+			r = free_add(t, INTENT_GROUP, in->id, 1, efs_runs_total(&in->runs), rev);
 		}
 		if (r < 0) {
 			if (in)
@@ -3666,17 +3678,7 @@ void efs_alloc_get_stats(const struct efs_alloc *a, struct efs_alloc_stats *ret)
 	for (const struct intent *in = a->intents; in; in = in->next)
 		if (!in->ready)
 			ret->quarantine_blocks += efs_runs_total(&in->runs);
-	for (size_t i = 0; i < a->ndh; i++) {
-		const struct dheld *e = &a->dh[i];
-
-		if (e->group != INTENT_GROUP) {
-			ret->death_held_blocks += e->len;
-			continue;
-		}
-		for (const struct intent *in = a->intents; in; in = in->next)
-			if (in->id == e->start)
-				ret->death_held_blocks += efs_runs_total(&in->runs);
-	}
+	ret->death_held_blocks = a->dh_blocks;
 	ret->reserve_blocks = a->reserve;
 	ret->double_frees = a->double_frees;
 	ret->grace_blocks = a->grace_blocks;
@@ -3825,6 +3827,7 @@ void efs_alloc_session_lost(struct efs_alloc *a)
 	 * groups wait out the grace for whoever claims them, the intents
 	 * stay undrained). */
 	a->ndh = 0;
+	a->dh_blocks = 0;
 	uv_timer_stop(a->dh_timer);
 	for (uint32_t i = 0; i < a->ngroups; i++)
 		grp_forget(&a->groups[i]);
