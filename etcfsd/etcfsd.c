@@ -122,6 +122,7 @@ struct daemon {
 	bool ro_forced; /* read-only because of unknown ro_compat features */
 	bool noatime;
 	bool cow; /* -o cow; -o nocow (the default): overwrites in place */
+	bool delegate; /* -o delegate: creates committed in batches (fs/batch.c) */
 	char *log_file; /* owned */
 
 	struct efs_capacity *capacity;
@@ -139,6 +140,7 @@ struct daemon {
 	int data_fd; /* the device for data I/O (O_DIRECT where possible), -1: none */
 	bool data_direct;
 	uint32_t flush_interval_ms;
+	uint32_t batch_ms; /* --delegate-batch-ms */
 	uint32_t recall_bound_s;
 	uint32_t max_cached_files; /* --max-cached-files (0: the fs default) */
 	uint32_t max_hold_ms;	    /* efs_lockcache_opts values (0: the default) */
@@ -315,6 +317,10 @@ static void usage(FILE *out)
 		"  --flush-interval MS      publish written extents, sizes and times at\n"
 		"                           least this often (default 1000; fsync and\n"
 		"                           O_SYNC publish at once)\n"
+		"  --delegate-batch-ms MS   with -o delegate: a batch of creates commits\n"
+		"                           this long after its first change at the latest\n"
+		"                           (default 5; fsync, fsyncdir and a peer's recall\n"
+		"                           commit it at once)\n"
 		"  --io-threads N           device I/O worker threads (default 16)\n"
 		"  --cache-timeout MS       how long the kernel may cache entries and\n"
 		"                           attributes under a held lock (0 to TTL/4 s;\n"
@@ -344,7 +350,10 @@ static void usage(FILE *out)
 		"                           nosuid, nodev, noexec, fsname=, subtype=, ... (passed\n"
 		"                           to FUSE; default_permissions is always on); cow:\n"
 		"                           overwrites go to fresh blocks, never in place\n"
-		"                           (default nocow: overwrites in place)\n"
+		"                           (default nocow: overwrites in place); delegate:\n"
+		"                           creates in a directory this node holds are\n"
+		"                           answered at once and committed in batches\n"
+		"                           (durable at fsync/fsyncdir; default nodelegate)\n"
 		"  --log-level LEVEL        err, warn, info (default), debug\n"
 		"  --log-file FILE          append logs to FILE once in the background\n"
 		"                           (default: discarded)\n"
@@ -595,6 +604,10 @@ static int parse_mount_opts(struct daemon *d, const char *arg)
 			d->cow = opt_is(p, len, "cow");
 			skip = true;
 		}
+		if (!skip && (opt_is(p, len, "delegate") || opt_is(p, len, "nodelegate"))) {
+			d->delegate = opt_is(p, len, "delegate");
+			skip = true;
+		}
 		if (!skip && opt_has_prefix(p, len, "fsname=")) {
 			efs_mem_free(d->fsname_opt);
 			d->fsname_opt = efs_mem_strndup(p, len);
@@ -629,6 +642,7 @@ enum {
 	OPT_LOG_LEVEL,
 	OPT_LOG_FILE,
 	OPT_FLUSH_INTERVAL,
+	OPT_BATCH_MS,
 	OPT_RECALL_BOUND,
 	OPT_MAX_CACHED_FILES,
 	OPT_MAX_HOLD,
@@ -662,6 +676,7 @@ static const struct option longopts[] = {
 	{"log-level", required_argument, NULL, OPT_LOG_LEVEL},
 	{"log-file", required_argument, NULL, OPT_LOG_FILE},
 	{"flush-interval", required_argument, NULL, OPT_FLUSH_INTERVAL},
+	{"delegate-batch-ms", required_argument, NULL, OPT_BATCH_MS},
 	{"recall-bound", required_argument, NULL, OPT_RECALL_BOUND},
 	{"max-cached-files", required_argument, NULL, OPT_MAX_CACHED_FILES},
 	{"max-hold", required_argument, NULL, OPT_MAX_HOLD},
@@ -847,6 +862,11 @@ static int apply_opt(struct daemon *d, int c, const char *name, const char *arg,
 		if (int_opt(arg, "a number", 10, 600000, &num, err, err_size) < 0)
 			return -EINVAL;
 		d->flush_interval_ms = (uint32_t)num;
+		return 0;
+	case OPT_BATCH_MS:
+		if (int_opt(arg, "a number", 1, 600000, &num, err, err_size) < 0)
+			return -EINVAL;
+		d->batch_ms = (uint32_t)num;
 		return 0;
 	case OPT_IO_THREADS:
 		if (int_opt(arg, "a number", 1, 256, &num, err, err_size) < 0)
@@ -2556,6 +2576,8 @@ static int mount_fuse(struct daemon *d)
 		.read_only = d->read_only,
 		.noatime = d->noatime,
 		.cow = d->cow,
+		.delegate = d->delegate,
+		.batch_ms = d->batch_ms,
 		.dev_fd = d->data_fd,
 		.dev_direct = d->data_direct,
 		.io_threads = d->io_threads,

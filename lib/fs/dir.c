@@ -383,7 +383,7 @@ static int kv_dirent(struct efs_fs *fs, const Mvccpb__KeyValue *kv, struct efs_m
 struct dfill {
 	struct efs_fs *fs;
 	struct efs_fs_inode *din; /* referenced until the reply */
-	uint64_t grant, mseq;	  /* the directory's when the read left */
+	uint64_t grant, rmseq;	  /* the directory's when the read left */
 };
 
 static void fill_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp, void *arg)
@@ -391,7 +391,10 @@ static void fill_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 	struct dfill *f = arg;
 	struct efs_fs *fs = f->fs;
 	struct efs_fs_inode *din = f->din;
-	bool ok = !r->err && efs_fs_dcache_current(fs, din, f->grant, f->mseq);
+	/* Names this node added since are in the cache already: only other
+	 * changes void the listing. */
+	bool ok = !r->err && din->rmseq == f->rmseq &&
+		  efs_fs_dcache_current(fs, din, f->grant, din->mseq);
 
 	for (size_t i = 0; ok && i < resp->n_kvs; i++) {
 		struct efs_meta_key_info info;
@@ -420,8 +423,10 @@ void efs_fs_dcache_fill(struct efs_fs *fs, struct efs_fs_inode *dir)
 	struct efs_meta_range rg;
 	struct dfill *f;
 
+	/* Not while names it made wait in the batch of delegated changes
+	 * (batch.c): one the cache could not take would be missing. */
 	if (!grant || dir->dc_fill_grant == grant || !dir->rec || !S_ISDIR(dir->rec->mode) ||
-	    dir->mx_owner || efs_fs_dcache_complete(fs, dir))
+	    dir->mx_owner || efs_fs_dcache_complete(fs, dir) || dir->batched)
 		return;
 	if (efs_meta_range_ino(&fs->ns, EFS_META_K_DIRENT, dir->ino, &rg) < 0)
 		return;
@@ -431,7 +436,7 @@ void efs_fs_dcache_fill(struct efs_fs *fs, struct efs_fs_inode *dir)
 	f->fs = fs;
 	f->din = dir;
 	f->grant = grant;
-	f->mseq = dir->mseq;
+	f->rmseq = dir->rmseq;
 	o.range_end = rg.end.buf;
 	o.range_end_len = rg.end.len;
 	o.limit = FILL_MAX;
@@ -1010,10 +1015,28 @@ void efs_fs_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	efs_fs_reply_now(fs, req, EFS_FS_OP_RELEASEDIR, 0);
 }
 
+static void fsyncdir_synced(void *arg, int status)
+{
+	fuse_req_t req = arg;
+
+	efs_fs_reply_now(fuse_req_userdata(req), req, EFS_FS_OP_FSYNCDIR, status < 0 ? status : 0);
+}
+
 void efs_fs_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
 	struct efs_fs *fs = fuse_req_userdata(req);
+	int r = efs_fs_handle_check(fs, efs_fs_fh_of(fi));
 
-	/* Every namespace change was committed before its reply. */
-	efs_fs_reply_now(fs, req, EFS_FS_OP_FSYNCDIR, efs_fs_handle_check(fs, efs_fs_fh_of(fi)));
+	(void)ino;
+	(void)datasync;
+	/* Every namespace change commits before its reply, except delegated
+	 * ones (batch.c): they are durable once the batch is. */
+	if (r == 0) {
+		r = efs_fs_batch_sync(fs, fsyncdir_synced, req);
+		if (r == 0)
+			return;
+		if (r == 1)
+			r = 0;
+	}
+	efs_fs_reply_now(fs, req, EFS_FS_OP_FSYNCDIR, r);
 }

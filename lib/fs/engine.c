@@ -26,6 +26,10 @@
 enum {
 	RESUME_ACQUIRE = 1,
 	RESUME_PREPARE,
+	/* After a wait for the batch of delegated changes (batch.c). */
+	RESUME_LOAD,
+	RESUME_OP_PREPARE,
+	RESUME_BUILD,
 };
 
 static void step_session(struct efs_fs_op *op);
@@ -422,6 +426,12 @@ static void run_ready(struct efs_fs_op *op)
 		step_acquire(op);
 	else if (st == RESUME_PREPARE)
 		step_prepare(op);
+	else if (st == RESUME_LOAD)
+		step_load(op);
+	else if (st == RESUME_OP_PREPARE)
+		step_op_prepare(op);
+	else if (st == RESUME_BUILD)
+		step_build(op);
 }
 
 static void idle_cb(uv_idle_t *h)
@@ -444,6 +454,22 @@ static void ready_push(struct efs_fs_op *op, int state)
 	op->state = state;
 	efs_list_add_tail(&fs->ready, &op->qlink);
 	uv_idle_start(fs->idle, idle_cb);
+}
+
+void efs_fs_op_batch_resume(struct efs_fs_op *op)
+{
+	ready_push(op, op->state);
+}
+
+/* Waits for the batch of delegated changes, if any, before reading or
+ * committing: true when |op| waits (resumed at |state|). */
+static bool batch_wait(struct efs_fs_op *op, int state)
+{
+	op->state = state;
+	if (efs_fs_batch_wait_op(op))
+		return true;
+	op->state = 0;
+	return false;
 }
 
 /* ---- Retries after a transient failure ---- */
@@ -1136,6 +1162,9 @@ static void step_load(struct efs_fs_op *op)
 		step_loaded(op);
 		return;
 	}
+	/* etcd must hold every change answered before this read. */
+	if (batch_wait(op, RESUME_LOAD))
+		return;
 	if (n == 1) {
 		struct efs_etcd_range_opts o = {0};
 
@@ -1345,6 +1374,47 @@ static void apply_out(struct efs_fs_op *op, int64_t rev)
 		}
 		efs_fs_iput(fs, in);
 	}
+}
+
+/*
+ * A change that joined the batch: the caches take its records at the
+ * revisions they had (the batch's compares expect those until it commits,
+ * batch.c), the new inode's lock is held, pinned until the batch commits,
+ * and the operation replies.
+ */
+static void batch_done(struct efs_fs_op *op)
+{
+	struct efs_fs *fs = op->fs;
+	bool oref = op->d->code == EFS_FS_OP_CREATE && fs->reclaim_priv;
+
+	op->committed = true;
+	op->commit_rev = 0;
+	report_outcome(op, EFS_FS_COMMITTED, 0);
+	if (op->granted) {
+		efs_lock_grant_committed(fs->lc, op->new_ino, true);
+		op->granted = false;
+	}
+	for (size_t i = 0; i < op->nout; i++) {
+		struct efs_fs_out *o = &op->out[i];
+		struct efs_fs_inode *in = efs_fs_iget(fs, o->ino);
+		Etcfs__Inode *rec = NULL;
+		bool is_new_ino = op->d->new_inode && o->ino == op->new_ino;
+
+		if (!in)
+			continue;
+		in->refs++;
+		if (efs_meta_inode_decode(o->val.data, o->val.len, &rec, NULL) == 0)
+			efs_fs_inode_set(fs, in, rec, o->is_new ? 0 : o->mod_rev, true);
+		else
+			in->epoch = 0;
+		/* Every lock the batch's guards compare stays until it commits
+		 * (the operation's own pins hold it exclusively now). */
+		efs_fs_batch_note(op, o->ino, o->is_new, efs_lock_pin_held(fs->lc, o->ino),
+				  is_new_ino && oref);
+		efs_fs_iput(fs, in);
+	}
+	op->d->done(op);
+	efs_fs_op_finish(op, 0);
 }
 
 static void op_done(struct efs_fs_op *op, int64_t rev)
@@ -1628,6 +1698,10 @@ static int count_check(struct efs_fs_op *op)
 	if (!op->counted &&
 	    (!fs->count_known ||
 	     (uint64_t)(fs->icount + fs->icreating) + 1 + EFS_FS_INODE_SLACK > limit)) {
+		/* The count must see the inodes of creates answered already:
+		 * it is read after the batch of delegated changes. */
+		if (!fs->count_busy && batch_wait(op, RESUME_PREPARE))
+			return EFS_FS_WAIT;
 		efs_list_add_tail(&fs->count_waiters, &op->qlink);
 		if (fs->count_busy)
 			return EFS_FS_WAIT;
@@ -1695,6 +1769,10 @@ static void step_op_prepare(struct efs_fs_op *op)
 	int r;
 
 	if (op->d->prepare) {
+		/* Preparations read etcd (listings) or start commits of
+		 * their own (a publication's allocations): after the batch. */
+		if (batch_wait(op, RESUME_OP_PREPARE))
+			return;
 		r = op->d->prepare(op);
 		if (r == EFS_FS_WAIT)
 			return;
@@ -1859,6 +1937,15 @@ static void step_build(struct efs_fs_op *op)
 {
 	int r;
 
+	op->batched = false;
+	if (op->d->mutates) {
+		/* A change decided under held exclusive locks joins the batch;
+		 * any other commit goes after it, built with the revisions its
+		 * commit leaves (the records it compares may be in it). */
+		op->batched = efs_fs_batch_eligible(op);
+		if (!op->batched && batch_wait(op, RESUME_BUILD))
+			return;
+	}
 	reset_out(op);
 	if (op->d->mutates) {
 		r = efs_fs_op_txn(op);
@@ -1940,6 +2027,29 @@ static void step_send(struct efs_fs_op *op)
 		efs_log_debug("fs: %s: cannot build the transaction: %d",
 			      efs_fs_op_names[op->d->code], r);
 		efs_fs_op_finish(op, r == -ENOLCK ? -EIO : r == -ENOMEM ? -ENOMEM : -EIO);
+		return;
+	}
+	if (op->batched) {
+		r = efs_fs_batch_add(op);
+		if (r == 0) {
+			batch_done(op);
+			return;
+		}
+		if (op->granted) {
+			efs_lock_grant_committed(fs->lc, op->new_ino, false); /* never sent */
+			op->granted = false;
+		}
+		if (r == -ENOMEM) {
+			efs_fs_op_finish(op, -ENOMEM);
+			return;
+		}
+		if (r == -EINVAL)
+			op->no_batch = true; /* not batchable: it commits alone */
+		/* Full or in flight: build again once it is gone (then
+		 * joining the next batch, or committing alone). */
+		op->batched = false;
+		if (!batch_wait(op, RESUME_BUILD))
+			step_build(op);
 		return;
 	}
 	/* Last, after the guards: idle releases ride what goes out anyway. */

@@ -258,6 +258,7 @@ struct efs_fs_inode {
 	uint32_t opening;
 	uint64_t live_epoch;
 	uint64_t mseq;		    /* bumped by each name change this node makes */
+	uint64_t rmseq;		    /* ... of them, those not only adding a name */
 	/* This node's open reference r/<ino><node> (reclaim.c): the fs epoch
 	 * it was put under (0: none; a lost session took it with the lease)
 	 * and the revision that put it (its drop compares it). */
@@ -287,6 +288,8 @@ struct efs_fs_inode {
 	/* Node-local mutex of mutations (see the engine above). */
 	struct efs_fs_op *mx_owner;
 	struct efs_list mx_waiters; /* FIFO of operations (op->mx_link) */
+	bool batched; /* a delegated change of it waits in the batch (batch.c) */
+	bool batch_lost; /* ... and that batch failed: fsync answers EIO */
 };
 
 /* ---- Open handles ---- */
@@ -446,6 +449,14 @@ struct efs_fs {
 	uint64_t eio_win_ns;
 	unsigned eio_logged;
 	uint64_t eio_quiet;
+
+	/* Delegated namespace changes (batch.c, -o delegate). */
+	bool delegate;
+	uint32_t batch_ms;	    /* a batch goes this long after its first change */
+	struct efs_fs_batch *batch;
+	int batch_err;		    /* a failed batch: the next sync's answer */
+	uint64_t batch_off_until;   /* monotonic ns: no delegation before */
+	struct efs_counter *m_batches, *m_batch_ops, *m_batch_failures;
 };
 
 /* ---- Operation records ---- */
@@ -526,6 +537,8 @@ struct efs_fs_op {
 	bool planned;	  /* plan ran once */
 	bool counted;	  /* the inode count was read for this create */
 	bool creating;	  /* counted in fs->icreating */
+	bool batched;	  /* its changes joined the batch instead of a commit (batch.c) */
+	bool no_batch;	  /* the batch refused it: it commits alone */
 	bool committed;	  /* the transaction applied */
 	int loads_done;
 	size_t nkv_loaded; /* kv entries the last load covered */
@@ -672,6 +685,12 @@ struct efs_fs_opdesc {
 	 * they need not be covered). EFS_FS_CONT sends; a negative errno
 	 * ends the operation after a FAILED outcome (nothing was sent). */
 	int (*seal)(struct efs_fs_op *op);
+	/* Optional (-o delegate, batch.c): whether the built operation may
+	 * join the batch of delegated changes instead of committing, given
+	 * that it holds its locks exclusively (the operation's own
+	 * condition: a create knows every name of its directory). NULL:
+	 * never. */
+	bool (*batchable)(struct efs_fs_op *op);
 	void (*done)(struct efs_fs_op *op);
 	/* Optional. Each commit attempt's outcome: COMMITTED (|rev| the
 	 * revision) and FAILED end the attempt (FAILED: not applied; a
@@ -1122,3 +1141,33 @@ int efs_fs_acl_inherit(uint8_t *v, size_t len, uint32_t *mode);
  */
 int efs_fs_access_check(const Etcfs__Inode *rec, int mask, uid_t uid, gid_t gid,
 			const gid_t *groups, size_t ngroups);
+
+/* ---- Delegated namespace changes (batch.c) ---- */
+
+struct efs_fs_batch;
+int efs_fs_batch_init(struct efs_fs *fs);
+void efs_fs_batch_free(struct efs_fs *fs);
+/* Stops the batch's timers (efs_fs_abandon: the loop's clients are gone). */
+void efs_fs_batch_abandon(struct efs_fs *fs);
+/* Whether a batch collects changes or is in flight: every other etcd
+ * read or commit of the fs waits for it (efs_fs_batch_wait_op). */
+bool efs_fs_batch_busy(const struct efs_fs *fs);
+/* Whether |op|, built now, may join the batch instead of committing. */
+bool efs_fs_batch_eligible(const struct efs_fs_op *op);
+/* Merges |op|'s built transaction (guards included) into the batch: 0,
+ * -E2BIG (the batch is full and was sent: wait for it and build again),
+ * -EAGAIN (in flight: the same), -EINVAL (not batchable), -ENOMEM. */
+int efs_fs_batch_add(struct efs_fs_op *op);
+/* Records that the batch changed |ino| (|pin|: its new lock's pin, taken
+ * over; |oref|: its open reference rides the batch). */
+int efs_fs_batch_note(struct efs_fs_op *op, uint64_t ino, bool is_new, void *pin, bool oref);
+/* 0: no batch; 1: |op| waits (efs_fs_op_batch_resume once it ended). */
+int efs_fs_batch_wait_op(struct efs_fs_op *op);
+/* The engine's resume of an operation that waited for a batch. */
+void efs_fs_op_batch_resume(struct efs_fs_op *op);
+/*
+ * Makes every change answered so far durable: 1 when there is nothing to
+ * wait for, 0 (|cb| later with 0 or -EIO), or a negative errno: -EIO once
+ * after a batch failed (then no longer).
+ */
+int efs_fs_batch_sync(struct efs_fs *fs, void (*cb)(void *arg, int status), void *arg);

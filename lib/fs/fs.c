@@ -195,6 +195,18 @@ static int register_metrics(struct efs_fs *fs)
 		"Lookups answered from the directory name cache, absent names included", NULL);
 	fs->m_lookup_read = efs_metrics_counter(fs->m, "etcfs_lookup_reads_total",
 						"Lookups that read the name from etcd", NULL);
+	fs->m_batches = efs_metrics_counter(
+		fs->m, "etcfs_delegated_batches_total",
+		"Transactions that committed a batch of delegated namespace changes (-o delegate)",
+		NULL);
+	fs->m_batch_ops = efs_metrics_counter(
+		fs->m, "etcfs_delegated_ops_total",
+		"Namespace changes answered at once under a held lock and committed in a batch",
+		NULL);
+	fs->m_batch_failures = efs_metrics_counter(
+		fs->m, "etcfs_delegated_batch_failures_total",
+		"Batches of delegated changes that failed (their changes lost, as in a crash)",
+		NULL);
 	fs->m_retries = efs_metrics_counter(
 		fs->m, "etcfs_op_retries_total",
 		"Operations that read again and retried after a conflict or an unknown outcome "
@@ -365,6 +377,8 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 	fs->read_only = o->read_only;
 	fs->noatime = o->noatime;
 	fs->cow = o->cow;
+	fs->delegate = o->delegate && !o->read_only;
+	fs->batch_ms = o->batch_ms ? o->batch_ms : 5;
 	fs->cache_timeout_ms = o->cache_timeout_ms == EFS_FS_NO_KERNEL_CACHE ? 0
 			       : o->cache_timeout_ms		    ? o->cache_timeout_ms
 								    : 500;
@@ -410,6 +424,9 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 		goto fail;
 	}
 	fs->retry_timer->data = fs;
+	r = efs_fs_batch_init(fs);
+	if (r < 0)
+		goto fail;
 	if (m) {
 		r = register_metrics(fs);
 		if (r < 0)
@@ -588,10 +605,62 @@ static void fs_published(int status, void *arg)
 	cb(status, cb_arg);
 }
 
+/*
+ * A sync request or a leave finds the batch of delegated changes busy: it
+ * runs again once the batch committed (a leave goes on after a failed
+ * batch too, a sync request answers its error).
+ */
+struct batch_then {
+	struct efs_fs *fs;
+	int (*fn)(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg);
+	void (*cb)(int status, void *arg);
+	void *arg;
+	bool go_on;
+};
+
+static void batch_then_cb(void *arg, int status)
+{
+	struct batch_then t = *(struct batch_then *)arg;
+	int r;
+
+	efs_mem_free(arg);
+	if (status < 0 && !t.go_on) {
+		t.cb(status, t.arg);
+		return;
+	}
+	r = t.fn(t.fs, t.cb, t.arg);
+	if (r != 0)
+		t.cb(r == 1 ? 0 : r, t.arg);
+}
+
+static int after_batch(struct efs_fs *fs,
+		       int (*fn)(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg),
+		       void (*cb)(int status, void *arg), void *arg, bool go_on)
+{
+	struct batch_then *t = efs_mem_calloc(1, sizeof(*t));
+	int r;
+
+	if (!t)
+		return -ENOMEM;
+	*t = (struct batch_then){.fs = fs, .fn = fn, .cb = cb, .arg = arg, .go_on = go_on};
+	r = efs_fs_batch_sync(fs, batch_then_cb, t);
+	if (r != 0)
+		efs_mem_free(t);
+	return r == 1 ? fn(fs, cb, arg) : r;
+}
+
 int efs_fs_publish_all(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg)
 {
 	int r;
 
+	if (efs_fs_batch_busy(fs))
+		return after_batch(fs, efs_fs_publish_all, cb, arg, false);
+	if (fs->batch_err) {
+		/* A batch of delegated changes failed since the last sync. */
+		r = fs->batch_err;
+		fs->batch_err = 0;
+		return r;
+	}
 	if (fs->pub_cb)
 		return -EBUSY;
 	r = efs_fs_data_sync_all(fs, fs_published, fs);
@@ -607,6 +676,8 @@ int efs_fs_leave(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg
 	struct leave_state *ls;
 	int r;
 
+	if (efs_fs_batch_busy(fs))
+		return after_batch(fs, efs_fs_leave, cb, arg, true);
 	if (!fs->alloc)
 		return 1;
 	ls = efs_mem_calloc(1, sizeof(*ls));
@@ -670,6 +741,7 @@ void efs_fs_abandon(struct efs_fs *fs)
 		efs_fs_data_abandon(fs);
 	if (fs->alloc)
 		efs_fs_reclaim_abandon(fs);
+	efs_fs_batch_abandon(fs);
 	if (fs->lc)
 		efs_lockcache_set_ops(fs->lc, EFS_FS_LOCK_DIR, NULL, NULL);
 	if (fs->lc)
@@ -683,6 +755,7 @@ struct efs_fs *efs_fs_free(struct efs_fs *fs)
 		return NULL;
 	kernel_gone(fs);
 	efs_fs_readpins_drop_all(fs);
+	efs_fs_batch_free(fs);
 	while (fs->handles.next && !efs_list_empty(&fs->handles))
 		efs_fs_handle_free(fs, efs_list_entry(fs->handles.next, struct efs_fs_handle, link));
 	if (fs->alloc)

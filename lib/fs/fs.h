@@ -42,6 +42,10 @@ struct efs_fs_opts {
 	 * one half written); otherwise an overwrite of blocks the file maps
 	 * goes in place. */
 	bool cow;
+	/* -o delegate: creates under a directory this node holds exclusively
+	 * are answered at once and committed in batches (fs/batch.c). */
+	bool delegate;
+	uint32_t batch_ms; /* a batch goes this long after its first change (0: 5) */
 	/* Entry/attr timeout given to the kernel under a held lock (0: 500 ms,
 	 * a quarter of the default 2 s session TTL, so that caches granted
 	 * before a suspension time out before the lease deadline; pass

@@ -111,9 +111,12 @@ static void ns_committed(struct efs_fs_op *op)
 	case EFS_FS_OP_MKNOD:
 	case EFS_FS_OP_MKDIR:
 	case EFS_FS_OP_SYMLINK:
-		if (pin)
-			efs_fs_dcache_put(op->fs, pin, nop->name, nop->name_len, op->new_ino,
-					  efs_meta_dt_from_mode(nop->mode));
+		/* A name the cache could not take must void listings read
+		 * before it (dir.c's fill would complete the cache without
+		 * it). */
+		if (pin && !efs_fs_dcache_put(op->fs, pin, nop->name, nop->name_len, op->new_ino,
+					      efs_meta_dt_from_mode(nop->mode)))
+			pin->rmseq++;
 		if (op->d->code == EFS_FS_OP_MKDIR) {
 			struct efs_fs_inode *nin = efs_fs_ifind(op->fs, op->new_ino);
 
@@ -136,9 +139,33 @@ static void ns_committed(struct efs_fs_op *op)
 	for (int i = 0; i < 2; i++) {
 		struct efs_fs_inode *d = efs_fs_ifind(op->fs, i ? nop->ino2 : op->ino);
 
-		if (d)
-			d->mseq++;
+		if (!d)
+			continue;
+		d->mseq++;
+		/* A listing read meanwhile still holds every name but the new
+		 * one, which the cache has: it may still make the cache whole
+		 * (dir.c's fill). Other changes void it. */
+		if (!op->d->new_inode)
+			d->rmseq++;
 	}
+}
+
+/* Delegation (batch.c): a create-like operation is decided knowing every
+ * name of its directory: the name cache is complete and says it is absent. */
+static bool mk_batchable(struct efs_fs_op *op)
+{
+	struct ns_op *nop = nop_of(op);
+	struct efs_fs_inode *pin = efs_fs_ifind(op->fs, op->ino);
+	const Etcfs__Inode *prec = efs_fs_rec(op, op->ino);
+	uint64_t child = 1;
+	uint32_t type;
+
+	/* A default ACL to inherit is read in the plan: not batched. */
+	if (!pin || !prec || (op->fs->posix_acl && prec->xattr_count > 0) ||
+	    !efs_fs_dcache_complete(op->fs, pin))
+		return false;
+	return efs_fs_dcache_get(op->fs, pin, nop->name, nop->name_len, &child, &type) == 1 &&
+	       child == 0;
 }
 
 static void ns_release(struct efs_fs_op *op)
@@ -148,10 +175,17 @@ static void ns_release(struct efs_fs_op *op)
 	/* A commit whose outcome stayed unknown may have changed the names:
 	 * none of them is known any more. */
 	if (op->unsettled && !op->committed) {
+		struct efs_fs_inode *d;
+
 		if (nop->name_len)
 			efs_fs_dcache_forget(op->fs, op->ino, nop->name, nop->name_len);
 		if (nop->name2_len)
 			efs_fs_dcache_forget(op->fs, nop->ino2, nop->name2, nop->name2_len);
+		/* A listing read meanwhile may or may not hold the name. */
+		if ((d = efs_fs_ifind(op->fs, op->ino)))
+			d->rmseq++;
+		if (nop->ino2 && (d = efs_fs_ifind(op->fs, nop->ino2)))
+			d->rmseq++;
 	}
 	efs_mem_free(nop->link);
 }
@@ -161,7 +195,7 @@ static void ns_release(struct efs_fs_op *op)
  * opcode, origin, flags (mutates, reserves a new inode, grows the
  * metadata) and steps.
  */
-#define NS_DESC(var, opc, orig, mut, newi, grow, plan_, prepare_, build_, done_)                    \
+#define NS_DESC_B(var, opc, orig, mut, newi, grow, plan_, prepare_, build_, done_, batchable_)      \
 	static const struct efs_fs_opdesc var = {                                                  \
 		.code = opc,                                                                       \
 		.size = sizeof(struct ns_op),                                                      \
@@ -173,8 +207,11 @@ static void ns_release(struct efs_fs_op *op)
 		.prepare = prepare_,                                                               \
 		.build = build_,                                                                   \
 		.done = done_,                                                                     \
+		.batchable = batchable_,                                                           \
 		.release = ns_release,                                                             \
 	}
+#define NS_DESC(var, opc, orig, mut, newi, grow, plan_, prepare_, build_, done_)                    \
+	NS_DESC_B(var, opc, orig, mut, newi, grow, plan_, prepare_, build_, done_, NULL)
 
 /* The |done| of operations that reply success without data. */
 static void ns_ok_done(struct efs_fs_op *op)
@@ -690,7 +727,8 @@ static void mk_done(struct efs_fs_op *op)
 		efs_fs_handle_free(fs, h);
 }
 
-#define MK_DESC(var, opc, orig) NS_DESC(var, opc, orig, true, true, true, mk_plan, NULL, mk_build, mk_done)
+#define MK_DESC(var, opc, orig)                                                                    \
+	NS_DESC_B(var, opc, orig, true, true, true, mk_plan, NULL, mk_build, mk_done, mk_batchable)
 
 MK_DESC(create_desc, EFS_FS_OP_CREATE, EFS_FS_ORIG_CREATE);
 MK_DESC(mknod_desc, EFS_FS_OP_MKNOD, EFS_FS_ORIG_MKNOD);

@@ -241,6 +241,8 @@ struct efs_lockcache {
 	} ops[EFS_LOCK_KINDS];
 	efs_lock_kind_fn kind_fn;
 	void *kind_arg;
+	efs_lock_wanted_fn wanted_fn;
+	void *wanted_arg;
 	uint64_t grant_seq;	/* last grant id handed out */
 	size_t n_draining;	/* entries with |draining| set */
 	struct efs_list rwaiters; /* efs_lock_release_now callers (rwait.link), newest first */
@@ -3070,6 +3072,8 @@ static void recall_event(struct efs_lockcache *lc, const Mvccpb__KeyValue *kv, b
 	e = efs_locktab_find(&lc->tab, ki.ino);
 	if (e && e->recalled)
 		yield_scan(lc, e);
+	if (e && e->pins && lc->wanted_fn)
+		lc->wanted_fn(lc->wanted_arg, ki.ino); /* may not touch |e| */
 	recall_apply(lc, ki.ino);
 }
 
@@ -3789,6 +3793,14 @@ bool efs_lock_may_cache(const struct efs_lockcache *lc, uint64_t ino)
 	return !(e->prep_keeps && (e->prep || e->prepared));
 }
 
+bool efs_lock_may_defer(const struct efs_lockcache *lc, uint64_t ino)
+{
+	const struct efs_locktab_entry *e = usable_entry(lc, ino);
+
+	return e && e->state == EFS_LOCKTAB_HELD && e->mode == EFS_LOCK_EXCLUSIVE &&
+	       !e->recalled && !e->hold_deferred && !e->draining && !e->prep && !e->prepared;
+}
+
 int efs_lock_inplace_check(struct efs_lockcache *lc, uint64_t ino, efs_lock_inplace_cb cb,
 			   void *arg)
 {
@@ -3847,6 +3859,14 @@ void efs_lock_set_kind(struct efs_lockcache *lc, uint64_t ino, unsigned kind)
 
 	if (e && kind < EFS_LOCK_KINDS)
 		e->kind = (uint8_t)kind;
+}
+
+void efs_lockcache_set_wanted_fn(struct efs_lockcache *lc, efs_lock_wanted_fn fn, void *arg)
+{
+	if (!lc)
+		return;
+	lc->wanted_fn = fn;
+	lc->wanted_arg = arg;
 }
 
 void efs_lockcache_set_kind_fn(struct efs_lockcache *lc, efs_lock_kind_fn fn, void *arg)
@@ -4171,6 +4191,29 @@ void efs_lock_grant_committed(struct efs_lockcache *lc, uint64_t ino, bool commi
 	new_grant(lc, e);
 	efs_locktab_touch(&lc->tab, e, now_ns());
 	entry_changed(lc, e);
+}
+
+void *efs_lock_pin_held(struct efs_lockcache *lc, uint64_t ino)
+{
+	struct efs_locktab_entry *e = lc ? efs_locktab_find(&lc->tab, ino) : NULL;
+
+	if (!e || e->state != EFS_LOCKTAB_HELD || e->mode != EFS_LOCK_EXCLUSIVE)
+		return NULL;
+	pin_mode(lc, e, EFS_LOCK_EXCLUSIVE, now_ns());
+	return e;
+}
+
+void efs_lock_unpin_held(struct efs_lockcache *lc, void *pin)
+{
+	if (!lc || !pin)
+		return;
+	/* A removed entry (a lost session) is freed with its last pin. */
+	efs_locktab_unpin(&lc->tab, pin, now_ns());
+	recall_hold_again(lc);
+	if (!efs_list_empty(&lc->rwaiters) || lc->n_draining)
+		release_kick(lc);
+	else if (lc->max_cached && lc->tab.count > lc->max_cached)
+		release_start(lc);
 }
 
 int efs_lock_drop_in_txn(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino)

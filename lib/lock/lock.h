@@ -287,6 +287,14 @@ int efs_lockcache_set_ops(struct efs_lockcache *lc, unsigned kind, const struct 
 /* Registers the kind classifier (NULL: every lock is of the kind set by
  * efs_lock_set_kind, else 0); a kind set with efs_lock_set_kind wins. */
 void efs_lockcache_set_kind_fn(struct efs_lockcache *lc, efs_lock_kind_fn fn, void *arg);
+/*
+ * A peer's recall of |ino| arrived while the lock is pinned: whatever pins
+ * it without waiting for anything (a batch of delegated changes, fs/batch.c)
+ * should let go soon. Called on the loop; it must not release locks. NULL:
+ * nothing to tell.
+ */
+typedef void (*efs_lock_wanted_fn)(void *arg, uint64_t ino);
+void efs_lockcache_set_wanted_fn(struct efs_lockcache *lc, efs_lock_wanted_fn fn, void *arg);
 /* Frees |lc|: callers drain their operations first; acquisitions still
  * pending are dropped without a callback. Holder keys stay in etcd (they
  * go with the session lease). Free the lock cache before its session.
@@ -346,6 +354,15 @@ enum efs_lock_mode efs_lock_held(const struct efs_lockcache *lc, uint64_t ino);
  * preparation pins do not void (serve_while_invalidating) is being
  * prepared or prepared. */
 bool efs_lock_may_cache(const struct efs_lockcache *lc, uint64_t ino);
+/*
+ * Whether a change under the exclusive hold of |ino| may be decided now
+ * and committed later (delegation: the change's transaction waits in a
+ * batch, the lock pinned until it commits): held exclusively, no peer's
+ * recall waiting on it, no release of it asked for or being prepared.
+ * Unlike efs_lock_may_cache, a lock recently contended qualifies: a
+ * recall arriving meanwhile waits only for the batch.
+ */
+bool efs_lock_may_defer(const struct efs_lockcache *lc, uint64_t ino);
 
 /*
  * Whether a write of |ino| under the lock held now may go in place (into
@@ -471,6 +488,17 @@ int efs_lock_guard(const struct efs_lockcache *lc, struct efs_etcd_txn *t, uint6
  */
 int efs_lock_grant_in_txn(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino);
 void efs_lock_grant_committed(struct efs_lockcache *lc, uint64_t ino, bool committed);
+
+/*
+ * Pins the exclusive hold of |ino| without a request, for changes under it
+ * that no transaction carries yet (a new inode whose creating transaction
+ * waits in a batch): while pinned, the lock is never released, idle or
+ * not. Returns the pin for efs_lock_unpin_held, or NULL when |ino| is not
+ * held exclusively now.
+ */
+void *efs_lock_pin_held(struct efs_lockcache *lc, uint64_t ino);
+/* Drops a pin of efs_lock_pin_held (accepts NULL). */
+void efs_lock_unpin_held(struct efs_lockcache *lc, void *pin);
 
 /*
  * An inode was deleted (last link gone, record removed) by a transaction

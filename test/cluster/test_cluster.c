@@ -1754,6 +1754,147 @@ static void three_nodes_creating_in_one_directory_agree_on_every_name(void)
 	efs_proof_dir_ping_pong(&cl, cur_check, 3);
 }
 
+/* ---- Delegated creates (-o delegate) ---- */
+
+/* Remounts node |i| with -o delegate (|on|) or with the suite's arguments. */
+static void delegate_on(int i, bool on)
+{
+	static const char *const args[] = {"-o", "delegate", NULL};
+
+	efs_cl_unmount(&cl, i);
+	efs_cl_setargs(&cl, i, on ? args : NULL);
+	efs_cl_mount(&cl, i);
+}
+
+/* The names node |i| lists in |rel| that start with |prefix|, each once:
+ * -1 when one is listed twice. */
+static int count_listed(int i, const char *rel, const char *prefix, unsigned char *seen,
+			size_t nseen)
+{
+	DIR *d = opendir(P(i, "%s", rel));
+	struct dirent *de;
+	size_t plen = strlen(prefix);
+	int n = 0, dup = 0;
+
+	CL_CHECK(d, "opendir %s on node%d: %s", rel, i + 1, strerror(errno));
+	memset(seen, 0, nseen);
+	while ((de = readdir(d))) {
+		unsigned k;
+
+		if (strncmp(de->d_name, prefix, plen) || sscanf(de->d_name + plen, "%u", &k) != 1)
+			continue;
+		CL_CHECK(k < nseen, "node%d lists %s/%s, never made", i + 1, rel, de->d_name);
+		dup += seen[k]++ > 0;
+		n++;
+	}
+	closedir(d);
+	return dup ? -1 : n;
+}
+
+/*
+ * A node holding a directory decides creates in it locally and commits
+ * them in batches. Another node sees each name at once, exactly once and
+ * in order (its listing recalls the lock, which commits the batch first);
+ * two delegating nodes creating in one directory fall back to a commit per
+ * recall and agree on every name; a delegating node killed loses nothing
+ * an fsync asked for and leaves no half-made name.
+ */
+static void delegated_creates_are_seen_by_peers_in_order_and_survive_a_kill(void)
+{
+	unsigned char seen[256];
+	double ops0, b0, ops1, b1;
+	int late = 0;
+
+	check_dir();
+	delegate_on(0, true);
+	mkdir_ok(P(0, "a"));
+	mkdir_ok(P(0, "b"));
+	mkdir_ok(P(0, "c"));
+	ops0 = efs_cl_metric(&cl, 0, "etcfs_delegated_ops_total");
+	b0 = efs_cl_metric(&cl, 0, "etcfs_delegated_batches_total");
+	for (int i = 0; i < 200; i++) {
+		int n;
+
+		put_file(P(0, "a/f%03d", i), "", 0);
+		if (i % 10 != 9)
+			continue;
+		n = count_listed(2, "a", "f", seen, sizeof(seen));
+		CL_CHECK(n == i + 1, "after node1 made a/f000..a/f%03d node3 lists %d of them%s", i,
+			 n, n < 0 ? " (one twice)" : "");
+		for (int k = 0; k <= i; k++)
+			CL_CHECK(seen[k] == 1, "node3 does not list a/f%03d", k);
+	}
+	ops1 = efs_cl_metric(&cl, 0, "etcfs_delegated_ops_total") - ops0;
+	b1 = efs_cl_metric(&cl, 0, "etcfs_delegated_batches_total") - b0;
+	printf("# one writer, a peer listing every 10 creates: %.0f changes delegated in %.0f "
+	       "batches\n",
+	       ops1, b1);
+	/* After each listing the directory's names are read again before
+	 * creates are decided locally (a few creates commit alone
+	 * meanwhile); the rest of each round is batched. */
+	CL_CHECK(ops1 >= 20, "only %.0f of 200 creates were delegated", ops1);
+	CL_CHECK(b1 < ops1, "%.0f batches for %.0f delegated changes", b1, ops1);
+
+	/* Contended: two delegating nodes take turns in one directory. */
+	delegate_on(2, true);
+	ops0 = efs_cl_metric(&cl, 0, "etcfs_delegated_ops_total");
+	b0 = efs_cl_metric(&cl, 0, "etcfs_delegated_batches_total");
+	for (int i = 0; i < 100; i++) {
+		put_file(P(0, "b/x%03d", i), "x", 1);
+		put_file(P(2, "b/y%03d", i), "y", 1);
+	}
+	printf("# two delegating nodes taking turns: node1 delegated %.0f changes in %.0f "
+	       "batches\n",
+	       efs_cl_metric(&cl, 0, "etcfs_delegated_ops_total") - ops0,
+	       efs_cl_metric(&cl, 0, "etcfs_delegated_batches_total") - b0);
+	for (int i = 0; i < cl.n; i++) {
+		CL_CHECK(count_listed(i, "b", "x", seen, sizeof(seen)) == 100,
+			 "node%d does not list node1's 100 names once each", i + 1);
+		CL_CHECK(count_listed(i, "b", "y", seen, sizeof(seen)) == 100,
+			 "node%d does not list node3's 100 names once each", i + 1);
+	}
+	delegate_on(2, false);
+
+	/* A kill -9: what fsync asked for stays, nothing is half made. */
+	for (int i = 0; i < 50; i++)
+		put_file(P(0, "c/k%03d", i), "", 0);
+	{
+		int fd = open(P(0, "c/durable"), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+
+		CL_CHECK(fd >= 0, "create c/durable: %s", strerror(errno));
+		CL_CHECK(write(fd, "durable", 7) == 7, "write: %s", strerror(errno));
+		CL_CHECK(fsync(fd) == 0, "fsync: %s", strerror(errno));
+		close(fd);
+	}
+	for (int i = 50; i < 60; i++)
+		put_file(P(0, "c/k%03d", i), "", 0);
+	efs_cl_kill(&cl, 0);
+	{
+		char buf[16] = {0};
+
+		CL_CHECK(get_file(P(2, "c/durable"), buf, sizeof(buf)) == 7 &&
+				 memcmp(buf, "durable", 7) == 0,
+			 "c/durable, fsynced on node1, reads '%s' on node3 after node1's kill", buf);
+	}
+	CL_CHECK(count_listed(2, "c", "k", seen, sizeof(seen)) >= 50,
+		 "node3 lists fewer than the 50 names made before node1's fsync");
+	for (int k = 0; k < 60; k++) {
+		if (k < 50)
+			CL_CHECK(seen[k] == 1, "c/k%03d, made before an fsync, is gone", k);
+		if (seen[k]) {
+			struct stat st = stat_of(P(2, "c/k%03d", k));
+
+			CL_CHECK(S_ISREG(st.st_mode) && st.st_nlink == 1, "c/k%03d is half made", k);
+			late += k >= 50;
+		}
+	}
+	printf("# after node1's kill -9: %d of the 10 names no fsync asked for are there\n",
+	       late);
+	efs_cl_setargs(&cl, 0, NULL);
+	efs_cl_down(&cl, 0);
+	efs_cl_mount(&cl, 0);
+}
+
 /* ---- Dead nodes' space, grace and evict (issue 12) ---- */
 
 
@@ -2123,6 +2264,7 @@ static const struct check checks[] = {
 	CHECK(a_cut_off_node_suspends_fails_late_operations_and_rejoins, 120, RUN_FULL),
 	CHECK(an_etcd_leader_killed_during_untars_on_two_nodes_loses_nothing, 90, RUN_FULL),
 	CHECK(a_node_killed_under_write_load_loses_nothing_fsynced, 90, RUN_FULL),
+	CHECK(delegated_creates_are_seen_by_peers_in_order_and_survive_a_kill, 120, RUN_FULL),
 };
 
 #define NCHECKS (sizeof(checks) / sizeof(checks[0]))

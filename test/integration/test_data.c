@@ -2477,4 +2477,123 @@ Test(data, a_cow_mount_overwrites_copy_on_write)
 	env_stop();
 	efs_test_assert_no_leaks();
 }
+
+/* ==== Delegated creates (-o delegate) ==== */
+
+static void touch_new(const char *rel)
+{
+	char path[PATH_MAX];
+	int fd = open(env_path(path, sizeof(path), rel), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC,
+		      0644);
+
+	cr_assert_geq(fd, 0, "create %s: %s", rel, strerror(errno));
+	IO_EQ(close(fd), 0);
+}
+
+static bool exists_rel(const char *rel, struct stat *st)
+{
+	char path[PATH_MAX];
+
+	return lstat(env_path(path, sizeof(path), rel), st) == 0;
+}
+
+/*
+ * Creates and mkdirs under a directory this node holds join a batch
+ * instead of committing one by one (the batch's timer is a minute here,
+ * so only a full batch, fsync and fsyncdir commit it); an fsync of a file
+ * in a tree made in the batch makes the whole path durable, fsyncdir the
+ * names before it; a kill -9 loses at most names no fsync asked for, and
+ * fsck finds nothing wrong.
+ */
+Test(data, delegated_creates_commit_in_batches_and_fsync_makes_them_durable)
+{
+	static const char *const args[] = {"-o", "allow_other,delegate", "--delegate-batch-ms",
+					   "60000", NULL};
+	char rel[64], path[PATH_MAX];
+	struct stat st;
+	double ops, batches;
+	int fd, late = 0, seen = 0;
+
+	env_start(0, args);
+	cr_assert_eq(mkdir(env_path(path, sizeof(path), "d"), 0755), 0, "mkdir: %s",
+		     strerror(errno));
+	for (int i = 0; i < 300; i++) {
+		snprintf(rel, sizeof(rel), "d/f%03d", i);
+		touch_new(rel);
+	}
+	ops = efs_test_fs_metric(&env.f, "etcfs_delegated_ops_total");
+	batches = efs_test_fs_metric(&env.f, "etcfs_delegated_batches_total");
+	cr_assert_geq(ops, 300, "only %.0f of 300 creates were delegated", ops);
+	/* A create merges 2 compares and 4 puts (the directory's record once
+	 * per batch): a batch of etcd's 128 operations holds 30 of them. */
+	cr_assert_leq(batches, 300 / 20, "%.0f batches for %.0f delegated changes", batches, ops);
+	cr_assert_eq(efs_test_fs_metric(&env.f, "etcfs_delegated_batch_failures_total"), 0);
+
+	/* fsync of a file in a tree made in the batch: the path is durable. */
+	cr_assert_eq(mkdir(env_path(path, sizeof(path), "x"), 0755), 0);
+	cr_assert_eq(mkdir(env_path(path, sizeof(path), "x/y"), 0755), 0);
+	fd = open(env_path(path, sizeof(path), "x/y/f"), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC,
+		  0644);
+	cr_assert_geq(fd, 0, "create x/y/f: %s", strerror(errno));
+	IO_EQ(write(fd, "durable", 7), 7);
+	IO_EQ(fsync(fd), 0);
+	IO_EQ(close(fd), 0);
+	/* fsyncdir: the names before it are durable. */
+	for (int i = 0; i < 20; i++) {
+		snprintf(rel, sizeof(rel), "d/g%02d", i);
+		touch_new(rel);
+	}
+	fd = open(env_path(path, sizeof(path), "d"), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	cr_assert_geq(fd, 0);
+	IO_EQ(fsync(fd), 0);
+	IO_EQ(close(fd), 0);
+	/* No fsync asks for these. */
+	for (int i = 0; i < 10; i++) {
+		snprintf(rel, sizeof(rel), "d/late%02d", i);
+		touch_new(rel);
+	}
+	efs_test_fs_kill(&env.f);
+	efs_test_fs_mount(&env.f, NULL);
+
+	fd = open(env_path(path, sizeof(path), "x/y/f"), O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(fd, 0, "x/y/f, fsynced, is gone after a kill -9: %s", strerror(errno));
+	{
+		char buf[16] = {0};
+
+		IO_EQ(read(fd, buf, sizeof(buf)), 7);
+		cr_assert(memcmp(buf, "durable", 7) == 0, "x/y/f holds '%s'", buf);
+	}
+	IO_EQ(close(fd), 0);
+	for (int i = 0; i < 300; i++) {
+		snprintf(rel, sizeof(rel), "d/f%03d", i);
+		cr_assert(exists_rel(rel, &st) && S_ISREG(st.st_mode),
+			  "%s, made before an fsync, is gone after a kill -9", rel);
+	}
+	for (int i = 0; i < 20; i++) {
+		snprintf(rel, sizeof(rel), "d/g%02d", i);
+		cr_assert(exists_rel(rel, &st) && S_ISREG(st.st_mode),
+			  "%s, made before an fsyncdir, is gone after a kill -9", rel);
+	}
+	/* The names no fsync asked for: each is there whole or not at all. */
+	for (int i = 0; i < 10; i++) {
+		snprintf(rel, sizeof(rel), "d/late%02d", i);
+		if (exists_rel(rel, &st)) {
+			cr_assert(S_ISREG(st.st_mode) && st.st_nlink == 1, "%s is half made", rel);
+			late++;
+		}
+	}
+	{
+		DIR *dir = opendir(env_path(path, sizeof(path), "d"));
+		struct dirent *de;
+
+		cr_assert_not_null(dir, "opendir: %s", strerror(errno));
+		while ((de = readdir(dir)))
+			seen += de->d_name[0] != '.';
+		closedir(dir);
+	}
+	cr_assert_eq(seen, 320 + late, "d lists %d names, %d expected", seen, 320 + late);
+	unmount_fsck_clean("after delegated creates and a kill -9");
+	env_stop();
+	efs_test_assert_no_leaks();
+}
 #endif

@@ -12,7 +12,7 @@ MODULES = ['util', 'etcd', 'meta', 'space', 'dev', 'lock', 'kchan', 'maint', 'al
            'fsck']
 # lib/fs, lowest first; files on one line may call each other. file/ (the
 # data path of regular files) is one level: its files work as one module.
-FS_LEVELS = [['reply'], ['inode'], ['engine'], ['handle', 'lockops', 'reclaim', 'readpin'],
+FS_LEVELS = [['reply'], ['inode'], ['engine', 'batch'], ['handle', 'lockops', 'reclaim', 'readpin'],
              ['plocktab'], ['xattr', 'plock'], ['file'], ['attr', 'dir', 'ns'], ['fs']]
 
 

@@ -886,12 +886,60 @@ static void fsync_cont(struct dreq *r)
 		efs_file_dreq_end(r, e);
 }
 
+/* An fsync of a file whose create waits in the batch of delegated changes
+ * (fs/batch.c): the batch first (its name, and its directories made in the
+ * batch too), then the fsync itself. */
+struct fsync_after_batch {
+	fuse_req_t req;
+	fuse_ino_t ino;
+	int datasync;
+	struct fuse_file_info fi;
+};
+
+static void fsync_batch_synced(void *arg, int status)
+{
+	struct fsync_after_batch w = *(struct fsync_after_batch *)arg;
+
+	efs_mem_free(arg);
+	if (status < 0) {
+		efs_fs_reply_now(fuse_req_userdata(w.req), w.req, EFS_FS_OP_FSYNC, status);
+		return;
+	}
+	efs_fs_fsync(w.req, w.ino, w.datasync, &w.fi);
+}
+
 void efs_fs_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
 	struct efs_fs *fs = fuse_req_userdata(req);
 	struct efs_fs_inode *in = efs_fs_ifind(fs, ino);
 	struct dreq *r;
 	int e = efs_file_handle_ok(fs, efs_file_fh_of(fi));
+
+	if (e == 0 && in && in->batch_lost) {
+		/* Its create or attributes were in a batch of delegated
+		 * changes that failed. */
+		efs_fs_reply_now(fs, req, EFS_FS_OP_FSYNC, -EIO);
+		return;
+	}
+	if (e == 0 && in && in->batched) {
+		struct fsync_after_batch *w = efs_mem_calloc(1, sizeof(*w));
+		int b;
+
+		if (!w) {
+			efs_fs_reply_now(fs, req, EFS_FS_OP_FSYNC, -ENOMEM);
+			return;
+		}
+		*w = (struct fsync_after_batch){.req = req, .ino = ino, .datasync = datasync,
+						.fi = *fi};
+		b = efs_fs_batch_sync(fs, fsync_batch_synced, w);
+		if (b == 0)
+			return;
+		efs_mem_free(w);
+		if (b < 0) {
+			efs_fs_reply_now(fs, req, EFS_FS_OP_FSYNC, b);
+			return;
+		}
+	}
 
 	if (e == 0 && datasync && in && in->data && fs->alloc &&
 	    datasync_start(fs, req, ino, in->data))
