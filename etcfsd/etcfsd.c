@@ -319,7 +319,7 @@ static void usage(FILE *out)
 		"                           O_SYNC publish at once)\n"
 		"  --delegate-batch-ms MS   with -o delegate: a batch of creates commits\n"
 		"                           this long after its first change at the latest\n"
-		"                           (default 5; fsync, fsyncdir and a peer's recall\n"
+		"                           (default 20; fsync, fsyncdir and a peer's recall\n"
 		"                           commit it at once)\n"
 		"  --io-threads N           device I/O worker threads (default 16)\n"
 		"  --cache-timeout MS       how long the kernel may cache entries and\n"

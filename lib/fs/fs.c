@@ -378,7 +378,7 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 	fs->noatime = o->noatime;
 	fs->cow = o->cow;
 	fs->delegate = o->delegate && !o->read_only;
-	fs->batch_ms = o->batch_ms ? o->batch_ms : 5;
+	fs->batch_ms = o->batch_ms ? o->batch_ms : 20;
 	fs->cache_timeout_ms = o->cache_timeout_ms == EFS_FS_NO_KERNEL_CACHE ? 0
 			       : o->cache_timeout_ms		    ? o->cache_timeout_ms
 								    : 500;

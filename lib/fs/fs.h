@@ -45,7 +45,7 @@ struct efs_fs_opts {
 	/* -o delegate: creates under a directory this node holds exclusively
 	 * are answered at once and committed in batches (fs/batch.c). */
 	bool delegate;
-	uint32_t batch_ms; /* a batch goes this long after its first change (0: 5) */
+	uint32_t batch_ms; /* a batch goes this long after its first change (0: 20) */
 	/* Entry/attr timeout given to the kernel under a held lock (0: 500 ms,
 	 * a quarter of the default 2 s session TTL, so that caches granted
 	 * before a suspension time out before the lease deadline; pass
