@@ -61,16 +61,6 @@
 #define RESEND_MS     10
 #define RESEND_MAX_MS 500
 
-struct bcmp {
-	enum efs_etcd_cmp_target target;
-	enum efs_etcd_cmp_result result;
-	uint8_t *key;
-	size_t klen;
-	int64_t num;
-	uint8_t *val;
-	size_t vlen;
-};
-
 struct bput {
 	uint8_t *key;
 	size_t klen;
@@ -95,7 +85,7 @@ struct bwait {
 struct efs_fs_batch {
 	struct efs_fs *fs;
 	size_t ncmp, nput, nino, nops;
-	struct bcmp cmp[BATCH_MAX];
+	struct efs_etcd_cmp cmp[BATCH_MAX]; /* key and value owned (efs_mem) */
 	struct bput put[BATCH_MAX];
 	struct bino ino[BATCH_MAX];
 	bool flying;
@@ -119,11 +109,6 @@ static void bsend(struct efs_fs_batch *b);
 static void timer_cb(uv_timer_t *t);
 static uint64_t settle_bound_ns(const struct efs_fs_batch *b);
 
-static struct efs_fs_batch *batch_of(struct efs_fs *fs)
-{
-	return fs->batch;
-}
-
 bool efs_fs_batch_busy(const struct efs_fs *fs)
 {
 	const struct efs_fs_batch *b = fs->batch;
@@ -134,8 +119,8 @@ bool efs_fs_batch_busy(const struct efs_fs *fs)
 static void bclear(struct efs_fs_batch *b)
 {
 	for (size_t i = 0; i < b->ncmp; i++) {
-		efs_mem_free(b->cmp[i].key);
-		efs_mem_free(b->cmp[i].val);
+		efs_mem_free((void *)b->cmp[i].key);
+		efs_mem_free((void *)b->cmp[i].value);
 	}
 	for (size_t i = 0; i < b->nput; i++) {
 		efs_mem_free(b->put[i].key);
@@ -266,13 +251,13 @@ static bool same_key(const uint8_t *a, size_t alen, const uint8_t *b, size_t ble
 	return alen == blen && memcmp(a, b, alen) == 0;
 }
 
-static struct bcmp *find_cmp(struct efs_fs_batch *b, const Etcdserverpb__Compare *c)
+static bool has_cmp(const struct efs_fs_batch *b, const Etcdserverpb__Compare *c)
 {
 	for (size_t i = 0; i < b->ncmp; i++)
 		if ((int)b->cmp[i].target == (int)c->target &&
-		    same_key(b->cmp[i].key, b->cmp[i].klen, c->key.data, c->key.len))
-			return &b->cmp[i];
-	return NULL;
+		    same_key(b->cmp[i].key, b->cmp[i].key_len, c->key.data, c->key.len))
+			return true;
+	return false;
 }
 
 static struct bput *find_put(struct efs_fs_batch *b, const uint8_t *key, size_t len)
@@ -328,7 +313,7 @@ static int fits(struct efs_fs_batch *b, const Etcdserverpb__TxnRequest *req)
 		if (c->target == ETCDSERVERPB__COMPARE__COMPARE_TARGET__CREATE &&
 		    cmp_num(c) == 0 && find_put(b, c->key.data, c->key.len))
 			return -EINVAL;
-		if (!find_cmp(b, c) && !find_put(b, c->key.data, c->key.len))
+		if (!has_cmp(b, c) && !find_put(b, c->key.data, c->key.len))
 			nc++;
 	}
 	for (size_t i = 0; i < req->n_success; i++) {
@@ -372,7 +357,7 @@ static int note_ino(struct efs_fs_batch *b, struct efs_fs_inode *in, bool is_new
 int efs_fs_batch_add(struct efs_fs_op *op)
 {
 	struct efs_fs *fs = op->fs;
-	struct efs_fs_batch *b = batch_of(fs);
+	struct efs_fs_batch *b = fs->batch;
 	const Etcdserverpb__TxnRequest *req = efs_etcd_txn_request(op->txn);
 	int r;
 
@@ -385,30 +370,28 @@ int efs_fs_batch_add(struct efs_fs_op *op)
 		return r;
 	for (size_t i = 0; i < req->n_compare; i++) {
 		const Etcdserverpb__Compare *c = req->compare[i];
-		struct bcmp *m;
+		struct efs_etcd_cmp *m;
 
 		/* The first stays: what etcd holds before the batch. A key the
 		 * batch puts already is the batch's own to decide (a holder key
 		 * of a directory made in it, say): no compare. */
-		if (find_cmp(b, c) || find_put(b, c->key.data, c->key.len))
+		if (has_cmp(b, c) || find_put(b, c->key.data, c->key.len))
 			continue;
 		m = &b->cmp[b->ncmp];
-		memset(m, 0, sizeof(*m));
-		m->target = (enum efs_etcd_cmp_target)c->target;
-		m->result = (enum efs_etcd_cmp_result)c->result;
-		m->key = dup_bytes(c->key.data, c->key.len);
-		m->klen = c->key.len;
-		m->num = cmp_num(c);
+		*m = (struct efs_etcd_cmp){
+			.target = (enum efs_etcd_cmp_target)c->target,
+			.result = (enum efs_etcd_cmp_result)c->result,
+			.key = dup_bytes(c->key.data, c->key.len),
+			.key_len = c->key.len,
+			.num = cmp_num(c),
+		};
 		if (c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_VALUE) {
-			m->val = dup_bytes(c->value.data, c->value.len);
-			m->vlen = c->value.len;
-			if (!m->val) {
-				efs_mem_free(m->key);
-				goto nomem;
-			}
+			m->value = dup_bytes(c->value.data, c->value.len);
+			m->value_len = c->value.len;
 		}
-		if (!m->key) {
-			efs_mem_free(m->val);
+		if (!m->key || (m->value_len && !m->value)) {
+			efs_mem_free((void *)m->key);
+			efs_mem_free((void *)m->value);
 			goto nomem;
 		}
 		b->ncmp++;
@@ -470,7 +453,7 @@ nomem:
 
 int efs_fs_batch_note(struct efs_fs_op *op, uint64_t ino, bool is_new, void *pin, bool oref)
 {
-	struct efs_fs_batch *b = batch_of(op->fs);
+	struct efs_fs_batch *b = op->fs->batch;
 	struct efs_fs_inode *in = efs_fs_ifind(op->fs, ino);
 	int i;
 
@@ -499,7 +482,7 @@ int efs_fs_batch_note(struct efs_fs_op *op, uint64_t ino, bool is_new, void *pin
 
 int efs_fs_batch_wait_op(struct efs_fs_op *op)
 {
-	struct efs_fs_batch *b = batch_of(op->fs);
+	struct efs_fs_batch *b = op->fs->batch;
 
 	if (!b || (!b->nops && !b->flying))
 		return 0;
@@ -511,7 +494,7 @@ int efs_fs_batch_wait_op(struct efs_fs_op *op)
 
 int efs_fs_batch_sync(struct efs_fs *fs, void (*cb)(void *arg, int status), void *arg)
 {
-	struct efs_fs_batch *b = batch_of(fs);
+	struct efs_fs_batch *b = fs->batch;
 	struct bwait *w;
 
 	if (!b || (!b->nops && !b->flying)) {
@@ -762,20 +745,8 @@ static void bsend(struct efs_fs_batch *b)
 		return;
 	}
 	r = efs_etcd_txn_new(&t, 0);
-	for (size_t i = 0; r == 0 && i < b->ncmp; i++) {
-		const struct bcmp *m = &b->cmp[i];
-		struct efs_etcd_cmp c = {
-			.target = m->target,
-			.result = m->result,
-			.key = m->key,
-			.key_len = m->klen,
-			.num = m->num,
-			.value = m->val,
-			.value_len = m->vlen,
-		};
-
-		r = efs_etcd_txn_compare_ex(t, &c);
-	}
+	for (size_t i = 0; r == 0 && i < b->ncmp; i++)
+		r = efs_etcd_txn_compare_ex(t, &b->cmp[i]);
 	for (size_t i = 0; r == 0 && i < b->nput; i++)
 		r = efs_etcd_txn_put(t, EFS_ETCD_TXN_SUCCESS, b->put[i].key, b->put[i].klen,
 				     b->put[i].val, b->put[i].vlen, b->put[i].lease);

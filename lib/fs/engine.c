@@ -1347,9 +1347,15 @@ static void load_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, 
 	load_parse(op, rrs, n, resp->header ? resp->header->revision : 0);
 }
 
-static void apply_out(struct efs_fs_op *op, int64_t rev)
+/*
+ * The caches take the records |op| wrote, at revision |rev|; |batched|: at
+ * the revisions they had (the batch's compares expect those until it
+ * commits, batch.c), each lock the batch compares pinned until then.
+ */
+static void apply_out(struct efs_fs_op *op, int64_t rev, bool batched)
 {
 	struct efs_fs *fs = op->fs;
+	bool oref = batched && op->d->code == EFS_FS_OP_CREATE && fs->reclaim_priv;
 
 	for (size_t i = 0; i < op->nout; i++) {
 		struct efs_fs_out *o = &op->out[i];
@@ -1359,7 +1365,15 @@ static void apply_out(struct efs_fs_op *op, int64_t rev)
 		if (!in)
 			continue;
 		in->refs++;
-		if (o->del) {
+		if (batched) {
+			if (efs_meta_inode_decode(o->val.data, o->val.len, &rec, NULL) == 0)
+				efs_fs_inode_set(fs, in, rec, o->is_new ? 0 : o->mod_rev, true);
+			else
+				in->epoch = 0;
+			/* The operation's own pins hold the locks exclusively now. */
+			efs_fs_batch_note(op, o->ino, o->is_new, efs_lock_pin_held(fs->lc, o->ino),
+					  oref && o->ino == op->new_ino);
+		} else if (o->del) {
 			efs_fs_inode_dropped(fs, o->ino);
 			efs_fs_inode_set(fs, in, NULL, rev, true);
 			efs_lock_forget(fs->lc, o->ino);
@@ -1376,48 +1390,9 @@ static void apply_out(struct efs_fs_op *op, int64_t rev)
 	}
 }
 
-/*
- * A change that joined the batch: the caches take its records at the
- * revisions they had (the batch's compares expect those until it commits,
- * batch.c), the new inode's lock is held, pinned until the batch commits,
- * and the operation replies.
- */
-static void batch_done(struct efs_fs_op *op)
-{
-	struct efs_fs *fs = op->fs;
-	bool oref = op->d->code == EFS_FS_OP_CREATE && fs->reclaim_priv;
-
-	op->committed = true;
-	op->commit_rev = 0;
-	report_outcome(op, EFS_FS_COMMITTED, 0);
-	if (op->granted) {
-		efs_lock_grant_committed(fs->lc, op->new_ino, true);
-		op->granted = false;
-	}
-	for (size_t i = 0; i < op->nout; i++) {
-		struct efs_fs_out *o = &op->out[i];
-		struct efs_fs_inode *in = efs_fs_iget(fs, o->ino);
-		Etcfs__Inode *rec = NULL;
-		bool is_new_ino = op->d->new_inode && o->ino == op->new_ino;
-
-		if (!in)
-			continue;
-		in->refs++;
-		if (efs_meta_inode_decode(o->val.data, o->val.len, &rec, NULL) == 0)
-			efs_fs_inode_set(fs, in, rec, o->is_new ? 0 : o->mod_rev, true);
-		else
-			in->epoch = 0;
-		/* Every lock the batch's guards compare stays until it commits
-		 * (the operation's own pins hold it exclusively now). */
-		efs_fs_batch_note(op, o->ino, o->is_new, efs_lock_pin_held(fs->lc, o->ino),
-				  is_new_ino && oref);
-		efs_fs_iput(fs, in);
-	}
-	op->d->done(op);
-	efs_fs_op_finish(op, 0);
-}
-
-static void op_done(struct efs_fs_op *op, int64_t rev)
+/* |rev| 0 and |batched|: the changes joined the batch of delegated changes
+ * instead of a commit. */
+static void op_done(struct efs_fs_op *op, int64_t rev, bool batched)
 {
 	op->commit_rev = rev;
 	op->committed = true;
@@ -1429,7 +1404,7 @@ static void op_done(struct efs_fs_op *op, int64_t rev)
 		efs_lock_grant_committed(op->fs->lc, op->new_ino, true);
 		op->granted = false;
 	}
-	apply_out(op, rev);
+	apply_out(op, rev, batched);
 	op->d->done(op);
 	efs_fs_op_finish(op, 0);
 }
@@ -1463,11 +1438,11 @@ static void step_loaded(struct efs_fs_op *op)
 		op->unsettled = false;
 		if (rec && efs_fs_opid_equal(rec->op_id.data, rec->op_id.len, op->op_id,
 					     op->op_id_len)) {
-			op_done(op, sl->in->mod_rev);
+			op_done(op, sl->in->mod_rev, false);
 			return;
 		}
 		if (vkv_is_ours(op)) {
-			op_done(op, op->kv[op->vkv - 1].mod_rev);
+			op_done(op, op->kv[op->vkv - 1].mod_rev, false);
 			return;
 		}
 		report_outcome(op, EFS_FS_FAILED, 0);
@@ -1879,7 +1854,7 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 		return;
 	}
 	op->commit_resp = resp; /* for the outcome hook (report_outcome clears it) */
-	op_done(op, resp->header ? resp->header->revision : 0);
+	op_done(op, resp->header ? resp->header->revision : 0, false);
 }
 
 static int add_guards(struct efs_fs_op *op)
@@ -2032,7 +2007,7 @@ static void step_send(struct efs_fs_op *op)
 	if (op->batched) {
 		r = efs_fs_batch_add(op);
 		if (r == 0) {
-			batch_done(op);
+			op_done(op, 0, true);
 			return;
 		}
 		if (op->granted) {

@@ -3739,6 +3739,17 @@ void efs_lock_cancel(struct efs_lockcache *lc, struct efs_lock_req *req)
 	acq_wake(lc, a); /* in a transaction: its answer sees the cancel */
 }
 
+/* Pins went (a request's, or one of efs_lock_pin_held): what waited for
+ * them may go on. */
+static void pins_dropped(struct efs_lockcache *lc)
+{
+	recall_hold_again(lc);
+	if (!efs_list_empty(&lc->rwaiters) || lc->n_draining)
+		release_kick(lc); /* a forced release or an upgrade may wait for this */
+	else if (lc->max_cached && lc->tab.count > lc->max_cached)
+		release_start(lc);
+}
+
 void efs_lock_put(struct efs_lockcache *lc, struct efs_lock_req *req)
 {
 	struct acq *a = req ? req->priv : NULL;
@@ -3749,11 +3760,7 @@ void efs_lock_put(struct efs_lockcache *lc, struct efs_lock_req *req)
 	efs_list_del(&a->link);
 	efs_mem_free(a);
 	req->priv = NULL;
-	recall_hold_again(lc);
-	if (!efs_list_empty(&lc->rwaiters) || lc->n_draining)
-		release_kick(lc); /* a forced release or an upgrade may wait for this */
-	else if (lc->max_cached && lc->tab.count > lc->max_cached)
-		release_start(lc);
+	pins_dropped(lc);
 }
 
 /* The entry of a lock usable now (see efs_lock_held), or NULL. */
@@ -4209,11 +4216,7 @@ void efs_lock_unpin_held(struct efs_lockcache *lc, void *pin)
 		return;
 	/* A removed entry (a lost session) is freed with its last pin. */
 	efs_locktab_unpin(&lc->tab, pin, now_ns());
-	recall_hold_again(lc);
-	if (!efs_list_empty(&lc->rwaiters) || lc->n_draining)
-		release_kick(lc);
-	else if (lc->max_cached && lc->tab.count > lc->max_cached)
-		release_start(lc);
+	pins_dropped(lc);
 }
 
 int efs_lock_drop_in_txn(struct efs_lockcache *lc, struct efs_etcd_txn *t, uint64_t ino)
