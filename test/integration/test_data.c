@@ -2450,6 +2450,113 @@ Test(data, a_read_racing_an_in_place_overwrite_is_never_torn)
 
 /* On a default mount (copy-on-write) the same overwrites go to fresh
  * blocks: the counter stays 0 and the bytes read back. */
+/* ==== The tail block ==== */
+
+#define TB_MAX (256u * 1024)
+
+/* Reads the whole file through an O_DIRECT descriptor (the device, not
+ * the kernel's pages) and compares it with |model| (|size| bytes). */
+static void tb_check(const char *path, const uint8_t *model, size_t size, const char *when)
+{
+	size_t span = (size + BLK - 1) / BLK * BLK;
+	uint8_t *got = blk_alloc(span / BLK ? span / BLK : 1);
+	struct stat st;
+	int fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+
+	cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+	cr_assert_eq(fstat(fd, &st), 0);
+	cr_assert_eq((size_t)st.st_size, size, "%s: size %lld, expected %zu", when,
+		     (long long)st.st_size, size);
+	IO_EQ(pread(fd, got, span, 0), (ssize_t)size);
+	for (size_t i = 0; i < size; i++)
+		cr_assert_eq(got[i], model[i], "%s: byte %zu is %#x, expected %#x", when, i, got[i],
+			     model[i]);
+	IO_EQ(close(fd), 0);
+	free(got);
+}
+
+/*
+ * Appends in pieces that are not block-aligned (tar's records) merge the
+ * block the previous piece ended in from that piece's copy instead of a
+ * device read, and never from a copy that something changed since: a
+ * truncate into the block (the bytes it cut must stay zero when the file
+ * grows again), a punched hole in it, a write through another descriptor.
+ * The bytes are checked through the device after every change.
+ */
+Test(data, unaligned_appends_merge_the_last_block_without_reading_it)
+{
+	uint8_t *model = calloc(1, TB_MAX), *piece = malloc(20000);
+	char path[PATH_MAX];
+	double hits0, hits;
+	unsigned tb_seed = 7, appends = 0;
+	size_t size = 0;
+	int fd, fd2;
+
+	cr_assert(model && piece);
+	env_start(0, NULL);
+	env_path(path, sizeof(path), "tb");
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	cr_assert_geq(fd, 0, "create: %s", strerror(errno));
+	fd2 = open(path, O_RDWR | O_CLOEXEC);
+	cr_assert_geq(fd2, 0, "open: %s", strerror(errno));
+	hits0 = efs_test_fs_metric(&env.f, "etcfs_data_tail_block_hits_total");
+	for (int step = 0; step < 40; step++) {
+		size_t n = 1 + rand_r(&tb_seed) % 12000;
+		char what[64];
+
+		if (size + n > TB_MAX - 2 * BLK)
+			break;
+		for (size_t i = 0; i < n; i++)
+			piece[i] = (uint8_t)('a' + (step + i) % 26);
+		IO_EQ(pwrite(fd, piece, n, (off_t)size), (ssize_t)n);
+		memcpy(model + size, piece, n);
+		size += n;
+		appends++;
+		snprintf(what, sizeof(what), "after append %d", step);
+		if (step % 4 == 1 && size % BLK > 200) {
+			/* Cut into the last block, then grow past the cut. */
+			size_t cut = size - 100;
+
+			IO_EQ(ftruncate(fd, (off_t)cut), 0);
+			memset(model + cut, 0, size - cut);
+			size = cut;
+			snprintf(what, sizeof(what), "after a truncate at step %d", step);
+		} else if (step % 4 == 2 && size % BLK > 300) {
+			/* A hole punched in the last block, below the end. */
+			off_t at = (off_t)(size - size % BLK + 100);
+
+			IO_EQ(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, at, 150), 0);
+			memset(model + at, 0, 150);
+			snprintf(what, sizeof(what), "after a punch at step %d", step);
+		} else if (step % 4 == 3 && size % BLK > 50) {
+			/* Another descriptor writes into the last block. */
+			off_t at = (off_t)(size - size % BLK + 10);
+
+			IO_EQ(pwrite(fd2, "ZZZZ", 4, at), 4);
+			memcpy(model + at, "ZZZZ", 4);
+			snprintf(what, sizeof(what), "after a write through fd2 at step %d", step);
+		}
+		tb_check(path, model, size, what);
+	}
+	/* Grow by truncation: whatever was cut or punched reads as zeroes. */
+	IO_EQ(ftruncate(fd, (off_t)(size + 3 * BLK)), 0);
+	size += 3 * BLK;
+	tb_check(path, model, size, "after growing");
+	IO_EQ(fsync(fd), 0);
+	hits = efs_test_fs_metric(&env.f, "etcfs_data_tail_block_hits_total") - hits0;
+	/* Every append right after an append that ended inside a block
+	 * merges from the copy (at least the steps with no change between:
+	 * about half of them). */
+	cr_assert_geq(hits, appends / 4, "%.0f of %u appends merged the kept block", hits,
+		      appends);
+	IO_EQ(close(fd2), 0);
+	IO_EQ(close(fd), 0);
+	env_stop();
+	free(model);
+	free(piece);
+	efs_test_assert_no_leaks();
+}
+
 /* -o cow: every overwrite copy-on-write, and the blocks they free join
  * the quarantine at their publication's commit (no node died: the
  * death hold lets them go at once, proven by the reads of n/ and g/ in

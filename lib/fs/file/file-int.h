@@ -144,6 +144,12 @@ struct efs_fs_data {
 	bool urgent; /* wanted by an fsync, a buffer limit */
 	struct efs_fs_data *dnext, *dprev;
 	int err;     /* latched publication error */
+	/* The last block of the last write that ended inside it, as the
+	 * device has it (handlers.c, tail_copy): valid while the state's
+	 * version and map are those it was kept under. */
+	uint8_t *tail; /* aligned, one block; freed with the last writer */
+	bool tail_ok;
+	uint64_t tail_blk, tail_ver, tail_gen, tail_epoch;
 	bool broken; /* discarded: requests fail, reloaded on next use */
 	bool dropped;
 	uint32_t writers; /* handles open for writing (no lock pin: lockops.c) */
@@ -210,6 +216,7 @@ struct dctl {
 	struct efs_gauge *g_dirty;
 	struct efs_counter *c_txns, *c_inodes, *c_fsyncs, *c_wbytes, *c_rbytes, *c_syncs;
 	struct efs_counter *c_wreplies; /* reads answered from the I/O worker */
+	struct efs_counter *c_tail_hits; /* edge blocks not read (tail_take) */
 	struct efs_counter *c_inplace;	/* overwrites of mapped blocks done in place */
 	/* In-place overwrites: stopped while > 0 (efs_fs_inplace_stop), the
 	 * number in flight, and who waits for it to reach 0. */

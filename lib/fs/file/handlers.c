@@ -209,6 +209,11 @@ void efs_fs_data_handle_free(struct efs_fs *fs, struct efs_fs_handle *h)
 	if (d && hp && hp->sid == d->sid && h->writable) {
 		if (d->writers)
 			d->writers--;
+		if (!d->writers) {
+			efs_io_buf_free(d->tail);
+			d->tail = NULL;
+			d->tail_ok = false;
+		}
 	}
 	if (in && h->writable && in->wopens)
 		in->wopens--;
@@ -412,6 +417,62 @@ void efs_file_bp_resume(struct efs_fs *fs)
 static void wr_written(void *arg, int err);
 static void wr_edges_read(void *arg, int err);
 
+/*
+ * The tail block. A writer that appends in pieces that are not
+ * block-aligned (tar's 10 KiB records, cp or a log with odd buffer sizes)
+ * starts each write inside the block the previous one ended in, whose
+ * head it must merge: a device read, as long as the write itself, on
+ * every piece. So a write that ends inside a block keeps that block as it
+ * wrote it (tail_copy, tail_kept) and the next write that needs it as an edge takes
+ * it from there (tail_take). It is good only while nothing changed the
+ * file since: every change bumps the state's version (a write, truncate,
+ * punch, setattr, atime), and a map loaded under another grant or
+ * session has another generation; either makes it unusable.
+ */
+static bool tail_take(struct efs_fs_data *d, uint64_t blk, uint8_t *buf)
+{
+	struct dctl *c = efs_file_ctl_of(d->fs);
+
+	if (!d->tail || !d->tail_ok || d->tail_blk != blk || d->tail_ver != d->ver ||
+	    d->tail_gen != d->map_gen || d->tail_epoch != d->map_epoch)
+		return false;
+	memcpy(buf, d->tail, d->fs->blksize);
+	if (c->c_tail_hits)
+		efs_counter_inc(c->c_tail_hits);
+	return true;
+}
+
+/* Before r's buffers go: copy its last block if the write ended inside
+ * it (true: tail_kept makes it usable once the write's changes are in). */
+static bool tail_copy(struct dreq *r, int err)
+{
+	struct efs_fs_data *d = r->d;
+	uint64_t bs = r->fs->blksize, end = (uint64_t)r->woff + r->wbytes;
+
+	d->tail_ok = false;
+	if (err < 0 || !r->buf || !r->nb || end % bs == 0 || d->dropped || d->broken)
+		return false;
+	if (!d->tail) {
+		d->tail = efs_io_buf_alloc(bs);
+		if (!d->tail)
+			return false;
+	}
+	memcpy(d->tail, r->buf + (r->nb - 1) * bs, bs);
+	return true;
+}
+
+static void tail_kept(struct dreq *r)
+{
+	struct efs_fs_data *d = r->d;
+	uint64_t bs = r->fs->blksize;
+
+	d->tail_ok = true;
+	d->tail_blk = ((uint64_t)r->woff + r->wbytes - 1) / bs;
+	d->tail_ver = d->ver;
+	d->tail_gen = d->map_gen;
+	d->tail_epoch = d->map_epoch;
+}
+
 /* Computes the block range of the current step and fills the buffer. */
 static void wr_locked(void *arg)
 {
@@ -464,7 +525,7 @@ static void wr_locked(void *arg)
 	r->err = 0;
 	r->phase = 1; /* outstanding edge reads + 1 */
 	for (int i = 0; i < 2; i++) {
-		if (!r->edge[i])
+		if (!r->edge[i] || tail_take(d, i ? tailb : r->b0, r->edge[i]))
 			continue;
 		r->phase++;
 		e = efs_file_read_blocks(d, i ? tailb : r->b0, 1, r->edge[i], wr_edges_read, r);
@@ -627,6 +688,7 @@ static void wr_written(void *arg, int err)
 	struct efs_fs *fs = r->fs;
 	uint64_t end = (uint64_t)r->woff + r->wbytes;
 	Etcfs__Inode *rec = d->in ? d->in->rec : NULL;
+	bool tail = tail_copy(r, err);
 
 	/* The write_buf buffer stays: a retried step copies from it. */
 	if (r->buf != r->wbuf)
@@ -667,6 +729,8 @@ static void wr_written(void *arg, int err)
 		efs_file_state_changed(d);
 		if (r->h && r->h->direct)
 			d->cache_ok = false; /* the kernel's pages may be stale */
+		if (tail)
+			tail_kept(r);
 	}
 	efs_rangelock_drop(&d->ranges, &r->rl);
 	r->total += r->wbytes;

@@ -1321,6 +1321,11 @@ int efs_fs_data_init(struct efs_fs *fs)
 						    "Reads answered from the I/O worker "
 						    "(one device read filled them)",
 						    NULL);
+		c->c_tail_hits = efs_metrics_counter(
+			fs->m, "etcfs_data_tail_block_hits_total",
+			"Partial blocks a write merged from the previous write's last "
+			"block instead of reading the device",
+			NULL);
 		c->c_inplace = efs_metrics_counter(fs->m, "etcfs_data_inplace_writes_total",
 						   "Writes that overwrote blocks the file maps in "
 						   "place (no new extent)",

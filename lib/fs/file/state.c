@@ -137,6 +137,7 @@ void efs_file_state_free(struct efs_fs_data *d)
 
 	efs_file_dlist_del(d);
 	efs_extmap_free(d->map);
+	efs_io_buf_free(d->tail);
 	efs_runs_done(&d->apend);
 	efs_runs_done(&d->fpend);
 	if (in && in->data == d)
