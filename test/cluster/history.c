@@ -227,7 +227,7 @@ static const char *const kind_names[] = {
 	[EFS_HIST_CREATE] = "create",	  [EFS_HIST_OPEN_W] = "open-w", [EFS_HIST_OPEN_R] = "open-r",
 	[EFS_HIST_PWRITE] = "pwrite",	  [EFS_HIST_PREAD] = "pread",	[EFS_HIST_STAT] = "stat",
 	[EFS_HIST_TRUNCATE] = "truncate", [EFS_HIST_CHMOD] = "chmod",	[EFS_HIST_RENAME] = "rename",
-	[EFS_HIST_UNLINK] = "unlink",
+	[EFS_HIST_UNLINK] = "unlink",	  [EFS_HIST_LOOKUP] = "lookup",
 };
 
 const char *efs_hist_op_str(const struct efs_hist_op *op, char *buf, size_t size)
@@ -338,15 +338,32 @@ static int errno_of(const struct mstate *s, int lp)
 	return s->at[lp] ? 0 : ENOENT;
 }
 
-/* Whether |op| (a PWRITE or PREAD) failed as EFS_HIST_ORPHAN_IO_MAY_FAIL
- * allows: its handle's inode has no name in |s|. */
+/*
+ * A STAT, TRUNCATE or CHMOD of a path is two steps, as in the kernel: the
+ * lookup finds the inode (a LOOKUP the checker adds), then the call acts
+ * on that inode, through the process's handle slot. A rename or unlink
+ * can come between them: chmod(p5) that looked p5 up just before a
+ * rename p5 -> p4 changes the mode of p4's inode (the rename holds the
+ * inode's lock, the chmod waits for it), on any Linux file system. Those
+ * that failed with ENOENT found no name: one step.
+ */
+static bool two_steps(const struct efs_hist_op *op)
+{
+	return (op->kind == EFS_HIST_STAT || op->kind == EFS_HIST_TRUNCATE ||
+		op->kind == EFS_HIST_CHMOD) &&
+	       op->err != ENOENT;
+}
+
+/* Whether |op| (a PWRITE or PREAD, or the second step of a STAT, TRUNCATE
+ * or CHMOD) failed as EFS_HIST_ORPHAN_IO_MAY_FAIL allows: the inode of
+ * its handle has no name in |s|. */
 static bool orphan_io_failed(const struct mstate *s, const struct efs_hist_op *op, unsigned flags)
 {
 	uint16_t id = s->h[op->proc];
+	bool io = op->kind == EFS_HIST_PWRITE || op->kind == EFS_HIST_PREAD;
 
-	if (!(flags & EFS_HIST_ORPHAN_IO_MAY_FAIL) ||
-	    (op->kind != EFS_HIST_PWRITE && op->kind != EFS_HIST_PREAD) ||
-	    (op->err != ENOENT && op->err != ESTALE) || !id)
+	if (!(flags & EFS_HIST_ORPHAN_IO_MAY_FAIL) || !(io || two_steps(op)) ||
+	    (op->err != ESTALE && (!io || op->err != ENOENT)) || !id)
 		return false;
 	for (int p = 0; p < GP; p++)
 		if (s->at[p] == id)
@@ -437,25 +454,37 @@ static bool step(const struct mstate *s, const struct efs_hist_op *op, int lp, u
 		out->h[op->proc] = 0;
 		canonical(out);
 		return ok;
-	case EFS_HIST_STAT:
-		if (op->err != want)
+	case EFS_HIST_LOOKUP:
+		if (want)
 			return false;
-		if (!want) {
-			in = ino_of(out, s->at[lp]);
-			if (why)
-				snprintf(why, why_size, "size %u mode %04o", in->size * EFS_HIST_BLOCK,
-					 in->mode);
-			return op->size == (uint32_t)in->size * EFS_HIST_BLOCK &&
-			       op->st_mode == in->mode;
-		}
+		out->h[op->proc] = s->at[lp];
 		return true;
+	case EFS_HIST_STAT:
+		if (op->err)
+			return op->err == want;
+		in = ino_of(out, s->h[op->proc]);
+		if (!in) {
+			if (why)
+				snprintf(why, why_size, "not looked up yet");
+			return false;
+		}
+		if (why)
+			snprintf(why, why_size, "size %u mode %04o", in->size * EFS_HIST_BLOCK,
+				 in->mode);
+		ok = op->size == (uint32_t)in->size * EFS_HIST_BLOCK && op->st_mode == in->mode;
+		out->h[op->proc] = 0;
+		canonical(out);
+		return ok;
 	case EFS_HIST_TRUNCATE:
 	case EFS_HIST_CHMOD:
-		if (op->err != want)
+		if (op->err)
+			return op->err == want;
+		in = ino_of(out, s->h[op->proc]);
+		if (!in) {
+			if (why)
+				snprintf(why, why_size, "not looked up yet");
 			return false;
-		if (want)
-			return true;
-		in = ino_of(out, s->at[lp]);
+		}
 		if (op->kind == EFS_HIST_CHMOD) {
 			in->mode = op->mode;
 		} else {
@@ -463,6 +492,8 @@ static bool step(const struct mstate *s, const struct efs_hist_op *op, int lp, u
 				in->blk[b] = 0;
 			in->size = op->len;
 		}
+		out->h[op->proc] = 0;
+		canonical(out);
 		return true;
 	case EFS_HIST_RENAME:
 		if (op->err != want)
@@ -493,6 +524,11 @@ static bool errno_possible(const struct efs_hist_op *op, unsigned flags)
 	case EFS_HIST_PREAD:
 		return op->err == 0 || ((flags & EFS_HIST_ORPHAN_IO_MAY_FAIL) &&
 					(op->err == ENOENT || op->err == ESTALE));
+	case EFS_HIST_STAT:
+	case EFS_HIST_TRUNCATE:
+	case EFS_HIST_CHMOD:
+		return op->err == 0 || op->err == ENOENT ||
+		       ((flags & EFS_HIST_ORPHAN_IO_MAY_FAIL) && op->err == ESTALE);
 	default:
 		return op->err == 0 || op->err == ENOENT;
 	}
@@ -659,7 +695,8 @@ static void excerpt(const struct efs_hist_op *ops, const size_t *g, size_t m,
 		for (size_t i = 0; i < m; i++) {
 			const struct efs_hist_op *o = &ops[g[i]];
 
-			if (o->ret_ns < from || o->call_ns > stuck->ret_ns)
+			if (o->kind == EFS_HIST_LOOKUP || o->ret_ns < from ||
+			    o->call_ns > stuck->ret_ns)
 				continue;
 			if (last && (o->call_ns < last->call_ns ||
 				     (o->call_ns == last->call_ns && o <= last)))
@@ -864,14 +901,13 @@ int efs_hist_check(const struct efs_hist_op *ops, size_t n, unsigned flags, uint
 		   char *report, size_t size, uint64_t *states)
 {
 	uint64_t deadline = efs_hist_now_ns() + budget_ms * 1000000u;
-	size_t *g = malloc((n + 1) * sizeof(*g));
+	struct efs_hist_op *x = NULL;
+	size_t *g = NULL, nx = 0;
 	int rc = 0, used = 0, failed = 0;
 
 	report[0] = '\0';
 	if (states)
 		*states = 0;
-	if (!g)
-		return -ENOMEM;
 	/* An errno the model never gives fails the history by itself. */
 	for (size_t i = 0; i < n; i++) {
 		char line[400];
@@ -890,18 +926,38 @@ int efs_hist_check(const struct efs_hist_op *ops, size_t n, unsigned flags, uint
 	}
 	if (failed > 12 && used < (int)size)
 		snprintf(report + used, size - (size_t)used, "  ... and %d more\n", failed - 12);
+	/* The operations, then a LOOKUP for each that takes two steps. */
+	for (size_t i = 0; i < n; i++)
+		nx += two_steps(&ops[i]);
+	x = malloc((n + nx + 1) * sizeof(*x));
+	g = malloc((n + nx + 1) * sizeof(*g));
+	if (!x || !g) {
+		free(x);
+		free(g);
+		return -ENOMEM;
+	}
+	memcpy(x, ops, n * sizeof(*x));
+	nx = n;
+	for (size_t i = 0; i < n; i++) {
+		if (!two_steps(&ops[i]))
+			continue;
+		x[nx] = ops[i];
+		x[nx].kind = EFS_HIST_LOOKUP;
+		x[nx++].err = 0;
+	}
 	for (int grp = 0; !rc && grp < EFS_HIST_MAX_PATHS / GP; grp++) {
 		size_t m = 0;
 
-		for (size_t i = 0; i < n; i++)
-			if (efs_hist_group(ops[i].path) == grp)
+		for (size_t i = 0; i < nx; i++)
+			if (efs_hist_group(x[i].path) == grp)
 				g[m++] = i;
 		if (m)
-			rc = check_group(ops, g, m, grp, flags, deadline, report, size, states);
+			rc = check_group(x, g, m, grp, flags, deadline, report, size, states);
 	}
 	if (rc == -ETIMEDOUT)
 		snprintf(report, size, "the checker's budget of %llu ms ran out",
 			 (unsigned long long)budget_ms);
+	free(x);
 	free(g);
 	return rc;
 }

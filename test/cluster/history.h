@@ -44,6 +44,9 @@ enum efs_hist_kind {
 	EFS_HIST_CHMOD,
 	EFS_HIST_RENAME, /* path to path2 */
 	EFS_HIST_UNLINK,
+	/* The checker's own, never recorded: the name lookup of a STAT,
+	 * TRUNCATE or CHMOD, which then acts on the inode it found. */
+	EFS_HIST_LOOKUP,
 };
 
 /* One operation: its arguments, then what it observed. */
@@ -124,6 +127,8 @@ int efs_hist_check(const struct efs_hist_op *ops, size_t n, unsigned flags, uint
  * failed so). Everything else is still checked.
  */
 #define EFS_HIST_ORPHAN_IO_MAY_FAIL 1u
+/* (It also lets a STAT, TRUNCATE or CHMOD fail with ESTALE when the inode
+ * its lookup found lost its last name before the call reached it.) */
 
 /*
  * A flag of efs_hist_check: a PREAD that overlaps a PWRITE extending the

@@ -300,3 +300,76 @@ Test(history, a_read_may_see_an_extending_write_in_flight_only_when_allowed, .in
 	cr_assert_eq(check(), -EINVAL);
 	efs_test_assert_no_leaks();
 }
+
+/*
+ * stat, truncate and chmod of a path look the name up, then act on the
+ * inode found, as the kernel does: a chmod of p1 that looked p1 up while
+ * a rename p1 -> p0 was under way changes p0's inode (the rename holds
+ * the inode, the chmod waits), even after a stat of p0 showed the old
+ * mode. Nothing else is allowed: a chmod invoked after the rename
+ * returned finds no p1, and a stat invoked after the chmod returned sees
+ * its mode.
+ */
+Test(history, a_path_call_acts_on_the_inode_its_lookup_found, .init = init)
+{
+	struct efs_hist_op *o;
+
+	create(0, 0, 0, 10, 0);
+	op(EFS_HIST_RENAME, 0, 0, 20, 30, 0)->path2 = 1;
+	/* p1 -> p0 from 40 to 60; chmod p1 from 45 to 70. */
+	op(EFS_HIST_RENAME, 0, 1, 40, 60, 0)->path2 = 0;
+	op(EFS_HIST_CHMOD, 1, 1, 45, 70, 0)->mode = 0600;
+	stat_saw(0, 0, 62, 63, 0, 0, 0644);
+	op(EFS_HIST_RENAME, 0, 1, 64, 65, ENOENT)->path2 = 0;
+	create(0, 1, 80, 90, 0);
+	stat_saw(2, 0, 100, 110, 0, 0, 0600);
+	cr_assert_eq(check(), 0, "%s", report);
+
+	/* A stat after the chmod returned still sees the old mode. */
+	stat_saw(2, 0, 120, 130, 0, 0, 0644);
+	cr_assert_eq(check(), -EINVAL);
+
+	/* A chmod invoked after the rename returned: p1 is gone. */
+	init();
+	create(0, 0, 0, 10, 0);
+	op(EFS_HIST_RENAME, 0, 0, 20, 30, 0)->path2 = 1;
+	op(EFS_HIST_RENAME, 0, 1, 40, 60, 0)->path2 = 0;
+	op(EFS_HIST_CHMOD, 1, 1, 61, 70, 0)->mode = 0600;
+	cr_assert_eq(check(), -EINVAL);
+	cr_assert(strstr(report, "chmod p1 0600: ok"), "%s", report);
+
+	/* truncate and stat take two steps too: a truncate of p0 that looked
+	 * up the first file acts on it though a new p0 was made meanwhile. */
+	init();
+	create(0, 0, 0, 10, 0);
+	write_at(0, 0, 20, 30, 0, 2, 7);
+	o = op(EFS_HIST_TRUNCATE, 1, 0, 40, 100, 0);
+	o->len = 1;
+	op(EFS_HIST_RENAME, 0, 0, 50, 60, 0)->path2 = 1;
+	create(0, 0, 70, 80, 0);
+	stat_saw(2, 1, 110, 120, 0, EFS_HIST_BLOCK, 0644);
+	stat_saw(2, 0, 130, 140, 0, 0, 0644);
+	cr_assert_eq(check(), 0, "%s", report);
+	efs_test_assert_no_leaks();
+}
+
+/* With EFS_HIST_ORPHAN_IO_MAY_FAIL, a chmod whose inode lost its last name
+ * between its lookup and its call may fail with ESTALE; one whose inode
+ * kept its name may not. */
+Test(history, a_path_call_may_find_its_inode_gone_only_when_allowed, .init = init)
+{
+	create(0, 0, 0, 10, 0);
+	op(EFS_HIST_CHMOD, 1, 0, 20, 60, ESTALE)->mode = 0600;
+	op(EFS_HIST_UNLINK, 0, 0, 30, 40, 0);
+	cr_assert_eq(check(), -EINVAL);
+	flags = EFS_HIST_ORPHAN_IO_MAY_FAIL;
+	cr_assert_eq(check(), 0, "%s", report);
+
+	init();
+	flags = EFS_HIST_ORPHAN_IO_MAY_FAIL;
+	create(0, 0, 0, 10, 0);
+	op(EFS_HIST_CHMOD, 1, 0, 20, 60, ESTALE)->mode = 0600;
+	stat_saw(0, 0, 30, 40, 0, 0, 0644);
+	cr_assert_eq(check(), -EINVAL);
+	efs_test_assert_no_leaks();
+}
