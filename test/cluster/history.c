@@ -371,6 +371,17 @@ static bool orphan_io_failed(const struct mstate *s, const struct efs_hist_op *o
 	return true;
 }
 
+/* The inode the lookup step of |op| found, or NULL (|why| says so). */
+static struct mino *looked_up(struct mstate *s, const struct efs_hist_op *op, char *why,
+			      size_t why_size)
+{
+	struct mino *in = ino_of(s, s->h[op->proc]);
+
+	if (!in && why)
+		snprintf(why, why_size, "not looked up yet");
+	return in;
+}
+
 /*
  * Applies |op| (path |lp| of the group; |id| names an inode it creates)
  * to |s| in |out|. Returns whether its observation is what the model
@@ -462,12 +473,9 @@ static bool step(const struct mstate *s, const struct efs_hist_op *op, int lp, u
 	case EFS_HIST_STAT:
 		if (op->err)
 			return op->err == want;
-		in = ino_of(out, s->h[op->proc]);
-		if (!in) {
-			if (why)
-				snprintf(why, why_size, "not looked up yet");
+		in = looked_up(out, op, why, why_size);
+		if (!in)
 			return false;
-		}
 		if (why)
 			snprintf(why, why_size, "size %u mode %04o", in->size * EFS_HIST_BLOCK,
 				 in->mode);
@@ -479,12 +487,9 @@ static bool step(const struct mstate *s, const struct efs_hist_op *op, int lp, u
 	case EFS_HIST_CHMOD:
 		if (op->err)
 			return op->err == want;
-		in = ino_of(out, s->h[op->proc]);
-		if (!in) {
-			if (why)
-				snprintf(why, why_size, "not looked up yet");
+		in = looked_up(out, op, why, why_size);
+		if (!in)
 			return false;
-		}
 		if (op->kind == EFS_HIST_CHMOD) {
 			in->mode = op->mode;
 		} else {
