@@ -2231,9 +2231,11 @@ static void on_drain_tick(uv_timer_t *t)
 	if (n > 0 && uv_now(&d->loop) - d->drain_start_ms < DRAIN_TIMEOUT_MS)
 		return;
 	uv_timer_stop(t);
-	if (n > 0)
+	if (n > 0) {
 		efs_log_warn("%" PRIu64 " operations still in flight after %d ms; leaving anyway",
 			     n, DRAIN_TIMEOUT_MS);
+		efs_fs_log_inflight(d->fs);
+	}
 	/*
 	 * Unmount before the locks go: the kernel may still answer from
 	 * entries and attributes it cached under them (up to the cache

@@ -331,7 +331,11 @@ static void statfs_reply(struct efs_fs_op *op)
 		st.f_bavail = st.f_bfree > as.reserve_blocks ? st.f_bfree - as.reserve_blocks : 0;
 	}
 	st.f_files = limit;
-	st.f_ffree = limit > (uint64_t)fs->icount && fs->icount >= 0 ? limit - (uint64_t)fs->icount : 0;
+	/* Below zero, the estimate (see count_check) says only that this
+	 * node deleted more than its last count knew of. */
+	st.f_ffree = fs->icount < 0			 ? limit
+		     : limit > (uint64_t)fs->icount ? limit - (uint64_t)fs->icount
+						     : 0;
 	st.f_favail = st.f_ffree;
 	st.f_namemax = EFS_META_NAME_MAX;
 	st.f_fsid = 0;

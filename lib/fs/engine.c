@@ -214,7 +214,32 @@ static struct efs_fs_op *op_alloc(struct efs_fs *fs, struct efs_fs_rq *rq,
 	op->rq = rq ? rq : &op->own_rq;
 	op->d = d;
 	fs->inflight++;
+	op->born_ns = efs_clock_mono_ns();
+	efs_list_add_tail(&fs->ops, &op->live);
 	return op;
+}
+
+void efs_fs_log_inflight(struct efs_fs *fs)
+{
+	uint64_t now = efs_clock_mono_ns();
+	struct efs_list *n;
+
+	efs_list_for_each(n, &fs->ops) {
+		struct efs_fs_op *op = efs_list_entry(n, struct efs_fs_op, live);
+
+		efs_log_warn("fs: in flight for %.1f s: %s on inode %llu (loads %d, step %d%s%s%s, "
+			     "%zu locks)",
+			     (double)(now - op->born_ns) / 1e9, efs_fs_op_names[op->d->code],
+			     (unsigned long long)op->ino, op->loads_done, op->state,
+			     op->lock_waiting ? ", waits for a lock" : "",
+			     op->mx_wait ? ", waits for an inode's mutex" : "",
+			     op->lock_pinned ? ", locks pinned" : "", op->nslots);
+		if (op->mx_wait && op->mx_wait->mx_owner)
+			efs_log_warn("fs:   the mutex of inode %llu is held by %s on inode %llu",
+				     (unsigned long long)op->mx_wait->ino,
+				     efs_fs_op_names[op->mx_wait->mx_owner->d->code],
+				     (unsigned long long)op->mx_wait->mx_owner->ino);
+	}
 }
 
 static void op_caller(struct efs_fs_op *op)
@@ -648,6 +673,7 @@ void efs_fs_op_finish_at(struct efs_fs_op *op, int err, const char *func, int li
 	efs_mem_free(op->priv);
 	count_lock_txns(fs);
 	fs->inflight--;
+	efs_list_del(&op->live);
 	efs_mem_free(op);
 }
 
@@ -1269,6 +1295,7 @@ static void load_parse(struct efs_fs_op *op, Etcdserverpb__RangeResponse **rrs, 
 		}
 	}
 	op->loads_done++;
+	op->load_rev = rev;
 	op->force_load = false;
 	op->read_tries = 0;
 	step_loaded(op);
@@ -1666,13 +1693,16 @@ static int count_check(struct efs_fs_op *op)
 {
 	struct efs_fs *fs = op->fs;
 	uint64_t limit = fs->fi->inode_limit;
+	/* This node's estimate: the count read last, moved by its own creates
+	 * and deletes only. It falls below zero when the node deleted more of
+	 * its peers' inodes than the count knew of: read it again then. */
+	int64_t used = fs->icount + fs->icreating;
 	int r;
 
 	if (!limit)
 		return EFS_FS_CONT;
 	if (!op->counted &&
-	    (!fs->count_known ||
-	     (uint64_t)(fs->icount + fs->icreating) + 1 + EFS_FS_INODE_SLACK > limit)) {
+	    (!fs->count_known || used < 0 || (uint64_t)used + 1 + EFS_FS_INODE_SLACK > limit)) {
 		/* The count must see the inodes of creates answered already:
 		 * it is read after the batch of delegated changes. */
 		if (!fs->count_busy && batch_wait(op, RESUME_PREPARE))
@@ -1688,8 +1718,13 @@ static int count_check(struct efs_fs_op *op)
 		fs->count_busy = true;
 		return EFS_FS_WAIT;
 	}
-	if ((uint64_t)(fs->icount + fs->icreating) + 1 > limit)
+	if (used >= 0 && (uint64_t)used + 1 > limit) {
+		efs_log_debug("fs: %s: the inode limit %llu is reached (%lld counted, %lld being "
+			      "made)",
+			      efs_fs_op_names[op->d->code], (unsigned long long)limit,
+			      (long long)fs->icount, (long long)fs->icreating);
 		return -ENOSPC;
+	}
 	return EFS_FS_CONT;
 }
 
@@ -1707,6 +1742,7 @@ static void step_prepare(struct efs_fs_op *op)
 		return;
 	}
 	if (op->d->grows && efs_capacity_check_growth(op->fs->cap) < 0) {
+		efs_log_debug("fs: %s: etcd's space is low: ENOSPC", efs_fs_op_names[op->d->code]);
 		efs_fs_op_finish(op, -ENOSPC);
 		return;
 	}

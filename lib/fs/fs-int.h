@@ -377,6 +377,7 @@ struct efs_fs {
 
 	uint64_t epoch; /* bumped when the session is lost */
 	uint64_t inflight;
+	struct efs_list ops; /* the operations in flight (efs_fs_op.live) */
 	uint64_t seq; /* operation sequence of op ids */
 
 	/* Inode cache. */
@@ -582,6 +583,7 @@ struct efs_fs_op {
 	bool has_vkey;
 	size_t vkv;
 	int64_t commit_rev;
+	int64_t load_rev; /* the revision of the last load (for logs) */
 	/* During the COMMITTED outcome hook: the commit's response (borrowed;
 	 * NULL when the outcome was settled after an unknown one). */
 	const Etcdserverpb__TxnResponse *commit_resp;
@@ -593,6 +595,8 @@ struct efs_fs_op {
 	struct efs_list mx_link;      /* on mx_wait->mx_waiters */
 	struct efs_fs_inode *mx_wait; /* inode waited on */
 	struct efs_list qlink;	      /* the ready list or an ino/count wait */
+	struct efs_list live;	      /* fs->ops: every operation in flight */
+	uint64_t born_ns;	      /* when it started (efs_fs_log_inflight) */
 
 	/* The inode the operation is about (the parent for namespace
 	 * operations); the rest of an operation's arguments live in its own

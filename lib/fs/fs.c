@@ -363,6 +363,7 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 	efs_list_init(&fs->delayed);
 	efs_list_init(&fs->ino_waiters);
 	efs_list_init(&fs->count_waiters);
+	efs_list_init(&fs->ops);
 	efs_list_init(&fs->dinvals);
 	efs_list_init(&fs->readpins);
 	efs_list_init(&fs->handles);

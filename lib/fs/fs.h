@@ -108,6 +108,9 @@ int efs_fs_leave(struct efs_fs *fs, void (*cb)(int status, void *arg), void *arg
 int efs_fs_stop_io(struct efs_fs *fs, void (*cb)(void *arg), void *arg);
 /* Operations in flight (the daemon waits for 0 before leaving). */
 uint64_t efs_fs_inflight(const struct efs_fs *fs);
+/* Logs (warning) each operation in flight: what it is and what it waits
+ * for, for a drain that did not end. */
+void efs_fs_log_inflight(struct efs_fs *fs);
 /*
  * Publishes every inode with unpublished data or fields (a sync request:
  * etcfsctl backup, etcfsctl sync); |cb| with 0 or the first error. Returns

@@ -396,10 +396,14 @@ static int lookup_plan(struct efs_fs_op *op)
 	if (!S_ISDIR(prec->mode))
 		return -ENOTDIR;
 	pin = slot_inode(op, op->ino);
-	if (!nop->child && op->nkv == 0) {
-		/* The name cache first; a miss reads the dirent. */
+	if (op->nkv == 0) {
+		/* The name cache first; a miss reads the dirent. Asked again
+		 * after every load: taking the child's lock may have let the
+		 * directory's lock go and come back (a recall while it waited),
+		 * and a name learnt under the old grant may be gone. */
 		if (pin && efs_fs_dcache_get(fs, pin, nop->name, nop->name_len, &nop->child, &type)) {
-			efs_counter_inc(fs->m_lookup_cached);
+			if (op->loads_done == 1)
+				efs_counter_inc(fs->m_lookup_cached);
 			if (!nop->child)
 				goto negative;
 		} else {
@@ -446,8 +450,13 @@ static int lookup_plan(struct efs_fs_op *op)
 			continue;
 		crec = efs_fs_rec(op, nop->child);
 		if (!crec) {
-			efs_log_debug("fs: dirent %s in %llu names missing inode %llu", nop->name,
-				      (unsigned long long)op->ino, (unsigned long long)nop->child);
+			efs_log_debug("fs: dirent %s in %llu names missing inode %llu (dirent rev "
+				      "%lld, load %d at %lld, inode rev %lld, gone %d, loaded %d)",
+				      nop->name, (unsigned long long)op->ino,
+				      (unsigned long long)nop->child,
+				      op->nkv ? (long long)op->kv[0].mod_rev : -1LL, op->loads_done,
+				      (long long)op->load_rev, (long long)op->slots[i].in->mod_rev,
+				      op->slots[i].in->gone, op->slots[i].loading);
 			efs_fs_dcache_forget(fs, op->ino, nop->name, nop->name_len);
 			return -ENOENT;
 		}
@@ -1106,6 +1115,11 @@ static int rn_plan(struct efs_fs_op *op)
 	if ((nop->flags & RENAME_NOREPLACE) && nop->child2)
 		return -EEXIST;
 	if (nop->child2 == nop->child) {
+		efs_log_debug("fs: rename %s -> %s in %llu: one inode %llu (dirent revs %lld %lld, "
+			      "load %d at %lld)",
+			      nop->name, nop->name2, (unsigned long long)op->ino,
+			      (unsigned long long)nop->child, (long long)op->kv[0].mod_rev,
+			      (long long)op->kv[1].mod_rev, op->loads_done, (long long)op->load_rev);
 		/* Two names of one inode (or one name): POSIX says do nothing. */
 		efs_fs_rq_err(op->rq, 0);
 		return EFS_FS_DONE;
@@ -1151,8 +1165,15 @@ static int rn_plan(struct efs_fs_op *op)
 		return EFS_FS_CONT;
 	srec = efs_fs_rec(op, nop->child);
 	trec = nop->child2 ? efs_fs_rec(op, nop->child2) : NULL;
-	if (!srec)
+	if (!srec) {
+		efs_log_debug("fs: rename: dirent %s in %llu names missing inode %llu (dirent rev "
+			      "%lld, load %d at %lld, inode rev %lld)",
+			      nop->name, (unsigned long long)op->ino, (unsigned long long)nop->child,
+			      (long long)op->kv[0].mod_rev, op->loads_done, (long long)op->load_rev,
+			      (long long)efs_fs_rec_rev(op, nop->child));
 		return -ENOENT;
+	}
+
 	if (nop->child2 && !trec && exch)
 		return -ENOENT;
 	if (p->empty_kv && op->kv[p->empty_kv - 1].found)

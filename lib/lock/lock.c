@@ -2837,6 +2837,31 @@ static void recalls_due_at(struct efs_lockcache *lc, uint64_t due)
 		lc->recalls_due_ns = due;
 }
 
+/* Logs the acquisitions that pin |e| while they wait for another lock
+ * (what keeps a recall of |e| from being answered). */
+static void pinners_log(const struct efs_lockcache *lc, const struct efs_locktab_entry *e)
+{
+	const struct efs_list *n;
+
+	efs_list_for_each(n, &lc->acqs) {
+		const struct acq *a = efs_list_entry(n, struct acq, link);
+		bool pins = false;
+
+		for (size_t i = 0; i < a->req->n; i++)
+			pins = pins || a->pinned[i] == e;
+		if (!pins)
+			continue;
+		efs_log_warn("lock: inode %" PRIu64 ": pinned by an acquisition waiting (%d) for "
+			     "inode %" PRIu64 " (its recall key revision %" PRId64 "%s%s), the oldest "
+			     "recall of the pinned lock at revision %" PRId64,
+			     e->ino, (int)a->wait,
+			     a->cur < a->req->n ? a->req->ino[a->cur] : (uint64_t)0, a->recall_rev,
+			     a->local_wait ? ", a local wait" : "",
+			     a->yield_asked ? ", asked to give way" : "",
+			     oldest_recall_rev(lc, e->ino));
+	}
+}
+
 /*
  * A recall of a lock this node still holds in a mode the waiter cannot
  * share, past the bound (recall_bound_ms): logged once
@@ -2869,15 +2894,19 @@ static void recalls_check(struct efs_lockcache *lc, uint64_t now)
 			continue;
 		rc->reported = true;
 		lc->stats.recalls_unanswered++;
-		efs_log_warn("lock: inode %" PRIu64 ": node %s's recall is not answered after %" PRIu64
-			     " s (held %s, kind %u, %" PRIu32 " pins, state %d%s)",
-			     rc->ino, rc->node, (uint64_t)((now - rc->seen_ns) / EFS_NSEC_PER_SEC),
+		efs_log_warn("lock: inode %" PRIu64 ": node %s's recall (key revision %" PRId64
+			     ") is not answered after %" PRIu64 " s (held %s, kind %u, %" PRIu32
+			     " pins, state %d%s%s%s)",
+			     rc->ino, rc->node, rc->create_rev,
+			     (uint64_t)((now - rc->seen_ns) / EFS_NSEC_PER_SEC),
 			     e->mode == EFS_LOCK_EXCLUSIVE ? "exclusive" : "shared", kind_of(lc, e),
 			     e->pins, (int)e->state,
 			     !e->prep		     ? ""
 			     : e->prep_stage == 1 ? ", its kernel invalidation waits"
 			     : e->prep_stage == 2 ? ", its publication waits"
-						  : ", preparing");
+						  : ", preparing",
+			     e->recalled ? ", drained" : "", e->prepared ? ", prepared" : "");
+		pinners_log(lc, e);
 	}
 }
 

@@ -36,6 +36,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/time.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -328,6 +329,43 @@ static void names_and_data_of_one_node_are_seen_by_the_others(void)
 		closedir(d);
 		CL_CHECK(seen == 2, "node3's listing named %d of f and d", seen);
 	}
+}
+
+/*
+ * A node's count of inodes moves with its own creates and deletes between
+ * two reads of the real count: one that deletes more of its peers' files
+ * than its last count knew of (its estimate below zero) reads the count
+ * again rather than answer ENOSPC, and statfs does not show the inodes
+ * as used up. Node 2 counts (statfs), node 1 makes that many files and 20
+ * more, node 2 deletes them all, then makes a file.
+ */
+static void a_node_that_deleted_more_than_it_counted_still_creates(void)
+{
+	struct statvfs sv;
+	unsigned long used, n;
+	int fd;
+
+	check_dir();
+	mkdir_ok(P(0, "many"));
+	CL_CHECK(statvfs(P(1, "%s", ""), &sv) == 0, "statvfs on node2: %s", strerror(errno));
+	used = sv.f_files - sv.f_ffree;
+	n = used + 20;
+	CL_CHECK(n <= 20000, "node2 counts %lu inodes in use: too many for this check", used);
+	for (unsigned long k = 0; k < n; k++) {
+		fd = open(P(0, "many/f%lu", k), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+		CL_CHECK(fd >= 0, "create many/f%lu on node1: %s", k, strerror(errno));
+		close(fd);
+	}
+	for (unsigned long k = 0; k < n; k++)
+		CL_CHECK(unlink(P(1, "many/f%lu", k)) == 0, "unlink many/f%lu on node2: %s", k,
+			 strerror(errno));
+	fd = open(P(1, "after"), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	CL_CHECK(fd >= 0, "create on node2 after it deleted %lu of node1's files: %s", n,
+		 strerror(errno));
+	close(fd);
+	CL_CHECK(statvfs(P(1, "%s", ""), &sv) == 0, "statvfs on node2: %s", strerror(errno));
+	CL_CHECK(sv.f_ffree > sv.f_files / 2, "node2's statfs: %lu of %lu inodes free",
+		 (unsigned long)sv.f_ffree, (unsigned long)sv.f_files);
 }
 
 /*
@@ -2227,6 +2265,7 @@ static const struct check checks[] = {
 	CHECK(names_and_data_of_one_node_are_seen_by_the_others, 60, RUN_SUBSET),
 	CHECK(every_change_is_seen_at_once_by_the_other_nodes, 120, RUN_SUBSET),
 	CHECK(a_listed_directory_answers_missing_names_until_a_peer_changes_it, 60, RUN_SUBSET),
+	CHECK(a_node_that_deleted_more_than_it_counted_still_creates, 60, RUN_FULL),
 	CHECK(a_stat_of_every_file_takes_free_locks_in_batches, 60, RUN_FULL),
 	CHECK(a_file_open_for_writing_is_read_between_its_writes, 90, RUN_FULL),
 	CHECK(o_append_from_every_node_loses_and_tears_nothing, 180, RUN_FULL),
