@@ -379,6 +379,9 @@ static int kv_dirent(struct efs_fs *fs, const Mvccpb__KeyValue *kv, struct efs_m
 /* Most names a read for lookups asks for (a larger directory's first
  * names are still put, without completeness). */
 #define FILL_MAX 8192
+/* Listings for lookups a grant may send again after one came back voided
+ * (see fill_cb). */
+#define FILL_VOIDS_MAX 4
 
 struct dfill {
 	struct efs_fs *fs;
@@ -392,9 +395,15 @@ static void fill_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 	struct efs_fs *fs = f->fs;
 	struct efs_fs_inode *din = f->din;
 	/* Names this node added since are in the cache already: only other
-	 * changes void the listing. */
-	bool ok = !r->err && din->rmseq == f->rmseq &&
-		  efs_fs_dcache_current(fs, din, f->grant, din->mseq);
+	 * changes void the listing. So does an operation holding the
+	 * directory now if it only adds a name (a create committing): its
+	 * name goes into the cache when it ends, listed here or not. */
+	const struct efs_fs_op *mx = din->mx_owner;
+	bool adding = mx && mx->d->new_inode && efs_fs_grant_current(fs, din, f->grant) &&
+		      efs_fs_inode_valid(fs, din) && din->rec && S_ISDIR(din->rec->mode);
+	bool voided = din->rmseq != f->rmseq ||
+		      !(adding || efs_fs_dcache_current(fs, din, f->grant, din->mseq));
+	bool ok = !r->err && !voided;
 
 	for (size_t i = 0; ok && i < resp->n_kvs; i++) {
 		struct efs_meta_key_info info;
@@ -409,8 +418,21 @@ static void fill_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 				       de->type);
 		efs_meta_record_free(de);
 	}
-	if (ok && !resp->more)
+	if (ok && !resp->more) {
 		efs_fs_dcache_set_complete(fs, din);
+	} else if (!r->err && voided && din->dc_fill_grant == f->grant) {
+		/* Voided by a change of this node that overlapped it (the
+		 * create that the lookup's miss was for, committing on its
+		 * own because the cache was not whole yet): one listing per
+		 * grant would leave the directory without delegation for the
+		 * whole grant, so a few more may go. */
+		if (din->dc_void_grant != f->grant) {
+			din->dc_void_grant = f->grant;
+			din->dc_voids = 0;
+		}
+		if (++din->dc_voids <= FILL_VOIDS_MAX)
+			din->dc_fill_grant = 0;
+	}
 	efs_fs_iput(fs, din);
 	efs_mem_free(f);
 	fs->inflight--;

@@ -1836,6 +1836,18 @@ static void commit_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp
 		if (oc == EFS_FS_TXN_UNKNOWN) {
 			efs_counter_inc(fs->m_retries);
 			op->unsettled = true;
+			/* Its names may have changed or not: a listing of a
+			 * directory it holds read from now on (its retry may
+			 * give the directory up meanwhile) cannot tell, so none
+			 * makes a name cache whole. */
+			for (size_t i = 0; i < op->nslots; i++) {
+				struct efs_fs_inode *in = op->slots[i].in;
+
+				if (in && in->rec && S_ISDIR(in->rec->mode)) {
+					in->rmseq++;
+					in->mseq++;
+				}
+			}
 			report_outcome(op, EFS_FS_UNKNOWN, 0);
 			if (!may_retry(op, ++op->retries)) {
 				efs_fs_op_finish(op, -EIO);

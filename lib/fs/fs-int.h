@@ -271,6 +271,8 @@ struct efs_fs_inode {
 	bool atime_busy;	    /* a relatime update is in flight */
 	struct efs_fs_dcache *dc;   /* directories: names, valid under the lock */
 	uint64_t dc_fill_grant;	    /* directories: the grant a listing read for lookups was sent under */
+	uint64_t dc_void_grant;	    /* ... and the grant its voided reads count under */
+	unsigned dc_voids;	    /* listings for lookups voided under dc_void_grant */
 	unsigned ahead_inflight;    /* directories: read-ahead lock requests in flight */
 	struct efs_fs_knames *kn;   /* directories: names the kernel may cache (lockops.c) */
 	/* The grant under which a read's GETATTR last passed a drain

@@ -107,8 +107,17 @@ bool efs_fs_dcache_complete(struct efs_fs *fs, struct efs_fs_inode *dir)
 	return dcache_valid(fs, dir) && dir->dc->complete;
 }
 
+static struct efs_fs_dcache *dcache_new(struct efs_fs *fs, struct efs_fs_inode *dir);
+
+/* The caller read every name under the current grant. A listing of an
+ * empty directory put no name, so the cache may not exist yet (or be one
+ * of an older grant): it starts here, empty and complete. */
 void efs_fs_dcache_set_complete(struct efs_fs *fs, struct efs_fs_inode *dir)
 {
+	if (dir->dc && !efs_fs_grant_current(fs, dir, dir->dc->gen))
+		efs_fs_dcache_clear(dir);
+	if (!dir->dc && efs_fs_inode_valid(fs, dir) && dir->rec && S_ISDIR(dir->rec->mode))
+		dcache_new(fs, dir);
 	if (dcache_valid(fs, dir) && dir->dc->n < EFS_FS_DCACHE_MAX)
 		dir->dc->complete = true;
 }

@@ -181,11 +181,16 @@ static void ns_release(struct efs_fs_op *op)
 			efs_fs_dcache_forget(op->fs, op->ino, nop->name, nop->name_len);
 		if (nop->name2_len)
 			efs_fs_dcache_forget(op->fs, nop->ino2, nop->name2, nop->name2_len);
-		/* A listing read meanwhile may or may not hold the name. */
-		if ((d = efs_fs_ifind(op->fs, op->ino)))
+		/* A listing read meanwhile may or may not hold the name:
+		 * for lookups (rmseq) and for readdir (mseq). */
+		if ((d = efs_fs_ifind(op->fs, op->ino))) {
 			d->rmseq++;
-		if (nop->ino2 && (d = efs_fs_ifind(op->fs, nop->ino2)))
+			d->mseq++;
+		}
+		if (nop->ino2 && (d = efs_fs_ifind(op->fs, nop->ino2))) {
 			d->rmseq++;
+			d->mseq++;
+		}
 	}
 	efs_mem_free(nop->link);
 }

@@ -2604,6 +2604,37 @@ static bool exists_rel(const char *rel, struct stat *st)
 	return lstat(env_path(path, sizeof(path), rel), st) == 0;
 }
 
+#if EFS_FAULT_HOOKS
+/*
+ * An empty directory whose lock went and came back has no name cache:
+ * the listing read for its first lookup puts no name, and must still make
+ * the cache whole, or no create in it is delegated again under that grant
+ * (seen with two nodes, each creating in a directory of its own: half the
+ * creates committed one by one, each after a read of its name).
+ */
+Test(data, delegation_resumes_in_an_empty_directory_after_its_lock_went)
+{
+	static const char *const args[] = {"-o", "allow_other,delegate", NULL};
+	char rel[64], path[PATH_MAX];
+	double ops;
+
+	env_start(0, args);
+	cr_assert_eq(mkdir(env_path(path, sizeof(path), "e"), 0755), 0, "mkdir: %s",
+		     strerror(errno));
+	IO_EQ(setxattr(path, "user.etcfs.fault.release", "0", 1, 0), 0);
+	ops = efs_test_fs_metric(&env.f, "etcfs_delegated_ops_total");
+	for (int i = 0; i < 50; i++) {
+		snprintf(rel, sizeof(rel), "e/f%02d", i);
+		touch_new(rel);
+	}
+	ops = efs_test_fs_metric(&env.f, "etcfs_delegated_ops_total") - ops;
+	cr_assert_geq(ops, 40, "only %.0f of 50 creates in the emptied directory were delegated",
+		      ops);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+#endif
+
 /*
  * Creates and mkdirs under a directory this node holds join a batch
  * instead of committing one by one (the batch's timer is a minute here,
