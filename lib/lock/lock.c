@@ -2894,11 +2894,11 @@ static void recalls_check(struct efs_lockcache *lc, uint64_t now)
 			continue;
 		rc->reported = true;
 		lc->stats.recalls_unanswered++;
-		efs_log_warn("lock: inode %" PRIu64 ": node %s's recall (key revision %" PRId64
-			     ") is not answered after %" PRIu64 " s (held %s, kind %u, %" PRIu32
+		efs_log_warn("lock: inode %" PRIu64 ": node %s's recall is not answered after %" PRIu64
+			     " s (key revision %" PRId64 ", held %s, kind %u, %" PRIu32
 			     " pins, state %d%s%s%s)",
-			     rc->ino, rc->node, rc->create_rev,
-			     (uint64_t)((now - rc->seen_ns) / EFS_NSEC_PER_SEC),
+			     rc->ino, rc->node, (uint64_t)((now - rc->seen_ns) / EFS_NSEC_PER_SEC),
+			     rc->create_rev,
 			     e->mode == EFS_LOCK_EXCLUSIVE ? "exclusive" : "shared", kind_of(lc, e),
 			     e->pins, (int)e->state,
 			     !e->prep		     ? ""
