@@ -399,8 +399,7 @@ static void fill_cb(struct efs_etcd_result *r, Etcdserverpb__RangeResponse *resp
 	 * directory now if it only adds a name (a create committing): its
 	 * name goes into the cache when it ends, listed here or not. */
 	const struct efs_fs_op *mx = din->mx_owner;
-	bool adding = mx && mx->d->new_inode && efs_fs_grant_current(fs, din, f->grant) &&
-		      efs_fs_inode_valid(fs, din) && din->rec && S_ISDIR(din->rec->mode);
+	bool adding = mx && mx->d->new_inode && efs_fs_dir_current(fs, din, f->grant);
 	bool voided = din->rmseq != f->rmseq ||
 		      !(adding || efs_fs_dcache_current(fs, din, f->grant, din->mseq));
 	bool ok = !r->err && !voided;

@@ -896,6 +896,8 @@ bool efs_fs_dcache_put(struct efs_fs *fs, struct efs_fs_inode *dir, const char *
 		       uint64_t ino, uint32_t type);
 void efs_fs_dcache_forget(struct efs_fs *fs, uint64_t dir, const char *name, size_t len);
 void efs_fs_dcache_incomplete(struct efs_fs *fs, uint64_t dir);
+/* The directory |dir|'s record is trusted under its lock's grant |gen|. */
+bool efs_fs_dir_current(struct efs_fs *fs, struct efs_fs_inode *dir, uint64_t gen);
 bool efs_fs_dcache_current(struct efs_fs *fs, struct efs_fs_inode *dir, uint64_t gen,
 			   uint64_t mseq);
 void efs_fs_dcache_set_complete(struct efs_fs *fs, struct efs_fs_inode *dir);

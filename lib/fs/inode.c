@@ -95,11 +95,16 @@ int efs_fs_dcache_get(struct efs_fs *fs, struct efs_fs_inode *dir, const char *n
 	return 0;
 }
 
+bool efs_fs_dir_current(struct efs_fs *fs, struct efs_fs_inode *dir, uint64_t gen)
+{
+	return dir && efs_fs_grant_current(fs, dir, gen) && efs_fs_inode_valid(fs, dir) &&
+	       dir->rec && S_ISDIR(dir->rec->mode);
+}
+
 bool efs_fs_dcache_current(struct efs_fs *fs, struct efs_fs_inode *dir, uint64_t gen,
 			   uint64_t mseq)
 {
-	return dir && !dir->mx_owner && dir->mseq == mseq && efs_fs_grant_current(fs, dir, gen) &&
-	       efs_fs_inode_valid(fs, dir) && dir->rec && S_ISDIR(dir->rec->mode);
+	return dir && !dir->mx_owner && dir->mseq == mseq && efs_fs_dir_current(fs, dir, gen);
 }
 
 bool efs_fs_dcache_complete(struct efs_fs *fs, struct efs_fs_inode *dir)
@@ -116,7 +121,7 @@ void efs_fs_dcache_set_complete(struct efs_fs *fs, struct efs_fs_inode *dir)
 {
 	if (dir->dc && !efs_fs_grant_current(fs, dir, dir->dc->gen))
 		efs_fs_dcache_clear(dir);
-	if (!dir->dc && efs_fs_inode_valid(fs, dir) && dir->rec && S_ISDIR(dir->rec->mode))
+	if (!dir->dc && efs_fs_dir_current(fs, dir, dir->grant))
 		dcache_new(fs, dir);
 	if (dcache_valid(fs, dir) && dir->dc->n < EFS_FS_DCACHE_MAX)
 		dir->dc->complete = true;

@@ -1178,7 +1178,6 @@ static int rn_plan(struct efs_fs_op *op)
 			      (long long)efs_fs_rec_rev(op, nop->child));
 		return -ENOENT;
 	}
-
 	if (nop->child2 && !trec && exch)
 		return -ENOENT;
 	if (p->empty_kv && op->kv[p->empty_kv - 1].found)

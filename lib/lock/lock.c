@@ -1279,6 +1279,15 @@ static void acq_wake(struct efs_lockcache *lc, struct acq *a)
 	kick_soon(lc);
 }
 
+/* Whether |a| pins |e|. */
+static bool acq_pins(const struct acq *a, const struct efs_locktab_entry *e)
+{
+	for (size_t i = 0; i < a->req->n; i++)
+		if (a->pinned[i] == e)
+			return true;
+	return false;
+}
+
 /*
  * |e| is being recalled: every acquisition still in progress that pins it
  * gives way at its next step (at once unless a transaction is in flight),
@@ -1294,13 +1303,10 @@ static void yield_scan(struct efs_lockcache *lc, const struct efs_locktab_entry 
 
 	efs_list_for_each(n, &lc->acqs) {
 		struct acq *a = acq_of(n);
-		bool pins = false;
 
 		if (a->wait == AW_DONE || a->yield_asked)
 			continue;
-		for (size_t i = 0; i < a->req->n; i++)
-			pins = pins || a->pinned[i] == e;
-		if (!pins || pinned_recalled(a) == 0)
+		if (!acq_pins(a, e) || pinned_recalled(a) == 0)
 			continue;
 		a->yield_asked = true;
 		acq_wake(lc, a);
@@ -2845,11 +2851,8 @@ static void pinners_log(const struct efs_lockcache *lc, const struct efs_locktab
 
 	efs_list_for_each(n, &lc->acqs) {
 		const struct acq *a = efs_list_entry(n, struct acq, link);
-		bool pins = false;
 
-		for (size_t i = 0; i < a->req->n; i++)
-			pins = pins || a->pinned[i] == e;
-		if (!pins)
+		if (!acq_pins(a, e))
 			continue;
 		efs_log_warn("lock: inode %" PRIu64 ": pinned by an acquisition waiting (%d) for "
 			     "inode %" PRIu64 " (its recall key revision %" PRId64 "%s%s), the oldest "

@@ -371,17 +371,6 @@ static bool orphan_io_failed(const struct mstate *s, const struct efs_hist_op *o
 	return true;
 }
 
-/* The inode the lookup step of |op| found, or NULL (|why| says so). */
-static struct mino *looked_up(struct mstate *s, const struct efs_hist_op *op, char *why,
-			      size_t why_size)
-{
-	struct mino *in = ino_of(s, s->h[op->proc]);
-
-	if (!in && why)
-		snprintf(why, why_size, "not looked up yet");
-	return in;
-}
-
 /*
  * Applies |op| (path |lp| of the group; |id| names an inode it creates)
  * to |s| in |out|. Returns whether its observation is what the model
@@ -471,26 +460,25 @@ static bool step(const struct mstate *s, const struct efs_hist_op *op, int lp, u
 		out->h[op->proc] = s->at[lp];
 		return true;
 	case EFS_HIST_STAT:
-		if (op->err)
-			return op->err == want;
-		in = looked_up(out, op, why, why_size);
-		if (!in)
-			return false;
-		if (why)
-			snprintf(why, why_size, "size %u mode %04o", in->size * EFS_HIST_BLOCK,
-				 in->mode);
-		ok = op->size == (uint32_t)in->size * EFS_HIST_BLOCK && op->st_mode == in->mode;
-		out->h[op->proc] = 0;
-		canonical(out);
-		return ok;
 	case EFS_HIST_TRUNCATE:
 	case EFS_HIST_CHMOD:
+		/* A failed one found no name (one step); else the call on the
+		 * inode its lookup step found. */
 		if (op->err)
 			return op->err == want;
-		in = looked_up(out, op, why, why_size);
-		if (!in)
+		in = ino_of(out, s->h[op->proc]);
+		if (!in) {
+			if (why)
+				snprintf(why, why_size, "not looked up yet");
 			return false;
-		if (op->kind == EFS_HIST_CHMOD) {
+		}
+		if (op->kind == EFS_HIST_STAT) {
+			if (why)
+				snprintf(why, why_size, "size %u mode %04o",
+					 in->size * EFS_HIST_BLOCK, in->mode);
+			ok = op->size == (uint32_t)in->size * EFS_HIST_BLOCK &&
+			     op->st_mode == in->mode;
+		} else if (op->kind == EFS_HIST_CHMOD) {
 			in->mode = op->mode;
 		} else {
 			for (unsigned b = op->len; b < EFS_HIST_BLOCKS; b++)
@@ -499,7 +487,7 @@ static bool step(const struct mstate *s, const struct efs_hist_op *op, int lp, u
 		}
 		out->h[op->proc] = 0;
 		canonical(out);
-		return true;
+		return ok;
 	case EFS_HIST_RENAME:
 		if (op->err != want)
 			return false;
