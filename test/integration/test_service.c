@@ -125,6 +125,10 @@ static bool has_line(const char *msg, const char *line)
  * the child, NULL-terminated); stderr goes to the fixture's log. Returns
  * the child's pid.
  */
+/* Where the log stood when the last daemon was spawned: one log holds every
+ * daemon a test starts, and a check is about the one it started last. */
+static long log_mark;
+
 static pid_t spawn_daemon(const char *const *args, const char *const *envs)
 {
 	char daemon[PATH_MAX];
@@ -141,6 +145,8 @@ static pid_t spawn_daemon(const char *const *args, const char *const *envs)
 	argv[argc] = NULL;
 	logfd = open(fs.log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 	cr_assert_geq(logfd, 0);
+	log_mark = (long)lseek(logfd, 0, SEEK_END);
+	cr_assert_geq(log_mark, 0);
 	pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
@@ -167,7 +173,7 @@ static bool mount_answers(void)
 	return efs_test_is_fuse_mount(fs.mnt) && stat(fs.mnt, &st) == 0;
 }
 
-/* Whether the fixture's log has |text|. */
+/* Whether the fixture's log has |text| since the last spawn_daemon. */
 static bool log_has(const char *text)
 {
 	char *buf;
@@ -177,6 +183,10 @@ static bool log_has(const char *text)
 
 	if (!f)
 		return false;
+	if (fseek(f, log_mark, SEEK_SET) != 0) {
+		fclose(f);
+		return false;
+	}
 	buf = calloc(1, 1 << 20);
 	cr_assert_not_null(buf);
 	n = fread(buf, 1, (1 << 20) - 1, f);
