@@ -404,6 +404,53 @@ static void mx_release_all(struct efs_fs_op *op)
 		mx_release(op, &op->slots[i]);
 }
 
+/*
+ * A publication writes back what a lock covers, and a release of that lock
+ * waits for it: it must never wait for a mutex whose owner waits for a
+ * lock, since that lock may be one a peer pins until our release is done
+ * (the peer's older acquisition waits for the lock the publication serves;
+ * the give-way rule of the lock cache sees pins, not mutexes). So the
+ * owner gives its mutexes up and takes everything again (lock_cb), and so
+ * does every operation in the chain of mutex waits behind it that waits
+ * for a lock.
+ */
+static bool mx_writeback(const struct efs_fs_op *op)
+{
+	return (op->lock_flags & EFS_LOCK_F_WRITEBACK) != 0;
+}
+
+static void mx_owner_yield(struct efs_fs_op *owner)
+{
+	for (int hops = 0; owner && hops < 64; hops++) {
+		if (owner->lock_waiting && !owner->mx_yield) {
+			owner->mx_yield = true;
+			efs_counter_inc(owner->fs->m_mx_yields);
+			efs_log_debug("fs: %s on inode %" PRIu64 " gives its mutexes up while it "
+				      "waits for a lock: a publication waits for one",
+				      efs_fs_op_names[owner->d->code], owner->ino);
+			efs_lock_cancel(owner->fs->lc, &owner->lr);
+		}
+		owner = owner->mx_wait ? owner->mx_wait->mx_owner : NULL;
+	}
+}
+
+/* Whether a publication waits for a mutex |op| holds. */
+static bool mx_wanted_by_writeback(const struct efs_fs_op *op)
+{
+	for (size_t i = 0; i < op->nslots; i++) {
+		const struct efs_fs_slot *sl = &op->slots[i];
+		struct efs_list *w;
+
+		if (!sl->mx)
+			continue;
+		efs_list_for_each(w, &sl->in->mx_waiters) {
+			if (mx_writeback(efs_list_entry(w, struct efs_fs_op, mx_link)))
+				return true;
+		}
+	}
+	return false;
+}
+
 /* Takes the mutexes of the exclusive slots in inode order: EFS_FS_CONT, or
  * EFS_FS_WAIT (queued; resumed with RESUME_ACQUIRE). An operation waits
  * only while every mutex it holds is below the one it waits for. */
@@ -427,6 +474,8 @@ static int mx_acquire(struct efs_fs_op *op)
 			}
 		op->mx_wait = in;
 		efs_list_add_tail(&in->mx_waiters, &op->mx_link);
+		if (mx_writeback(op))
+			mx_owner_yield(in->mx_owner);
 		return EFS_FS_WAIT;
 	}
 	return EFS_FS_CONT;
@@ -1039,6 +1088,9 @@ static void step_acquire(struct efs_fs_op *op)
 		return;
 	}
 	op->lock_waiting = true;
+	/* A publication queued on one of its mutexes meanwhile. */
+	if (mx_wanted_by_writeback(op))
+		mx_owner_yield(op);
 	/* Last: libfuse calls it inline when the kernel interrupted already
 	 * (the cancel's callback runs later, from the loop). */
 	if (op->rq && op->rq->req && !op->intr_set) {
@@ -1101,8 +1153,21 @@ static void lock_cb(struct efs_lock_req *req, int status)
 		fuse_req_interrupt_func(op->rq->req, NULL, NULL);
 	}
 	if (status == -EAGAIN) {
+		op->mx_yield = false;
 		lock_yield(op, req);
 		return;
+	}
+	if (op->mx_yield) {
+		op->mx_yield = false;
+		if (status == -EINTR) {
+			/* Cancelled for a publication (mx_owner_yield): it
+			 * takes the mutex now; we queue behind it. */
+			mx_release_all(op);
+			for (size_t i = 0; i < op->nslots; i++)
+				op->slots[i].locked = EFS_LOCK_NONE;
+			ready_push(op, RESUME_ACQUIRE);
+			return;
+		}
 	}
 	if (status < 0) {
 		efs_fs_op_note(op, status, "lock wait", NULL);

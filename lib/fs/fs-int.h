@@ -436,6 +436,7 @@ struct efs_fs {
 	} kal_ring[16];
 	unsigned kal_next;
 	struct efs_counter *m_kal_estales;
+	struct efs_counter *m_mx_yields;
 	struct efs_counter *m_lookup_cached; /* lookups the name cache answered */
 	struct efs_counter *m_lookup_read;   /* lookups that read the dirent */
 	/* The invalidations of the last suspension (fs.c). */
@@ -534,6 +535,7 @@ struct efs_fs_op {
 	bool unsettled;	  /* a transaction's outcome is unknown and not yet settled */
 	bool lock_pinned;
 	bool lock_waiting; /* efs_lock_acquire waits (FUSE_INTERRUPT cancels it) */
+	bool mx_yield;	   /* that wait was cancelled to give its mutexes up */
 	bool intr_set;	   /* its interrupt callback is registered */
 	int state;	  /* engine step to resume at after a wait */
 	int wait_err;	  /* error handed to a waiter */

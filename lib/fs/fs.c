@@ -183,6 +183,11 @@ static int register_metrics(struct efs_fs *fs)
 		"Lookups answered ESTALE because the kernel may still hold the file under the "
 		"name a peer renamed it from",
 		NULL);
+	fs->m_mx_yields = efs_metrics_counter(
+		fs->m, "etcfs_mutex_yields_total",
+		"Lock waits cancelled and started again because a publication a release waits "
+		"for needed a node-local mutex the waiting operation held",
+		NULL);
 	fs->m_kpages = efs_metrics_gauge(fs->m, "etcfs_kernel_cached_files",
 					 "Inodes whose pages the kernel may cache (capped by "
 					 "--max-cached-files)",

@@ -148,6 +148,12 @@ struct acq {
 	uint64_t wait_deadline_ns;
 	bool up_blocked; /* the upgrade of |cur| found another holder */
 	bool yielding;	 /* ... and gives our shared hold of |cur| up */
+	/* Our shared holder key of |cur| exists while the table holds
+	 * nothing (a release granted it to a wait of ours that had ended,
+	 * and this acquisition took the entry before the give-back): the
+	 * next attempt deletes it in both branches, as a yielding upgrade
+	 * does, or the exclusive wait would wait behind our own key. */
+	bool stray_shared;
 	struct efs_locktab_entry *blocked_on; /* AW_ENTRY: compared, never used */
 	/* It waits for another acquisition or a release of this node, with
 	 * no recall key of its own: it gives way to any recall of its pins. */
@@ -1055,13 +1061,14 @@ static int start_single(struct acq *a, size_t i)
 		a->wait_deadline_ns = 0;
 		a->up_blocked = false;
 		a->yielding = false;
+		a->stray_shared = false;
 	}
 	/* A blocked upgrade gives its shared hold up once it can (see the
 	 * top of this file); every attempt after that is compared as an
 	 * upgrade and deletes our S key, which may or may not be there. */
 	yield_now = held == EFS_LOCK_SHARED && a->up_blocked && !a->yielding &&
 		    yieldable(e, now_ns());
-	yield = a->yielding || yield_now;
+	yield = a->yielding || yield_now || (a->stray_shared && held == EFS_LOCK_NONE);
 	cmp = yield ? EFS_LOCK_SHARED : held;
 	if (!a->recall_seq) {
 		a->recall_seq = lc->last_rev > 0 ? (uint64_t)lc->last_rev : 1;
@@ -1703,6 +1710,35 @@ static enum efs_lock_mode own_holder(struct efs_lockcache *lc,
 	return best;
 }
 
+/* For the debug log of a wait: who holds the lock and whose recall keys
+ * are queued on it ("node1:x node3:s / node1@2870 node2@2876"). */
+static void wait_describe(struct efs_lockcache *lc, const Etcdserverpb__RangeResponse *hold,
+			  const Etcdserverpb__RangeResponse *wait, char *buf, size_t size)
+{
+	size_t n = 0;
+
+	buf[0] = '\0';
+	for (int pass = 0; pass < 2; pass++) {
+		const Etcdserverpb__RangeResponse *r = pass ? wait : hold;
+
+		if (pass && n < size)
+			n += (size_t)snprintf(buf + n, size - n, " /");
+		for (size_t j = 0; r && j < r->n_kvs && n < size; j++) {
+			struct efs_meta_key_info ki;
+			const Mvccpb__KeyValue *kv = r->kvs[j];
+
+			if (efs_meta_key_parse(&lc->ns, kv->key.data, kv->key.len, &ki) < 0)
+				continue;
+			if (pass)
+				n += (size_t)snprintf(buf + n, size - n, " %s@%" PRId64, ki.node,
+						      kv->create_revision);
+			else
+				n += (size_t)snprintf(buf + n, size - n, " %s:%s", ki.node,
+						      ki.mode == EFS_META_LOCK_EXCLUSIVE ? "x" : "s");
+		}
+	}
+}
+
 /* Keeps the response that |recs| will point into; false when it cannot
  * (then no record is handed out). */
 static bool keep_resp(struct acq *a, struct efs_etcd_result *res, Etcdserverpb__TxnResponse *resp)
@@ -1728,12 +1764,57 @@ static bool granted_after_wait(struct acq *a, enum efs_lock_mode mode,
 
 	if (a->recall_ns && lc->recall_wait_cb)
 		lc->recall_wait_cb(lc->recall_wait_arg, now_ns() - a->recall_ns);
+	if (a->counted_wait)
+		efs_log_debug("lock: inode %" PRIu64 ": granted %s after a wait (our recall key @%" PRId64
+			      ")",
+			      a->req->ino[a->cur], mode == EFS_LOCK_EXCLUSIVE ? "exclusive" : "shared",
+			      a->recall_rev);
 	a->recall_seq = 0;
 	a->recall_rev = 0;
 	a->recall_ns = 0;
 	lc->stats.acquires++;
 	granted(a, a->cur, mode, rec, floor);
 	return acq_step(a);
+}
+
+/*
+ * Whether a holder key or an older recall key of someone else stands in
+ * the way of |a|'s request for |cur| (from a failed attempt's reads). Our
+ * own keys never do: what is left of ours is given up or compared as ours
+ * by the next attempt.
+ */
+static bool blocked_by_others(struct efs_lockcache *lc, const struct acq *a,
+			      const Etcdserverpb__RangeResponse *hold,
+			      const Etcdserverpb__RangeResponse *wait)
+{
+	const char *node = efs_session_node(lc->s);
+	int64_t lease = efs_session_lease_id(lc->s);
+
+	for (size_t j = 0; j < hold->n_kvs; j++) {
+		struct efs_meta_key_info ki;
+		const Mvccpb__KeyValue *kv = hold->kvs[j];
+
+		if (efs_meta_key_parse(&lc->ns, kv->key.data, kv->key.len, &ki) < 0 ||
+		    ki.family != EFS_META_K_HOLDER)
+			continue;
+		if (strcmp(ki.node, node) == 0 && kv->lease == lease)
+			continue;
+		if (a->want[a->cur] == EFS_LOCK_EXCLUSIVE || ki.mode == EFS_META_LOCK_EXCLUSIVE)
+			return true;
+	}
+	for (size_t j = 0; j < wait->n_kvs; j++) {
+		struct efs_meta_key_info ki;
+		const Mvccpb__KeyValue *kv = wait->kvs[j];
+
+		if (efs_meta_key_parse(&lc->ns, kv->key.data, kv->key.len, &ki) < 0 ||
+		    ki.family != EFS_META_K_RECALL)
+			continue;
+		if (strcmp(ki.node, node) == 0 && ki.num == a->recall_seq)
+			continue;
+		if (a->recall_rev <= 0 || kv->create_revision < a->recall_rev)
+			return true;
+	}
+	return false;
 }
 
 static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *res,
@@ -1784,6 +1865,31 @@ static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *
 	own_recalls_check(a, wait);
 	if (a->recall_rev > 0 && !a->recall_ns)
 		a->recall_ns = now_ns();
+	/* That attempt deleted the stray key in its failure branch: from
+	 * now on a plain acquisition. */
+	if (a->stray_shared && own == EFS_LOCK_NONE)
+		a->stray_shared = false;
+	if (own == EFS_LOCK_SHARED && !a->stray_shared) {
+		const struct efs_locktab_entry *e = efs_locktab_find(&lc->tab, a->req->ino[i]);
+
+		if (!e || e->mode == EFS_LOCK_NONE) {
+			efs_log_debug("lock: inode %" PRIu64 ": our shared key was granted to a "
+				      "wait that ended: given up with the next attempt",
+				      a->req->ino[i]);
+			a->stray_shared = true;
+			a->wait = AW_KICK;
+			kick_soon(lc);
+			return true;
+		}
+	}
+	if (!blocked_by_others(lc, a, hold, wait)) {
+		/* Only our own keys failed the compares (our recall key,
+		 * which the attempt had not known yet): nothing will change
+		 * for a watch to see, so try again now. */
+		a->wait = AW_KICK;
+		kick_soon(lc);
+		return true;
+	}
 	if (k->up_plain) {
 		/* Another holder blocks our upgrade: stop new local hits and
 		 * give the shared hold up as soon as its pins are gone. */
@@ -1804,6 +1910,13 @@ static bool single_done(struct acq *a, struct lcall *k, struct efs_etcd_result *
 		if (lc->wait_timeout_ms)
 			a->wait_deadline_ns = now_ns() + (uint64_t)lc->wait_timeout_ms *
 								    EFS_NSEC_PER_MSEC;
+	}
+	if (efs_log_get_level() >= EFS_LOG_DEBUG) {
+		char who[256];
+
+		wait_describe(lc, hold, wait, who, sizeof(who));
+		efs_log_debug("lock: inode %" PRIu64 ": waits behind holders%s (ours @%" PRId64 ")",
+			      a->req->ino[i], who, a->recall_rev);
 	}
 	if (pinned_recalled(a)) {
 		/* The next step gives way (after its cancel and session

@@ -2355,6 +2355,45 @@ Test(lock, a_grant_to_a_waiter_that_stopped_waiting_is_given_back)
 }
 
 /*
+ * node1 downgrades for node2's shared wait and grants node2 the shared
+ * key, but node2 (its watch events late) stopped waiting and at once asks
+ * for the lock exclusively: that acquisition holds the entry, so the
+ * give-back of the stray grant leaves the key to it, and it must give the
+ * key up itself rather than wait behind its own shared key for ever (the
+ * renames history hung so, until the runner's watchdog).
+ */
+Test(lock, an_exclusive_wait_gives_up_a_shared_key_granted_to_an_ended_wait)
+{
+	struct efs_lockcache *lc1, *lc2;
+	struct lres a1, a2, a3;
+
+	two_nodes_late(&lc1, &lc2, 2, 0);
+	take(lc1, &a1, 257, EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(lc1, &a1.req);
+	efs_test_run_for(500);
+	cr_assert_eq(acquire1(lc2, &a2, 257, EFS_LOCK_SHARED), 0);
+	RUN_UNTIL(holder_exists(257, EFS_META_LOCK_SHARED, "node2"), 5000);
+	cr_assert(holder_exists(257, EFS_META_LOCK_SHARED, "node2"), "node1 granted nothing");
+	cr_assert_not(a2.done, "node2 saw its grant before its late watch could tell it");
+	efs_lock_cancel(lc2, &a2.req);
+	cr_assert(efs_test_run_until(&a2.done, 1000));
+	cr_assert_eq(a2.status, -EINTR);
+	/* At once, before the give-back's reply. */
+	cr_assert_eq(acquire1(lc2, &a3, 257, EFS_LOCK_EXCLUSIVE), 0);
+	cr_assert(efs_test_run_until(&a3.done, 8000),
+		  "the exclusive acquisition waits behind node2's own shared key");
+	cr_assert_eq(a3.status, 0);
+	cr_assert_eq(efs_lock_held(lc2, 257), EFS_LOCK_EXCLUSIVE);
+	cr_assert_not(holder_exists(257, EFS_META_LOCK_SHARED, "node2"));
+	cr_assert(run_until_mode(lc1, 257, EFS_LOCK_NONE, 3000));
+	efs_lock_put(lc2, &a3.req);
+	cr_assert(run_until_keys(EFS_META_K_RECALL, 257, 0, 3000), "recall keys left behind");
+	efs_lockcache_free(lc2);
+	finish(lc1);
+	efs_test_assert_no_leaks();
+}
+
+/*
  * node2's session ends (its lease revoked) while it waits and before
  * node1, whose watch events are late, releases: the grant's compare fails
  * (the recall key went with the lease) and the release commits alone.
