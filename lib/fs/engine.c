@@ -434,9 +434,14 @@ static void mx_owner_yield(struct efs_fs_op *owner)
 	}
 }
 
-/* Whether a publication waits for a mutex |op| holds. */
-static bool mx_wanted_by_writeback(const struct efs_fs_op *op)
+/* Whether a publication waits for a mutex |op| holds, directly or through
+ * operations that hold mutexes of their own while they wait for one of
+ * |op|'s. |depth| bounds the walk (mutexes are taken in inode order, so
+ * the waits form no cycle; the bound only guards the stack). */
+static bool mx_wanted_by_writeback_at(const struct efs_fs_op *op, int depth)
 {
+	if (depth > 16)
+		return false;
 	for (size_t i = 0; i < op->nslots; i++) {
 		const struct efs_fs_slot *sl = &op->slots[i];
 		struct efs_list *w;
@@ -444,11 +449,18 @@ static bool mx_wanted_by_writeback(const struct efs_fs_op *op)
 		if (!sl->mx)
 			continue;
 		efs_list_for_each(w, &sl->in->mx_waiters) {
-			if (mx_writeback(efs_list_entry(w, struct efs_fs_op, mx_link)))
+			const struct efs_fs_op *x = efs_list_entry(w, struct efs_fs_op, mx_link);
+
+			if (mx_writeback(x) || mx_wanted_by_writeback_at(x, depth + 1))
 				return true;
 		}
 	}
 	return false;
+}
+
+static bool mx_wanted_by_writeback(const struct efs_fs_op *op)
+{
+	return mx_wanted_by_writeback_at(op, 0);
 }
 
 /* Takes the mutexes of the exclusive slots in inode order: EFS_FS_CONT, or
@@ -474,7 +486,8 @@ static int mx_acquire(struct efs_fs_op *op)
 			}
 		op->mx_wait = in;
 		efs_list_add_tail(&in->mx_waiters, &op->mx_link);
-		if (mx_writeback(op))
+		/* A publication, or one it waits for through this chain. */
+		if (mx_writeback(op) || mx_wanted_by_writeback(op))
 			mx_owner_yield(in->mx_owner);
 		return EFS_FS_WAIT;
 	}

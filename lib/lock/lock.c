@@ -1794,9 +1794,10 @@ static bool blocked_by_others(struct efs_lockcache *lc, const struct acq *a,
 		struct efs_meta_key_info ki;
 		const Mvccpb__KeyValue *kv = hold->kvs[j];
 
+		/* A key we cannot read failed the compare all the same. */
 		if (efs_meta_key_parse(&lc->ns, kv->key.data, kv->key.len, &ki) < 0 ||
 		    ki.family != EFS_META_K_HOLDER)
-			continue;
+			return true;
 		if (strcmp(ki.node, node) == 0 && kv->lease == lease)
 			continue;
 		if (a->want[a->cur] == EFS_LOCK_EXCLUSIVE || ki.mode == EFS_META_LOCK_EXCLUSIVE)
@@ -1808,7 +1809,7 @@ static bool blocked_by_others(struct efs_lockcache *lc, const struct acq *a,
 
 		if (efs_meta_key_parse(&lc->ns, kv->key.data, kv->key.len, &ki) < 0 ||
 		    ki.family != EFS_META_K_RECALL)
-			continue;
+			return true;
 		if (strcmp(ki.node, node) == 0 && ki.num == a->recall_seq)
 			continue;
 		if (a->recall_rev <= 0 || kv->create_revision < a->recall_rev)
