@@ -411,8 +411,8 @@ static void mx_release_all(struct efs_fs_op *op)
  * (the peer's older acquisition waits for the lock the publication serves;
  * the give-way rule of the lock cache sees pins, not mutexes). So the
  * owner gives its mutexes up and takes everything again (lock_cb), and so
- * does every operation in the chain of mutex waits behind it that waits
- * for a lock.
+ * does every operation ahead of it in the chain of mutex waits (an owner
+ * waiting for a mutex of another) that waits for a lock.
  */
 static bool mx_writeback(const struct efs_fs_op *op)
 {
@@ -1131,6 +1131,15 @@ static void yield_released(void *arg, int status)
 	ready_push(arg, RESUME_ACQUIRE);
 }
 
+/* An acquisition that gives way drops its mutexes and its slots' locks:
+ * it takes them all again from step_acquire, in order. */
+static void acquire_drop(struct efs_fs_op *op)
+{
+	mx_release_all(op);
+	for (size_t i = 0; i < op->nslots; i++)
+		op->slots[i].locked = EFS_LOCK_NONE;
+}
+
 /*
  * The acquisition gave way to a recall of a lock it had pinned: drop the
  * mutexes too, wait until that release is done (it may publish under one
@@ -1141,9 +1150,7 @@ static void lock_yield(struct efs_fs_op *op, const struct efs_lock_req *req)
 	struct efs_fs *fs = op->fs;
 	int r;
 
-	mx_release_all(op);
-	for (size_t i = 0; i < op->nslots; i++)
-		op->slots[i].locked = EFS_LOCK_NONE;
+	acquire_drop(op);
 	r = efs_lock_release_now(fs->lc, req->yield_ino, req->yield_to, yield_released, op);
 	if (r == 1) {
 		ready_push(op, RESUME_ACQUIRE);
@@ -1175,9 +1182,7 @@ static void lock_cb(struct efs_lock_req *req, int status)
 		if (status == -EINTR) {
 			/* Cancelled for a publication (mx_owner_yield): it
 			 * takes the mutex now; we queue behind it. */
-			mx_release_all(op);
-			for (size_t i = 0; i < op->nslots; i++)
-				op->slots[i].locked = EFS_LOCK_NONE;
+			acquire_drop(op);
 			ready_push(op, RESUME_ACQUIRE);
 			return;
 		}

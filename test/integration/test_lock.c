@@ -2314,6 +2314,26 @@ static void two_nodes_late(struct efs_lockcache **lc1, struct efs_lockcache **lc
 }
 
 /*
+ * node1 holds |ino| exclusively and idle; node2, whose watch events are
+ * late, waits for it in mode |m| (its request in |a2|) until node1's
+ * release has put node2's holder key (a grant node2 does not know of yet).
+ */
+static void grant_to_a_late_waiter(struct efs_lockcache **lc1, struct efs_lockcache **lc2,
+				   struct lres *a1, struct lres *a2, uint64_t ino,
+				   enum efs_lock_mode m)
+{
+	int km = m == EFS_LOCK_EXCLUSIVE ? EFS_META_LOCK_EXCLUSIVE : EFS_META_LOCK_SHARED;
+
+	two_nodes_late(lc1, lc2, 2, 0);
+	take(*lc1, a1, ino, EFS_LOCK_EXCLUSIVE);
+	efs_lock_put(*lc1, &a1->req);
+	efs_test_run_for(500);
+	cr_assert_eq(acquire1(*lc2, a2, ino, m), 0);
+	RUN_UNTIL(holder_exists(ino, km, "node2"), 5000);
+	cr_assert(holder_exists(ino, km, "node2"), "node1 granted nothing");
+}
+
+/*
  * node2 stops waiting (cancelled) after node1's release granted it the
  * lock but before node2 learnt of it (its watch events are late): node2
  * gives the grant back at once, no holder key of node2 stays, and the
@@ -2324,13 +2344,7 @@ Test(lock, a_grant_to_a_waiter_that_stopped_waiting_is_given_back)
 	struct efs_lockcache *lc1, *lc2;
 	struct lres a1, a2;
 
-	two_nodes_late(&lc1, &lc2, 2, 0);
-	take(lc1, &a1, 252, EFS_LOCK_EXCLUSIVE);
-	efs_lock_put(lc1, &a1.req);
-	efs_test_run_for(500);
-	cr_assert_eq(acquire1(lc2, &a2, 252, EFS_LOCK_EXCLUSIVE), 0);
-	RUN_UNTIL(holder_exists(252, EFS_META_LOCK_EXCLUSIVE, "node2"), 5000);
-	cr_assert(holder_exists(252, EFS_META_LOCK_EXCLUSIVE, "node2"), "node1 granted nothing");
+	grant_to_a_late_waiter(&lc1, &lc2, &a1, &a2, 252, EFS_LOCK_EXCLUSIVE);
 	/* etcd has the grant; node1 counts it when its reply arrives. */
 	RUN_UNTIL(lstats(lc1).direct_grants == 1, 3000);
 	cr_assert_eq(lstats(lc1).direct_grants, 1);
@@ -2367,13 +2381,7 @@ Test(lock, an_exclusive_wait_gives_up_a_shared_key_granted_to_an_ended_wait)
 	struct efs_lockcache *lc1, *lc2;
 	struct lres a1, a2, a3;
 
-	two_nodes_late(&lc1, &lc2, 2, 0);
-	take(lc1, &a1, 257, EFS_LOCK_EXCLUSIVE);
-	efs_lock_put(lc1, &a1.req);
-	efs_test_run_for(500);
-	cr_assert_eq(acquire1(lc2, &a2, 257, EFS_LOCK_SHARED), 0);
-	RUN_UNTIL(holder_exists(257, EFS_META_LOCK_SHARED, "node2"), 5000);
-	cr_assert(holder_exists(257, EFS_META_LOCK_SHARED, "node2"), "node1 granted nothing");
+	grant_to_a_late_waiter(&lc1, &lc2, &a1, &a2, 257, EFS_LOCK_SHARED);
 	cr_assert_not(a2.done, "node2 saw its grant before its late watch could tell it");
 	efs_lock_cancel(lc2, &a2.req);
 	cr_assert(efs_test_run_until(&a2.done, 1000));

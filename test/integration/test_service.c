@@ -119,16 +119,16 @@ static bool has_line(const char *msg, const char *line)
 	return false;
 }
 
+/* Where the log stood when the last daemon was spawned: one log holds every
+ * daemon a test starts, and a check is about the one it started last. */
+static long log_mark;
+
 /*
  * Starts etcfsd of the build with |args| (NULL-terminated, before DEVICE
  * and MOUNTPOINT, which are the fixture's) and |envs| ("NAME=VALUE" set in
  * the child, NULL-terminated); stderr goes to the fixture's log. Returns
  * the child's pid.
  */
-/* Where the log stood when the last daemon was spawned: one log holds every
- * daemon a test starts, and a check is about the one it started last. */
-static long log_mark;
-
 static pid_t spawn_daemon(const char *const *args, const char *const *envs)
 {
 	char daemon[PATH_MAX];
