@@ -38,6 +38,9 @@ struct dir_state {
 	size_t attr_from; /* readdirplus: first entry being prepared still without attributes */
 	size_t page_first; /* readdirplus: first entry being prepared */
 	size_t attr_to;	   /* readdirplus: end of the entries being prepared */
+	size_t aidx[EFS_FS_PLUS_BATCH]; /* readdirplus: the entries of the record read in flight */
+	size_t naidx;
+	size_t attr_scan; /* readdirplus: where that read's scan of the entries stopped */
 	size_t prep_to;	   /* readdirplus: entries below it were prepared by this op */
 	struct efs_fs_inode **pins; /* refs held on the prepared entries until the op ends */
 	size_t npins;
@@ -159,20 +162,61 @@ static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *r
 static int dir_list(struct efs_fs_op *op);
 static int fetch_attrs(struct efs_fs_op *op);
 
-/* Reads the attributes of entries [attr_from, attr_to) for readdirplus. */
+/* True when entry |i| needs its record read for readdirplus: not the
+ * directory itself, and not cached under a lock (emit takes those from the
+ * cache; a lock transaction of this listing brings the records of the
+ * locks it takes). */
+static bool needs_attr(struct efs_fs_op *op, size_t i)
+{
+	struct efs_fs_handle *h = dop_of(op)->h;
+	const struct efs_fs_inode *in = efs_fs_ifind(op->fs, h->ents[i].ino);
+
+	if (h->ents[i].ino == h->ino)
+		return false;
+	return !(in && efs_fs_inode_valid(op->fs, in) && in->rec);
+}
+
+/*
+ * Reads the records of the entries in [attr_from, attr_to) that still need
+ * them (needs_attr), EFS_FS_PLUS_BATCH per transaction: 0 when a read went
+ * out (page_attr_cb resumes), 1 when none is needed, or a negative errno.
+ */
 static int fetch_attrs(struct efs_fs_op *op)
 {
 	struct dir_op *dop = dop_of(op);
 	struct dir_state *st = &dop_of(op)->st;
 	struct efs_fs_handle *h = dop->h;
 	struct efs_etcd_txn *t = NULL;
+	size_t i;
 	int r;
 
+	st->naidx = 0;
+	for (i = st->attr_from; i < st->attr_to && st->naidx < EFS_FS_PLUS_BATCH; i++) {
+		if (needs_attr(op, i))
+			st->aidx[st->naidx++] = i;
+	}
+	st->attr_scan = i;
+	if (st->naidx == 0) {
+		st->attr_from = i;
+		return 1;
+	}
 	r = efs_etcd_txn_new(&t, 0);
-	for (size_t i = st->attr_from;
-	     r == 0 && i < st->attr_to && i < st->attr_from + EFS_FS_PLUS_BATCH; i++)
-		r = efs_fs_txn_read_inode(op->fs, t, h->ents[i].ino);
-	return efs_fs_read_txn(op->fs, t, r, page_attr_cb, op);
+	for (size_t k = 0; r == 0 && k < st->naidx; k++)
+		r = efs_fs_txn_read_inode(op->fs, t, h->ents[st->aidx[k]].ino);
+	r = efs_fs_read_txn(op->fs, t, r, page_attr_cb, op);
+	return r < 0 ? r : 0;
+}
+
+/* fetch_attrs again from |attr_from| until every entry is read: resumes
+ * the listing once none is left. */
+static void attrs_next(struct efs_fs_op *op)
+{
+	int e = fetch_attrs(op);
+
+	if (e < 0)
+		efs_fs_op_resume_prepare(op, -EIO);
+	else if (e == 1)
+		efs_fs_op_resume_prepare(op, 0);
 }
 
 static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *resp, void *arg)
@@ -181,7 +225,6 @@ static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *r
 	struct dir_op *dop = dop_of(op);
 	struct dir_state *st = &dop_of(op)->st;
 	struct efs_fs_handle *h = dop->h;
-	size_t i = st->attr_from;
 
 	if (r->err) {
 		/* A read changes nothing: after a lost reply, read again. */
@@ -194,7 +237,8 @@ static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *r
 		efs_fs_op_resume_prepare(op, -EIO);
 		return;
 	}
-	for (size_t j = 0; j < resp->n_responses && i < st->attr_to; j++, i++) {
+	for (size_t j = 0; j < resp->n_responses && j < st->naidx; j++) {
+		size_t i = st->aidx[j];
 		Etcdserverpb__RangeResponse *rr = NULL;
 		Etcfs__Inode *rec = NULL;
 
@@ -219,15 +263,8 @@ static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *r
 		}
 		efs_meta_record_free(rec);
 	}
-	st->attr_from = i;
-	if (st->attr_from < st->attr_to) {
-		int e = fetch_attrs(op);
-
-		if (e < 0)
-			efs_fs_op_resume_prepare(op, -EIO);
-		return;
-	}
-	efs_fs_op_resume_prepare(op, 0);
+	st->attr_from = st->attr_scan;
+	attrs_next(op);
 }
 
 static void plus_locks_done(struct efs_fs_op *op)
@@ -236,8 +273,7 @@ static void plus_locks_done(struct efs_fs_op *op)
 
 	if (st->pending || st->in_list)
 		return;
-	if (fetch_attrs(op) < 0)
-		efs_fs_op_resume_prepare(op, -EIO);
+	attrs_next(op);
 }
 
 static void plus_lock_cb(struct efs_lock_req *req, int status)
@@ -251,11 +287,25 @@ static void plus_lock_cb(struct efs_lock_req *req, int status)
 	if (status == 0)
 		efs_fs_count_txn(op->fs, EFS_FS_ORIG_LOCK, EFS_FS_TXN_OK);
 	for (size_t i = 0; status == 0 && i < req->n; i++) {
-		if (!pl->in[i])
+		struct efs_fs_inode *in = pl->in[i];
+		const Mvccpb__KeyValue *kv = req->recs[i];
+		Etcfs__Inode *rec = NULL;
+
+		if (!in)
 			continue;
-		/* Newly taken: what was cached before is reread below (names
-		 * cached under an older grant are void by their grant id). */
-		pl->in[i]->epoch = 0;
+		/* Newly taken: the transaction that took the lock read the
+		 * record too, which is then the cached one (names cached
+		 * under an older grant are void by their grant id). Without
+		 * it (the lock was cached meanwhile, the inode is gone), what
+		 * was cached before is read again (fetch_attrs). */
+		if (kv && efs_meta_inode_decode(kv->value.data, kv->value.len, &rec, NULL) == 0) {
+			if (efs_fs_inode_valid(op->fs, in) && in->mod_rev >= kv->mod_revision)
+				efs_meta_record_free(rec);
+			else
+				efs_fs_inode_set(op->fs, in, rec, kv->mod_revision, true);
+			continue;
+		}
+		in->epoch = 0;
 	}
 	st->pending--;
 	plus_locks_done(op);
@@ -701,7 +751,7 @@ static int fetch_page(struct efs_fs_op *op)
 		return r;
 	o.range_end = rg.end.buf;
 	o.range_end_len = rg.end.len;
-	o.limit = EFS_FS_PLUS_BATCH;
+	o.limit = EFS_FS_DIR_PAGE;
 	return efs_etcd_range(op->fs->c, rg.key.buf, rg.key.len, &o, NULL, page_cb, op);
 }
 
@@ -830,7 +880,7 @@ static bool needs_prep(struct efs_fs_op *op, size_t i)
 
 /*
  * Prepares the entries from |i| on that fit in what is left of the reply
- * (at most EFS_FS_PLUS_BATCH): pins their inodes for the rest of the
+ * (at most EFS_FS_DIR_PAGE): pins their inodes for the rest of the
  * operation, takes the shared locks not held yet and reads their records,
  * so that each goes out with a cacheable dentry. Entries prepared by
  * an earlier reply lost their inodes when it ended, hence once per reply.
@@ -846,7 +896,7 @@ static int prep_entries(struct efs_fs_op *op, size_t i)
 	size_t end = i, used = st->used;
 
 	memset(&dummy, 0, sizeof(dummy));
-	while (end < h->nents && end - i < EFS_FS_PLUS_BATCH) {
+	while (end < h->nents && end - i < EFS_FS_DIR_PAGE) {
 		size_t need = fuse_add_direntry_plus(op->rq->req, NULL, 0, h->ents[end].name, &dummy, 0);
 
 		if (used + need > dop->size)
@@ -875,9 +925,10 @@ static int prep_entries(struct efs_fs_op *op, size_t i)
 	st->in_list = true;
 	plus_lock_page(op);
 	st->in_list = false;
-	/* Locks all cached already: read the records now. Should the read not
-	 * go out, the entries go out uncached. */
-	if (st->pending == 0 && fetch_attrs(op) < 0)
+	/* Locks all cached already: read the records they lack now (none: the
+	 * entries go out at once). Should the read not go out, the entries go
+	 * out uncached. */
+	if (st->pending == 0 && fetch_attrs(op) != 0)
 		return 0;
 	return 1;
 }

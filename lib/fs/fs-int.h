@@ -66,8 +66,12 @@
 #define EFS_FS_OUT_MAX EFS_LOCK_REQ_MAX
 /* Bytes of an operation id: node, NUL, generation, sequence. */
 #define EFS_FS_OPID_MAX (EFS_META_NODE_MAX + 1 + 8 + 8)
-/* Dirents read per readdir page. */
-#define EFS_FS_DIR_PAGE 128
+/* Dirents read per directory page, and most entries readdirplus prepares
+ * at once: their shared locks go out EFS_LOCK_REQ_MAX per transaction, all
+ * at once, so a directory of a few hundred names costs one page read and
+ * one round of lock transactions (which bring the records) rather than a
+ * sequence of them. */
+#define EFS_FS_DIR_PAGE 256
 /* Inode records read per readdirplus transaction (etcd's op cap is 128). */
 #define EFS_FS_PLUS_BATCH 100
 /* Statfs answers are reused this long. */
