@@ -823,6 +823,58 @@ Test(mount, a_cold_listing_takes_the_records_with_its_locks)
 	efs_test_assert_no_leaks();
 }
 
+/*
+ * A descriptor open for writing only bypasses the page cache: its writes
+ * reach the daemon as written (one request per write(2), not split at
+ * pages) without the security.capability getxattr the kernel sends before
+ * every write through the page cache, and a descriptor reading through
+ * the page cache sees them at once.
+ */
+Test(mount, a_write_only_descriptor_bypasses_the_page_cache)
+{
+	const char *getxattrs = "etcfs_fuse_op_seconds_count{op=\"getxattr\"}";
+	const char *writes = "etcfs_fuse_op_seconds_count{op=\"write\"}";
+	char path[PATH_MAX], buf[16384], got[16];
+	double x0, w0;
+	int rfd, wfd;
+
+	start("wo1", true, true);
+	snprintf(path, sizeof(path), "%s/f", fs.mnt);
+	memset(buf, 'a', sizeof(buf));
+	wfd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	cr_assert(wfd >= 0, "create: %s", strerror(errno));
+	x0 = efs_test_fs_metric(&fs, getxattrs);
+	w0 = efs_test_fs_metric(&fs, writes);
+	/* 10 writes of 10,000 bytes, each across page boundaries. */
+	for (int i = 0; i < 10; i++)
+		cr_assert_eq(write(wfd, buf, 10000), 10000, "write: %s", strerror(errno));
+	cr_assert_eq(efs_test_fs_metric(&fs, getxattrs) - x0, 0, "%.0f getxattrs for 10 writes",
+		     efs_test_fs_metric(&fs, getxattrs) - x0);
+	cr_assert_eq(efs_test_fs_metric(&fs, writes) - w0, 10, "%.0f write requests for 10 writes",
+		     efs_test_fs_metric(&fs, writes) - w0);
+	/* A reader's cached pages follow the write-only descriptor's writes. */
+	rfd = open(path, O_RDONLY | O_CLOEXEC);
+	cr_assert(rfd >= 0, "open: %s", strerror(errno));
+	cr_assert_eq(pread(rfd, got, 8, 4096), 8);
+	cr_assert(memcmp(got, "aaaaaaaa", 8) == 0);
+	cr_assert_eq(pwrite(wfd, "BBBB", 4, 4098), 4, "pwrite: %s", strerror(errno));
+	cr_assert_eq(pread(rfd, got, 8, 4096), 8);
+	cr_assert(memcmp(got, "aaBBBBaa", 8) == 0, "the reader sees %.8s", got);
+	close(wfd);
+	close(rfd);
+	/* A descriptor that may read keeps writing through the page cache. */
+	wfd = open(path, O_RDWR | O_CLOEXEC);
+	cr_assert(wfd >= 0, "open: %s", strerror(errno));
+	x0 = efs_test_fs_metric(&fs, getxattrs);
+	cr_assert_eq(pwrite(wfd, "C", 1, 0), 1, "pwrite: %s", strerror(errno));
+	cr_assert_geq(efs_test_fs_metric(&fs, getxattrs) - x0, 1,
+		      "a write through the page cache sent no getxattr: the check above shows nothing");
+	close(wfd);
+	efs_test_fs_unmount(&fs);
+	efs_test_fs_stop(&fs);
+	efs_test_assert_no_leaks();
+}
+
 Test(mount, fuseloop_serves_and_invalidations_reach_the_kernel)
 {
 	char *dir = toy_dir, *fargv[] = {(char *)"toy", NULL};

@@ -34,7 +34,14 @@ static void handle_setup(struct efs_fs *fs, struct efs_fs_data *d, struct efs_fs
 	h->oflags = fi->flags;
 	h->writable = acc == O_WRONLY || acc == O_RDWR;
 	h->append = (fi->flags & O_APPEND) != 0;
-	h->direct = (fi->flags & O_DIRECT) != 0;
+	/* A descriptor open for writing only bypasses the page cache (a
+	 * direct_io handle) as O_DIRECT does: it can neither read nor be
+	 * mapped, so the kernel's pages of its writes would serve only other
+	 * descriptors, and a write through the page cache costs the kernel a
+	 * security.capability getxattr round trip before every write (FUSE
+	 * never marks an inode S_NOSEC) and splits writes at page boundaries.
+	 * The kernel drops the cached pages a direct write covers. */
+	h->direct = (fi->flags & O_DIRECT) != 0 || acc == O_WRONLY;
 	if (hp)
 		hp->sid = d->sid;
 	if (h->writable) {
