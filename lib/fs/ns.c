@@ -413,8 +413,6 @@ static int lookup_plan(struct efs_fs_op *op)
 				goto negative;
 		} else {
 			efs_counter_inc(fs->m_lookup_read);
-			if (pin)
-				efs_fs_dcache_fill(fs, pin);
 			kv = efs_fs_want_kv(op);
 			if (!kv)
 				return -E2BIG;
@@ -426,6 +424,11 @@ static int lookup_plan(struct efs_fs_op *op)
 	}
 	if (op->nkv) {
 		kv = &op->kv[0];
+		/* The directory's names for the lookups after this one, read
+		 * once its own dirent read is answered: sent beside it, the
+		 * longer listing read made it wait. */
+		if (pin)
+			efs_fs_dcache_fill(fs, pin);
 		/* Cached only if no name change of this node overlapped the read. */
 		cacheable = pin && !pin->mx_owner && pin->mseq == nop->dc_mseq;
 		if (!kv->found) {
