@@ -815,12 +815,14 @@ void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, const char *name, siz
 		       uint64_t ino, const Etcfs__Inode *rec, struct fuse_entry_param *e);
 double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino);
 /*
- * The attribute timeout of a reply the kernel applies without its version
- * check (the one that drops a reply older than an invalidation of the
- * inode): a SETATTR reply, and an entry of an inode the kernel holds no
- * reference to (the inode it creates for the reply starts with no
- * version). Such a reply can be applied after our release's invalidation
- * ran (for a new inode, found nothing), so it carries no timeout: 0.
+ * The attribute timeout of a SETATTR reply, which the kernel applies
+ * without its version check (the one that drops a reply older than an
+ * invalidation of the inode): it can be applied after our release's
+ * invalidation ran, so it carries no timeout: 0. An entry of an inode the
+ * kernel creates for the reply is applied unversioned too; those keep
+ * their timeout, and a release's invalidation that finds no inode while
+ * the reply's reference is counted is issued again until the kernel has
+ * created it (efs_inval_set_referenced).
  */
 #define EFS_FS_UNVERSIONED_ATTR_TIMEOUT 0.0
 void efs_fs_reply_entry(struct efs_fs_op *op, uint64_t parent, const char *name, size_t len,

@@ -459,6 +459,23 @@ void efs_fs_set_capacity(struct efs_fs *fs, struct efs_capacity *cap)
 
 static void kernel_gone(struct efs_fs *fs);
 
+/*
+ * Whether an inode invalidation that found no inode must be issued again
+ * (efs_inval_set_referenced): while this node counts kernel references to
+ * it (an entry reply was written and no FORGET came back) and what that
+ * reply let the kernel cache has not timed out (the deadline the lock
+ * cache notes for every reply with a timeout; past it, nothing it gave
+ * is cached, and a reply the kernel dropped leaves a count forever).
+ */
+static bool kernel_referenced(void *arg, uint64_t ino)
+{
+	struct efs_fs *fs = arg;
+	const struct efs_fs_inode *in = efs_fs_ifind(fs, ino);
+
+	return in && in->nlookup > 0 && fs->lc &&
+	       efs_clock_mono_ns() < efs_lock_kernel_cache_until(fs->lc, ino);
+}
+
 void efs_fs_set_fuse(struct efs_fs *fs, struct fuse_session *se)
 {
 	int r;
@@ -471,6 +488,8 @@ void efs_fs_set_fuse(struct efs_fs *fs, struct fuse_session *se)
 				     "file is open leaves its pages to the kernel",
 				     strerror(-r));
 			fs->inval = NULL;
+		} else {
+			efs_inval_set_referenced(fs->inval, kernel_referenced, fs);
 		}
 	}
 	if (fs->inval)

@@ -326,16 +326,16 @@ static void kalias_note(struct efs_fs *fs, uint64_t parent, const char *name, si
 void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, const char *name, size_t len,
 		       uint64_t ino, const Etcfs__Inode *rec, struct fuse_entry_param *e)
 {
-	const struct efs_fs_inode *in;
-
 	kalias_note(fs, parent, name, len, ino, rec);
 	memset(e, 0, sizeof(*e));
 	e->ino = ino;
 	e->generation = rec->generation;
 	efs_meta_inode_to_stat(rec, ino, fs->blksize, &e->attr);
-	in = efs_fs_ifind(fs, ino);
-	e->attr_timeout = in && in->nlookup ? efs_fs_attr_timeout(fs, ino)
-					    : EFS_FS_UNVERSIONED_ATTR_TIMEOUT;
+	/* Also for an inode the kernel creates for this reply, which it
+	 * applies without a version: a release's invalidation that finds no
+	 * inode while we count the kernel's references issues again until
+	 * the kernel has it (efs_fs_kernel_referenced). */
+	e->attr_timeout = efs_fs_attr_timeout(fs, ino);
 	e->entry_timeout = efs_fs_entry_timeout(fs, parent, name, len);
 }
 

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 #include "config.h"
 #include "util/clock.h"
@@ -53,6 +54,8 @@ struct efs_inval {
 	bool free_on_close;
 	void (*stop_done)(void *arg);
 	void *stop_arg;
+	bool (*referenced)(void *arg, uint64_t ino);
+	void *ref_arg;
 	struct efs_inval_stats stats;
 };
 
@@ -85,7 +88,14 @@ static int issue(struct fuse_session *se, struct efs_inval_req *req)
 		return 0;
 	switch (req->kind) {
 	case EFS_INVAL_INODE:
+		if (req->absent_tries) {
+			/* Give the requester the reply is for time to run. */
+			struct timespec ts = {0, EFS_INVAL_ABSENT_RETRY_US * 1000L};
+
+			nanosleep(&ts, NULL);
+		}
 		r = fuse_lowlevel_notify_inval_inode(se, req->ino, req->off, req->len);
+		req->absent = r == -ENOENT;
 		break;
 	case EFS_INVAL_ENTRY:
 		r = fuse_lowlevel_notify_inval_entry(se, req->ino, req->name_copy, req->name_len);
@@ -180,9 +190,37 @@ const char *efs_inval_req_pending_name(const struct efs_inval_req *req)
 	return req->name_copy; /* freed and cleared on the loop as it finishes */
 }
 
+/* Issues an INODE request that found no inode again while the daemon
+ * counts kernel references to it (efs_inval_set_referenced): true when
+ * queued again. */
+static bool absent_again(struct efs_inval *iv, struct efs_inval_req *req)
+{
+	struct inval_class *c = &iv->cls[req->cls == EFS_INVAL_GATING ? Q_GATING_INODE : req->cls];
+	bool queued = false;
+
+	if (req->kind != EFS_INVAL_INODE || !req->absent || req->status != 0 || !iv->referenced ||
+	    !iv->referenced(iv->ref_arg, req->ino))
+		return false;
+	pthread_mutex_lock(&iv->mu);
+	if (!iv->stopping) {
+		req->absent = false;
+		req->absent_tries++;
+		efs_list_add_tail(&c->queue, &req->link);
+		pthread_cond_signal(&c->cond);
+		queued = true;
+	}
+	pthread_mutex_unlock(&iv->mu);
+	if (queued)
+		iv->stats.absent_retries++;
+	return queued;
+}
+
 static void finish(struct efs_inval *iv, struct efs_inval_req *req)
 {
 	uint64_t ns = efs_clock_mono_ns() - req->submit_ns;
+
+	if (absent_again(iv, req))
+		return;
 
 	efs_mem_free(req->name_copy);
 	req->name_copy = NULL;
@@ -297,6 +335,13 @@ void efs_inval_set_session(struct efs_inval *iv, struct fuse_session *se)
 	pthread_mutex_unlock(&iv->mu);
 }
 
+void efs_inval_set_referenced(struct efs_inval *iv, bool (*referenced)(void *arg, uint64_t ino),
+			      void *arg)
+{
+	iv->referenced = referenced;
+	iv->ref_arg = arg;
+}
+
 int efs_inval_release_status(int status)
 {
 	if (status == -ENODEV || status == -EBADF || status == -ENOTCONN ||
@@ -323,6 +368,8 @@ int efs_inval_submit(struct efs_inval *iv, struct efs_inval_req *req)
 		req->name_copy[req->name_len] = '\0';
 	}
 	req->status = 0;
+	req->absent = false;
+	req->absent_tries = 0;
 	req->link.next = req->link.prev = NULL;
 	req->submit_ns = efs_clock_mono_ns();
 	if (req->cls == EFS_INVAL_GATING && req->kind == EFS_INVAL_INODE)

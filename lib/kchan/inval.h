@@ -83,6 +83,8 @@ struct efs_inval_req {
 	char *name_copy;
 	int status;
 	uint64_t submit_ns;
+	bool absent;	       /* INODE: the kernel had no such inode */
+	uint32_t absent_tries; /* INODE: issued again for that */
 };
 
 struct efs_inval_opts {
@@ -98,6 +100,7 @@ struct efs_inval_stats {
 	uint64_t failed;    /* finished with another error */
 	uint64_t pending;   /* queued or running now */
 	uint64_t max_ns;    /* longest submit-to-completion */
+	uint64_t absent_retries; /* INODE requests issued again (efs_inval_set_referenced) */
 };
 
 /*
@@ -110,6 +113,23 @@ int efs_inval_new(struct efs_inval **ret, uv_loop_t *loop, const struct efs_inva
 /* Sets the FUSE session the notifications go to (loop thread; before
  * requests that need it are submitted). NULL detaches it. */
 void efs_inval_set_session(struct efs_inval *iv, struct fuse_session *se);
+
+/*
+ * An INODE invalidation that finds no inode may have come between a reply
+ * that hands the inode to the kernel (a lookup, a create, a readdirplus
+ * entry) and the kernel creating the inode from it, in the requester's
+ * context after the reply is written: the reply's attributes, applied to
+ * a new inode without the version check an invalidation defeats, would
+ * outlive it. So while |referenced|(arg, ino) (loop thread) says the
+ * daemon counts kernel references to the inode, such a request is issued
+ * again, EFS_INVAL_ABSENT_RETRY_US apart, until it finds the inode or
+ * |referenced| turns false (the kernel's FORGET came, or the bound the
+ * caller counts from the reply passed: a reply the kernel dropped leaves
+ * a count with no inode). Without it ENOENT is simply done.
+ */
+#define EFS_INVAL_ABSENT_RETRY_US 200
+void efs_inval_set_referenced(struct efs_inval *iv, bool (*referenced)(void *arg, uint64_t ino),
+			      void *arg);
 
 /*
  * Queues |req| (see the fields above). 0: |req->cb| runs once, later, on

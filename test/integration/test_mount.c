@@ -570,6 +570,8 @@ struct toy {
 	bool done;
 	int status;
 	int exit_status; /* of the fuseloop: 1 until it ended */
+	int ref_left;	 /* the next answers of toy_referenced that are true */
+	int ref_asked;	 /* toy_referenced's calls */
 	struct efs_inval_req req;
 };
 
@@ -632,6 +634,35 @@ static const struct fuse_lowlevel_ops toy_ops = {
 	.getattr = toy_getattr,
 	.forget = toy_forget,
 };
+
+/* The daemon's count of kernel references, as the invalidation queue
+ * asks for it (loop thread): true |ref_left| times. */
+static bool toy_referenced(void *arg, uint64_t ino)
+{
+	bool r;
+
+	(void)arg;
+	(void)ino;
+	pthread_mutex_lock(&toy.mu);
+	toy.ref_asked++;
+	r = toy.ref_left > 0;
+	if (r)
+		toy.ref_left--;
+	pthread_mutex_unlock(&toy.mu);
+	return r;
+}
+
+static int toy_ref_asked(int left)
+{
+	int n;
+
+	pthread_mutex_lock(&toy.mu);
+	n = toy.ref_asked;
+	toy.ref_asked = 0;
+	toy.ref_left = left;
+	pthread_mutex_unlock(&toy.mu);
+	return n;
+}
 
 static void toy_signal(int status)
 {
@@ -899,6 +930,7 @@ Test(mount, fuseloop_serves_and_invalidations_reach_the_kernel)
 	cr_assert_eq(efs_fuseloop_start(&toy.fl, &toy.loop, toy.se, toy_on_exit, NULL), 0);
 	cr_assert_eq(efs_inval_new(&toy.iv, &toy.loop, NULL), 0);
 	efs_inval_set_session(toy.iv, toy.se);
+	efs_inval_set_referenced(toy.iv, toy_referenced, NULL);
 	cr_assert_eq(pthread_create(&toy.thread, NULL, toy_thread, NULL), 0);
 
 	/* Attributes: cached until invalidated. */
@@ -908,6 +940,8 @@ Test(mount, fuseloop_serves_and_invalidations_reach_the_kernel)
 	pthread_mutex_unlock(&toy.mu);
 	cr_assert_eq(stat_size(dir, "f"), 1, "the kernel did not cache the attributes");
 	cr_assert_eq(toy_inval(EFS_INVAL_INODE, 2, 0, NULL), 0);
+	/* An inode the kernel has: done at once, the count not asked. */
+	cr_assert_eq(toy_ref_asked(0), 0);
 	cr_assert_eq(stat_size(dir, "f"), 2, "attributes not invalidated");
 
 	/* Entries: a renamed file stays visible under its old name until then. */
@@ -927,9 +961,17 @@ Test(mount, fuseloop_serves_and_invalidations_reach_the_kernel)
 	cr_assert_eq(toy_inval(EFS_INVAL_DELETE, 1, 2, "g"), 0);
 	cr_assert_eq(stat_size(dir, "g"), -ENOENT, "entry not deleted");
 
-	/* Nothing cached for an inode the kernel never saw: ENOENT counts as done. */
+	/* Nothing cached for an inode the kernel never saw: ENOENT counts as
+	 * done once no reference to it is counted. */
+	toy_ref_asked(0);
 	cr_assert_eq(toy_inval(EFS_INVAL_INODE, 12345, 0, NULL), 0);
+	cr_assert_eq(toy_ref_asked(3), 1, "the count was not asked");
 	cr_assert_eq(toy_inval(EFS_INVAL_ENTRY, 1, 0, "never-looked-up"), 0);
+	/* While a reference is counted (a reply the kernel has not applied
+	 * yet), it is issued again: three times here, then done. */
+	cr_assert_eq(toy_inval(EFS_INVAL_INODE, 12345, 0, NULL), 0);
+	cr_assert_eq(toy_ref_asked(3), 4, "not issued again while referenced");
+
 
 	/* Stop: later submissions are refused. */
 	cr_assert_eq(toy_command(2), 0);
