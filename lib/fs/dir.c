@@ -230,9 +230,16 @@ static void page_attr_cb(struct efs_etcd_result *r, Etcdserverpb__TxnResponse *r
 		/* A read changes nothing: after a lost reply, read again. */
 		efs_fs_op_note(op, r->err, "attribute read", r->message);
 		if ((r->outcome_unknown || r->err == -ETIMEDOUT) &&
-		    ++op->read_tries <= EFS_FS_RETRY_MAX && fetch_attrs(op) == 0) {
-			efs_counter_inc(op->fs->m_retries);
-			return;
+		    ++op->read_tries <= EFS_FS_RETRY_MAX) {
+			int e = fetch_attrs(op);
+
+			if (e >= 0) {
+				efs_counter_inc(op->fs->m_retries);
+				/* 1: cached meanwhile, nothing left to read. */
+				if (e == 1)
+					efs_fs_op_resume_prepare(op, 0);
+				return;
+			}
 		}
 		efs_fs_op_resume_prepare(op, -EIO);
 		return;
@@ -799,7 +806,7 @@ static bool emit(struct efs_fs_op *op, const char *name, uint64_t ino, uint32_t 
 			e.attr.st_ino = ino;
 			e.attr.st_mode = (mode_t)(type << 12);
 		} else if (in && efs_fs_inode_valid(fs, in) && in->rec) {
-			efs_fs_fill_entry(fs, op->ino, name, strlen(name), ino, in->rec, &e);
+			efs_fs_fill_entry(fs, op->ino, name, strlen(name), ino, in->rec, true, &e);
 		} else if (ent && ent->has_attr) {
 			e.ino = ino;
 			e.attr = ent->st;

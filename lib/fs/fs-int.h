@@ -811,8 +811,12 @@ int efs_fs_drop_inode_keys(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inod
  */
 int efs_fs_kalias_check(struct efs_fs *fs, uint64_t parent, const char *name, size_t len,
 			uint64_t ino, const Etcfs__Inode *rec);
+/* |versioned|: the reply of a lookup or readdirplus, whose attributes the
+ * kernel checks against the version it took before the request (not a
+ * create, mkdir, mknod, symlink or link reply). */
 void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, const char *name, size_t len,
-		       uint64_t ino, const Etcfs__Inode *rec, struct fuse_entry_param *e);
+		       uint64_t ino, const Etcfs__Inode *rec, bool versioned,
+		       struct fuse_entry_param *e);
 double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino);
 /*
  * The attribute timeout of a SETATTR reply, which the kernel applies
@@ -826,7 +830,7 @@ double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino);
  */
 #define EFS_FS_UNVERSIONED_ATTR_TIMEOUT 0.0
 void efs_fs_reply_entry(struct efs_fs_op *op, uint64_t parent, const char *name, size_t len,
-			uint64_t ino, const Etcfs__Inode *rec);
+			uint64_t ino, const Etcfs__Inode *rec, bool versioned);
 void efs_fs_reply_attr(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *rec);
 /* Wall clock now, nanoseconds. */
 int64_t efs_fs_now(void);

@@ -467,13 +467,18 @@ static void kernel_gone(struct efs_fs *fs);
  * cache notes for every reply with a timeout; past it, nothing it gave
  * is cached, and a reply the kernel dropped leaves a count forever).
  */
+#define REFERENCED_SLACK_MS 20
+
 static bool kernel_referenced(void *arg, uint64_t ino)
 {
 	struct efs_fs *fs = arg;
 	const struct efs_fs_inode *in = efs_fs_ifind(fs, ino);
 
+	/* The kernel counts a timeout from when the requester applies the
+	 * reply, a little after we noted it. */
 	return in && in->nlookup > 0 && fs->lc &&
-	       efs_clock_mono_ns() < efs_lock_kernel_cache_until(fs->lc, ino);
+	       efs_clock_mono_ns() < efs_lock_kernel_cache_until(fs->lc, ino) +
+					     REFERENCED_SLACK_MS * EFS_NSEC_PER_MSEC;
 }
 
 void efs_fs_set_fuse(struct efs_fs *fs, struct fuse_session *se)

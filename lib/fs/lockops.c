@@ -324,27 +324,40 @@ static void kalias_note(struct efs_fs *fs, uint64_t parent, const char *name, si
 }
 
 void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, const char *name, size_t len,
-		       uint64_t ino, const Etcfs__Inode *rec, struct fuse_entry_param *e)
+		       uint64_t ino, const Etcfs__Inode *rec, bool versioned,
+		       struct fuse_entry_param *e)
 {
+	const struct efs_fs_inode *in = efs_fs_ifind(fs, ino);
+	bool known = in && in->nlookup, invalidated = S_ISREG(rec->mode) || S_ISDIR(rec->mode);
+
 	kalias_note(fs, parent, name, len, ino, rec);
 	memset(e, 0, sizeof(*e));
 	e->ino = ino;
 	e->generation = rec->generation;
 	efs_meta_inode_to_stat(rec, ino, fs->blksize, &e->attr);
-	/* Also for an inode the kernel creates for this reply, which it
-	 * applies without a version: a release's invalidation that finds no
-	 * inode while we count the kernel's references issues again until
-	 * the kernel has it (efs_fs_kernel_referenced). */
-	e->attr_timeout = efs_fs_attr_timeout(fs, ino);
+	/*
+	 * An inode the kernel creates for this reply gets its attributes
+	 * unversioned. After a lookup or a readdirplus (|versioned|) the
+	 * kernel checks the version it took before the request, which a
+	 * release's invalidation bumps once it finds the inode, and that
+	 * invalidation is issued again while it finds none and we count the
+	 * reference (kernel_referenced in fs.c): those keep their timeout
+	 * for files and directories, whose releases invalidate. A create,
+	 * mkdir, mknod, symlink or link reply is applied with no version at
+	 * all (the invalidation may land just before it), and other kinds
+	 * are never invalidated: no timeout for those new inodes.
+	 */
+	e->attr_timeout = known || (versioned && invalidated) ? efs_fs_attr_timeout(fs, ino)
+							       : EFS_FS_UNVERSIONED_ATTR_TIMEOUT;
 	e->entry_timeout = efs_fs_entry_timeout(fs, parent, name, len);
 }
 
 void efs_fs_reply_entry(struct efs_fs_op *op, uint64_t parent, const char *name, size_t len,
-			uint64_t ino, const Etcfs__Inode *rec)
+			uint64_t ino, const Etcfs__Inode *rec, bool versioned)
 {
 	struct fuse_entry_param e;
 
-	efs_fs_fill_entry(op->fs, parent, name, len, ino, rec, &e);
+	efs_fs_fill_entry(op->fs, parent, name, len, ino, rec, versioned, &e);
 	if (efs_fs_rq_entry(op->rq, &e) == 0)
 		efs_fs_inode_ref_kernel(op->fs, ino);
 }

@@ -471,7 +471,7 @@ static int lookup_plan(struct efs_fs_op *op)
 		r = efs_fs_kalias_check(fs, op->ino, nop->name, nop->name_len, nop->child, crec);
 		if (r < 0)
 			return r;
-		efs_fs_reply_entry(op, op->ino, nop->name, nop->name_len, nop->child, crec);
+		efs_fs_reply_entry(op, op->ino, nop->name, nop->name_len, nop->child, crec, true);
 		return EFS_FS_DONE;
 	}
 	return EFS_FS_CONT;
@@ -723,7 +723,8 @@ static void mk_done(struct efs_fs_op *op)
 		return;
 	}
 	if (op->d->code != EFS_FS_OP_CREATE) {
-		efs_fs_reply_entry(op, op->ino, nop->name, nop->name_len, op->new_ino, in->rec);
+		efs_fs_reply_entry(op, op->ino, nop->name, nop->name_len, op->new_ino, in->rec,
+				   false);
 		return;
 	}
 	if (fs->reclaim_priv)
@@ -737,7 +738,7 @@ static void mk_done(struct efs_fs_op *op)
 		}
 		h = (struct efs_fs_handle *)(uintptr_t)nop->fi.fh;
 	}
-	efs_fs_fill_entry(fs, op->ino, nop->name, nop->name_len, op->new_ino, in->rec, &e);
+	efs_fs_fill_entry(fs, op->ino, nop->name, nop->name_len, op->new_ino, in->rec, false, &e);
 	if (efs_fs_rq_create(op->rq, &e, &nop->fi) == 0)
 		efs_fs_inode_ref_kernel(fs, op->new_ino);
 	else
@@ -897,7 +898,7 @@ static void link_done(struct efs_fs_op *op)
 
 	ns_committed(op);
 	if (in && in->rec)
-		efs_fs_reply_entry(op, nop->ino2, nop->name2, nop->name2_len, op->ino, in->rec);
+		efs_fs_reply_entry(op, nop->ino2, nop->name2, nop->name2_len, op->ino, in->rec, false);
 }
 
 NS_DESC(link_desc, EFS_FS_OP_LINK, EFS_FS_ORIG_LINK, true, false, true, link_plan, NULL, link_build,

@@ -855,7 +855,8 @@ Test(mount, a_cold_listing_takes_the_records_with_its_locks)
 }
 
 /*
- * A descriptor open for writing only bypasses the page cache: its writes
+ * A descriptor that created the file for writing only bypasses the page
+ * cache: its writes
  * reach the daemon as written (one request per write(2), not split at
  * pages) without the security.capability getxattr the kernel sends before
  * every write through the page cache, and a descriptor reading through
@@ -865,6 +866,7 @@ Test(mount, a_write_only_descriptor_bypasses_the_page_cache)
 {
 	const char *getxattrs = "etcfs_fuse_op_seconds_count{op=\"getxattr\"}";
 	const char *writes = "etcfs_fuse_op_seconds_count{op=\"write\"}";
+	const char *syncs = "etcfs_data_device_syncs_total";
 	char path[PATH_MAX], buf[16384], got[16];
 	double x0, w0;
 	int rfd, wfd;
@@ -891,10 +893,21 @@ Test(mount, a_write_only_descriptor_bypasses_the_page_cache)
 	cr_assert_eq(pwrite(wfd, "BBBB", 4, 4098), 4, "pwrite: %s", strerror(errno));
 	cr_assert_eq(pread(rfd, got, 8, 4096), 8);
 	cr_assert(memcmp(got, "aaBBBBaa", 8) == 0, "the reader sees %.8s", got);
+	/* RWF_DSYNC of one write, which the kernel leaves to us on a
+	 * direct_io handle: a device sync before the answer. */
+	{
+		struct iovec iov = {.iov_base = (void *)"D", .iov_len = 1};
+		double s0 = efs_test_fs_metric(&fs, syncs);
+
+		cr_assert_eq(pwritev2(wfd, &iov, 1, 0, RWF_DSYNC), 1, "pwritev2: %s",
+			     strerror(errno));
+		cr_assert_gt(efs_test_fs_metric(&fs, syncs), s0, "no device sync for RWF_DSYNC");
+	}
 	close(wfd);
 	close(rfd);
-	/* A descriptor that may read keeps writing through the page cache. */
-	wfd = open(path, O_RDWR | O_CLOEXEC);
+	/* A write-only descriptor of a file it did not create writes through
+	 * the page cache (the kernel removes file capabilities there). */
+	wfd = open(path, O_WRONLY | O_CLOEXEC);
 	cr_assert(wfd >= 0, "open: %s", strerror(errno));
 	x0 = efs_test_fs_metric(&fs, getxattrs);
 	cr_assert_eq(pwrite(wfd, "C", 1, 0), 1, "pwrite: %s", strerror(errno));

@@ -297,6 +297,7 @@ struct dreq {
 	size_t doff; /* offset in |data| of the current step */
 	bool append;
 	bool sync;
+	int wflags; /* write: the open flags and the write's own (O_SYNC, O_DSYNC) */
 	bool nospc_pub; /* ENOSPC: this step already waited for a publication */
 	int fmode; /* fallocate mode, lseek whence, fsync datasync */
 	off_t len;

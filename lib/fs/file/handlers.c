@@ -34,14 +34,18 @@ static void handle_setup(struct efs_fs *fs, struct efs_fs_data *d, struct efs_fs
 	h->oflags = fi->flags;
 	h->writable = acc == O_WRONLY || acc == O_RDWR;
 	h->append = (fi->flags & O_APPEND) != 0;
-	/* A descriptor open for writing only bypasses the page cache (a
-	 * direct_io handle) as O_DIRECT does: it can neither read nor be
-	 * mapped, so the kernel's pages of its writes would serve only other
-	 * descriptors, and a write through the page cache costs the kernel a
-	 * security.capability getxattr round trip before every write (FUSE
-	 * never marks an inode S_NOSEC) and splits writes at page boundaries.
-	 * The kernel drops the cached pages a direct write covers. */
-	h->direct = (fi->flags & O_DIRECT) != 0 || acc == O_WRONLY;
+	/*
+	 * A descriptor that created the file and is open for writing only
+	 * bypasses the page cache (a direct_io handle), as O_DIRECT does: it
+	 * can neither read nor be mapped, and a write through the page cache
+	 * costs the kernel a security.capability getxattr round trip before
+	 * every write (FUSE never marks an inode S_NOSEC) and splits writes
+	 * at page boundaries. Only a new file: a direct write does not make
+	 * the kernel remove file capabilities (only set-user-ID, which the
+	 * daemon clears), and a new file has none; and only a file no other
+	 * descriptor had cached pages of.
+	 */
+	h->direct = (fi->flags & O_DIRECT) != 0 || (acc == O_WRONLY && created);
 	if (hp)
 		hp->sid = d->sid;
 	if (h->writable) {
@@ -765,7 +769,7 @@ static void wr_complete(struct dreq *r)
 
 		/* O_DSYNC (not O_SYNC) after an in-place overwrite: the
 		 * device flush alone, as fdatasync. */
-		if (r->h && (r->h->oflags & O_SYNC) != O_SYNC && datasync_device_only(r->d))
+		if (r->h && (r->wflags & O_SYNC) != O_SYNC && datasync_device_only(r->d))
 			e = efs_file_dev_sync(r->fs, wsync_done, r);
 		else
 			e = efs_file_fsync_wait(r->d, wsync_done, r);
@@ -878,7 +882,10 @@ void efs_fs_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
 	r->wbytes = size;
 	r->woff = off;
 	r->append = h->append;
-	r->sync = (h->oflags & O_DSYNC) != 0;
+	/* The write's own flags add RWF_DSYNC / RWF_SYNC (pwritev2), which
+	 * on a direct_io handle the kernel leaves to us. */
+	r->sync = ((h->oflags | fi->flags) & O_DSYNC) != 0;
+	r->wflags = h->oflags | fi->flags;
 	/* The kernel writing its dirty pages back (a shared mapping), which
 	 * it also does while a release invalidates them, and a write through
 	 * the page cache, whose pages it keeps locked meanwhile: both pass a
