@@ -190,12 +190,20 @@ const char *efs_inval_req_pending_name(const struct efs_inval_req *req)
 	return req->name_copy; /* freed and cleared on the loop as it finishes */
 }
 
+/* The queue of |req|: the gating class keeps inode invalidations apart. */
+static struct inval_class *queue_of(struct efs_inval *iv, const struct efs_inval_req *req)
+{
+	if (req->cls == EFS_INVAL_GATING && req->kind == EFS_INVAL_INODE)
+		return &iv->cls[Q_GATING_INODE];
+	return &iv->cls[req->cls];
+}
+
 /* Issues an INODE request that found no inode again while the daemon
  * counts kernel references to it (efs_inval_set_referenced): true when
  * queued again. */
 static bool absent_again(struct efs_inval *iv, struct efs_inval_req *req)
 {
-	struct inval_class *c = &iv->cls[req->cls == EFS_INVAL_GATING ? Q_GATING_INODE : req->cls];
+	struct inval_class *c = queue_of(iv, req);
 	bool queued = false;
 
 	if (req->kind != EFS_INVAL_INODE || !req->absent || req->status != 0 || !iv->referenced ||
@@ -372,10 +380,7 @@ int efs_inval_submit(struct efs_inval *iv, struct efs_inval_req *req)
 	req->absent_tries = 0;
 	req->link.next = req->link.prev = NULL;
 	req->submit_ns = efs_clock_mono_ns();
-	if (req->cls == EFS_INVAL_GATING && req->kind == EFS_INVAL_INODE)
-		c = &iv->cls[Q_GATING_INODE];
-	else
-		c = &iv->cls[req->cls];
+	c = queue_of(iv, req);
 
 	pthread_mutex_lock(&iv->mu);
 	if (iv->stopping) {

@@ -116,8 +116,8 @@ void efs_inval_set_session(struct efs_inval *iv, struct fuse_session *se);
 
 /*
  * An INODE invalidation that finds no inode may have come between a reply
- * that hands the inode to the kernel (a lookup, a create, a readdirplus
- * entry) and the kernel creating the inode from it, in the requester's
+ * that hands the inode to the kernel (a lookup, a readdirplus entry) and
+ * the kernel creating the inode from it, in the requester's
  * context after the reply is written: the reply's attributes, applied to
  * a new inode without the version check an invalidation defeats, would
  * outlive it. So while |referenced|(arg, ino) (loop thread) says the
