@@ -88,9 +88,21 @@ static int write_file(const char *mnt, const char *name)
 	fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0644);
 	if (fd < 0)
 		return errno;
-	for (int i = 0; i < FILE_MIB && !err; i++)
-		if (write(fd, buf, sizeof(buf)) != (ssize_t)sizeof(buf))
-			err = errno ? errno : EIO;
+	/* A short write (space running out part way: the file's handle
+	 * sends whole writes) is followed by the rest, whose write then
+	 * tells why; errno is read only after a failed write. */
+	for (int i = 0; i < FILE_MIB && !err; i++) {
+		for (size_t done = 0; done < sizeof(buf) && !err;) {
+			ssize_t n = write(fd, buf + done, sizeof(buf) - done);
+
+			if (n < 0)
+				err = errno;
+			else if (n == 0)
+				err = EIO;
+			else
+				done += (size_t)n;
+		}
+	}
 	if (!err && fsync(fd) < 0)
 		err = errno;
 	if (close(fd) < 0 && !err)
