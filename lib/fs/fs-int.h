@@ -248,6 +248,7 @@ struct efs_fs_inode {
 	int64_t mod_rev;	    /* of i/<ino> when |rec| was read or written */
 	uint64_t epoch;		    /* fs epoch of |rec|; 0: never valid */
 	uint64_t grant;		    /* lock grant |rec| was filled under; 0: none */
+	uint64_t nocaps_grant;	    /* grant under which it had no security.capability */
 	bool gone;		    /* i/<ino> does not exist (as of |epoch|) */
 	uint64_t nlookup;	    /* kernel references */
 	uint32_t opens;		    /* open handles */
@@ -1140,6 +1141,17 @@ long efs_fs_dir_index(off_t off, size_t nents);
  * |write| is set/remove.
  */
 int efs_fs_xattr_check(const char *name, size_t value_len, uid_t uid, bool write);
+
+/*
+ * Removes |ino|'s security.capability, if it has one, under the inode's
+ * exclusive lock, as a write must (the kernel does it before a write
+ * through the page cache, not on a direct_io handle). |cb| gets 0 (removed
+ * or there was none) or a negative errno, once the operation has let its
+ * locks and mutexes go; 0 when started, else a negative errno (then |cb|
+ * is never called).
+ */
+int efs_fs_xattr_kill_caps(struct efs_fs *fs, uint64_t ino, void (*cb)(void *arg, int err),
+			   void *arg);
 
 /*
  * POSIX ACLs in the posix_acl_xattr format. efs_fs_acl_to_mode: the

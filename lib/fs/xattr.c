@@ -27,11 +27,40 @@ struct xattr_op {
 	uint8_t *value;	 /* efs_mem */
 	size_t value_len;
 	size_t size;	 /* getxattr, listxattr: the caller's buffer */
+	/* efs_fs_xattr_kill_caps: told the outcome once the op is over. */
+	void (*kill_cb)(void *arg, int err);
+	void *kill_arg;
+	int kill_err;
 };
 
 static struct xattr_op *xop_of(struct efs_fs_op *op)
 {
 	return (struct xattr_op *)op; /* op is the first member */
+}
+
+/* The file capabilities a write removes. */
+static bool is_caps(const struct xattr_op *xop)
+{
+	static const char cap[] = "security.capability";
+
+	return xop->name_len == sizeof(cap) - 1 && memcmp(xop->name, cap, sizeof(cap) - 1) == 0;
+}
+
+/* The grant under which |op|'s inode had no security.capability, noted
+ * while its lock is pinned. */
+static void note_no_caps(struct efs_fs_op *op)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
+
+	if (in)
+		in->nocaps_grant = efs_fs_grant(op->fs, in);
+}
+
+static bool known_no_caps(struct efs_fs_op *op)
+{
+	struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
+
+	return in && efs_fs_grant_current(op->fs, in, in->nocaps_grant);
 }
 
 static void xattr_release(struct efs_fs_op *op)
@@ -300,6 +329,12 @@ static int set_build(struct efs_fs_op *op)
 
 	if (!remove && efs_capacity_check_growth(op->fs->cap) < 0)
 		return -ENOSPC;
+	if (!remove && is_caps(xop)) {
+		struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
+
+		if (in)
+			in->nocaps_grant = 0;
+	}
 	rec = efs_fs_rec_dup(efs_fs_rec(op, op->ino));
 	if (!rec)
 		return -ENOMEM;
@@ -395,6 +430,65 @@ void efs_fs_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 		efs_fs_op_run(op);
 }
 
+/* ---- A write's removal of file capabilities ---- */
+
+/* None now, under the grant held: the next writes need not look. */
+static void kill_done(struct efs_fs_op *op)
+{
+	xop_of(op)->kill_err = 0;
+	note_no_caps(op);
+}
+
+/* removexattr's plan, except that nothing to remove is done, not ENODATA. */
+static int kill_plan(struct efs_fs_op *op)
+{
+	if (op->loads_done > 0 && efs_fs_rec(op, op->ino) && !op->kv[0].found) {
+		kill_done(op);
+		return EFS_FS_DONE;
+	}
+	return set_plan(op);
+}
+
+/* After the op let its locks and mutexes go: the continuation may take them. */
+static void kill_over(struct efs_fs_op *op)
+{
+	struct xattr_op *xop = xop_of(op);
+
+	xop->kill_cb(xop->kill_arg, xop->kill_err);
+}
+
+static const struct efs_fs_opdesc kill_caps_desc = {
+	.code = EFS_FS_OP_REMOVEXATTR,
+	.size = sizeof(struct xattr_op),
+	.origin = EFS_FS_ORIG_XATTR,
+	.mutates = true,
+	.plan = kill_plan,
+	.build = set_build,
+	.done = kill_done,
+	.release = xattr_release,
+};
+
+int efs_fs_xattr_kill_caps(struct efs_fs *fs, uint64_t ino, void (*cb)(void *arg, int err),
+			   void *arg)
+{
+	static const char cap[] = "security.capability";
+	struct efs_fs_op *op = efs_fs_op_new(fs, NULL, &kill_caps_desc);
+	struct xattr_op *xop;
+
+	if (!op)
+		return -ENOMEM;
+	op->ino = ino;
+	xop = xop_of(op);
+	memcpy(xop->name, cap, sizeof(cap));
+	xop->name_len = sizeof(cap) - 1;
+	xop->kill_cb = cb;
+	xop->kill_arg = arg;
+	xop->kill_err = -EIO;
+	op->priv_free = kill_over;
+	efs_fs_op_run(op);
+	return 0;
+}
+
 /* ---- getxattr / listxattr ---- */
 
 static int reply_sized(struct efs_fs_op *op, const void *buf, size_t len)
@@ -439,9 +533,21 @@ static int read_plan(struct efs_fs_op *op, enum efs_lock_mode mode,
 
 static int get_answer(struct efs_fs_op *op, bool none)
 {
-	if (none || !op->kv[0].found)
+	if (none || !op->kv[0].found) {
+		if (is_caps(xop_of(op)))
+			note_no_caps(op);
 		return -ENODATA;
+	}
 	return reply_sized(op, op->kv[0].val, op->kv[0].val_len);
+}
+
+/* The kernel's question before every write through the page cache needs
+ * no read while the answer is known under the grant held. */
+static int want_get_kv(struct efs_fs_op *op)
+{
+	if (is_caps(xop_of(op)) && known_no_caps(op))
+		return -ENODATA;
+	return want_xattr_kv(op);
 }
 
 /*
@@ -454,11 +560,9 @@ static int get_answer(struct efs_fs_op *op, bool none)
  */
 static enum efs_lock_mode get_mode(struct efs_fs_op *op)
 {
-	static const char cap[] = "security.capability";
-	const struct xattr_op *xop = xop_of(op);
 	const struct efs_fs_inode *in;
 
-	if (xop->name_len != sizeof(cap) - 1 || memcmp(xop->name, cap, sizeof(cap) - 1) != 0)
+	if (!is_caps(xop_of(op)))
 		return EFS_LOCK_SHARED;
 	in = efs_fs_ifind(op->fs, op->ino);
 	if (in && in->wopens > 0)
@@ -468,7 +572,7 @@ static enum efs_lock_mode get_mode(struct efs_fs_op *op)
 
 static int get_plan(struct efs_fs_op *op)
 {
-	return read_plan(op, get_mode(op), want_xattr_kv, get_answer);
+	return read_plan(op, get_mode(op), want_get_kv, get_answer);
 }
 
 /* Every xattr key of the inode, names only. */

@@ -890,6 +890,86 @@ Test(data, killpriv)
 	efs_test_assert_no_leaks();
 }
 
+/*
+ * A write removes the file's capabilities (security.capability), as on any
+ * Linux filesystem, for every writer, root too. Through the page cache the
+ * kernel does it (a REMOVEXATTR before the write); a direct_io handle
+ * (O_DIRECT, O_APPEND) leaves it to the daemon. Other xattrs stay.
+ */
+#define XATTR_TXNS "etcfs_etcd_txns_total{origin=\"xattr\",outcome=\"ok\"}"
+#define RANGES	   "etcfs_etcd_rpc_seconds_count{method=\"Range\"}"
+
+Test(data, writes_remove_file_capabilities)
+{
+	/* vfs_cap_data, revision 2, effective, CAP_NET_BIND_SERVICE. */
+	static const uint8_t cap[20] = {0x01, 0x00, 0x00, 0x02, 0x00, 0x04};
+	static const struct {
+		const char *name;
+		int flags;
+	} how[] = {
+		{"page-cache", O_WRONLY},
+		{"direct", O_WRONLY | O_DIRECT},
+		{"append", O_WRONLY | O_APPEND},
+		{"append-direct", O_RDWR | O_APPEND | O_DIRECT},
+	};
+	char path[PATH_MAX], buf[64];
+	void *blk = NULL;
+	double txns, ranges;
+	int fd;
+
+	env_start(0, NULL);
+	cr_assert_eq(posix_memalign(&blk, 4096, 4096), 0);
+	memset(blk, 'w', 4096);
+	for (size_t i = 0; i < sizeof(how) / sizeof(how[0]); i++) {
+		env_path(path, sizeof(path), how[i].name);
+		fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0755);
+		cr_assert_geq(fd, 0);
+		IO_EQ(pwrite(fd, blk, 4096, 0), 4096);
+		IO_EQ(close(fd), 0);
+		IO_EQ(setxattr(path, "security.capability", cap, sizeof(cap), 0), 0);
+		IO_EQ(setxattr(path, "user.keep", "k", 1, 0), 0);
+		IO_EQ(getxattr(path, "security.capability", buf, sizeof(buf)), (ssize_t)sizeof(cap));
+		/* Opening is not writing: the capability stays. */
+		fd = open(path, how[i].flags);
+		cr_assert_geq(fd, 0, "open %s: %s", how[i].name, strerror(errno));
+		IO_EQ(getxattr(path, "security.capability", buf, sizeof(buf)), (ssize_t)sizeof(cap));
+		txns = efs_test_fs_metric(&env.f, XATTR_TXNS);
+		IO_EQ(pwrite(fd, blk, 4096, 0), 4096);
+		cr_assert(getxattr(path, "security.capability", buf, sizeof(buf)) < 0 &&
+				  errno == ENODATA,
+			  "%s write: security.capability is still there", how[i].name);
+		IO_EQ(getxattr(path, "user.keep", buf, sizeof(buf)), 1);
+		/* The next writes have nothing to remove, and know it without
+		 * asking etcd (20 writes, a read each if they asked). */
+		ranges = efs_test_fs_metric(&env.f, RANGES);
+		for (int w = 0; w < 20; w++)
+			IO_EQ(pwrite(fd, blk, 4096, 4096), 4096);
+		cr_assert_lt(efs_test_fs_metric(&env.f, RANGES) - ranges, 5,
+			     "%s: %.0f etcd reads for 20 writes", how[i].name,
+			     efs_test_fs_metric(&env.f, RANGES) - ranges);
+		IO_EQ(close(fd), 0);
+		cr_assert_eq(efs_test_fs_metric(&env.f, XATTR_TXNS) - txns, 1,
+			     "%s: %.0f xattr commits for two writes, expected the one removal",
+			     how[i].name, efs_test_fs_metric(&env.f, XATTR_TXNS) - txns);
+	}
+	env_remount();
+	for (size_t i = 0; i < sizeof(how) / sizeof(how[0]); i++) {
+		struct stat st;
+
+		env_path(path, sizeof(path), how[i].name);
+		cr_assert(getxattr(path, "security.capability", buf, sizeof(buf)) < 0 &&
+				  errno == ENODATA,
+			  "%s: security.capability is back after a remount", how[i].name);
+		IO_EQ(getxattr(path, "user.keep", buf, sizeof(buf)), 1);
+		cr_assert_eq(stat(path, &st), 0);
+		cr_assert_eq(st.st_size, how[i].flags & O_APPEND ? 22 * 4096 : 2 * 4096,
+			     "%s: size %lld", how[i].name, (long long)st.st_size);
+	}
+	free(blk);
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
 /* ==== enospc ==== */
 
 static void fill_file(int fd, const uint8_t *pat, size_t chunk, uint64_t *size)

@@ -299,6 +299,7 @@ struct dreq {
 	bool sync;
 	int wflags; /* write: the open flags and the write's own (O_SYNC, O_DSYNC) */
 	bool nospc_pub; /* ENOSPC: this step already waited for a publication */
+	bool caps_done; /* write: security.capability removed (or none) */
 	int fmode; /* fallocate mode, lseek whence, fsync datasync */
 	off_t len;
 	struct fuse_file_info fi;

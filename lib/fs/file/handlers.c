@@ -818,6 +818,48 @@ void efs_file_write_step(struct dreq *r)
 		wr_locked(r);
 }
 
+static void write_cont(struct dreq *r);
+
+static void caps_killed(void *arg, int err)
+{
+	struct dreq *r = arg;
+
+	if (err < 0) {
+		efs_file_dreq_end(r, err);
+		return;
+	}
+	efs_file_prep(r, r->mode, write_cont);
+}
+
+/*
+ * A write removes the file's capabilities (security.capability). The
+ * kernel does it before a write through the page cache; on a direct_io
+ * handle (O_DIRECT, O_APPEND, a created write-only file) it leaves it to
+ * us. Only a record that counts xattrs may have one, and none is there
+ * while the grant under which the last look found none is held (a peer's
+ * setxattr recalls the lock first; ours resets it). The request gives
+ * its pin up while the removal runs (the removal's own acquisition must
+ * not wait for a drain behind that pin) and is prepared again after it.
+ */
+static bool kill_caps_first(struct dreq *r)
+{
+	const Etcfs__Inode *rec = r->d->in ? r->d->in->rec : NULL;
+	int e;
+
+	if (r->caps_done || !r->h || !(r->h->direct || r->h->append) || !rec ||
+	    rec->xattr_count == 0 || efs_fs_grant_current(r->fs, r->d->in, r->d->in->nocaps_grant))
+		return false;
+	r->caps_done = true;
+	if (r->pinned) {
+		efs_lock_put(r->fs->lc, &r->lr);
+		r->pinned = false;
+	}
+	e = efs_fs_xattr_kill_caps(r->fs, r->ino, caps_killed, r);
+	if (e < 0)
+		efs_file_dreq_end(r, e);
+	return true;
+}
+
 static void write_cont(struct dreq *r)
 {
 	r->cont = write_cont; /* for the backpressure resume */
@@ -825,6 +867,8 @@ static void write_cont(struct dreq *r)
 		efs_file_dreq_end(r, -EIO);
 		return;
 	}
+	if (kill_caps_first(r))
+		return;
 	efs_file_write_step(r);
 }
 
