@@ -182,7 +182,7 @@ static void setattr_done(struct efs_fs_op *op)
 		struct stat st;
 
 		efs_meta_inode_to_stat(in->rec, op->ino, op->fs->blksize, &st);
-		efs_fs_rq_attr(op->rq, &st, EFS_FS_UNVERSIONED_ATTR_TIMEOUT);
+		efs_fs_rq_attr(op->rq, &st, efs_fs_setattr_timeout(op->fs, op->ino));
 	}
 }
 

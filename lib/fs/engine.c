@@ -193,6 +193,29 @@ double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino)
 	return (double)t / EFS_NSEC_PER_SEC;
 }
 
+double efs_fs_setattr_timeout(struct efs_fs *fs, uint64_t ino)
+{
+	return fs->setattr_versioned ? efs_fs_attr_timeout(fs, ino)
+				     : EFS_FS_UNVERSIONED_ATTR_TIMEOUT;
+}
+
+bool efs_fs_kernel_versions_setattr(const char *release)
+{
+	unsigned long major, minor;
+	char *end;
+
+	if (!release)
+		return false;
+	major = strtoul(release, &end, 10);
+	if (end == release || *end != '.')
+		return false;
+	release = end + 1;
+	minor = strtoul(release, &end, 10);
+	if (end == release)
+		return false;
+	return major > 6 || (major == 6 && minor >= 16);
+}
+
 void efs_fs_reply_attr(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *rec)
 {
 	struct stat st;

@@ -374,6 +374,10 @@ struct efs_fs {
 	bool cow; /* -o cow: overwrites never go in place */
 	bool posix_acl; /* FUSE_CAP_POSIX_ACL granted at init */
 	uint32_t cache_timeout_ms;
+	/* The kernel gives a SETATTR reply no timeout when an invalidation
+	 * of the inode came after the request left (Linux 6.16 on): such
+	 * replies may then keep theirs (efs_fs_setattr_timeout). */
+	bool setattr_versioned;
 	uint32_t ino_batch;
 	struct fuse_session *se;
 	struct efs_inval *inval; /* kernel invalidations (kchan/inval.h), with |se| */
@@ -820,16 +824,28 @@ void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, const char *name, siz
 		       struct fuse_entry_param *e);
 double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino);
 /*
- * The attribute timeout of a SETATTR reply, which the kernel applies
+ * The attribute timeout of a SETATTR reply where the kernel applies it
  * without its version check (the one that drops a reply older than an
- * invalidation of the inode): it can be applied after our release's
- * invalidation ran, so it carries no timeout: 0. An entry of an inode the
+ * invalidation of the inode; before Linux 6.16): it can be applied after
+ * our release's invalidation ran, so it carries no timeout: 0. An entry of an inode the
  * kernel creates for the reply is applied unversioned too; those keep
  * their timeout, and a release's invalidation that finds no inode while
  * the reply's reference is counted is issued again until the kernel has
  * created it (efs_inval_set_referenced).
  */
 #define EFS_FS_UNVERSIONED_ATTR_TIMEOUT 0.0
+/*
+ * The attribute timeout of a SETATTR reply: EFS_FS_UNVERSIONED_ATTR_TIMEOUT,
+ * or efs_fs_attr_timeout's where the kernel versions these replies.
+ */
+double efs_fs_setattr_timeout(struct efs_fs *fs, uint64_t ino);
+/*
+ * True when a kernel of release |release| (uname -r) drops the timeout of
+ * a SETATTR reply that an invalidation of the inode overtook, as it does
+ * for lookups and GETATTR (Linux commit 69efbff69f89, in 6.16): a release
+ * at or after 6.16. Stable backports are not recognised (false).
+ */
+bool efs_fs_kernel_versions_setattr(const char *release);
 void efs_fs_reply_entry(struct efs_fs_op *op, uint64_t parent, const char *name, size_t len,
 			uint64_t ino, const Etcfs__Inode *rec, bool versioned);
 void efs_fs_reply_attr(struct efs_fs_op *op, uint64_t ino, const Etcfs__Inode *rec);

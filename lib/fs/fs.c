@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/utsname.h>
 
 #include "config.h"
 #include "fs/fs-int.h"
@@ -389,6 +390,16 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 			       : o->cache_timeout_ms		    ? o->cache_timeout_ms
 								    : 500;
 	fs->ino_batch = o->ino_batch ? o->ino_batch : 1024;
+	{
+		struct utsname u;
+		bool known = uname(&u) == 0;
+
+		fs->setattr_versioned = known && efs_fs_kernel_versions_setattr(u.release);
+		efs_log_debug("fs: SETATTR replies %s (kernel %s)",
+			      fs->setattr_versioned ? "keep their attribute timeout"
+						    : "carry no attribute timeout",
+			      known ? u.release : "unknown");
+	}
 	fs->epoch = 1;
 	fs->dev_fd = o->dev_fd > 0 ? o->dev_fd : -1;
 	fs->dev_direct = o->dev_direct;

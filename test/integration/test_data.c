@@ -40,10 +40,12 @@
  * needed); the etcd and daemon checks are etcfs-only.
  */
 #include "../support/datamodel.h"
+#include "fs/fs-int.h"
 
 #include <linux/falloc.h>
 #include <stdatomic.h>
 #include <sys/xattr.h>
+#include <sys/utsname.h>
 #include <dirent.h>
 #include <sys/statvfs.h>
 
@@ -1971,32 +1973,40 @@ Test(data, dir_release_drops_kernel_entries)
 	efs_test_assert_no_leaks();
 }
 
+static void force_release(const char *path);
+
 /*
- * The kernel applies a SETATTR reply without the version check that drops
- * a reply older than an invalidation; such a reply can land after our
- * release invalidated, so it carries no attribute timeout and the next
- * stat asks us. A GETATTR reply is versioned and keeps its timeout. Each
- * round runs within the timeout, or is not counted. (Entries of an inode
- * new to the kernel get no attribute timeout either; the kernel could not
- * be made to forget an inode here on demand, so the histories check that.)
+ * Before Linux 6.16 the kernel applies a SETATTR reply without the version
+ * check that drops a reply older than an invalidation; such a reply can
+ * land after our release invalidated, so there it carries no attribute
+ * timeout and the next stat asks us. From 6.16 on the kernel gives such a
+ * late reply no timeout itself, so the reply keeps ours: the stat after a
+ * chmod is the kernel's, and after a release of the lock (whose
+ * invalidation ends what the kernel cached) the next stat asks us again.
+ * A GETATTR reply is versioned and keeps its timeout. Each round runs
+ * within the timeout, or is not counted.
  */
 Test(data, unversioned_replies_carry_no_attribute_timeout)
 {
 	char path[PATH_MAX];
+	struct utsname u;
 	struct stat st;
-	double g0, g1, g2;
-	bool seen = false;
+	double g0, g1, g2, g3;
+	bool seen = false, versioned;
 	int fd;
 
+	cr_assert_eq(uname(&u), 0);
+	versioned = efs_fs_kernel_versions_setattr(u.release);
 	env_start(0, NULL);
 	env_path(path, sizeof(path), "f");
 	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
 	cr_assert_geq(fd, 0, "create %s: %s", path, strerror(errno));
 	IO_EQ(close(fd), 0);
 	for (int round = 0; round < 20 && !seen; round++) {
+		mode_t want = round % 2 ? 0600 : 0640;
 		uint64_t t0 = mono_ms();
 
-		IO_EQ(chmod(path, round % 2 ? 0600 : 0640), 0);
+		IO_EQ(chmod(path, want), 0);
 		g0 = op_count("getattr");
 		IO_EQ(stat(path, &st), 0);
 		g1 = op_count("getattr");
@@ -2004,9 +2014,20 @@ Test(data, unversioned_replies_carry_no_attribute_timeout)
 		g2 = op_count("getattr");
 		if (mono_ms() - t0 > 300)
 			continue; /* slower than the timeout: proves nothing */
-		cr_assert_eq(st.st_mode & 0777, round % 2 ? 0600u : 0640u);
-		cr_assert_geq(g1, g0 + 1, "the stat after a chmod was answered by the kernel "
-			      "from the SETATTR reply");
+		cr_assert_eq(st.st_mode & 0777, want);
+		if (versioned) {
+			cr_assert_eq(g1, g0, "kernel %s: the stat after a chmod asked the daemon "
+				     "(the SETATTR reply had no timeout)", u.release);
+			force_release(path);
+			IO_EQ(stat(path, &st), 0);
+			g3 = op_count("getattr");
+			cr_assert_eq(st.st_mode & 0777, want);
+			cr_assert_geq(g3, g2 + 1, "kernel %s: the stat after the lock's release "
+				      "was answered from the SETATTR reply", u.release);
+		} else {
+			cr_assert_geq(g1, g0 + 1, "the stat after a chmod was answered by the "
+				      "kernel from the SETATTR reply");
+		}
 		cr_assert_eq(g2, g1, "a GETATTR reply was not cached");
 		seen = true;
 	}

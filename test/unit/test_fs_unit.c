@@ -423,3 +423,23 @@ Test(fs_unit, atime_relatime_rule)
 	cr_assert(efs_fs_atime_due(&in, 250 + day), "a day old");
 	efs_test_assert_no_leaks();
 }
+
+/* SETATTR replies keep a timeout only on kernels that version them. */
+Test(fs_unit, kernel_release_that_versions_setattr_replies)
+{
+	static const struct {
+		const char *release;
+		bool versioned;
+	} cases[] = {
+		{"6.16.0", true},	     {"6.18.44-fc-v1272", true}, {"6.16", true},
+		{"7.0.1", true},	     {"10.1", true},		 {"6.15.9-amd64", false},
+		{"6.1.0-28-amd64", false}, {"5.19.17", false},	 {"6", false},
+		{"6.", false},		     {"", false},		 {"abc", false},
+		{".16", false},
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		cr_assert_eq(efs_fs_kernel_versions_setattr(cases[i].release), cases[i].versioned,
+			     "release '%s'", cases[i].release);
+	cr_assert_not(efs_fs_kernel_versions_setattr(NULL));
+}
