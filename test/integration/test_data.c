@@ -1986,7 +1986,7 @@ static void force_release(const char *path);
  * A GETATTR reply is versioned and keeps its timeout. Each round runs
  * within the timeout, or is not counted.
  */
-Test(data, unversioned_replies_carry_no_attribute_timeout)
+Test(data, setattr_replies_keep_a_timeout_only_where_the_kernel_versions_them)
 {
 	char path[PATH_MAX];
 	struct utsname u;
