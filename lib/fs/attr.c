@@ -182,7 +182,7 @@ static void setattr_done(struct efs_fs_op *op)
 		struct stat st;
 
 		efs_meta_inode_to_stat(in->rec, op->ino, op->fs->blksize, &st);
-		efs_fs_rq_attr(op->rq, &st, efs_fs_setattr_timeout(op->fs, op->ino));
+		efs_fs_rq_attr(op->rq, &st, efs_fs_setattr_timeout(op->fs, op->ino, st.st_mode));
 	}
 }
 

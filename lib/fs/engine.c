@@ -193,10 +193,11 @@ double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino)
 	return (double)t / EFS_NSEC_PER_SEC;
 }
 
-double efs_fs_setattr_timeout(struct efs_fs *fs, uint64_t ino)
+double efs_fs_setattr_timeout(struct efs_fs *fs, uint64_t ino, uint32_t mode)
 {
-	return fs->setattr_versioned ? efs_fs_attr_timeout(fs, ino)
-				     : EFS_FS_UNVERSIONED_ATTR_TIMEOUT;
+	if (!fs->setattr_versioned || !(S_ISREG(mode) || S_ISDIR(mode)))
+		return EFS_FS_UNVERSIONED_ATTR_TIMEOUT;
+	return efs_fs_attr_timeout(fs, ino);
 }
 
 bool efs_fs_kernel_versions_setattr(const char *release)

@@ -249,6 +249,8 @@ struct efs_fs_inode {
 	uint64_t epoch;		    /* fs epoch of |rec|; 0: never valid */
 	uint64_t grant;		    /* lock grant |rec| was filled under; 0: none */
 	uint64_t nocaps_grant;	    /* grant under which it had no security.capability */
+	uint32_t caps_setting;	    /* setxattrs of it by this node between build and end */
+	uint64_t caps_seq;	    /* bumped as each of those starts and ends */
 	bool gone;		    /* i/<ino> does not exist (as of |epoch|) */
 	uint64_t nlookup;	    /* kernel references */
 	uint32_t opens;		    /* open handles */
@@ -835,10 +837,12 @@ double efs_fs_attr_timeout(struct efs_fs *fs, uint64_t ino);
  */
 #define EFS_FS_UNVERSIONED_ATTR_TIMEOUT 0.0
 /*
- * The attribute timeout of a SETATTR reply: EFS_FS_UNVERSIONED_ATTR_TIMEOUT,
- * or efs_fs_attr_timeout's where the kernel versions these replies.
+ * The attribute timeout of a SETATTR reply on an inode of |mode|:
+ * efs_fs_attr_timeout's where the kernel versions these replies and the
+ * inode is a file or a directory, else EFS_FS_UNVERSIONED_ATTR_TIMEOUT
+ * (other kinds keep the zero timeout: nothing measured needs more).
  */
-double efs_fs_setattr_timeout(struct efs_fs *fs, uint64_t ino);
+double efs_fs_setattr_timeout(struct efs_fs *fs, uint64_t ino, uint32_t mode);
 /*
  * True when a kernel of release |release| (uname -r) drops the timeout of
  * a SETATTR reply that an invalidation of the inode overtook, as it does
@@ -960,9 +964,10 @@ void efs_fs_dcache_clear(struct efs_fs_inode *dir);
  * (invalidated one by one when the directory's lock goes).
  */
 enum efs_fs_lock_kind {
-	EFS_FS_LOCK_OTHER = 0,
-	EFS_FS_LOCK_FILE = 1, /* the data path's ops (file/lockops.c) */
+	EFS_FS_LOCK_OTHER = 0,	/* an inode not cached here: no ops */
+	EFS_FS_LOCK_FILE = 1,	/* the data path's ops (file/lockops.c) */
 	EFS_FS_LOCK_DIR = 2,
+	EFS_FS_LOCK_SPECIAL = 3, /* symlinks, devices, FIFOs, sockets (file/lockops.c) */
 };
 /* Most names recorded per directory; beyond, entries get no timeout. */
 #define EFS_FS_KNAMES_MAX 4096
@@ -1161,13 +1166,14 @@ int efs_fs_xattr_check(const char *name, size_t value_len, uid_t uid, bool write
 /*
  * Removes |ino|'s security.capability, if it has one, under the inode's
  * exclusive lock, as a write must (the kernel does it before a write
- * through the page cache, not on a direct_io handle). |cb| gets 0 (removed
- * or there was none) or a negative errno, once the operation has let its
- * locks and mutexes go; 0 when started, else a negative errno (then |cb|
- * is never called).
+ * through the page cache, not on a direct_io handle), for the request
+ * |rq| (the write's: its lock wait ends on FUSE_INTERRUPT, and a failure
+ * is answered through it). |cb| gets 0 (removed or there was none) or a
+ * negative errno, once the operation has let its locks and mutexes go; 0
+ * when started, else a negative errno (then |cb| is never called).
  */
-int efs_fs_xattr_kill_caps(struct efs_fs *fs, uint64_t ino, void (*cb)(void *arg, int err),
-			   void *arg);
+int efs_fs_xattr_kill_caps(struct efs_fs *fs, struct efs_fs_rq *rq, uint64_t ino,
+			   void (*cb)(void *arg, int err), void *arg);
 
 /*
  * POSIX ACLs in the posix_acl_xattr format. efs_fs_acl_to_mode: the

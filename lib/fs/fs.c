@@ -783,10 +783,11 @@ void efs_fs_abandon(struct efs_fs *fs)
 	if (fs->alloc)
 		efs_fs_reclaim_abandon(fs);
 	efs_fs_batch_abandon(fs);
-	if (fs->lc)
+	if (fs->lc) {
 		efs_lockcache_set_ops(fs->lc, EFS_FS_LOCK_DIR, NULL, NULL);
-	if (fs->lc)
 		efs_lockcache_set_ops(fs->lc, EFS_FS_LOCK_FILE, NULL, NULL);
+		efs_lockcache_set_ops(fs->lc, EFS_FS_LOCK_SPECIAL, NULL, NULL);
+	}
 	fs->lc = NULL;
 }
 

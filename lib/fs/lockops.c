@@ -344,8 +344,10 @@ void efs_fs_fill_entry(struct efs_fs *fs, uint64_t parent, const char *name, siz
 	 * reference (kernel_referenced in fs.c): those keep their timeout
 	 * for files and directories, whose releases invalidate. A create,
 	 * mkdir, mknod, symlink or link reply is applied with no version at
-	 * all (the invalidation may land just before it), and other kinds
-	 * are never invalidated: no timeout for those new inodes.
+	 * all (the invalidation may land just before it): no timeout for
+	 * those new inodes, nor for new inodes of other kinds (their
+	 * releases invalidate attributes too, file/lockops.c, but nothing
+	 * measured needs more than their GETATTR replies' timeout).
 	 */
 	e->attr_timeout = known || (versioned && invalidated) ? efs_fs_attr_timeout(fs, ino)
 							       : EFS_FS_UNVERSIONED_ATTR_TIMEOUT;
@@ -379,7 +381,9 @@ static unsigned lock_kind(void *arg, uint64_t ino)
 		return EFS_FS_LOCK_FILE;
 	if (in->rec && S_ISDIR(in->rec->mode))
 		return EFS_FS_LOCK_DIR;
-	return 0;
+	if (in->rec)
+		return EFS_FS_LOCK_SPECIAL;
+	return EFS_FS_LOCK_OTHER;
 }
 
 /* ---- Directories ---- */

@@ -31,6 +31,11 @@ struct xattr_op {
 	void (*kill_cb)(void *arg, int err);
 	void *kill_arg;
 	int kill_err;
+	/* A setxattr of security.capability counted in the inode's
+	 * caps_setting; a getxattr of it: the inode's caps_seq when its
+	 * read left. */
+	bool caps_counted;
+	uint64_t caps_seq;
 };
 
 static struct xattr_op *xop_of(struct efs_fs_op *op)
@@ -46,13 +51,19 @@ static bool is_caps(const struct xattr_op *xop)
 	return xop->name_len == sizeof(cap) - 1 && memcmp(xop->name, cap, sizeof(cap) - 1) == 0;
 }
 
-/* The grant under which |op|'s inode had no security.capability, noted
- * while its lock is pinned. */
-static void note_no_caps(struct efs_fs_op *op)
+/*
+ * The grant under which |op|'s inode had no security.capability, noted
+ * while its lock is pinned; |seen| the inode's caps_seq when the answer's
+ * |read| left (none: answered from the cached record now). Not while a
+ * setxattr of it by this node is in flight, nor when one started or
+ * ended since the read: a getxattr does not take the inode's mutex, so
+ * its "none" may predate that setxattr's commit under the same grant.
+ */
+static void note_no_caps(struct efs_fs_op *op, bool read, uint64_t seen)
 {
 	struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
 
-	if (in)
+	if (in && in->caps_setting == 0 && (!read || seen == in->caps_seq))
 		in->nocaps_grant = efs_fs_grant(op->fs, in);
 }
 
@@ -65,7 +76,18 @@ static bool known_no_caps(struct efs_fs_op *op)
 
 static void xattr_release(struct efs_fs_op *op)
 {
-	efs_mem_free(xop_of(op)->value);
+	struct xattr_op *xop = xop_of(op);
+
+	if (xop->caps_counted) {
+		struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
+
+		if (in) {
+			in->caps_setting--;
+			in->caps_seq++;
+			in->nocaps_grant = 0;
+		}
+	}
+	efs_mem_free(xop->value);
 }
 
 /* An xattr descriptor: its record (struct xattr_op, freed by
@@ -332,8 +354,14 @@ static int set_build(struct efs_fs_op *op)
 	if (!remove && is_caps(xop)) {
 		struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
 
-		if (in)
+		if (in) {
+			if (!xop->caps_counted) {
+				xop->caps_counted = true;
+				in->caps_setting++;
+			}
+			in->caps_seq++;
 			in->nocaps_grant = 0;
+		}
 	}
 	rec = efs_fs_rec_dup(efs_fs_rec(op, op->ino));
 	if (!rec)
@@ -432,11 +460,13 @@ void efs_fs_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 
 /* ---- A write's removal of file capabilities ---- */
 
-/* None now, under the grant held: the next writes need not look. */
+/* None now, under the grant held: the next writes need not look. The
+ * write's request goes on (no answer from here). */
 static void kill_done(struct efs_fs_op *op)
 {
 	xop_of(op)->kill_err = 0;
-	note_no_caps(op);
+	op->handed_on = true;
+	note_no_caps(op, false, 0);
 }
 
 /* removexattr's plan, except that nothing to remove is done, not ENODATA. */
@@ -468,11 +498,11 @@ static const struct efs_fs_opdesc kill_caps_desc = {
 	.release = xattr_release,
 };
 
-int efs_fs_xattr_kill_caps(struct efs_fs *fs, uint64_t ino, void (*cb)(void *arg, int err),
-			   void *arg)
+int efs_fs_xattr_kill_caps(struct efs_fs *fs, struct efs_fs_rq *rq, uint64_t ino,
+			   void (*cb)(void *arg, int err), void *arg)
 {
 	static const char cap[] = "security.capability";
-	struct efs_fs_op *op = efs_fs_op_new(fs, NULL, &kill_caps_desc);
+	struct efs_fs_op *op = efs_fs_op_new_for(fs, rq, &kill_caps_desc);
 	struct xattr_op *xop;
 
 	if (!op)
@@ -535,7 +565,7 @@ static int get_answer(struct efs_fs_op *op, bool none)
 {
 	if (none || !op->kv[0].found) {
 		if (is_caps(xop_of(op)))
-			note_no_caps(op);
+			note_no_caps(op, !none, xop_of(op)->caps_seq);
 		return -ENODATA;
 	}
 	return reply_sized(op, op->kv[0].val, op->kv[0].val_len);
@@ -545,8 +575,16 @@ static int get_answer(struct efs_fs_op *op, bool none)
  * no read while the answer is known under the grant held. */
 static int want_get_kv(struct efs_fs_op *op)
 {
-	if (is_caps(xop_of(op)) && known_no_caps(op))
-		return -ENODATA;
+	struct xattr_op *xop = xop_of(op);
+
+	if (is_caps(xop)) {
+		struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
+
+		if (known_no_caps(op))
+			return -ENODATA;
+		if (in)
+			xop->caps_seq = in->caps_seq;
+	}
 	return want_xattr_kv(op);
 }
 

@@ -1573,6 +1573,44 @@ static void without_invalidations_a_node_sees_stale_attributes_and_names(void)
 		 mode_off, name_off, STALE_ROUNDS);
 }
 
+/*
+ * Symlinks, FIFOs and device nodes: what node 3's kernel caches of their
+ * attributes (a GETATTR reply keeps the cache timeout) goes when node 1's
+ * chmod or lchown recalls node 3's lock, as for files and directories.
+ * Each round lets node 3's cache expire, has node 3 look twice (the second
+ * look is the kernel's, from the GETATTR the first one sent), changes the
+ * inode on node 1 and looks again on node 3 at once.
+ */
+static void special_files_changed_by_a_peer_are_seen_at_once(void)
+{
+	int stale = 0;
+
+	check_dir();
+	CL_CHECK(mkfifo(P(0, "fifo"), 0644) == 0, "mkfifo: %s", strerror(errno));
+	CL_CHECK(symlink("target", P(0, "link")) == 0, "symlink: %s", strerror(errno));
+	for (int k = 0; k < STALE_ROUNDS; k++) {
+		mode_t m = k % 2 ? 0600 : 0640;
+		uid_t u = 1000 + (uid_t)k;
+		struct stat st;
+
+		efs_cl_sleep_ms(600); /* what node 3's kernel cached has expired */
+		CL_CHECK(stat(P(2, "fifo"), &st) == 0 && stat(P(2, "fifo"), &st) == 0,
+			 "stat fifo on node3: %s", strerror(errno));
+		CL_CHECK(lstat(P(2, "link"), &st) == 0 && lstat(P(2, "link"), &st) == 0,
+			 "lstat link on node3: %s", strerror(errno));
+		CL_CHECK(chmod(P(0, "fifo"), m) == 0, "chmod fifo on node1: %s", strerror(errno));
+		CL_CHECK(lchown(P(0, "link"), u, u) == 0, "lchown link on node1: %s",
+			 strerror(errno));
+		CL_CHECK(stat(P(2, "fifo"), &st) == 0, "stat fifo on node3: %s", strerror(errno));
+		stale += (st.st_mode & 07777) != m;
+		CL_CHECK(lstat(P(2, "link"), &st) == 0, "lstat link on node3: %s",
+			 strerror(errno));
+		stale += st.st_uid != u;
+	}
+	CL_CHECK(stale == 0, "node3 saw %d stale attributes of a FIFO or a symlink in %d rounds",
+		 stale, STALE_ROUNDS);
+}
+
 /* ---- Checks: the operator's view ---- */
 
 /* python3 checking etcfsctl's JSON: it reads the document from the file
@@ -2282,6 +2320,7 @@ static const struct check checks[] = {
 	CHECK(a_clean_unmount_hands_the_locks_over_at_once, 60, RUN_FULL),
 	CHECK(without_recall_answers_a_change_cannot_complete, 90, RUN_FULL),
 	CHECK(without_invalidations_a_node_sees_stale_attributes_and_names, 60, RUN_FULL),
+	CHECK(special_files_changed_by_a_peer_are_seen_at_once, 60, RUN_FULL),
 	CHECK(etcfsctl_locks_and_members_describe_the_cluster, 60, RUN_FULL),
 	CHECK(histories_of_six_processes_on_three_nodes_are_linearizable, 120, RUN_FULL),
 	CHECK(histories_with_unlinks_are_linearizable, 120, RUN_FULL),

@@ -825,6 +825,8 @@ static void caps_killed(void *arg, int err)
 	struct dreq *r = arg;
 
 	if (err < 0) {
+		/* Answered already, with the operation's own error (an
+		 * interrupted lock wait: EINTR). */
 		efs_file_dreq_end(r, err);
 		return;
 	}
@@ -854,7 +856,7 @@ static bool kill_caps_first(struct dreq *r)
 		efs_lock_put(r->fs->lc, &r->lr);
 		r->pinned = false;
 	}
-	e = efs_fs_xattr_kill_caps(r->fs, r->ino, caps_killed, r);
+	e = efs_fs_xattr_kill_caps(r->fs, &r->rq, r->ino, caps_killed, r);
 	if (e < 0)
 		efs_file_dreq_end(r, e);
 	return true;

@@ -167,6 +167,18 @@ static const struct efs_lock_ops file_lock_ops = {
 	.no_shared = file_no_shared,
 };
 
+/*
+ * Symlinks, devices, FIFOs and sockets: the kernel caches only their
+ * attributes (a symlink's target is not cached: no FUSE_CAP_CACHE_SYMLINKS),
+ * and a release drops those as a file's release does (file_invalidate:
+ * no open handle, attributes only), or a GETATTR reply cached before a
+ * peer's chmod or chown would outlive the lock by up to the cache timeout.
+ */
+static const struct efs_lock_ops special_lock_ops = {
+	.invalidate = file_invalidate,
+	.serve_while_invalidating = true,
+};
+
 /* ---- ETCFS_FAULT_RECALL ---- */
 
 #if EFS_FAULT_HOOKS
@@ -259,6 +271,7 @@ void efs_file_lockops_init(struct dctl *c)
 	struct efs_fs *fs = c->fs;
 
 	efs_lockcache_set_ops(fs->lc, EFS_FS_LOCK_FILE, &file_lock_ops, fs);
+	efs_lockcache_set_ops(fs->lc, EFS_FS_LOCK_SPECIAL, &special_lock_ops, fs);
 #if EFS_FAULT_HOOKS
 	frecall_from_env(c);
 #endif
@@ -284,6 +297,7 @@ void efs_file_lockops_done(struct dctl *c)
 	struct efs_fs *fs = c->fs;
 
 	efs_lockcache_set_ops(fs->lc, EFS_FS_LOCK_FILE, NULL, NULL);
+	efs_lockcache_set_ops(fs->lc, EFS_FS_LOCK_SPECIAL, NULL, NULL);
 	efs_file_kernel_gone(c);
 	if (c->frecall) {
 		uv_timer_stop(c->frecall);

@@ -285,7 +285,7 @@ static void tr_next(struct efs_fs_op *op)
 		struct stat st;
 
 		efs_meta_inode_to_stat(in->rec, r->ino, r->fs->blksize, &st);
-		efs_fs_rq_attr(&r->rq, &st, efs_fs_setattr_timeout(r->fs, r->ino));
+		efs_fs_rq_attr(&r->rq, &st, efs_fs_setattr_timeout(r->fs, r->ino, st.st_mode));
 	}
 	efs_file_dreq_end(r, in && in->rec ? 0 : -EIO);
 }
@@ -405,7 +405,7 @@ static void defer_cont(struct dreq *r)
 		efs_file_dreq_end(r, e);
 		return;
 	}
-	efs_fs_rq_attr(&r->rq, &st, efs_fs_setattr_timeout(r->fs, r->ino));
+	efs_fs_rq_attr(&r->rq, &st, efs_fs_setattr_timeout(r->fs, r->ino, st.st_mode));
 	efs_file_dreq_end(r, 0);
 }
 
@@ -472,7 +472,7 @@ bool efs_fs_data_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int 
 		if (e < 0)
 			efs_fs_rq_err(&rq, e);
 		else
-			efs_fs_rq_attr(&rq, &st, efs_fs_setattr_timeout(fs, ino));
+			efs_fs_rq_attr(&rq, &st, efs_fs_setattr_timeout(fs, ino, st.st_mode));
 	}
 	return true;
 }
