@@ -627,7 +627,9 @@ struct efs_fs_op {
 	struct efs_fs_inode *newin; /* its cache entry (ref held) */
 	void *priv;	     /* per-operation scratch (efs_mem) */
 	void *hook_state;    /* state of the descriptor's hooks (the publisher's) */
-	void (*priv_free)(struct efs_fs_op *op); /* frees what |priv| points to */
+	/* Called last, once the op's locks and mutexes are let go: frees
+	 * what |priv| points to, or tells whoever started the op it is over. */
+	void (*priv_free)(struct efs_fs_op *op);
 };
 
 /*
@@ -1174,6 +1176,9 @@ int efs_fs_xattr_check(const char *name, size_t value_len, uid_t uid, bool write
  */
 int efs_fs_xattr_kill_caps(struct efs_fs *fs, struct efs_fs_rq *rq, uint64_t ino,
 			   void (*cb)(void *arg, int err), void *arg);
+/* True while |in| is known to have no security.capability: the grant the
+ * last look found none under is still held. */
+bool efs_fs_known_no_caps(const struct efs_fs *fs, const struct efs_fs_inode *in);
 
 /*
  * POSIX ACLs in the posix_acl_xattr format. efs_fs_acl_to_mode: the

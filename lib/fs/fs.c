@@ -352,6 +352,18 @@ static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
 	return r;
 }
 
+/* Whether the running kernel versions SETATTR replies (read once). */
+static bool kernel_versions_setattr(void)
+{
+	struct utsname u;
+	bool known = uname(&u) == 0, v = known && efs_fs_kernel_versions_setattr(u.release);
+
+	efs_log_debug("fs: SETATTR replies %s (kernel %s)",
+		      v ? "keep their attribute timeout" : "carry no attribute timeout",
+		      known ? u.release : "unknown");
+	return v;
+}
+
 int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 	       struct efs_session *s, struct efs_lockcache *lc, struct efs_metrics *m,
 	       const struct efs_fs_opts *o)
@@ -390,16 +402,7 @@ int efs_fs_new(struct efs_fs **ret, uv_loop_t *loop, struct efs_etcd *c,
 			       : o->cache_timeout_ms		    ? o->cache_timeout_ms
 								    : 500;
 	fs->ino_batch = o->ino_batch ? o->ino_batch : 1024;
-	{
-		struct utsname u;
-		bool known = uname(&u) == 0;
-
-		fs->setattr_versioned = known && efs_fs_kernel_versions_setattr(u.release);
-		efs_log_debug("fs: SETATTR replies %s (kernel %s)",
-			      fs->setattr_versioned ? "keep their attribute timeout"
-						    : "carry no attribute timeout",
-			      known ? u.release : "unknown");
-	}
+	fs->setattr_versioned = kernel_versions_setattr();
 	fs->epoch = 1;
 	fs->dev_fd = o->dev_fd > 0 ? o->dev_fd : -1;
 	fs->dev_direct = o->dev_direct;

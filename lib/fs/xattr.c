@@ -44,11 +44,12 @@ static struct xattr_op *xop_of(struct efs_fs_op *op)
 }
 
 /* The file capabilities a write removes. */
+static const char caps_name[] = "security.capability";
+
 static bool is_caps(const struct xattr_op *xop)
 {
-	static const char cap[] = "security.capability";
-
-	return xop->name_len == sizeof(cap) - 1 && memcmp(xop->name, cap, sizeof(cap) - 1) == 0;
+	return xop->name_len == sizeof(caps_name) - 1 &&
+	       memcmp(xop->name, caps_name, sizeof(caps_name) - 1) == 0;
 }
 
 /*
@@ -67,11 +68,9 @@ static void note_no_caps(struct efs_fs_op *op, bool read, uint64_t seen)
 		in->nocaps_grant = efs_fs_grant(op->fs, in);
 }
 
-static bool known_no_caps(struct efs_fs_op *op)
+bool efs_fs_known_no_caps(const struct efs_fs *fs, const struct efs_fs_inode *in)
 {
-	struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
-
-	return in && efs_fs_grant_current(op->fs, in, in->nocaps_grant);
+	return in && efs_fs_grant_current(fs, in, in->nocaps_grant);
 }
 
 static void xattr_release(struct efs_fs_op *op)
@@ -91,8 +90,8 @@ static void xattr_release(struct efs_fs_op *op)
 }
 
 /* An xattr descriptor: its record (struct xattr_op, freed by
- * xattr_release), opcode, whether it writes, and its steps. */
-#define XATTR_DESC(var, opc, mut, plan_, build_)                                                   \
+ * xattr_release), opcode, whether it writes, its steps and its end. */
+#define XATTR_DESC_DONE(var, opc, mut, plan_, build_, done_)                                       \
 	static const struct efs_fs_opdesc var = {                                                  \
 		.code = opc,                                                                       \
 		.size = sizeof(struct xattr_op),                                                   \
@@ -100,9 +99,11 @@ static void xattr_release(struct efs_fs_op *op)
 		.mutates = mut,                                                                    \
 		.plan = plan_,                                                                     \
 		.build = build_,                                                                   \
-		.done = efs_fs_ok_done,                                                            \
+		.done = done_,                                                                     \
 		.release = xattr_release,                                                          \
 	}
+#define XATTR_DESC(var, opc, mut, plan_, build_)                                                   \
+	XATTR_DESC_DONE(var, opc, mut, plan_, build_, efs_fs_ok_done)
 
 #define P_USER	   "user."
 #define P_TRUSTED  "trusted."
@@ -487,21 +488,11 @@ static void kill_over(struct efs_fs_op *op)
 	xop->kill_cb(xop->kill_arg, xop->kill_err);
 }
 
-static const struct efs_fs_opdesc kill_caps_desc = {
-	.code = EFS_FS_OP_REMOVEXATTR,
-	.size = sizeof(struct xattr_op),
-	.origin = EFS_FS_ORIG_XATTR,
-	.mutates = true,
-	.plan = kill_plan,
-	.build = set_build,
-	.done = kill_done,
-	.release = xattr_release,
-};
+XATTR_DESC_DONE(kill_caps_desc, EFS_FS_OP_REMOVEXATTR, true, kill_plan, set_build, kill_done);
 
 int efs_fs_xattr_kill_caps(struct efs_fs *fs, struct efs_fs_rq *rq, uint64_t ino,
 			   void (*cb)(void *arg, int err), void *arg)
 {
-	static const char cap[] = "security.capability";
 	struct efs_fs_op *op = efs_fs_op_new_for(fs, rq, &kill_caps_desc);
 	struct xattr_op *xop;
 
@@ -509,8 +500,8 @@ int efs_fs_xattr_kill_caps(struct efs_fs *fs, struct efs_fs_rq *rq, uint64_t ino
 		return -ENOMEM;
 	op->ino = ino;
 	xop = xop_of(op);
-	memcpy(xop->name, cap, sizeof(cap));
-	xop->name_len = sizeof(cap) - 1;
+	memcpy(xop->name, caps_name, sizeof(caps_name));
+	xop->name_len = sizeof(caps_name) - 1;
 	xop->kill_cb = cb;
 	xop->kill_arg = arg;
 	xop->kill_err = -EIO;
@@ -578,9 +569,9 @@ static int want_get_kv(struct efs_fs_op *op)
 	struct xattr_op *xop = xop_of(op);
 
 	if (is_caps(xop)) {
-		struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
+		const struct efs_fs_inode *in = efs_fs_ifind(op->fs, op->ino);
 
-		if (known_no_caps(op))
+		if (efs_fs_known_no_caps(op->fs, in))
 			return -ENODATA;
 		if (in)
 			xop->caps_seq = in->caps_seq;

@@ -849,7 +849,7 @@ static bool kill_caps_first(struct dreq *r)
 	int e;
 
 	if (r->caps_done || !r->h || !(r->h->direct || r->h->append) || !rec ||
-	    rec->xattr_count == 0 || efs_fs_grant_current(r->fs, r->d->in, r->d->in->nocaps_grant))
+	    rec->xattr_count == 0 || efs_fs_known_no_caps(r->fs, r->d->in))
 		return false;
 	r->caps_done = true;
 	if (r->pinned) {
@@ -930,8 +930,8 @@ void efs_fs_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
 	r->append = h->append;
 	/* The write's own flags add RWF_DSYNC / RWF_SYNC (pwritev2), which
 	 * on a direct_io handle the kernel leaves to us. */
-	r->sync = ((h->oflags | fi->flags) & O_DSYNC) != 0;
 	r->wflags = h->oflags | fi->flags;
+	r->sync = (r->wflags & O_DSYNC) != 0;
 	/* The kernel writing its dirty pages back (a shared mapping), which
 	 * it also does while a release invalidates them, and a write through
 	 * the page cache, whose pages it keeps locked meanwhile: both pass a
