@@ -19,6 +19,10 @@
  *        that a failed compare re-synchronises the slot (a compare-and-swap,
  *        the shape of an etcfs metadata update). Only the slot writes its
  *        key, so every compare succeeds; failures are counted.
+ *   get:  linearizable Range of the slot's key, which does not exist (the
+ *         read of a missing name): the leader confirms it still leads and
+ *         the member waits until it has applied that far before it reads.
+ *   sget: the same Range, serializable: answered from the member's store.
  *
  * Everything the bench writes is under --prefix; at the end it deletes that
  * prefix and compacts at the last revision, so repeated runs do not grow the
@@ -49,10 +53,12 @@
 enum workload {
 	WL_PUT = 0,
 	WL_TXN,
+	WL_GET,
+	WL_SGET,
 	WL_N,
 };
 
-static const char *const workload_names[WL_N] = {"put", "txn"};
+static const char *const workload_names[WL_N] = {"put", "txn", "get", "sget"};
 
 enum phase {
 	PH_IDLE = 0, /* nothing running */
@@ -257,6 +263,11 @@ static int slot_issue(struct slot *s)
 	if (b->wl == WL_PUT) {
 		m = EFS_ETCD_PUT;
 		req = &put.base;
+	} else if (b->wl == WL_GET || b->wl == WL_SGET) {
+		get.key = put.key;
+		get.serializable = b->wl == WL_SGET;
+		m = EFS_ETCD_RANGE;
+		req = &get.base;
 	} else {
 		cmp.result = ETCDSERVERPB__COMPARE__COMPARE_RESULT__EQUAL;
 		cmp.target = ETCDSERVERPB__COMPARE__COMPARE_TARGET__MOD;
@@ -299,6 +310,13 @@ static void note_error(struct bench *b, const struct efs_etcd_result *r)
 /* Learns the slot's key revision from a reply; counts failed compares. */
 static void note_reply(struct bench *b, struct slot *s, const ProtobufCMessage *resp)
 {
+	if (b->wl == WL_GET || b->wl == WL_SGET) {
+		const Etcdserverpb__RangeResponse *g = (const Etcdserverpb__RangeResponse *)resp;
+
+		if (g->header && g->header->revision > b->max_rev)
+			b->max_rev = g->header->revision;
+		return;
+	}
 	if (b->wl == WL_PUT) {
 		const Etcdserverpb__PutResponse *p = (const Etcdserverpb__PutResponse *)resp;
 
@@ -787,7 +805,7 @@ static int parse_workloads(const char *s, enum workload *out, size_t *n)
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: etcd_bench --endpoint URL [options]\n"
-		   "  --workload LIST      put,txn (default put,txn)\n"
+		   "  --workload LIST      put,txn,get,sget (default put,txn)\n"
 		   "  --concurrency LIST   calls in flight (default 1,16,64,256)\n"
 		   "  --reps N             repetitions of each configuration (default 3)\n"
 		   "  --duration-ms MS     measurement window (default 3000)\n"
