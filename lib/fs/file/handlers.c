@@ -336,7 +336,7 @@ static void read_cont(struct dreq *r)
 	r->wbytes = end - (uint64_t)r->off;
 	r->b0 = (uint64_t)r->off / bs;
 	r->nb = (end + bs - 1) / bs - r->b0;
-	r->buf = efs_io_buf_alloc(r->nb * bs);
+	r->buf = efs_io_buf_get(r->nb * bs);
 	if (!r->buf) {
 		efs_file_dreq_end(r, -ENOMEM);
 		return;
@@ -464,7 +464,7 @@ static bool tail_copy(struct dreq *r, int err)
 	if (err < 0 || !r->buf || !r->nb || end % bs == 0 || d->dropped || d->broken)
 		return false;
 	if (!d->tail) {
-		d->tail = efs_io_buf_alloc(bs);
+		d->tail = efs_io_buf_get(bs);
 		if (!d->tail)
 			return false;
 	}
@@ -509,7 +509,7 @@ static void wr_locked(void *arg)
 		/* The whole write where write_buf put it: no copy. */
 		r->buf = r->wbuf;
 	} else {
-		r->buf = efs_io_buf_alloc(r->nb * bs);
+		r->buf = efs_io_buf_get(r->nb * bs);
 		if (!r->buf) {
 			efs_file_dreq_end(r, -ENOMEM);
 			return;
@@ -519,7 +519,7 @@ static void wr_locked(void *arg)
 	/* Partial blocks: the old bytes around the new ones (zeroes beyond
 	 * the size, in holes and in preallocated blocks). */
 	if (head && r->b0 * bs < size) {
-		r->edge[0] = efs_io_buf_alloc(bs);
+		r->edge[0] = efs_io_buf_get(bs);
 		if (!r->edge[0]) {
 			efs_file_dreq_end(r, -ENOMEM);
 			return;
@@ -527,7 +527,7 @@ static void wr_locked(void *arg)
 	}
 	tailb = r->b0 + r->nb - 1;
 	if (end % bs && tailb * bs < size && (tailb != r->b0 || !r->edge[0])) {
-		r->edge[1] = efs_io_buf_alloc(bs);
+		r->edge[1] = efs_io_buf_get(bs);
 		if (!r->edge[1]) {
 			efs_file_dreq_end(r, -ENOMEM);
 			return;
@@ -909,7 +909,7 @@ void efs_fs_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
 		struct fuse_bufvec dst = FUSE_BUFVEC_INIT(size);
 		ssize_t n;
 
-		r->wbuf = efs_io_buf_alloc((head + size + bs - 1) / bs * bs);
+		r->wbuf = efs_io_buf_get((head + size + bs - 1) / bs * bs);
 		if (!r->wbuf) {
 			efs_file_dreq_end(r, -ENOMEM);
 			return;
