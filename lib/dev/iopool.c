@@ -65,6 +65,7 @@ struct efs_iopool {
 	_Atomic uint64_t min_epoch;
 	uint64_t submit_epoch; /* loop thread */
 	atomic_bool fault_armed; /* some op has a fault set: take fault_mu */
+	atomic_uint fault_late_ms; /* efs_iopool_fault_late */
 	pthread_mutex_t fault_mu;
 	struct fault fault[EFS_IO_NOPS];
 
@@ -436,8 +437,14 @@ static void *worker(void *arg)
 
 		io = efs_list_entry(n, struct efs_io, link);
 		io->res = run_io(p, io);
-		if (io->wcb)
+		if (io->wcb) {
+			unsigned late = atomic_load_explicit(&p->fault_late_ms,
+							     memory_order_relaxed);
+
 			io->wcb(io, io->res);
+			if (late)
+				usleep(late * 1000u);
+		}
 		/* From here on start_ns holds the latency (submit to done). */
 		io->start_ns = efs_clock_mono_ns() - io->start_ns;
 
@@ -586,6 +593,7 @@ int efs_iopool_new(struct efs_iopool **ret, uv_loop_t *loop, int fd, bool direct
 	atomic_init(&p->write_deadline, 0);
 	atomic_init(&p->min_epoch, 0);
 	atomic_init(&p->fault_armed, false);
+	atomic_init(&p->fault_late_ms, 0);
 	r = -ENOMEM;
 	p->threads = efs_mem_calloc(nthreads, sizeof(*p->threads));
 	if (!p->threads)
@@ -723,6 +731,11 @@ void efs_iopool_fault(struct efs_iopool *p, enum efs_io_op op, uint64_t after, i
 		armed = armed || p->fault[i].err != 0;
 	atomic_store_explicit(&p->fault_armed, armed, memory_order_relaxed);
 	pthread_mutex_unlock(&p->fault_mu);
+}
+
+void efs_iopool_fault_late(struct efs_iopool *p, unsigned ms)
+{
+	atomic_store_explicit(&p->fault_late_ms, ms, memory_order_relaxed);
 }
 
 int efs_iopool_close(struct efs_iopool *p, void (*done)(void *arg), void *arg)

@@ -138,6 +138,13 @@ bool efs_iopool_direct(const struct efs_iopool *p);
  */
 void efs_iopool_fault(struct efs_iopool *p, enum efs_io_op op, uint64_t after, int err);
 /*
+ * Fault injection for tests (ETCFS_FAULT_IO_LATE_MS=<ms> in the daemon):
+ * a worker that ran a request's worker-side callback (|wcb|) waits |ms|
+ * before it hands the completion to the loop, so that whatever that
+ * callback answered runs well ahead of the loop's completion (0: off).
+ */
+void efs_iopool_fault_late(struct efs_iopool *p, unsigned ms);
+/*
  * Stops: refuses new requests, lets the workers finish what is queued,
  * delivers every callback, joins the threads, then calls |done| on the
  * loop (once, never inline; |done| may be NULL). Callbacks that run during

@@ -2379,6 +2379,23 @@ static void ip_put(int fd, uint8_t *model, uint8_t *buf, unsigned b, int v)
 	memcpy(model + (size_t)b * BLK, buf, BLK);
 }
 
+/* Opens "ip" again with O_DIRECT (the device, not the page cache) and
+ * checks its first |nb| blocks against |model|. */
+static void ip_reopen_check(const uint8_t *model, unsigned nb, const char *when)
+{
+	char path[PATH_MAX];
+	uint8_t *got = blk_alloc(nb);
+	int fd = open(env_path(path, sizeof(path), "ip"), O_RDONLY | O_DIRECT | O_CLOEXEC);
+
+	cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+	IO_EQ(pread(fd, got, (size_t)nb * BLK, 0), (ssize_t)nb * BLK);
+	for (unsigned b = 0; b < nb; b++)
+		cr_assert(memcmp(got + (size_t)b * BLK, model + (size_t)b * BLK, BLK) == 0,
+			  "block %u %s is not what was written", b, when);
+	free(got);
+	IO_EQ(close(fd), 0);
+}
+
 /* fdatasync after in-place overwrites needs no publication (only the
  * times changed): a device flush alone answers it, as it does an O_DSYNC
  * write in place, and what they covered survives a kill -9. An
@@ -2434,22 +2451,93 @@ Test(data, an_fdatasync_after_in_place_overwrites_is_a_device_flush_alone)
 	/* What the fdatasyncs acknowledged is on the device. */
 	efs_test_fs_kill(&env.f);
 	efs_test_fs_mount(&env.f, NULL);
-	fd = open(env_path(path, sizeof(path), "ip"), O_RDONLY | O_DIRECT | O_CLOEXEC);
-	cr_assert_geq(fd, 0, "open: %s", strerror(errno));
-	{
-		uint8_t *got = blk_alloc(IP_BLOCKS + 1);
-
-		IO_EQ(pread(fd, got, (size_t)(IP_BLOCKS + 1) * BLK, 0),
-		      (ssize_t)(IP_BLOCKS + 1) * BLK);
-		for (unsigned b = 0; b <= IP_BLOCKS; b++)
-			cr_assert(memcmp(got + (size_t)b * BLK, model + (size_t)b * BLK, BLK) == 0,
-				  "block %u after a kill -9 is not what fdatasync acknowledged", b);
-		free(got);
-	}
-	IO_EQ(close(fd), 0);
+	ip_reopen_check(model, IP_BLOCKS + 1, "after a kill -9 (fdatasync acknowledged it)");
 	free(buf);
 	free(model);
 	unmount_fsck_clean("after fdatasyncs and a kill -9");
+	env_stop();
+	efs_test_assert_no_leaks();
+}
+
+/*
+ * Whole-block overwrites in place on an O_DIRECT descriptor are answered
+ * by the I/O worker as their device write returns; the loop's completion
+ * follows (30 ms later here, by a fault hook). What the answer lets
+ * through must find the write done: a
+ * utimensat right after each write keeps its time (the write's own time
+ * was set before it went out, not at the completion), a read sees the
+ * bytes, an fdatasync flushes the device. A write that reaches past the
+ * end, or an O_DSYNC one, is answered by the loop.
+ */
+Test(data, in_place_direct_overwrites_are_answered_from_the_worker)
+{
+	static const char *const args[] = {"-o", "allow_other", "--flush-interval", "60000",
+					   NULL};
+	uint8_t *model = blk_alloc(IP_BLOCKS + 1), *buf = blk_alloc(2);
+	char path[PATH_MAX];
+	double w0, w1, s0;
+	int fd, dfd;
+
+#if EFS_FAULT_HOOKS
+	/* The loop hears of each completion 30 ms after the worker's
+	 * answer: what follows the answer then always reaches it first. */
+	cr_assert_eq(setenv("ETCFS_FAULT_IO_LATE_MS", "30", 1), 0);
+#endif
+	env_start(0, args);
+	unsetenv("ETCFS_FAULT_IO_LATE_MS");
+	fd = ip_file(model);
+	w0 = efs_test_fs_metric(&env.f, "etcfs_data_worker_write_replies_total");
+	for (unsigned i = 0; i < 32; i++) {
+		struct timespec ts[2] = {{.tv_sec = 1000000 + i, .tv_nsec = 0},
+					 {.tv_sec = 2000000 + i, .tv_nsec = 0}};
+		struct statx stx;
+		unsigned b = (i * 37 + 5) % IP_BLOCKS;
+
+		ip_put(fd, model, buf, b, 'A' + (int)(i % 26));
+		cr_assert_eq(futimens(fd, ts), 0, "futimens: %s", strerror(errno));
+		/* The read waits for the write's completion (it overlaps it);
+		 * the forced statx asks the daemon, not the kernel's cache. */
+		IO_EQ(pread(fd, buf + BLK, BLK, (off_t)b * BLK), (ssize_t)BLK);
+		cr_assert(memcmp(buf + BLK, model + (size_t)b * BLK, BLK) == 0,
+			  "write %u: a read right after it does not see it", i);
+		cr_assert_eq(statx(fd, "", AT_EMPTY_PATH | AT_STATX_FORCE_SYNC, STATX_MTIME, &stx), 0,
+			     "statx: %s", strerror(errno));
+		cr_assert_eq(stx.stx_mtime.tv_sec, 2000000 + (int64_t)i,
+			     "write %u: the mtime set right after it is %lld once it completed", i,
+			     (long long)stx.stx_mtime.tv_sec);
+	}
+	w1 = efs_test_fs_metric(&env.f, "etcfs_data_worker_write_replies_total");
+	cr_assert_eq(w1 - w0, 32, "32 whole-block overwrites in place: %.0f answered by the worker",
+		     w1 - w0);
+	s0 = efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total");
+	for (unsigned i = 0; i < 4; i++) {
+		ip_put(fd, model, buf, (i * 11 + 2) % IP_BLOCKS, 'q' + (int)i);
+		IO_EQ(fdatasync(fd), 0);
+	}
+	cr_assert_geq(efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total") - s0, 4,
+		      "4 fdatasyncs after writes the worker answered flushed %.0f times",
+		      efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total") - s0);
+	w1 = efs_test_fs_metric(&env.f, "etcfs_data_worker_write_replies_total");
+	/* Answered by the loop: two blocks of which the second is past the
+	 * end, and O_DSYNC. */
+	memset(buf, 'E', 2 * BLK);
+	IO_EQ(pwrite(fd, buf, 2 * BLK, (off_t)(IP_BLOCKS - 1) * BLK), (ssize_t)(2 * BLK));
+	memcpy(model + (size_t)(IP_BLOCKS - 1) * BLK, buf, 2 * BLK);
+	dfd = open(env_path(path, sizeof(path), "ip"), O_RDWR | O_DIRECT | O_DSYNC | O_CLOEXEC);
+	cr_assert_geq(dfd, 0, "open O_DSYNC: %s", strerror(errno));
+	ip_put(dfd, model, buf, 9, 'S');
+	IO_EQ(close(dfd), 0);
+	cr_assert_eq(efs_test_fs_metric(&env.f, "etcfs_data_worker_write_replies_total"), w1,
+		     "a write past the end or an O_DSYNC write was answered by the worker");
+	IO_EQ(close(fd), 0);
+	/* What fdatasync and O_DSYNC acknowledged, and what a clean unmount
+	 * wrote, is all there. */
+	efs_test_fs_unmount(&env.f);
+	efs_test_fs_mount(&env.f, NULL);
+	ip_reopen_check(model, IP_BLOCKS + 1, "after a remount");
+	free(buf);
+	free(model);
+	unmount_fsck_clean("after writes answered from the worker");
 	env_stop();
 	efs_test_assert_no_leaks();
 }

@@ -298,6 +298,7 @@ struct wb {
 	size_t pending;
 	int err;
 	void (*cb)(void *arg, int err);
+	void (*wcb)(void *arg); /* worker side: see wb_issue */
 	void *arg;
 	struct efs_io *io;
 	size_t nio;
@@ -462,7 +463,6 @@ static void wb_io_cb(struct efs_io *io, ssize_t res)
 		j->err = -EIO;
 	if (res > 0 && c->c_wbytes)
 		efs_counter_add(c->c_wbytes, (uint64_t)res);
-	c->writes_done++;
 	if (--j->pending)
 		return;
 	wb_finish(j);
@@ -482,6 +482,20 @@ static void wb_finish(struct wb *j)
 	wb_end(j, wb_apply(j));
 }
 
+/*
+ * On the I/O worker, as each device write of |j| returns: counted for the
+ * device flushes before anything can answer it; and the answer itself,
+ * when wb_issue left |j| a worker callback.
+ */
+static void wb_io_wcb(struct efs_io *io, ssize_t res)
+{
+	struct wb *j = io->arg;
+
+	atomic_fetch_add(&efs_file_ctl_of(j->d->fs)->writes_done, 1);
+	if (j->wcb && res >= 0 && (size_t)res == io->len)
+		j->wcb(j->arg);
+}
+
 static int wb_issue(struct wb *j)
 {
 	struct efs_fs *fs = j->d->fs;
@@ -495,6 +509,12 @@ static int wb_issue(struct wb *j)
 		return 0;
 	}
 	j->nio = j->inplace ? j->npx : j->runs.n;
+	/* The worker may answer only an overwrite in place of written
+	 * blocks in one device write: the answer then changes nothing the
+	 * loop still has to do before a reader finds the bytes (no extent,
+	 * no flag). Copy-on-write blocks are found once mapped, on the loop. */
+	if (!j->inplace || j->nio != 1 || (j->px[0].flags & EFS_META_EXTENT_F_PREALLOC))
+		j->wcb = NULL;
 	j->io = efs_mem_calloc(j->nio, sizeof(*j->io));
 	if (!j->io) {
 		r = -ENOMEM;
@@ -515,6 +535,7 @@ static int wb_issue(struct wb *j)
 			boff += j->runs.v[i].len;
 		}
 		io->cb = wb_io_cb;
+		io->wcb = wb_io_wcb;
 		io->arg = j;
 	}
 	j->pending = 1;
@@ -654,6 +675,13 @@ static void wb_placed(void *arg, bool inplace)
 int efs_file_write_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
 			  uint32_t xflags, void (*cb)(void *arg, int err), void *arg)
 {
+	return efs_file_write_blocks_w(d, fblk, n, buf, xflags, cb, NULL, arg);
+}
+
+int efs_file_write_blocks_w(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
+			    uint32_t xflags, void (*cb)(void *arg, int err),
+			    void (*wcb)(void *arg), void *arg)
+{
 	struct efs_fs *fs = d->fs;
 	struct wb *j;
 	size_t cnt;
@@ -672,6 +700,7 @@ int efs_file_write_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint
 	j->buf = buf;
 	j->xflags = xflags;
 	j->cb = cb;
+	j->wcb = wcb;
 	j->arg = arg;
 	cnt = efs_extmap_lookup(d->map, fblk, n, NULL, 0);
 	if (cnt) {

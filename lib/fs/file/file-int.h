@@ -179,7 +179,10 @@ struct dctl {
 	bool again;
 	bool stalled; /* the last publication found nothing it could publish */
 	uint64_t sid_seq;
-	uint64_t writes_done; /* device writes completed (sync ordering) */
+	/* Device writes completed (sync ordering): counted on the I/O worker
+	 * as each write returns, before anything answers it, so that an
+	 * fdatasync after a write the worker answered finds it counted. */
+	_Atomic uint64_t writes_done;
 	/* |writes_done| when the last fdatasync that finished was issued:
 	 * every write completed up to then is durable. */
 	uint64_t synced_mark;
@@ -216,6 +219,7 @@ struct dctl {
 	struct efs_gauge *g_dirty;
 	struct efs_counter *c_txns, *c_inodes, *c_fsyncs, *c_wbytes, *c_rbytes, *c_syncs;
 	struct efs_counter *c_wreplies; /* reads answered from the I/O worker */
+	struct efs_counter *c_wwreplies; /* writes answered from the I/O worker */
 	struct efs_counter *c_tail_hits; /* edge blocks not read (tail_take) */
 	struct efs_counter *c_inplace;	/* overwrites of mapped blocks done in place */
 	/* In-place overwrites: stopped while > 0 (efs_fs_inplace_stop), the
@@ -299,6 +303,9 @@ struct dreq {
 	bool sync;
 	int wflags; /* write: the open flags and the write's own (O_SYNC, O_DSYNC) */
 	bool nospc_pub; /* ENOSPC: this step already waited for a publication */
+	/* write: the worker may answer it (wr_early), and its times and
+	 * version were changed before it went out (not at the answer). */
+	bool early, early_attrs;
 	bool caps_done; /* write: security.capability removed (or none) */
 	int fmode; /* fallocate mode, lseek whence, fsync datasync */
 	off_t len;
@@ -409,6 +416,13 @@ int efs_file_read_blocks_w(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uin
 int efs_file_bury(struct efs_fs_data *d, const struct efs_runs *buried);
 int efs_file_write_blocks(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
 			  uint32_t xflags, void (*cb)(void *arg, int err), void *arg);
+/* The same; |wcb| runs on the I/O worker as soon as the write is on the
+ * device when it went in place over written blocks in one device write
+ * (then |cb| follows on the loop; never for copy-on-write, whose blocks
+ * are found only once |cb|'s mapping is done). */
+int efs_file_write_blocks_w(struct efs_fs_data *d, uint64_t fblk, uint64_t n, uint8_t *buf,
+			    uint32_t xflags, void (*cb)(void *arg, int err),
+			    void (*wcb)(void *arg), void *arg);
 
 /* ---- Requests and prepare (request.c) ---- */
 

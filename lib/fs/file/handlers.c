@@ -426,6 +426,9 @@ void efs_file_bp_resume(struct efs_fs *fs)
 }
 
 static void wr_written(void *arg, int err);
+static void wr_changed(struct dreq *r);
+static bool wr_early(const struct dreq *r);
+static void write_wreply(void *arg);
 static void wr_edges_read(void *arg, int err);
 
 /*
@@ -583,7 +586,13 @@ static void wr_edges_read(void *arg, int err)
 	}
 	if (!r->edge[0] && head)
 		memset(r->buf, 0, head);
-	e = efs_file_write_blocks(r->d, r->b0, r->nb, r->buf, 0, wr_written, r);
+	r->early = wr_early(r);
+	if (r->early && !r->early_attrs) {
+		wr_changed(r);
+		r->early_attrs = true;
+	}
+	e = efs_file_write_blocks_w(r->d, r->b0, r->nb, r->buf, 0, wr_written,
+				    r->early ? write_wreply : NULL, r);
 	if (e < 0)
 		wr_written(r, e);
 }
@@ -692,12 +701,78 @@ static bool wr_nospc(struct dreq *r)
 	return true;
 }
 
+/* What a write changes besides its bytes: the size, the times, the
+ * set-user-ID bit, the state's version, the kernel's pages. */
+static void wr_changed(struct dreq *r)
+{
+	struct efs_fs_data *d = r->d;
+	Etcfs__Inode *rec = d->in ? d->in->rec : NULL;
+	uint64_t end = (uint64_t)r->woff + r->wbytes;
+
+	if (!rec || d->dropped)
+		return;
+	if (end > rec->size)
+		efs_file_pf_set_size(d, end);
+	efs_file_pf_set_mctime(d, efs_fs_now());
+	/* A write by anyone but root clears set-user-ID, and set-group-ID
+	 * when it means setgid (group-executable). */
+	if ((rec->mode & S_ISUID) || ((rec->mode & S_ISGID) && (rec->mode & S_IXGRP))) {
+		const struct fuse_ctx *ctx = r->rq.req ? fuse_req_ctx(r->rq.req) : NULL;
+
+		if (ctx && ctx->uid != 0) {
+			rec->mode &= ~(uint32_t)S_ISUID;
+			if (rec->mode & S_IXGRP)
+				rec->mode &= ~(uint32_t)S_ISGID;
+			d->pf |= PF_MODE;
+			d->p_mode = rec->mode;
+		}
+	}
+	efs_file_state_changed(d);
+	if (r->h && r->h->direct)
+		d->cache_ok = false; /* the kernel's pages may be stale */
+}
+
+/*
+ * May the I/O worker answer this write step the moment its device write
+ * returns (efs_file_write_blocks_w lets it only for an overwrite in place
+ * of written blocks in one device write): a whole-block write on a
+ * direct_io handle, in one step, inside the size, neither O_SYNC nor
+ * O_DSYNC, on a file with no set-user-ID or set-group-ID to clear. Its
+ * times and version then change before it goes out (wr_changed), not at
+ * the answer: a utimensat or an fdatasync the answer lets through comes
+ * to the loop before the write's completion may, and must find them done
+ * (the device write itself is counted by the worker, in writes_done).
+ */
+static bool wr_early(const struct dreq *r)
+{
+	const struct efs_fs_data *d = r->d;
+	const Etcfs__Inode *rec = d->in ? d->in->rec : NULL;
+	uint64_t bs = r->fs->blksize, off = (uint64_t)r->woff, end = off + r->wbytes;
+
+	return rec && !d->dropped && r->kind == RK_WRITE && !r->sync && r->h && r->h->direct &&
+	       !r->append && r->total == 0 && r->wbytes == r->size && off % bs == 0 &&
+	       end % bs == 0 && end <= rec->size && !(rec->mode & S_ISUID) &&
+	       !((rec->mode & S_ISGID) && (rec->mode & S_IXGRP));
+}
+
+/* On the I/O worker: the write is on the device, the kernel hears it now.
+ * The loop's completion (wr_written) follows and ends the request, so a
+ * recall or a read of the range still waits for it. */
+static void write_wreply(void *arg)
+{
+	struct dreq *r = arg;
+	struct dctl *c = efs_file_ctl_of(r->fs);
+
+	if (c->c_wwreplies)
+		efs_counter_inc(c->c_wwreplies);
+	efs_fs_rq_write(&r->rq, r->wbytes);
+}
+
 static void wr_written(void *arg, int err)
 {
 	struct dreq *r = arg;
 	struct efs_fs_data *d = r->d;
 	struct efs_fs *fs = r->fs;
-	uint64_t end = (uint64_t)r->woff + r->wbytes;
 	Etcfs__Inode *rec = d->in ? d->in->rec : NULL;
 	bool tail = tail_copy(r, err);
 
@@ -721,25 +796,8 @@ static void wr_written(void *arg, int err)
 		return;
 	}
 	if (rec && !d->dropped) {
-		if (end > rec->size)
-			efs_file_pf_set_size(d, end);
-		efs_file_pf_set_mctime(d, efs_fs_now());
-		/* A write by anyone but root clears set-user-ID, and
-		 * set-group-ID when it means setgid (group-executable). */
-		if ((rec->mode & S_ISUID) || ((rec->mode & S_ISGID) && (rec->mode & S_IXGRP))) {
-			const struct fuse_ctx *ctx = r->rq.req ? fuse_req_ctx(r->rq.req) : NULL;
-
-			if (ctx && ctx->uid != 0) {
-				rec->mode &= ~(uint32_t)S_ISUID;
-				if (rec->mode & S_IXGRP)
-					rec->mode &= ~(uint32_t)S_ISGID;
-				d->pf |= PF_MODE;
-				d->p_mode = rec->mode;
-			}
-		}
-		efs_file_state_changed(d);
-		if (r->h && r->h->direct)
-			d->cache_ok = false; /* the kernel's pages may be stale */
+		if (!r->early_attrs)
+			wr_changed(r);
 		if (tail)
 			tail_kept(r);
 	}
@@ -790,7 +848,8 @@ static void write_finish(struct dreq *r)
 		efs_file_cfr_next(r);
 		return;
 	}
-	efs_fs_rq_write(&r->rq, r->total);
+	if (!efs_fs_rq_replied(&r->rq))
+		efs_fs_rq_write(&r->rq, r->total);
 	/* A write through the page cache leaves its pages there. */
 	if (r->d && r->d->in && r->h && !r->h->direct)
 		efs_fs_note_kpages(r->fs, r->d->in);

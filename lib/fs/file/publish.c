@@ -414,7 +414,7 @@ void efs_file_synchk_mapped(struct dctl *c, const struct efs_runs *r)
 			c->unsynced_cap = cap;
 		}
 		c->unsynced[c->nunsynced++] =
-			(struct synchk){r->v[i].start, r->v[i].len, c->writes_done};
+			(struct synchk){r->v[i].start, r->v[i].len, atomic_load(&c->writes_done)};
 	}
 }
 
@@ -483,7 +483,7 @@ static int dsync_issue(struct dctl *c)
 	c->ds_io.op = EFS_IO_SYNC;
 	c->ds_io.cb = dsync_cb;
 	c->ds_io.arg = c;
-	c->ds_mark = c->writes_done;
+	c->ds_mark = atomic_load(&c->writes_done);
 	if (efs_iopool_submit(c->fs->pool, &c->ds_io) < 0)
 		return -EIO;
 	c->ds_busy = true;
@@ -543,7 +543,7 @@ int efs_file_dev_sync(struct efs_fs *fs, void (*done)(void *arg, int err), void 
 	struct dctl *c = efs_file_ctl_of(fs);
 	struct dswait *w;
 
-	if (c->writes_done == c->synced_mark) {
+	if (atomic_load(&c->writes_done) == c->synced_mark) {
 		efs_file_synchk_synced(c, c->synced_mark);
 		return 1;
 	}
@@ -556,7 +556,7 @@ int efs_file_dev_sync(struct efs_fs *fs, void (*done)(void *arg, int err), void 
 	}
 	w->done = done;
 	w->arg = arg;
-	w->mark = c->writes_done;
+	w->mark = atomic_load(&c->writes_done);
 	efs_list_add_tail(&c->ds_waiters, &w->link);
 	return 0;
 }
@@ -1321,6 +1321,11 @@ int efs_fs_data_init(struct efs_fs *fs)
 						    "Reads answered from the I/O worker "
 						    "(one device read filled them)",
 						    NULL);
+		c->c_wwreplies = efs_metrics_counter(
+			fs->m, "etcfs_data_worker_write_replies_total",
+			"Writes answered from the I/O worker (whole blocks overwritten in "
+			"place by one device write)",
+			NULL);
 		c->c_tail_hits = efs_metrics_counter(
 			fs->m, "etcfs_data_tail_block_hits_total",
 			"Partial blocks a write merged from the previous write's last "
