@@ -2463,11 +2463,12 @@ Test(data, an_fdatasync_after_in_place_overwrites_is_a_device_flush_alone)
  * Whole-block overwrites in place on an O_DIRECT descriptor are answered
  * by the I/O worker as their device write returns; the loop's completion
  * follows (30 ms later here, by a fault hook). What the answer lets
- * through must find the write done: a
- * utimensat right after each write keeps its time (the write's own time
- * was set before it went out, not at the completion), a read sees the
- * bytes, an fdatasync flushes the device. A write that reaches past the
- * end, or an O_DSYNC one, is answered by the loop.
+ * through must find the write done: a utimensat right after each write
+ * keeps its time (the write's own time was set before it went out, not
+ * at the completion), an fdatasync flushes the device, a close does not
+ * free what the completion uses, an fsync of a clean file flushes too.
+ * A write that reaches past the end, or an O_DSYNC one, is answered by
+ * the loop.
  */
 Test(data, in_place_direct_overwrites_are_answered_from_the_worker)
 {
@@ -2495,8 +2496,9 @@ Test(data, in_place_direct_overwrites_are_answered_from_the_worker)
 
 		ip_put(fd, model, buf, b, 'A' + (int)(i % 26));
 		cr_assert_eq(futimens(fd, ts), 0, "futimens: %s", strerror(errno));
-		/* The read waits for the write's completion (it overlaps it);
-		 * the forced statx asks the daemon, not the kernel's cache. */
+		/* The read waits for the write's completion (it overlaps the
+		 * in-place span), so the forced statx after it (the daemon,
+		 * not the kernel's cache) sees what the completion left. */
 		IO_EQ(pread(fd, buf + BLK, BLK, (off_t)b * BLK), (ssize_t)BLK);
 		cr_assert(memcmp(buf + BLK, model + (size_t)b * BLK, BLK) == 0,
 			  "write %u: a read right after it does not see it", i);
@@ -2517,6 +2519,34 @@ Test(data, in_place_direct_overwrites_are_answered_from_the_worker)
 	cr_assert_geq(efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total") - s0, 4,
 		      "4 fdatasyncs after writes the worker answered flushed %.0f times",
 		      efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total") - s0);
+	/* A close right after an answered write: its release may reach the
+	 * daemon before the write's completion, which must not use the
+	 * released handle then (the sanitizer build checks). */
+	for (unsigned i = 0; i < 4; i++) {
+		int cfd = open(env_path(path, sizeof(path), "ip"), O_RDWR | O_DIRECT | O_CLOEXEC);
+
+		cr_assert_geq(cfd, 0, "open: %s", strerror(errno));
+		ip_put(cfd, model, buf, 21 + i, 'C' + (int)i);
+		IO_EQ(close(cfd), 0);
+	}
+	/* An fsync with nothing to publish still flushes the device when a
+	 * write landed since the last flush: a publication may have flushed
+	 * before a write it covered landed (the write changed the version
+	 * when it went out), and a clean file then proves nothing. */
+	{
+		int ofd = open(env_path(path, sizeof(path), "other"),
+			       O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+
+		cr_assert_geq(ofd, 0, "create: %s", strerror(errno));
+		IO_EQ(fsync(ofd), 0);
+		ip_put(fd, model, buf, 33, 'F');
+		s0 = efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total");
+		IO_EQ(fsync(ofd), 0);
+		cr_assert_geq(efs_test_fs_metric(&env.f, "etcfs_data_device_syncs_total") - s0, 1,
+			      "an fsync with nothing to publish after a write answered by the "
+			      "worker did not flush the device");
+		IO_EQ(close(ofd), 0);
+	}
 	w1 = efs_test_fs_metric(&env.f, "etcfs_data_worker_write_replies_total");
 	/* Answered by the loop: two blocks of which the second is past the
 	 * end, and O_DSYNC. */

@@ -850,8 +850,9 @@ static void write_finish(struct dreq *r)
 	}
 	if (!efs_fs_rq_replied(&r->rq))
 		efs_fs_rq_write(&r->rq, r->total);
-	/* A write through the page cache leaves its pages there. */
-	if (r->d && r->d->in && r->h && !r->h->direct)
+	/* A write through the page cache leaves its pages there. (Not
+	 * after the worker answered: the handle may be released since.) */
+	if (!r->early && r->d && r->d->in && r->h && !r->h->direct)
 		efs_fs_note_kpages(r->fs, r->d->in);
 	efs_file_dreq_end(r, 0);
 }
@@ -1036,11 +1037,20 @@ int efs_file_publish_wait(struct efs_fs_data *d, void (*cb)(void *arg, int err),
 	return pub_wait(d, false, cb, arg);
 }
 
-/* Waits until d's current version is published: 1 (already), 0 (|cb|
- * later), or a negative errno. */
+/* Waits until d's current version is published and its writes are
+ * durable: 1 (already), 0 (|cb| later), or a negative errno. */
 int efs_file_fsync_wait(struct efs_fs_data *d, void (*cb)(void *arg, int err), void *arg)
 {
-	return pub_wait(d, true, cb, arg);
+	int e = pub_wait(d, true, cb, arg);
+
+	/* Published already: that publication's flush may have gone out
+	 * before a write it covers landed (a write the worker answers
+	 * changes the version when it goes out, not when it lands), so the
+	 * flush that covers every write answered so far is asked for here;
+	 * it costs nothing when nothing was written since the last one. */
+	if (e == 1 && d->fs->pool)
+		return efs_file_dev_sync(d->fs, cb, arg);
+	return e;
 }
 
 void efs_file_fsync_done(void *arg, int err)
@@ -1130,8 +1140,19 @@ void efs_fs_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file
 	if (e == 0 && (!in || !in->data || !fs->alloc ||
 		       (!in->data->broken && !efs_file_state_dirty(in->data) && !in->data->snap &&
 			!in->data->err))) {
-		/* Nothing of ours to publish. */
-		efs_fs_reply_now(fs, req, EFS_FS_OP_FSYNC, 0);
+		/* Nothing of ours to publish; the device flush still, for
+		 * writes answered before they were published
+		 * (efs_file_fsync_wait). */
+		if (!fs->pool) {
+			efs_fs_reply_now(fs, req, EFS_FS_OP_FSYNC, 0);
+			return;
+		}
+		r = efs_file_dreq_checked(req, 0, RK_FSYNC, EFS_FS_OP_FSYNC, ino);
+		if (!r)
+			return;
+		e = efs_file_dev_sync(fs, efs_file_fsync_done, r);
+		if (e != 0)
+			efs_file_fsync_done(r, e < 0 ? e : 0);
 		return;
 	}
 	r = efs_file_dreq_checked(req, e, RK_FSYNC, EFS_FS_OP_FSYNC, ino);

@@ -541,9 +541,10 @@ static void dsync_cb(struct efs_io *io, ssize_t res)
 int efs_file_dev_sync(struct efs_fs *fs, void (*done)(void *arg, int err), void *arg)
 {
 	struct dctl *c = efs_file_ctl_of(fs);
+	uint64_t mark = atomic_load(&c->writes_done);
 	struct dswait *w;
 
-	if (atomic_load(&c->writes_done) == c->synced_mark) {
+	if (mark == c->synced_mark) {
 		efs_file_synchk_synced(c, c->synced_mark);
 		return 1;
 	}
@@ -556,7 +557,7 @@ int efs_file_dev_sync(struct efs_fs *fs, void (*done)(void *arg, int err), void 
 	}
 	w->done = done;
 	w->arg = arg;
-	w->mark = atomic_load(&c->writes_done);
+	w->mark = mark; /* a flush issued from now on covers it */
 	efs_list_add_tail(&c->ds_waiters, &w->link);
 	return 0;
 }
