@@ -168,11 +168,9 @@ struct efs_iopool *efs_iopool_free(struct efs_iopool *p);
 void *efs_io_buf_alloc(size_t len);
 /*
  * The same without zeroing, for a buffer the caller fills whole before
- * any byte of it leaves (the data of a write and the old bytes around
- * it; a device read, which zeroes holes and short reads itself): a
- * 128 KiB write spent 5 % of the daemon's CPU zeroing a buffer it then
- * overwrote. Sanitizer builds fill it with 0xa5 instead, so that a byte
- * sent unfilled shows in the tests.
+ * any byte of it leaves (a device read, which zeroes holes and short
+ * reads itself; a copy of a whole block). Sanitizer builds fill it with
+ * 0xa5 instead, so that a byte sent unfilled shows in the tests.
  */
 void *efs_io_buf_get(size_t len);
 void efs_io_buf_free(void *buf);

@@ -972,7 +972,7 @@ void efs_fs_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
 		/* Zeroed, though every byte of it is written before it goes
 		 * out: without the zeroing, 128 KiB sequential writes ran
 		 * slower on the VM we measure on, in every alternated pair
-		 * (docs/DESIGN.md, "The data path's buffers are not zeroed"). */
+		 * (docs/DESIGN.md, on the data path's buffers). */
 		r->wbuf = efs_io_buf_alloc((head + size + bs - 1) / bs * bs);
 		if (!r->wbuf) {
 			efs_file_dreq_end(r, -ENOMEM);
