@@ -1041,18 +1041,55 @@ int efs_file_publish_wait(struct efs_fs_data *d, void (*cb)(void *arg, int err),
 	return pub_wait(d, false, cb, arg);
 }
 
-/* Waits until d's current version is published and its writes are
- * durable: 1 (already), 0 (|cb| later), or a negative errno. */
+/* An fsync waiting for a publication, then for the device flush. */
+struct fsync_flush {
+	struct efs_fs *fs;
+	void (*cb)(void *arg, int err);
+	void *arg;
+};
+
+static void fsync_published(void *arg, int err)
+{
+	struct fsync_flush w = *(struct fsync_flush *)arg;
+	int e;
+
+	efs_mem_free(arg);
+	if (err < 0) {
+		w.cb(w.arg, err);
+		return;
+	}
+	e = efs_file_dev_sync(w.fs, w.cb, w.arg);
+	if (e != 0)
+		w.cb(w.arg, e < 0 ? e : 0);
+}
+
+/*
+ * Waits until d's current version is published and its writes are
+ * durable: 1 (already), 0 (|cb| later), or a negative errno.
+ *
+ * A published version does not prove its writes flushed: a write the
+ * worker answers changes the version when it goes out, not when it
+ * lands, so the publication that took that version may have flushed the
+ * device before the write landed. Once the version is published, the
+ * flush that covers every write counted so far follows (it costs nothing
+ * when nothing was written since the last one).
+ */
 int efs_file_fsync_wait(struct efs_fs_data *d, void (*cb)(void *arg, int err), void *arg)
 {
-	int e = pub_wait(d, true, cb, arg);
+	struct fsync_flush *w;
+	int e;
 
-	/* Published already: that publication's flush may have gone out
-	 * before a write it covers landed (a write the worker answers
-	 * changes the version when it goes out, not when it lands), so the
-	 * flush that covers every write answered so far is asked for here;
-	 * it costs nothing when nothing was written since the last one. */
-	if (e == 1 && d->fs->pool)
+	if (!d->fs->pool)
+		return pub_wait(d, true, cb, arg);
+	w = efs_mem_malloc(sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	*w = (struct fsync_flush){.fs = d->fs, .cb = cb, .arg = arg};
+	e = pub_wait(d, true, fsync_published, w);
+	if (e == 0)
+		return 0;
+	efs_mem_free(w);
+	if (e == 1)
 		return efs_file_dev_sync(d->fs, cb, arg);
 	return e;
 }
