@@ -236,31 +236,38 @@ static void alloc_started(int status, void *arg)
 }
 
 #if EFS_FAULT_HOOKS
-/* ETCFS_FAULT_DEV=<read|write|sync>:<n>[:<errno>] fails that device request
- * type with errno (default EIO) after n more succeed, and
- * ETCFS_FAULT_IO_LATE_MS=<ms> delays the loop's completions behind the
+/* ETCFS_FAULT_IO_LATE_MS=<ms> delays the loop's completions behind the
  * workers' answers (tests). */
+static void io_late_from_env(struct efs_fs *fs)
+{
+	const char *v = getenv("ETCFS_FAULT_IO_LATE_MS");
+	unsigned long long n;
+	char *end;
+
+	if (!v || !*v)
+		return;
+	errno = 0;
+	n = strtoull(v, &end, 10);
+	if (errno || end == v || *end || n > 10000) {
+		efs_log_err("ETCFS_FAULT_IO_LATE_MS='%s' ignored: expected 0..10000", v);
+		return;
+	}
+	efs_iopool_fault_late(fs->pool, (unsigned)n);
+	efs_log_warn("fault injection: I/O completions reach the loop %llu ms after the "
+		     "worker's answer",
+		     n);
+}
+
+/* ETCFS_FAULT_DEV=<read|write|sync>:<n>[:<errno>] fails that device request
+ * type with errno (default EIO) after n more succeed (tests). */
 static void dev_fault_from_env(struct efs_fs *fs)
 {
 	static const char *const names[EFS_IO_NOPS] = {"read", "write", "sync"};
-	const char *v = getenv("ETCFS_FAULT_IO_LATE_MS");
+	const char *v = getenv("ETCFS_FAULT_DEV");
 	unsigned long long n;
 	int err = EIO, op;
 	char *end;
 
-	if (v && *v) {
-		errno = 0;
-		n = strtoull(v, &end, 10);
-		if (errno || end == v || *end || n > 10000) {
-			efs_log_err("ETCFS_FAULT_IO_LATE_MS='%s' ignored: expected 0..10000", v);
-		} else {
-			efs_iopool_fault_late(fs->pool, (unsigned)n);
-			efs_log_warn("fault injection: I/O completions reach the loop %llu ms "
-				     "after the worker's answer",
-				     n);
-		}
-	}
-	v = getenv("ETCFS_FAULT_DEV");
 	if (!v || !*v)
 		return;
 	for (op = 0; op < EFS_IO_NOPS; op++) {
@@ -293,6 +300,11 @@ bad:
 		    getenv("ETCFS_FAULT_DEV"));
 }
 #else
+static void io_late_from_env(struct efs_fs *fs)
+{
+	(void)fs;
+}
+
 static void dev_fault_from_env(struct efs_fs *fs)
 {
 	(void)fs;
@@ -351,6 +363,7 @@ static int data_path_new(struct efs_fs *fs, const struct efs_fs_opts *o)
 	if (r < 0)
 		return r;
 	dev_fault_from_env(fs);
+	io_late_from_env(fs);
 	r = efs_fs_data_init(fs);
 	if (r < 0 || fs->read_only)
 		return r;

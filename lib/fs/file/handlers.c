@@ -615,23 +615,35 @@ static bool datasync_device_only(const struct efs_fs_data *d)
 }
 
 /* 1: answered (or being answered) by a device flush; 0: not eligible. */
+/* The device flush covering every write counted so far, then |cb|: at
+ * once when nothing was written since the last flush. */
+static void dev_sync_then(struct efs_fs *fs, void (*cb)(void *arg, int err), void *arg)
+{
+	int e = efs_file_dev_sync(fs, cb, arg);
+
+	if (e != 0)
+		cb(arg, e < 0 ? e : 0);
+}
+
+/* Answers an fsync request by the device flush alone. */
+static void fsync_by_flush(struct efs_fs *fs, fuse_req_t req, fuse_ino_t ino)
+{
+	struct dreq *r = efs_file_dreq_checked(req, 0, RK_FSYNC, EFS_FS_OP_FSYNC, ino);
+
+	if (r)
+		dev_sync_then(fs, efs_file_fsync_done, r);
+}
+
 static int datasync_start(struct efs_fs *fs, fuse_req_t req, fuse_ino_t ino,
 			  struct efs_fs_data *d)
 {
 	struct dctl *c = efs_file_ctl_of(fs);
-	struct dreq *r;
-	int e;
 
 	if (!datasync_device_only(d) || !fs->pool)
 		return 0;
 	if (c->c_fsyncs)
 		efs_counter_inc(c->c_fsyncs);
-	r = efs_file_dreq_checked(req, 0, RK_FSYNC, EFS_FS_OP_FSYNC, ino);
-	if (!r)
-		return 1;
-	e = efs_file_dev_sync(fs, efs_file_fsync_done, r);
-	if (e != 0)
-		efs_file_fsync_done(r, e < 0 ? e : 0);
+	fsync_by_flush(fs, req, ino);
 	return 1;
 }
 
@@ -1051,16 +1063,12 @@ struct fsync_flush {
 static void fsync_published(void *arg, int err)
 {
 	struct fsync_flush w = *(struct fsync_flush *)arg;
-	int e;
 
 	efs_mem_free(arg);
-	if (err < 0) {
+	if (err < 0)
 		w.cb(w.arg, err);
-		return;
-	}
-	e = efs_file_dev_sync(w.fs, w.cb, w.arg);
-	if (e != 0)
-		w.cb(w.arg, e < 0 ? e : 0);
+	else
+		dev_sync_then(w.fs, w.cb, w.arg);
 }
 
 /*
@@ -1184,16 +1192,10 @@ void efs_fs_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file
 		/* Nothing of ours to publish; the device flush still, for
 		 * writes answered before they were published
 		 * (efs_file_fsync_wait). */
-		if (!fs->pool) {
+		if (fs->pool)
+			fsync_by_flush(fs, req, ino);
+		else
 			efs_fs_reply_now(fs, req, EFS_FS_OP_FSYNC, 0);
-			return;
-		}
-		r = efs_file_dreq_checked(req, 0, RK_FSYNC, EFS_FS_OP_FSYNC, ino);
-		if (!r)
-			return;
-		e = efs_file_dev_sync(fs, efs_file_fsync_done, r);
-		if (e != 0)
-			efs_file_fsync_done(r, e < 0 ? e : 0);
 		return;
 	}
 	r = efs_file_dreq_checked(req, e, RK_FSYNC, EFS_FS_OP_FSYNC, ino);
